@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""Benchmark flashattn2 against PyTorch SDPA's backends: the project's one benchmark command.
+
+Standard sweep (the defaults): hidden 2048 (nheads = 2048 // d), head dims 64/128/256,
+seqlen 512..16384 at 16k tokens per batch (batch = 16384 // seqlen), causal and not,
+bf16 and fp16, forward. Every impl runs in the same process on the same BSHD tensors
+(SDPA gets `.transpose(1, 2)` views). Time = median of CUDA-event timings
+(triton.testing.do_bench when triton imports). FLOPs as flash-attn counts them:
+fwd 4*b*sq*sk*h*d, halved for causal; bwd 2.5x fwd; fwd_bwd 3.5x fwd.
+
+    python benchmarks/bench.py                                  # standard sweep
+    python benchmarks/bench.py --quick                          # smoke run
+    python benchmarks/bench.py --headdims 128 --seqlens 4096 --causal false --dtypes bf16
+    python benchmarks/bench.py --modes fwd,bwd,fwd_bwd --impls flashattn2,sdpa_flash
+    python benchmarks/bench.py --plot-only benchmarks/out/X/results.json   # no GPU needed
+
+Writes results.json ({"meta": ..., "rows": [...]}), results.csv and results.png to --out.
+"""
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+
+COLUMNS = ["gpu", "impl", "mode", "dtype", "batch", "nheads", "nheads_k", "headdim",
+           "seqlen_q", "seqlen_k", "causal", "ms", "tflops", "gbps", "deterministic"]
+IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "sdpa_math")
+SHORT = {"flashattn2": "fa2", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn", "sdpa_math": "math"}
+REFS = ("sdpa_flash", "sdpa_cudnn")        # flashattn2 is reported as a ratio to these
+MODES = ("fwd", "bwd", "fwd_bwd")
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+DTYPES = ("bf16", "fp16")
+TARGET = {64: 1.0, 128: 1.0, 256: 0.9}     # flashattn2 / sdpa_flash on every bf16 fwd config
+QUICK = dict(headdims=[64, 128], seqlens=[1024, 4096], causal="both", dtypes=["bf16"],
+             warmup=10, rep=30)
+
+
+def csv_list(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--headdims", type=csv_list(int), help="default 64,128,256")
+    p.add_argument("--seqlens", type=csv_list(int), help="default 512,1024,...,16384")
+    p.add_argument("--causal", choices=["both", "true", "false"], help="default both")
+    p.add_argument("--dtypes", type=csv_list(str), help="bf16,fp16 (default both)")
+    p.add_argument("--modes", type=csv_list(str), default=["fwd"], help="fwd,bwd,fwd_bwd")
+    p.add_argument("--impls", type=csv_list(str), default=list(IMPLS[:3]),
+                   help="flashattn2,sdpa_flash,sdpa_cudnn[,sdpa_math]")
+    p.add_argument("--hidden", type=int, default=2048, help="nheads = hidden // headdim")
+    p.add_argument("--tokens", type=int, default=16384, help="batch = tokens // seqlen")
+    p.add_argument("--warmup", type=float, help="warm-up per measurement, ms (default 25)")
+    p.add_argument("--rep", type=float, help="measuring time per measurement, ms (default 100)")
+    p.add_argument("--quick", action="store_true", help="a few configs, short timings")
+    p.add_argument("--out", help="output dir (default benchmarks/out/<gpu>-<date>)")
+    p.add_argument("--summary", action=argparse.BooleanOptionalAction, default=True,
+                   help="print min / geomean ratios per head dim at the end (default on)")
+    p.add_argument("--plot-only", metavar="RESULTS_JSON",
+                   help="re-render table, summary and plot from a saved results.json")
+    a = p.parse_args(argv)
+    base = QUICK if a.quick else dict(headdims=[64, 128, 256], causal="both",
+                                      seqlens=[512 << i for i in range(6)],
+                                      dtypes=list(DTYPES), warmup=25, rep=100)
+    for key, value in base.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    for name, values, allowed in (("dtypes", a.dtypes, DTYPES), ("modes", a.modes, MODES),
+                                  ("impls", a.impls, IMPLS)):
+        bad = sorted(set(values) - set(allowed))
+        if bad:
+            p.error(f"--{name}: unknown {bad}; choose from {','.join(allowed)}")
+    return a
+
+
+# ----------------------------------------------------------------------------- output
+
+def note(msg):
+    """One line on stdout that does not break the progress bar."""
+    try:
+        from tqdm import tqdm
+        tqdm.write(msg)
+    except ImportError:
+        print(msg, flush=True)
+
+
+def config_key(r):
+    return (r["dtype"], r["headdim"], r["causal"], r["seqlen_q"],
+            (MODES + ("decode",)).index(r["mode"]), r["deterministic"])
+
+
+def table_header(impls):
+    cols = [f"{SHORT[i]:>7}" for i in impls]
+    cols += [f"fa2/{SHORT[r]:<5}" for r in REFS if "flashattn2" in impls and r in impls]
+    return f"{'d':>4} {'seqlen':>6} {'causal':>6} {'dtype':>5} {'mode':>8} | " + \
+        " ".join(cols) + "   (TFLOP/s)"
+
+
+def table_line(rows, impls):
+    """One table line for the rows of one config (same key, different impls)."""
+    r0 = rows[0]
+    tf = {r["impl"]: r["tflops"] for r in rows}
+    cols = [f"{tf[i]:7.1f}" if tf.get(i) else f"{'-':>7}" for i in impls]
+    for ref in REFS:
+        if "flashattn2" in impls and ref in impls:
+            ok = tf.get("flashattn2") and tf.get(ref)
+            cols.append(f"{tf['flashattn2'] / tf[ref]:8.2f}x" if ok else f"{'-':>9}")
+    mode = r0["mode"] + ("(det)" if r0["deterministic"] else "")
+    return (f"{r0['headdim']:>4} {r0['seqlen_q']:>6} {str(r0['causal']):>6} "
+            f"{r0['dtype']:>5} {mode:>8} | " + " ".join(cols))
+
+
+def grouped(rows):
+    groups = {}
+    for r in sorted(rows, key=config_key):
+        groups.setdefault(config_key(r), []).append(r)
+    return list(groups.values())
+
+
+def print_table(rows):
+    impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+    print(table_header(impls))
+    for group in grouped(rows):
+        print(table_line(group, impls))
+
+
+def print_summary(rows):
+    print("\nSummary: flashattn2 / reference, bf16 fwd; min and geometric mean over configs "
+          "(target: >=1.0x sdpa_flash for d64/d128, >=0.9x for d256)")
+    fwd = [r for r in rows if r["dtype"] == "bf16" and r["mode"] == "fwd"
+           and not r["deterministic"] and r["tflops"]]
+    for d in sorted({r["headdim"] for r in fwd}):
+        configs = [{r["impl"]: r["tflops"] for r in grp}
+                   for grp in grouped(fwd) if grp[0]["headdim"] == d]
+        parts = []
+        for ref in REFS:
+            ratios = [c["flashattn2"] / c[ref] for c in configs if "flashattn2" in c and ref in c]
+            missing = sum(1 for c in configs if ref in c and "flashattn2" not in c)
+            gaps = f", {missing} without flashattn2" if missing else ""
+            if not ratios:
+                parts.append(f"vs {ref}: n/a" + (f" ({missing} cfgs without flashattn2)"
+                                                 if missing else ""))
+                continue
+            lo = min(ratios)
+            gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            met = ""
+            if ref == "sdpa_flash" and d in TARGET:
+                met = " MET" if lo >= TARGET[d] else f" MISSED (<{TARGET[d]}x)"
+            if met and missing:
+                met = " MISSED (configs without flashattn2)"
+            parts.append(f"vs {ref}: min {lo:.2f}x geomean {gm:.2f}x "
+                         f"({len(ratios)} cfgs{gaps}){met}")
+        print(f"  d{d:<4} " + " | ".join(parts))
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib not importable, skipping the plot")
+        return
+    sel = [r for r in rows if r["dtype"] == "bf16" and r["mode"] == "fwd"
+           and not r["deterministic"] and r["tflops"]]
+    if not sel:
+        print("note: no bf16 fwd rows, skipping the plot")
+        return
+    dims = sorted({r["headdim"] for r in sel})
+    flags = sorted({r["causal"] for r in sel})
+    fig, axes = plt.subplots(len(dims), len(flags), squeeze=False,
+                             figsize=(5.5 * len(flags), 3.6 * len(dims)))
+    for (i, d), (j, c) in ((x, y) for x in enumerate(dims) for y in enumerate(flags)):
+        ax = axes[i][j]
+        for impl in IMPLS:
+            pts = sorted((r["seqlen_q"], r["tflops"]) for r in sel
+                         if r["impl"] == impl and r["headdim"] == d and r["causal"] == c)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        seqs = sorted({r["seqlen_q"] for r in sel})
+        ax.set_xticks(seqs, [f"{x // 1024}k" if x >= 1024 else str(x) for x in seqs])
+        ax.minorticks_off()
+        ax.tick_params(labelbottom=True)
+        ax.set_title(f"d={d}, causal={c}, bf16 fwd")
+        ax.set_xlabel("seqlen")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(sel[0]["gpu"])
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError:                 # e.g. a read-only folder of fetched results
+        path = os.path.basename(path)
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def write_results(rows, meta, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\nwrote {out}/results.json, results.csv ({len(rows)} rows)")
+    plot(rows, os.path.join(out, "results.png"))
+
+
+def plot_only(args):
+    with open(args.plot_only) as f:
+        data = json.load(f)
+    rows, meta = data["rows"], data.get("meta", {})
+    print(f"{meta.get('gpu', '?')}  torch {meta.get('torch', '?')}  "
+          f"flashattn2 {meta.get('flashattn2', '?')}  {meta.get('date', '')}")
+    print_table(rows)
+    if args.summary:
+        print_summary(rows)
+    out = args.out or os.path.dirname(os.path.abspath(args.plot_only))
+    os.makedirs(out, exist_ok=True)
+    plot(rows, os.path.join(out, "results.png"))
+
+
+# ----------------------------------------------------------------------------- timing
+
+def event_bench(fn, warmup_ms, rep_ms):
+    """Median of per-call CUDA-event times; calls counts derived from a first estimate."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    n = max(5, int(rep_ms / estimate))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n)]
+    for s, e in events:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def make_timer(warmup, rep):
+    try:
+        from triton.testing import do_bench
+        return (lambda fn: do_bench(fn, warmup=warmup, rep=rep, return_mode="median"),
+                "triton.testing.do_bench median")
+    except Exception:               # no triton, or a triton that cannot load its driver
+        return lambda fn: event_bench(fn, warmup, rep), "cuda-event loop median"
+
+
+# ----------------------------------------------------------------------------- sweep
+
+def attn_flops(b, sq, sk, h, d, causal, mode):
+    return 4 * b * sq * sk * h * d / (2 if causal else 1) * FLOP_FACTOR[mode]
+
+
+def make_call(impl, q, k, v, causal):
+    """(context, fn): fn() computes attention on the BSHD tensors inside context."""
+    import contextlib
+    import torch.nn.functional as F
+    if impl == "flashattn2":
+        import flashattn2
+        return contextlib.nullcontext(), lambda: flashattn2.flash_attn_func(q, k, v, causal=causal)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+               "sdpa_math": SDPBackend.MATH}[impl]
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))     # BHSD views, no copies
+    extra = {"enable_gqa": True} if q.shape[2] != k.shape[2] else {}
+    return sdpa_kernel(backend), lambda: F.scaled_dot_product_attention(
+        qt, kt, vt, is_causal=causal, **extra).transpose(1, 2)  # back to BSHD, like dout
+
+
+class BackwardMissing(Exception):
+    """The impl has no backward pass (NotImplementedError from autograd)."""
+
+
+def measure(impl, mode, q, k, v, dout, causal, timer):
+    """Median ms of one impl/mode. A first untimed call surfaces refusals: whatever the
+    forward raises, or BackwardMissing."""
+    import torch
+    ctx, fwd = make_call(impl, q, k, v, causal)
+    with ctx, torch.set_grad_enabled(mode != "fwd"):
+        out = fwd()
+        if mode != "fwd":
+            try:
+                torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            except NotImplementedError as e:
+                raise BackwardMissing(e) from e
+        if mode == "fwd":
+            step = fwd
+        elif mode == "bwd":
+            def step():
+                torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        else:
+            def step():
+                torch.autograd.grad(fwd(), (q, k, v), dout)
+        torch.cuda.synchronize()
+        return timer(step)
+
+
+def build_meta(args, gpu, timer_name):
+    import torch
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": shlex.join([sys.executable] + sys.argv), "gpu": gpu,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "timer": timer_name, "warmup_ms": args.warmup, "rep_ms": args.rep,
+            "flashattn2": None, "flashattn2_build": None}
+    try:
+        import flashattn2
+        meta["flashattn2"] = getattr(flashattn2, "__version__", "unknown")
+        meta["flashattn2_build"] = flashattn2.build_info()
+    except Exception as e:  # the benchmark still runs the SDPA backends
+        meta["flashattn2_build"] = f"unavailable: {type(e).__name__}: {e}"
+    return meta
+
+
+def run_sweep(args):
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("bench.py: no CUDA device (use --plot-only to render saved results)")
+    gpu = torch.cuda.get_device_name()
+    timer, timer_name = make_timer(args.warmup, args.rep)
+    meta = build_meta(args, gpu, timer_name)
+    impls = list(args.impls)
+    if "flashattn2" in impls and meta["flashattn2"] is None:
+        note(f"note: flashattn2 not importable ({meta['flashattn2_build']}); SDPA only")
+        impls.remove("flashattn2")
+    out = args.out or os.path.join("benchmarks", "out", re.sub(r"[^A-Za-z0-9.]+", "-", gpu)
+                                   + "-" + datetime.datetime.now().strftime("%Y%m%d-%H%M"))
+    causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
+    configs = [(dt, d, c, s) for dt in args.dtypes for d in args.headdims
+               for c in causals for s in args.seqlens]
+    total = len(configs) * len(args.modes) * len(impls)
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit="run", dynamic_ncols=True)
+    except ImportError:
+        bar = None
+    print(f"{gpu} | torch {meta['torch']} cuda {meta['cuda']} | flashattn2 "
+          f"{meta['flashattn2']} | {timer_name}, warmup {args.warmup} ms rep {args.rep} ms")
+    print(table_header(impls))
+    rows, skipped, done = [], set(), 0
+    torch.manual_seed(0)
+    for dt, d, causal, s in configs:
+        b, h = max(1, args.tokens // s), args.hidden // d
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_(True)
+        for mode in args.modes:
+            cfg_rows = []
+            for impl in impls:
+                done += 1
+                if bar is not None:
+                    bar.set_description(f"d{d} s{s} {'causal' if causal else 'full'} {dt} "
+                                        f"{mode} {impl}")
+                    bar.update(1)
+                elif sys.stderr.isatty() or done % max(1, total // 20) == 0 or done == total:
+                    end = "" if sys.stderr.isatty() else "\n"
+                    print(f"\r[{done}/{total}]", end=end, file=sys.stderr, flush=True)
+                if (impl, mode) in skipped:
+                    continue
+                try:
+                    ms = measure(impl, mode, q, k, v, dout, causal, timer)
+                except BackwardMissing as e:
+                    skipped.add((impl, mode))
+                    note(f"note: {impl} {mode}: no backward ({e}); skipping it everywhere")
+                    continue
+                except (RuntimeError, ValueError) as e:   # "No available kernel", OOM, ...
+                    first = (str(e).strip().splitlines() or [""])[0][:120]
+                    note(f"note: {impl} unavailable for d{d} s{s} causal={causal} {dt} "
+                         f"{mode}: {first}")
+                    continue
+                cfg_rows.append(dict(
+                    gpu=gpu, impl=impl, mode=mode, dtype=dt, batch=b, nheads=h, nheads_k=h,
+                    headdim=d, seqlen_q=s, seqlen_k=s, causal=causal, ms=ms,
+                    tflops=attn_flops(b, s, s, h, d, causal, mode) / (ms * 1e-3) / 1e12,
+                    gbps=None, deterministic=False))
+            if cfg_rows:
+                note(table_line(cfg_rows, impls))
+            rows += cfg_rows
+        del q, k, v, dout
+        torch.cuda.empty_cache()
+    if bar is not None:
+        bar.close()
+    elif sys.stderr.isatty():
+        print(file=sys.stderr)
+    write_results(rows, meta, out)
+    if args.summary:
+        print_summary(rows)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.plot_only:
+        plot_only(args)
+    else:
+        run_sweep(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+// pybind11 module `flashattn2._C`: the only Python-facing translation unit.
+//
+// Plain C++17: it sees the host API (flash_api.h, flash.h) and never a .cuh, and it takes no
+// torch types. Python passes device pointers and the stream as ints, strides in elements,
+// a dtype code and the device index; this file fills FwdParams and calls the dispatcher.
+// Errors come back as Python exceptions through pybind11's standard translation:
+// std::invalid_argument -> ValueError, std::runtime_error (CUDA errors) -> RuntimeError.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "flash.h"
+#include "flash_api.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using Strides = std::vector<int64_t>;
+
+void check_strides(const char* name, const Strides& strides, std::size_t expected,
+                   const char* layout) {
+  if (strides.size() != expected) {
+    throw std::invalid_argument(std::string(name) + " must have " + std::to_string(expected) +
+                                " entries " + layout + ", got " +
+                                std::to_string(strides.size()));
+  }
+}
+
+flashattn2::DType dtype_from_code(int code) {
+  switch (code) {
+    case static_cast<int>(flashattn2::DType::kFloat16):
+      return flashattn2::DType::kFloat16;
+    case static_cast<int>(flashattn2::DType::kBFloat16):
+      return flashattn2::DType::kBFloat16;
+    default:
+      throw std::invalid_argument("dtype must be 0 (float16) or 1 (bfloat16), got " +
+                                  std::to_string(code));
+  }
+}
+
+void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
+         std::uintptr_t lse, const Strides& q_strides, const Strides& k_strides,
+         const Strides& v_strides, const Strides& o_strides, const Strides& lse_strides,
+         int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
+         float softmax_scale, int window_left, int window_right, int dtype, int device,
+         std::uintptr_t stream) {
+  constexpr const char* kRowLayout = "(batch, row, head)";
+  check_strides("q_strides", q_strides, 3, kRowLayout);
+  check_strides("k_strides", k_strides, 3, kRowLayout);
+  check_strides("v_strides", v_strides, 3, kRowLayout);
+  check_strides("o_strides", o_strides, 3, kRowLayout);
+  check_strides("lse_strides", lse_strides, 2, "(batch, head)");
+
+  flashattn2::FwdParams params{};
+  params.q = reinterpret_cast<const void*>(q);
+  params.k = reinterpret_cast<const void*>(k);
+  params.v = reinterpret_cast<const void*>(v);
+  params.o = reinterpret_cast<void*>(o);
+  params.lse = reinterpret_cast<float*>(lse);
+
+  params.q_batch_stride = q_strides[0];
+  params.q_row_stride = q_strides[1];
+  params.q_head_stride = q_strides[2];
+  params.k_batch_stride = k_strides[0];
+  params.k_row_stride = k_strides[1];
+  params.k_head_stride = k_strides[2];
+  params.v_batch_stride = v_strides[0];
+  params.v_row_stride = v_strides[1];
+  params.v_head_stride = v_strides[2];
+  params.o_batch_stride = o_strides[0];
+  params.o_row_stride = o_strides[1];
+  params.o_head_stride = o_strides[2];
+  params.lse_batch_stride = lse_strides[0];
+  params.lse_head_stride = lse_strides[1];
+
+  params.batch = batch;
+  params.seqlen_q = seqlen_q;
+  params.seqlen_k = seqlen_k;
+  params.nheads = nheads;
+  params.nheads_k = nheads_k;
+  params.headdim = headdim;
+  params.softmax_scale = softmax_scale;
+  params.window_left = window_left;
+  params.window_right = window_right;
+  params.dtype = dtype_from_code(dtype);
+
+  // The launch can block when the GPU's launch queue is full; let other threads run.
+  py::gil_scoped_release no_gil;
+  flashattn2::mha_fwd(params, device, reinterpret_cast<void*>(stream));
+}
+
+py::dict build_info() {
+  py::dict info;
+  info["version"] = flashattn2::version();
+  info["cuda_version"] = flashattn2::cuda_runtime_version();
+  info["archs"] = flashattn2::built_archs();
+  info["ptx_archs"] = flashattn2::built_ptx_archs();
+  info["head_dims"] = flashattn2::built_head_dims();
+  return info;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "flashattn2 CUDA kernels (no libtorch): pointers, strides and the stream as ints";
+
+  m.def("fwd", &fwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"),
+        py::arg("q_strides"), py::arg("k_strides"), py::arg("v_strides"),
+        py::arg("o_strides"), py::arg("lse_strides"), py::arg("batch"), py::arg("seqlen_q"),
+        py::arg("seqlen_k"), py::arg("nheads"), py::arg("nheads_k"), py::arg("headdim"),
+        py::arg("softmax_scale"), py::arg("window_left"), py::arg("window_right"),
+        py::arg("dtype"), py::arg("device"), py::arg("stream"),
+        "Attention forward. q/k/v/o/lse are device pointers; *_strides are in elements, "
+        "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
+        "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "
+        "asynchronously on `stream` with `device` current.");
+
+  m.def("kernel_head_dim", &flashattn2::kernel_head_dim, py::arg("headdim"),
+        "Smallest compiled kernel head dim >= headdim, or -1 if none.");
+
+  m.def("device_unsupported_reason", &flashattn2::device_unsupported_reason, py::arg("device"),
+        "Empty string if this build can run on GPU `device`, otherwise why not.");
+
+  m.def("build_info", &build_info,
+        "What this build contains: {'version': str, 'cuda_version': int (e.g. 13000), "
+        "'archs': SASS compute capabilities, 'ptx_archs': PTX compute capabilities, "
+        "'head_dims': kernel head dims}.");
+
+  m.attr("__version__") = flashattn2::version();
+}

@@ -1,0 +1,37 @@
+// Host-safe parameter block shared by the binding, the dispatcher and the kernels.
+// No torch, no CUDA types: plain pointers, sizes and strides (in elements).
+#pragma once
+#include <cstdint>
+
+namespace flashattn2 {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+struct FwdParams {
+  const void* q;  // (batch, seqlen_q, nheads,   headdim)
+  const void* k;  // (batch, seqlen_k, nheads_k, headdim)
+  const void* v;  // (batch, seqlen_k, nheads_k, headdim)
+  void* o;        // (batch, seqlen_q, nheads,   headdim), same dtype as q
+  float* lse;     // (batch, nheads, seqlen_q) float32, row stride 1
+
+  // Strides in elements; the head-dim stride is 1 for every tensor.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  int batch, seqlen_q, seqlen_k, nheads, nheads_k;
+  int headdim;  // the real head dim (multiple of 8, <= 256); kernels pad to their tile
+
+  float softmax_scale;  // multiplies q.k before softmax
+  // Key j is visible to query i iff
+  //   j <= i + seqlen_k - seqlen_q + window_right   (window_right >= 0)
+  //   j >= i + seqlen_k - seqlen_q - window_left    (window_left  >= 0)
+  // A negative bound is unbounded. causal == (window_left < 0, window_right == 0).
+  int window_left, window_right;
+
+  DType dtype;
+};
+
+}  // namespace flashattn2

@@ -1,0 +1,171 @@
+// Host API: argument checks, device guard, arch check and dispatch from runtime values
+// (dtype, head dim) to the compiled template instances.
+#include "flash_api.h"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "built_config.h"
+#include "launch.h"
+
+namespace flashattn2 {
+namespace {
+
+template <int... Ds>
+struct IntList {
+  static std::vector<int> vec() { return {Ds...}; }
+  // Calls f(std::integral_constant<int, D>{}) for the D equal to `value`; false if none.
+  template <typename F>
+  static bool dispatch(int value, F&& f) {
+    return ((value == Ds ? (f(std::integral_constant<int, Ds>{}), true) : false) || ...);
+  }
+};
+
+using HeadDims = IntList<FLASHATTN2_HEAD_DIMS>;
+using SassArchs = IntList<FLASHATTN2_SASS_ARCHS>;
+using PtxArchs = IntList<FLASHATTN2_PTX_ARCHS>;
+
+std::string join_archs(const std::vector<int>& archs, const char* prefix) {
+  std::string out;
+  for (size_t i = 0; i < archs.size(); ++i) {
+    out += (i ? ", " : "") + std::string(prefix) + std::to_string(archs[i]);
+  }
+  return out;
+}
+
+std::string built_archs_text() {
+  std::string text = join_archs(SassArchs::vec(), "sm_");
+  const std::string ptx = join_archs(PtxArchs::vec(), "compute_");
+  if (!ptx.empty()) text += (text.empty() ? "PTX " : " and PTX ") + ptx;
+  return text;
+}
+
+// Restores the caller's current device when it goes out of scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument("flashattn2: " + message);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+int kernel_head_dim(int headdim) {
+  for (int d : HeadDims::vec()) {
+    if (d >= headdim) return d;
+  }
+  return -1;
+}
+
+std::vector<int> built_head_dims() { return HeadDims::vec(); }
+std::vector<int> built_archs() { return SassArchs::vec(); }
+std::vector<int> built_ptx_archs() { return PtxArchs::vec(); }
+int cuda_runtime_version() { return CUDART_VERSION; }
+std::string version() { return FLASHATTN2_VERSION; }
+
+std::string device_unsupported_reason(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(err);
+  if (device < 0 || device >= count || device >= kMaxDevices) {
+    return "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+           " visible)";
+  }
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+             "cudaDeviceGetAttribute");
+  const int cc = major * 10 + minor;
+  // SASS for sm_XY runs on sm_XZ with Z >= Y; PTX for compute_XY is JIT-compiled for any
+  // sm >= XY.
+  for (int arch : SassArchs::vec()) {
+    if (arch / 10 == major && arch <= cc) return "";
+  }
+  for (int arch : PtxArchs::vec()) {
+    if (arch <= cc) return "";
+  }
+  return "this flashattn2 build has code for " + built_archs_text() + "; GPU " +
+         std::to_string(device) + " is sm_" + std::to_string(cc) +
+         (cc < 80 ? " (FlashAttention needs Ampere, sm_80, or newer)" : "");
+}
+
+void mha_fwd(const FwdParams& params, int device, void* stream) {
+  FwdParams p = params;
+  // A bound that can never bind is unbounded; this also keeps row + offset + window in int.
+  if (p.window_right >= p.seqlen_q) p.window_right = -1;
+  if (p.window_left >= p.seqlen_k) p.window_left = -1;
+  require(p.batch > 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && p.nheads > 0 && p.nheads_k > 0,
+          "batch, seqlens and head counts must be positive");
+  require(p.nheads % p.nheads_k == 0,
+          "Number of heads in key/value must divide number of heads in query");
+  require(p.headdim > 0 && p.headdim % 8 == 0,
+          "the kernel head dim must be a positive multiple of 8, got " + std::to_string(p.headdim));
+  require(p.batch <= 65535 && p.nheads <= 65535, "batch and nheads must be at most 65535");
+  require(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
+          "FlashAttention only supports fp16 and bf16 data type");
+  require(p.softmax_scale > 0.f && p.softmax_scale < INFINITY,
+          "softmax_scale must be positive and finite");
+  require(p.q && p.k && p.v && p.o && p.lse, "null pointer");
+  require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) && aligned16(p.lse),
+          "q, k, v, out and lse must be 16-byte aligned");
+  for (int64_t stride : {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                         p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                         p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride}) {
+    require(stride % 8 == 0, "q, k, v and out strides must be multiples of 8 elements");
+  }
+  const int kd = kernel_head_dim(p.headdim);
+  require(kd > 0, "head dim " + std::to_string(p.headdim) +
+                      " is larger than every head dim this build has (" +
+                      join_archs(HeadDims::vec(), "") + ")");
+
+  DeviceGuard guard(device);
+  static std::array<int, kMaxDevices> checked{};  // 0 unknown, 1 supported
+  static std::mutex mutex;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
+    if (!checked[device]) {
+      const std::string why = device_unsupported_reason(device);
+      if (!why.empty()) throw std::runtime_error("flashattn2: " + why);
+      checked[device] = 1;
+    }
+  }
+
+  auto s = static_cast<cudaStream_t>(stream);
+  const bool found = HeadDims::dispatch(kd, [&](auto head_dim) {
+    constexpr int D = decltype(head_dim)::value;
+    if (p.dtype == DType::kFloat16) {
+      run_fwd<__half, D>(p, s);
+    } else {
+      run_fwd<__nv_bfloat16, D>(p, s);
+    }
+  });
+  if (!found) throw std::logic_error("flashattn2: no kernel for head dim " + std::to_string(kd));
+}
+
+}  // namespace flashattn2

@@ -1,0 +1,30 @@
+// Host API of the kernel library (plain C++; compiled into the static library
+// `flashattn2_kernels`). The pybind11 binding is the only caller.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "flash.h"
+
+namespace flashattn2 {
+
+// Runs the forward pass on `stream` (a cudaStream_t passed as void*) with `device`
+// made current for the launch. Throws std::invalid_argument for arguments the kernels
+// do not support and std::runtime_error for CUDA errors or a GPU this build has no
+// code for (the message names the archs it was built for).
+void mha_fwd(const FwdParams& params, int device, void* stream);
+
+// Smallest compiled kernel head dim >= headdim, or -1 if none.
+int kernel_head_dim(int headdim);
+
+std::vector<int> built_head_dims();  // e.g. {32, 64, 96, 128, 192, 256}
+std::vector<int> built_archs();      // SASS archs, e.g. {80, 90}
+std::vector<int> built_ptx_archs();  // PTX archs, e.g. {90}
+int cuda_runtime_version();          // CUDART_VERSION the library was built with, e.g. 13000
+std::string version();               // package version, e.g. "0.1.0"
+
+// Empty if `device` can run this build's kernels; otherwise a human-readable reason
+// ("this build has code for sm_80, sm_90 and PTX compute_90; GPU 0 is sm_75").
+std::string device_unsupported_reason(int device);
+
+}  // namespace flashattn2

@@ -1,0 +1,344 @@
+// FlashAttention-2 forward (Dao 2023, Algorithm 1 with the split-Q work partition of §3.3).
+//
+// Tiling
+//   grid   (ceil(seqlen_q / kBlockM), nheads, batch); m blocks are taken in reverse order so
+//          the longest causal rows start first.
+//   block  kNWarps warps; warp w owns query rows [16w, 16w + 16) of the tile and all kBlockN
+//          columns of the current K/V tile, so row max / row sum are reduced inside a quad
+//          (4 lanes) and warps never exchange softmax state.
+//   smem   sQ [kBlockM x d] + 2 stages x (sK, sV) [kBlockN x d], 2-byte elements. Each tile
+//          is stored as d/32 column segments of [rows x 32] elements (64-byte rows); the
+//          16-byte chunk c of row r sits at chunk c ^ ((r / 2) % 4), so the 8 row addresses
+//          of every ldmatrix and each 8-lane phase of a cp.async hit 8 distinct 16-byte bank
+//          groups (conflict free). Budget: fwd_smem_bytes() <= 96 KiB (fwd_config.h).
+//   regs   per thread: acc_o [d/8][4] f32, acc_s [kBlockN/8][4] f32, P [kBlockN/16][4] b32,
+//          Q [d/16][4] b32 when kQInRegs (d <= 128); 1 CTA of 256 threads per SM.
+//   step   (K/V tiles visited from the last visible one down to the first)
+//            wait for tile n (cp.async group) ; __syncthreads
+//            issue cp.async of tile n-1 into the other stage (overlaps all math below)
+//            S = Q K_n^T (mma.m16n8k16, K via ldmatrix) ; mask only if the tile needs it
+//            online softmax in base 2 (one FFMA + ex2 per score) ; rescale acc_o
+//            acc_o += P V_n (P straight from the S accumulators, V via ldmatrix.trans)
+//   epilogue  quad-reduce row sums, O = acc_o / sum, staged through sQ (own rows), written
+//          with 16-byte stores; LSE = max * scale + ln(sum), +inf for rows that see no key.
+//   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers and strides a multiple of 8
+//          elements (checked by the host API); ragged seqlen_q / seqlen_k tails are zero-
+//          filled on load and masked.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "flash.h"
+#include "fwd_config.h"
+#include "ptx.cuh"
+
+namespace flashattn2 {
+
+template <int kHeadDim_>
+struct FwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr FwdTile kTile = fwd_tile(kHeadDim);
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kNWarps = kTile.n_warps;
+  static constexpr bool kQInRegs = kTile.q_in_regs;
+  static constexpr int kNThreads = 32 * kNWarps;
+  static constexpr int kStages = 2;
+  static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim);
+  static_assert(kBlockM == 16 * kNWarps, "each warp owns 16 query rows");
+  static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shape");
+};
+
+// Element offset of the 16-byte chunk `chunk` (8 elements) of row `row` in a swizzled tile
+// of kRows rows (layout described at the top of this file).
+template <int kRows>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return (chunk >> 2) * (kRows * 32) + row * 32 + (((chunk & 3) ^ ((row >> 1) & 3)) << 3);
+}
+
+// Global -> shared copy of a [kRows x kHeadDim] tile with cp.async. Rows >= rows_valid and
+// columns >= headdim are zero-filled (their source is never read). Lanes 4i..4i+3 copy the
+// 64 contiguous bytes of one row segment: full 32-byte sectors in global memory.
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void load_tile(Element* smem, const Element* gmem, int64_t row_stride,
+                                          int rows_valid, int headdim, int tid) {
+  constexpr int kChunks = kRows * kHeadDim / 8;
+  static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kChunks / kNThreads; ++i) {
+    const int idx = i * kNThreads + tid;
+    const int row = (idx >> 2) % kRows;
+    const int chunk = (idx >> 2) / kRows * 4 + (idx & 3);
+    const bool pred = row < rows_valid && chunk * 8 < headdim;
+    const Element* src = pred ? gmem + row * row_stride + chunk * 8 : gmem;
+    ptx::cp_async_16(ptx::smem_addr(smem + swizzle<kRows>(row, chunk)), src, pred);
+  }
+}
+
+// Shared -> global copy of a [kRows x kHeadDim] tile with 16-byte stores (rows < rows_valid,
+// columns < headdim only).
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void store_tile(Element* gmem, const Element* smem, int64_t row_stride,
+                                           int rows_valid, int headdim, int tid) {
+  constexpr int kChunks = kRows * kHeadDim / 8;
+  static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kChunks / kNThreads; ++i) {
+    const int idx = i * kNThreads + tid;
+    const int row = (idx >> 2) % kRows;
+    const int chunk = (idx >> 2) / kRows * 4 + (idx & 3);
+    if (row < rows_valid && chunk * 8 < headdim) {
+      *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(smem + swizzle<kRows>(row, chunk));
+    }
+  }
+}
+
+template <typename Traits, typename Element>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdParams p) {
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kNThreads = Traits::kNThreads;
+  constexpr int kNTilesN = kBlockN / 8;    // n8 column tiles of S
+  constexpr int kNTilesD = kHeadDim / 8;   // n8 column tiles of O
+  constexpr int kKStepsD = kHeadDim / 16;  // k16 steps of Q K^T
+  constexpr int kKStepsN = kBlockN / 16;   // k16 steps of P V
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* sQ = reinterpret_cast<Element*>(smem_raw);
+  Element* sKV = sQ + kBlockM * kHeadDim;  // stage s: K at sKV + 2s*T, V at sKV + (2s+1)*T
+  constexpr int kKVTile = kBlockN * kHeadDim;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int head_k = head / (p.nheads / p.nheads_k);
+  const int row0 = m_block * kBlockM;
+
+  const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
+                      head * p.q_head_stride + row0 * p.q_row_stride;
+  const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
+                      head_k * p.k_head_stride;
+  const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
+                      head_k * p.v_head_stride;
+
+  // Visible key range of this tile (bottom-right aligned window; see FwdParams).
+  const int offset = p.seqlen_k - p.seqlen_q;
+  const int row_last = min(row0 + kBlockM, p.seqlen_q) - 1;
+  int n_block_max = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  if (p.window_right >= 0) {
+    const int col_hi = row_last + offset + p.window_right;
+    n_block_max = col_hi < 0 ? 0 : min(n_block_max, col_hi / kBlockN + 1);
+  }
+  int n_block_min = 0;
+  if (p.window_left >= 0) {
+    const int col_lo = row0 + offset - p.window_left;
+    n_block_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
+  }
+
+  // Prologue: Q and the first K/V tile in one cp.async group.
+  load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ, p.q_row_stride, p.seqlen_q - row0, p.headdim,
+                                          tid);
+  auto load_kv = [&](int n_block, int stage) {
+    const int64_t n0 = int64_t(n_block) * kBlockN;
+    const int rows = p.seqlen_k - int(n0);
+    load_tile<kBlockN, kHeadDim, kNThreads>(sKV + 2 * stage * kKVTile, gK + n0 * p.k_row_stride,
+                                            p.k_row_stride, rows, p.headdim, tid);
+    load_tile<kBlockN, kHeadDim, kNThreads>(sKV + (2 * stage + 1) * kKVTile,
+                                            gV + n0 * p.v_row_stride, p.v_row_stride, rows,
+                                            p.headdim, tid);
+  };
+  if (n_block_max > n_block_min) load_kv(n_block_max - 1, 0);
+  ptx::cp_async_commit();
+
+  // Fragment coordinates: lane owns rows g and g + 8 of its warp's 16, columns 2q, 2q + 1.
+  const int g = lane / 4;
+  const int q = lane % 4;
+  const int warp_row0 = warp * 16;
+  // ldmatrix addresses (see ptx.cuh). A operand (Q) and V (.trans): lane gives row
+  // lane % 16 and chunk lane / 16 of a 16x16 block; K: row 8 * (lane / 16) + lane % 8 and
+  // chunk (lane / 8) % 2. Block (row r0, chunk 2k) then sits at
+  //   base[k % 2] + (k / 2) * segment + r0 * 64 bytes,
+  // with r0 a multiple of 8 (so the swizzle of the lane's row does not change) and
+  // base[j] the lane's own offset for chunk parity j: two registers per operand.
+  const uint32_t sQ_addr = ptx::smem_addr(sQ);
+  const uint32_t sKV_addr = ptx::smem_addr(sKV);
+  uint32_t q_base[2], k_base[2], v_base[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    q_base[j] = sQ_addr + 2 * swizzle<kBlockM>(warp_row0 + (lane & 15), 2 * j + (lane >> 4));
+    k_base[j] = 2 * swizzle<kBlockN>(((lane >> 4) << 3) + (lane & 7), 2 * j + ((lane >> 3) & 1));
+    v_base[j] = 2 * swizzle<kBlockN>(lane & 15, 2 * j + (lane >> 4)) + 2 * kKVTile;
+  }
+  constexpr uint32_t kQSegBytes = kBlockM * 32 * 2;   // one 32-column segment of sQ
+  constexpr uint32_t kKVSegBytes = kBlockN * 32 * 2;  // one 32-column segment of sK / sV
+  constexpr uint32_t kRow16Bytes = 16 * 32 * 2;       // 16 rows of a segment
+
+  // Per-row visible column bounds, used only on tiles that need a mask.
+  int col_lo[2], col_hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + warp_row0 + g + 8 * r;
+    col_hi[r] = p.window_right >= 0 ? min(p.seqlen_k - 1, row + offset + p.window_right)
+                                    : p.seqlen_k - 1;
+    col_lo[r] = p.window_left >= 0 ? row + offset - p.window_left : 0;
+  }
+
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // log2(e)
+  float acc_o[kNTilesD][4];
+#pragma unroll
+  for (int i = 0; i < kNTilesD; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[i][e] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  uint32_t rQ[Traits::kQInRegs ? kKStepsD : 1][4];
+
+  // One mainloop step on the K/V tile in `stage`; kMask applies the per-element mask.
+  auto step = [&](auto mask_tag, int n_block, int stage) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    const uint32_t stage_addr = sKV_addr + stage * (2 * kKVTile * 2);
+
+    // S = Q K^T
+    float acc_s[kNTilesN][4];
+#pragma unroll
+    for (int i = 0; i < kNTilesN; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKStepsD; ++kk) {
+      uint32_t a[4];
+      if constexpr (Traits::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = rQ[kk][e];
+      } else {
+        ptx::ldmatrix_x4(a, q_base[kk % 2] + (kk / 2) * kQSegBytes);
+      }
+#pragma unroll
+      for (int nn = 0; nn < kNTilesN / 2; ++nn) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4(b, stage_addr + k_base[kk % 2] + (kk / 2) * kKVSegBytes + nn * kRow16Bytes);
+        ptx::mma_16816<Element>(acc_s[2 * nn], a, b[0], b[1]);
+        ptx::mma_16816<Element>(acc_s[2 * nn + 1], a, b[2], b[3]);
+      }
+    }
+
+    if constexpr (kMask) {
+      const int col0 = n_block * kBlockN + 2 * q;
+#pragma unroll
+      for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = col0 + nt * 8 + (e & 1);
+          const int r = e >> 1;
+          if (col < col_lo[r] || col > col_hi[r]) acc_s[nt][e] = -INFINITY;
+        }
+    }
+
+    // Online softmax (base 2). Row max is reduced over the quad; the row sum stays per
+    // thread until the epilogue.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = row_max[r];
+#pragma unroll
+      for (int nt = 0; nt < kNTilesN; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      // A row that has seen only masked scores keeps max -inf: use 0 so -inf - -inf never
+      // happens (its p and correction are then exp2(-inf) = 0).
+      const float max_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+      const float correction = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
+      row_max[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          acc_s[nt][e] = ptx::exp2_approx(fmaf(acc_s[nt][e], scale_log2, -max_scaled));
+          sum += acc_s[nt][e];
+        }
+      row_sum[r] = row_sum[r] * correction + sum;
+#pragma unroll
+      for (int dt = 0; dt < kNTilesD; ++dt) {
+        acc_o[dt][2 * r] *= correction;
+        acc_o[dt][2 * r + 1] *= correction;
+      }
+    }
+
+    // acc_o += P V, P converted in registers to A fragments (C layout of n8 tiles 2k, 2k+1).
+#pragma unroll
+    for (int kk = 0; kk < kKStepsN; ++kk) {
+      const uint32_t pa[4] = {ptx::pack2<Element>(acc_s[2 * kk][0], acc_s[2 * kk][1]),
+                              ptx::pack2<Element>(acc_s[2 * kk][2], acc_s[2 * kk][3]),
+                              ptx::pack2<Element>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]),
+                              ptx::pack2<Element>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dd = 0; dd < kKStepsD; ++dd) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, stage_addr + v_base[dd % 2] + (dd / 2) * kKVSegBytes + kk * kRow16Bytes);
+        ptx::mma_16816<Element>(acc_o[2 * dd], pa, b[0], b[1]);
+        ptx::mma_16816<Element>(acc_o[2 * dd + 1], pa, b[2], b[3]);
+      }
+    }
+  };
+
+  for (int n_block = n_block_max - 1, stage = 0; n_block >= n_block_min; --n_block, stage ^= 1) {
+    // Tile n_block has landed in `stage`, and every warp is done with the other stage.
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    if (n_block > n_block_min) load_kv(n_block - 1, stage ^ 1);
+    ptx::cp_async_commit();
+    if constexpr (Traits::kQInRegs) {
+      if (n_block == n_block_max - 1) {
+#pragma unroll
+        for (int kk = 0; kk < kKStepsD; ++kk)
+          ptx::ldmatrix_x4(rQ[kk], q_base[kk % 2] + (kk / 2) * kQSegBytes);
+      }
+    }
+    const int col0 = n_block * kBlockN;
+    const bool need_mask = col0 + kBlockN > p.seqlen_k ||
+                           (p.window_right >= 0 && col0 + kBlockN - 1 > row0 + offset + p.window_right) ||
+                           (p.window_left >= 0 && col0 < row_last + offset - p.window_left);
+    if (need_mask) {
+      step(std::true_type{}, n_block, stage);
+    } else {
+      step(std::false_type{}, n_block, stage);
+    }
+  }
+
+  // Epilogue. Q may still be in flight when no K/V tile was visible: drain before reusing sQ.
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    // sum == 0: the row saw no key (O = 0, LSE = +inf). NaN inputs propagate to O and LSE.
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;
+    const int row_local = warp_row0 + g + 8 * r;
+#pragma unroll
+    for (int dt = 0; dt < kNTilesD; ++dt) {
+      *reinterpret_cast<uint32_t*>(sQ + swizzle<kBlockM>(row_local, dt) + 2 * q) =
+          ptx::pack2<Element>(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+    }
+    const int row = row0 + row_local;
+    if (q == 0 && row < p.seqlen_q) {
+      gLse[row] = sum == 0.f ? INFINITY : row_max[r] * p.softmax_scale + logf(sum);
+    }
+  }
+  __syncthreads();
+  Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+                row0 * p.o_row_stride;
+  store_tile<kBlockM, kHeadDim, kNThreads>(gO, sQ, p.o_row_stride, p.seqlen_q - row0, p.headdim,
+                                           tid);
+}
+
+}  // namespace flashattn2

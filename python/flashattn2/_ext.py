@@ -1,0 +1,64 @@
+"""Loads the compiled module ``flashattn2._C`` and caches what the per-call path asks of it.
+
+``_C`` takes no torch types: device pointers, sizes and strides are plain ints. Everything
+torch-specific (the current stream, device properties) is looked up here.
+"""
+import importlib
+
+import torch
+
+try:
+    _C = importlib.import_module(__package__ + "._C")
+except ImportError as exc:
+    if isinstance(exc, ModuleNotFoundError) and exc.name == __package__ + "._C":
+        raise ImportError(
+            "flashattn2._C is not built; install with pip install . "
+            "(importing flashattn2 from a source tree that was never built gives this too)"
+        ) from exc
+    raise ImportError(
+        f"flashattn2._C is installed but failed to load ({exc}); reinstall with pip install ."
+    ) from exc
+
+__version__ = _C.__version__
+
+# KERNEL_HEAD_DIM[d]: the compiled kernel head dim that runs head dim d (0 < d <= 256), or -1.
+KERNEL_HEAD_DIM = tuple(_C.kernel_head_dim(d) if d else -1 for d in range(257))
+
+
+def build_info():
+    """What this build contains: version, CUDA runtime version, SASS/PTX archs, head dims."""
+    return dict(_C.build_info())
+
+
+try:
+    current_stream = torch._C._cuda_getCurrentRawStream  # (device index) -> cudaStream_t as int
+except AttributeError:  # torch without this private binding (or without CUDA)
+
+    def current_stream(device_index):
+        return torch.cuda.current_stream(device_index).cuda_stream
+
+
+_supported_devices = set()  # device indices known to run this build's kernels
+_unsupported_reason = {}  # device index -> message
+
+
+def check_device(device_index):
+    """Raises RuntimeError unless GPU ``device_index`` can run this build; caches the answer."""
+    if device_index in _supported_devices:
+        return
+    reason = _unsupported_reason.get(device_index)
+    if reason is None:
+        major, minor = torch.cuda.get_device_capability(device_index)
+        if major < 8:
+            name = torch.cuda.get_device_name(device_index)
+            reason = (
+                f"FlashAttention only supports Ampere GPUs or newer; GPU {device_index} "
+                f"({name}) is sm_{major}{minor}"
+            )
+        else:
+            reason = _C.device_unsupported_reason(device_index)
+        if not reason:
+            _supported_devices.add(device_index)
+            return
+        _unsupported_reason[device_index] = reason
+    raise RuntimeError(reason if reason.startswith("FlashAttention") else "flashattn2: " + reason)

@@ -1,0 +1,5 @@
+"""flash-attn's module path: ``from flashattn2.flash_attn_interface import flash_attn_func``
+ports code written for ``flash_attn.flash_attn_interface`` by changing one word."""
+from .interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]

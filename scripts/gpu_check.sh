@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# One call on a GPU machine does everything: env info, build, self-check, tests,
+# compute-sanitizer, benchmark. Run from the repository root:
+#
+#   bash scripts/gpu_check.sh
+#   SKIP_BUILD=1 BENCH_ARGS=--quick PYTEST_ARGS="-k fwd" bash scripts/gpu_check.sh
+#   ARCHS=90-real HEAD_DIMS=128 SKIP_BENCH=1 bash scripts/gpu_check.sh
+#
+# Switches: SKIP_BUILD SKIP_TESTS SKIP_SANITIZER SKIP_BENCH (=1), BENCH_ARGS, PYTEST_ARGS,
+# ARCHS (default 90-real), HEAD_DIMS (default: all), SANITIZER_TOOLS (default
+# "memcheck racecheck"; synccheck / initcheck also work), SANITIZER_ARGS (extra flags),
+# PYTHON (default python3).
+#
+# Output, at most 6 files and 2 levels under ${OUT:-gpu_logs} (the device tool returns
+# at most 8 files, 2 folders deep):
+#   logs.txt                      every step's full output, appended under a header
+#   junit.xml                     pytest results
+#   summary.txt                   the step table printed last
+#   bench/results.{json,csv,png}  benchmarks/bench.py output
+# stdout carries only step start/end lines, the tail of each failed step, the pytest and
+# benchmark summaries, and the step table, so a truncated console tail stays useful.
+# Every step runs even if an earlier one failed; the exit status is 1 if any failed.
+set -uo pipefail
+
+OUT=${OUT:-gpu_logs}
+PYTHON=${PYTHON:-python3}
+LOG="$OUT/logs.txt"
+mkdir -p "$OUT"
+: > "$LOG"
+STEPS=()
+FAILED=0
+
+# run_step NAME SHOW_LINES CMD...: append CMD's output to logs.txt under a header; print
+# its last SHOW_LINES lines on success, the last 40 on failure; record status and time.
+run_step() {
+    local name=$1 show=$2
+    shift 2
+    local start=$SECONDS offset rc
+    offset=$(($(wc -c < "$LOG") + 1))
+    printf '\n===== %s: %s =====\n$ %s\n' "$name" "$(date -Is)" "$*" >> "$LOG"
+    echo ">>> $name"
+    "$@" >> "$LOG" 2>&1
+    rc=$?
+    local secs=$((SECONDS - start))
+    printf '===== %s: exit %d after %ds =====\n' "$name" "$rc" "$secs" >> "$LOG"
+    if [ "$rc" -ne 0 ]; then
+        FAILED=1
+        STEPS+=("$(printf '%-12s FAIL (exit %d) %6ds' "$name" "$rc" "$secs")")
+        echo "--- $name FAILED (exit $rc), last lines:"
+        tail -c +"$offset" "$LOG" | tail -n 40
+    else
+        STEPS+=("$(printf '%-12s ok             %6ds' "$name" "$secs")")
+        [ "$show" -gt 0 ] && tail -c +"$offset" "$LOG" | tail -n $((show + 1)) | head -n "$show"
+    fi
+    return 0
+}
+
+skip_step() {
+    STEPS+=("$(printf '%-12s skip (%s)' "$1" "$2")")
+    printf '\n===== %s: skipped (%s) =====\n' "$1" "$2" >> "$LOG"
+}
+
+env_info() {
+    nvidia-smi
+    "$PYTHON" - <<'EOF'
+import platform, torch
+print("python", platform.python_version(), "| torch", torch.__version__,
+      "| cuda", torch.version.cuda, "| cudnn", torch.backends.cudnn.version())
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"gpu {i}: {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+          f"{p.total_memory / 2**30:.1f} GiB")
+for mod in ("triton", "matplotlib", "tqdm", "pytest"):
+    try:
+        print(mod, __import__(mod).__version__)
+    except Exception as e:
+        print(mod, "unavailable:", e)
+EOF
+    command -v nvcc && nvcc --version | tail -n 2
+    cmake --version | head -n 1
+}
+
+find_sanitizer() {
+    command -v compute-sanitizer && return
+    local c
+    for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
+             $(find /opt/nvidia -name compute-sanitizer -type f 2>/dev/null); do
+        [ -x "$c" ] && { echo "$c"; return; }
+    done
+}
+
+# 1. environment
+run_step env 0 env_info
+
+# 2. build (no network on the GPU machine: no build isolation, no dependency resolution)
+if [ "${SKIP_BUILD:-0}" = 1 ]; then
+    skip_step build SKIP_BUILD
+else
+    run_step build 0 "$PYTHON" -m pip install --no-build-isolation --no-deps -v . \
+        -C "cmake.define.FLASHATTN2_CUDA_ARCHS=${ARCHS:-90-real}" \
+        ${HEAD_DIMS:+-C "cmake.define.FLASHATTN2_HEAD_DIMS=$HEAD_DIMS"}
+fi
+
+# 3. what was built, GPU check, quick correctness and speed check
+run_step selfcheck 20 "$PYTHON" -m flashattn2
+
+# 4. tests (the full run, not -x)
+if [ "${SKIP_TESTS:-0}" = 1 ]; then
+    skip_step tests SKIP_TESTS
+else
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+    run_step tests 3 "$PYTHON" -m pytest tests -q -ra --durations=15 \
+        --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-}
+fi
+
+# 5. compute-sanitizer; no caching allocator, so reads past a tensor's end are visible
+SANITIZER=$(find_sanitizer)
+for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+    if [ "${SKIP_SANITIZER:-0}" = 1 ]; then
+        skip_step "$tool" SKIP_SANITIZER
+    elif [ -z "$SANITIZER" ]; then
+        skip_step "$tool" "compute-sanitizer not found"
+    else
+        # shellcheck disable=SC2086
+        run_step "$tool" 2 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" --tool "$tool" \
+            --error-exitcode 1 ${SANITIZER_ARGS:-} "$PYTHON" scripts/sanitize_subset.py
+    fi
+done
+
+# 6. benchmark, straight into $OUT/bench
+if [ "${SKIP_BENCH:-0}" = 1 ]; then
+    skip_step bench SKIP_BENCH
+else
+    # shellcheck disable=SC2086
+    run_step bench 8 "$PYTHON" benchmarks/bench.py --out "$OUT/bench" ${BENCH_ARGS:-}
+fi
+
+{
+    echo "step         status          seconds"
+    printf '%s\n' "${STEPS[@]}"
+    [ "$FAILED" = 0 ] && echo "all steps ok" || echo "SOME STEPS FAILED (details in $LOG)"
+} > "$OUT/summary.txt"
+echo
+cat "$OUT/summary.txt"
+exit "$FAILED"

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""A few small flashattn2 forward calls for compute-sanitizer (memcheck, racecheck).
+
+    compute-sanitizer --tool memcheck  --error-exitcode 1 python3 scripts/sanitize_subset.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_subset.py
+
+Covers fp16 and bf16, head dims 64, 128 and a padded 40, causal (bottom-right aligned,
+also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
+sq = 1, and strided q/k/v views of one packed qkv tensor. Inputs are made on the CPU
+and copied over, and the float32 reference runs on the CPU, so the kernels the
+sanitizer instruments are (almost) only ours. Exits 1 on any mismatch or error.
+
+Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 under memcheck: otherwise torch's caching
+allocator hands out pieces of big segments and a read past a tensor's end stays inside
+a valid allocation, invisible to memcheck (scripts/gpu_check.sh sets it).
+"""
+import math
+import sys
+
+import torch
+
+import flashattn2
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype, packed_qkv)
+CASES = [
+    (2, 128, 128, 4, 4, 64, False, torch.bfloat16, False),
+    (2, 128, 128, 4, 4, 64, True, torch.float16, True),
+    (1, 17, 113, 4, 2, 128, True, torch.bfloat16, False),
+    (2, 113, 17, 6, 2, 40, True, torch.float16, False),    # sq > sk: first rows see no key
+    (1, 113, 113, 2, 1, 40, False, torch.bfloat16, False),
+    (3, 1, 113, 8, 2, 128, False, torch.float16, False),
+    (1, 200, 333, 2, 2, 128, True, torch.bfloat16, False),
+]
+ATOL = {torch.float16: 1e-2, torch.bfloat16: 4e-2}   # loose: this is a sanitizer harness
+
+
+def reference(q, k, v, causal):
+    """float32 SDPA math on the CPU, flash-attn semantics: bottom-right causal, GQA,
+    fully masked rows give out = 0 and lse = +inf. Returns out (b, sq, h, d), lse (b, h, sq)."""
+    qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))    # (b, h, s, d)
+    group = qf.shape[1] // kf.shape[1]
+    kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
+    scores = qf @ kf.transpose(-1, -2) / math.sqrt(qf.shape[-1])
+    if causal:
+        sq, sk = scores.shape[-2:]
+        visible = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+        scores = scores.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(scores, -1)
+    probs = torch.softmax(scores, -1).nan_to_num(0.0)
+    return (probs @ vf).transpose(1, 2), lse.masked_fill(lse == -math.inf, math.inf)
+
+
+def run_case(case, gen):
+    """Inputs are made on the CPU (q, k, v) and copied (qg, kg, vg); packed: q, k, v are
+    strided views into one (b, s, 3, h, d) tensor on both sides."""
+    b, sq, sk, h, hk, d, causal, dtype, packed = case
+    if packed:
+        qkv = torch.randn(b, sq, 3, h, d, generator=gen).to(dtype)
+        q, k, v = qkv.unbind(2)
+        qg, kg, vg = qkv.cuda().unbind(2)
+    else:
+        q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
+                   for s, n in ((sq, h), (sk, hk), (sk, hk)))
+        qg, kg, vg = (x.cuda() for x in (q, k, v))
+    out, lse, _ = flashattn2.flash_attn_func(qg, kg, vg, causal=causal, return_attn_probs=True)
+    torch.cuda.synchronize()
+    out, lse = out.cpu().float(), lse.cpu()
+    ref_out, ref_lse = reference(q, k, v, causal)
+    out_err = (out - ref_out).abs().max().item()
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    ok = (out.shape == ref_out.shape and out_err <= ATOL[dtype] and lse_err <= 1e-2
+          and torch.equal(torch.isfinite(lse), finite))
+    return ok, f"out err {out_err:.2e}, lse err {lse_err:.2e}"
+
+
+def main():
+    if not torch.cuda.is_available():
+        sys.exit("sanitize_subset.py: no CUDA device")
+    gen = torch.Generator().manual_seed(0)
+    failures = 0
+    for case in CASES:
+        b, sq, sk, h, hk, d, causal, dtype, packed = case
+        name = (f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
+                f"{str(dtype).removeprefix('torch.')}{' packed' if packed else ''}")
+        try:
+            ok, detail = run_case(case, gen)
+        except Exception as e:  # report every case, not just the first failure
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    print(f"{len(CASES) - failures}/{len(CASES)} cases ok")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,393 @@
+"""The Python layer: signatures, build info, argument checks and their order, the tensor
+preparation rules, and (on a GPU) what happens around the launch.
+
+Checks run in the order the interface documents: unimplemented arguments and window_size,
+then rank, dtype and shape, then device. So every rank/dtype/shape error is tested here
+with CPU tensors, which also proves that the CPU-tensor check does not mask them.
+"""
+import inspect
+import os
+import subprocess
+import sys
+
+import flashattn2
+import pytest
+import torch
+from flashattn2 import _ext, flash_attn_interface, interface
+from reference import attention_ref
+
+gpu = pytest.mark.gpu
+
+FLAGS = dict(
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+)
+
+
+@pytest.mark.parametrize(
+    "func,tensors",
+    [
+        (flashattn2.flash_attn_func, ["q", "k", "v"]),
+        (flashattn2.flash_attn_qkvpacked_func, ["qkv"]),
+        (flashattn2.flash_attn_kvpacked_func, ["q", "kv"]),
+    ],
+)
+def test_signature_matches_flash_attn(func, tensors):
+    params = list(inspect.signature(func).parameters.values())
+    assert [p.name for p in params] == tensors + list(FLAGS)
+    assert all(p.default is inspect.Parameter.empty for p in params[: len(tensors)])
+    assert {p.name: p.default for p in params[len(tensors) :]} == FLAGS
+
+
+def test_flash_attn_interface_module_reexports():
+    for name in ("flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"):
+        assert getattr(flash_attn_interface, name) is getattr(flashattn2, name)
+
+
+def test_build_info_and_version():
+    info = flashattn2.build_info()
+    assert set(info) >= {"version", "cuda_version", "archs", "ptx_archs", "head_dims"}
+    assert flashattn2.__version__ == info["version"] == _ext._C.__version__
+    assert isinstance(info["version"], str) and info["version"]
+    assert isinstance(info["cuda_version"], int) and info["cuda_version"] >= 12000
+    assert info["archs"] or info["ptx_archs"]
+    assert all(isinstance(a, int) and a >= 80 for a in info["archs"] + info["ptx_archs"])
+    head_dims = info["head_dims"]
+    assert head_dims == sorted(head_dims) and set(head_dims) <= {32, 64, 96, 128, 192, 256}
+    for d in range(1, 257):
+        larger = [h for h in head_dims if h >= d]
+        expected = larger[0] if larger else -1
+        assert _ext._C.kernel_head_dim(d) == _ext.KERNEL_HEAD_DIM[d] == expected
+
+
+def test_import_without_C_says_how_to_build():
+    code = "import sys; sys.modules['flashattn2._C'] = None; import flashattn2"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "ImportError: flashattn2._C is not built; install with pip install ." in result.stderr
+
+
+def test_main_without_gpu_exits_zero():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run(
+        [sys.executable, "-m", "flashattn2"], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"flashattn2 {flashattn2.__version__}" in result.stdout
+    assert f"torch {torch.__version__}" in result.stdout
+    assert "head dims" in result.stdout
+    assert "no CUDA GPU" in result.stdout
+
+
+# ---- argument checks (CPU tensors) ------------------------------------------------------------
+
+
+def qkv_cpu(batch=2, seqlen_q=5, seqlen_k=7, nheads=4, nheads_k=2, headdim=16, dtype=None):
+    dtype = dtype or torch.bfloat16
+    return (
+        torch.randn(batch, seqlen_q, nheads, headdim).to(dtype),
+        torch.randn(batch, seqlen_k, nheads_k, headdim).to(dtype),
+        torch.randn(batch, seqlen_k, nheads_k, headdim).to(dtype),
+    )
+
+
+def test_cpu_tensors_are_rejected_by_name():
+    q, k, v = qkv_cpu()
+    with pytest.raises(ValueError, match="flashattn2 needs CUDA tensors; got q on cpu"):
+        flashattn2.flash_attn_func(q, k, v)
+    meta = [t.to("meta") for t in (q, k, v)]
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on meta"):
+        flashattn2.flash_attn_func(*meta)
+
+
+def _dtype(q, k, v, dtype):
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+# name -> (transform of (q, k, v), error message pattern); all are ValueError.
+BAD_INPUTS = {
+    "float32": (lambda q, k, v: _dtype(q, k, v, torch.float32),
+                "FlashAttention only supports fp16 and bf16 data type; got q torch.float32"),
+    "float64": (lambda q, k, v: _dtype(q, k, v, torch.float64), "only supports fp16 and bf16"),
+    "int8": (lambda q, k, v: _dtype(q, k, v, torch.int8), "only supports fp16 and bf16"),
+    "k dtype": (lambda q, k, v: (q, k.half(), v), "query and key must have the same dtype"),
+    "v dtype": (lambda q, k, v: (q, k, v.half()), "query and value must have the same dtype"),
+    "q rank 3": (lambda q, k, v: (q[0], k, v), r"q must have shape \(batch, seqlen_q, nheads"),
+    "k rank 5": (lambda q, k, v: (q, k[None], v), r"k must have shape \(batch, seqlen_k"),
+    "v rank 3": (lambda q, k, v: (q, k, v[0]), r"v must have shape \(batch, seqlen_k"),
+    "headdim 0": (lambda q, k, v: (q[..., :0], k[..., :0], v[..., :0]), "head dimension"),
+    "headdim 264": (lambda q, k, v: tuple(t.new_zeros(*t.shape[:3], 264) for t in (q, k, v)),
+                    "only supports head dimension at most 256"),
+    "k batch": (lambda q, k, v: (q, k[:1], v[:1]), r"k must have shape \(batch=2, seqlen_k"),
+    "k headdim": (lambda q, k, v: (q, k[..., :8], v[..., :8]), r"headdim=16\); got \(2, 7, 2, 8\)"),
+    "v seqlen": (lambda q, k, v: (q, k, v[:, :6]), r"v must have the shape of k \(2, 7, 2, 16\)"),
+    "v heads": (lambda q, k, v: (q, k, v[:, :, :1]), "v must have the shape of k"),
+    "v headdim": (lambda q, k, v: (q, k, v[..., :8]), "v must have the shape of k"),
+    "h % h_k": (lambda q, k, v: (q[:, :, :3], k, v),
+                "Number of heads in key/value must divide number of heads in query"),
+    "h_k > h": (lambda q, k, v: (q[:, :, :1], k, v), "must divide number of heads in query"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_inputs_are_named_before_the_device_check(case):
+    transform, message = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=message):
+        flashattn2.flash_attn_func(*transform(*qkv_cpu()))
+
+
+def test_dtype_is_checked_before_shapes():
+    q, k, v = qkv_cpu(dtype=torch.float32)
+    with pytest.raises(ValueError, match="only supports fp16 and bf16"):
+        flashattn2.flash_attn_func(q, k[:1], v[:, :, :1])
+
+
+def test_unbuilt_head_dim_is_named():
+    head_dims = flashattn2.build_info()["head_dims"]
+    missing = [d for d in (32, 64, 96, 128, 192, 256) if d > head_dims[-1]]
+    if not missing:
+        pytest.skip("this build has every head dim up to 256")
+    q, k, v = qkv_cpu(headdim=missing[0])
+    with pytest.raises(ValueError, match=f"head dim {missing[0]} needs a kernel head dim"):
+        flashattn2.flash_attn_func(q, k, v)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(dropout_p=0.1), r"dropout_p=0.1 is not supported yet \(dropout comes later\)"),
+        (dict(softcap=30.0), "softcap=30.0 is not supported yet"),
+        (dict(alibi_slopes=torch.ones(4)), "alibi_slopes is not supported yet"),
+    ],
+)
+def test_unimplemented_arguments_raise_first(kwargs, message):
+    q, k, v = qkv_cpu(dtype=torch.float32)  # not checked: the argument is reported first
+    with pytest.raises(NotImplementedError, match=message):
+        flashattn2.flash_attn_func(q, k, v, **kwargs)
+    with pytest.raises(NotImplementedError, match=message):
+        flashattn2.flash_attn_qkvpacked_func(torch.stack([q, q, q], 2), **kwargs)
+    with pytest.raises(NotImplementedError, match=message):
+        flashattn2.flash_attn_kvpacked_func(q, torch.stack([k, v], 2), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "window_size",
+    [(1,), (1, 2, 3), "ab", None, 5, (1.5, 0), (0, "1"), (True, 0), (-2, 0), (0, -3)],
+)
+def test_bad_window_size(window_size):
+    q, k, v = qkv_cpu()
+    with pytest.raises(ValueError, match="window_size"):
+        flashattn2.flash_attn_func(q, k, v, window_size=window_size)
+
+
+@pytest.mark.parametrize("window_size", [(-1, -1), [4, 0], (0, 0), (3, -1), (100, 100)])
+def test_good_window_size_reaches_the_device_check(window_size):
+    q, k, v = qkv_cpu()
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        flashattn2.flash_attn_func(q, k, v, window_size=window_size, deterministic=True)
+
+
+def test_window_and_causal():
+    assert interface._window((-1, -1), False) == (-1, -1)
+    assert interface._window((-1, -1), True) == (-1, 0)
+    assert interface._window((16, 4), True) == (16, 0)  # flash-attn: causal keeps the left bound
+    assert interface._window([3, 5], False) == (3, 5)
+
+
+def test_packed_shapes_are_checked():
+    q, k, v = qkv_cpu(nheads=2)
+    with pytest.raises(ValueError, match=r"qkv must have shape \(batch, seqlen, 3, nheads"):
+        flashattn2.flash_attn_qkvpacked_func(torch.stack([q, q], 2))
+    with pytest.raises(ValueError, match="qkv must have shape"):
+        flashattn2.flash_attn_qkvpacked_func(q)
+    with pytest.raises(ValueError, match=r"kv must have shape \(batch, seqlen_k, 2, nheads_k"):
+        flashattn2.flash_attn_kvpacked_func(q, torch.stack([k, v, v], 2))
+    with pytest.raises(ValueError, match="kv must have shape"):
+        flashattn2.flash_attn_kvpacked_func(q, k)
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on cpu"):
+        flashattn2.flash_attn_qkvpacked_func(torch.stack([q, q, q], 2))
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on cpu"):
+        flashattn2.flash_attn_kvpacked_func(q, torch.stack([k, v], 2))
+
+
+# ---- tensor preparation (CPU tensors; the rules do not depend on the device) -----------------
+
+
+def test_kernel_ready_passes_views_through():
+    qkv = torch.randn(2, 9, 3, 4, 64).bfloat16()
+    for t in qkv.unbind(2):
+        assert interface._kernel_ready(t, 0) is t
+    x = torch.randn(2, 4, 9, 64).half()
+    transposed = x.transpose(1, 2)  # (b, s, h, d) view of a (b, h, s, d) tensor
+    assert interface._kernel_ready(transposed, 0) is transposed
+    wide = torch.randn(2, 9, 4, 96).half()
+    for t in (wide[..., :64], wide[..., 32:]):  # row stride 384, head stride 96, 64 B offset
+        assert interface._kernel_ready(t, 0) is t
+
+
+@pytest.mark.parametrize(
+    "name,make",
+    [
+        ("last dim strided", lambda x: x[..., ::2]),
+        ("misaligned pointer", lambda x: x.flatten()[4 : 4 + 2 * 9 * 4 * 16].view(2, 9, 4, 16)),
+        ("row stride 68", lambda x: torch.randn(2, 9, 1, 68).bfloat16()[..., :64]),
+        ("head stride 20", lambda x: x.flatten().as_strided((2, 9, 4, 16), (9 * 80, 80, 20, 1))),
+    ],
+)
+def test_kernel_ready_copies_what_the_kernel_cannot_read(name, make):
+    t = make(torch.randn(2, 9, 4, 32).bfloat16())
+    ready = interface._kernel_ready(t, 0)
+    assert ready.data_ptr() != t.data_ptr()
+    assert torch.equal(ready, t)
+    assert ready.is_contiguous() and ready.data_ptr() % 16 == 0
+    assert all(s % 8 == 0 for s in ready.stride()[:3]) and ready.stride(3) == 1
+
+
+def test_kernel_ready_pads_head_dim_with_zeros():
+    t = torch.randn(2, 5, 3, 100).half()
+    ready = interface._kernel_ready(t, -100 % 8)
+    assert ready.shape == (2, 5, 3, 104) and ready.is_contiguous()
+    assert torch.equal(ready[..., :100], t) and (ready[..., 100:] == 0).all()
+
+
+# ---- around the launch (GPU) ------------------------------------------------------------------
+
+
+class LaunchRecorder:
+    """Stands in for ``interface._C``: counts fwd launches, forwards everything."""
+
+    def __init__(self, module):
+        self._module = module
+        self.launches = 0
+
+    def fwd(self, *args):
+        self.launches += 1
+        return self._module.fwd(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    recorder = LaunchRecorder(interface._C)
+    monkeypatch.setattr(interface, "_C", recorder)
+    return recorder
+
+
+def qkv_gpu(batch=2, seqlen_q=33, seqlen_k=47, nheads=4, nheads_k=2, headdim=64,
+            dtype=torch.bfloat16, device="cuda"):  # fmt: skip
+    return tuple(t.to(device) for t in qkv_cpu(batch, seqlen_q, seqlen_k, nheads, nheads_k,
+                                               headdim, dtype))
+
+
+@gpu
+def test_launch_recorder_sees_a_launch(launches):
+    out = flashattn2.flash_attn_func(*qkv_gpu())
+    torch.cuda.synchronize()
+    assert launches.launches == 1 and out.shape == (2, 33, 4, 64)
+
+
+@gpu
+@pytest.mark.parametrize("case", ["h % h_k", "v seqlen", "float32", "headdim 264"])
+def test_bad_inputs_never_launch(case, launches):
+    transform, message = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=message):
+        flashattn2.flash_attn_func(*transform(*qkv_gpu()))
+    assert launches.launches == 0
+
+
+@gpu
+@pytest.mark.parametrize(
+    "shape", [(0, 33, 47, 4, 2), (2, 0, 47, 4, 2), (2, 33, 47, 0, 2), (0, 0, 0, 4, 2)]
+)
+def test_empty_problems_return_empty_without_launch(shape, launches):
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    q, k, v = qkv_gpu(batch, seqlen_q, seqlen_k, nheads, nheads_k, 64)
+    out, lse, probs = flashattn2.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
+    assert lse.shape == (batch, nheads, seqlen_q) and lse.dtype == torch.float32
+    assert probs is None and launches.launches == 0
+
+
+@gpu
+@pytest.mark.parametrize("headdim", [64, 20])
+def test_empty_keys_give_zeros_and_inf_without_launch(headdim, launches):
+    q, k, v = qkv_gpu(seqlen_k=0, headdim=headdim)
+    out, lse, _ = flashattn2.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == q.shape and (out == 0).all()
+    assert lse.shape == (2, 4, 33) and lse.isposinf().all()
+    assert launches.launches == 0
+
+
+@gpu
+def test_return_values_and_devices():
+    q, k, v = qkv_gpu(headdim=40)
+    out = flashattn2.flash_attn_func(q, k, v)
+    assert isinstance(out, torch.Tensor)
+    out2, lse, probs = flashattn2.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert torch.equal(out, out2) and probs is None
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
+    assert lse.shape == (2, 4, 33) and lse.dtype == torch.float32 and lse.is_contiguous()
+
+
+@gpu
+def test_backward_raises_not_implemented():
+    q, k, v = (t.requires_grad_() for t in qkv_gpu())
+    out = flashattn2.flash_attn_func(q, k, v, causal=True)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
+        out.float().sum().backward()
+    with torch.no_grad():
+        assert flashattn2.flash_attn_func(q, k, v).grad_fn is None
+    out, lse, _ = flashattn2.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+
+
+@gpu
+def test_no_grad_path_matches_autograd_path():
+    q, k, v = qkv_gpu(headdim=100)
+    plain = flashattn2.flash_attn_func(q, k, v, causal=True)
+    tracked = flashattn2.flash_attn_func(*(t.requires_grad_() for t in (q, k, v)), causal=True)
+    assert torch.equal(plain, tracked.detach())
+
+
+@gpu
+def test_unsupported_device_message_is_cached(monkeypatch):
+    device = torch.cuda.current_device()
+    monkeypatch.setattr(_ext, "_supported_devices", set())
+    monkeypatch.setattr(_ext, "_unsupported_reason", {device: "this build has code for sm_1"})
+    with pytest.raises(RuntimeError, match="flashattn2: this build has code for sm_1"):
+        flashattn2.flash_attn_func(*qkv_gpu(device=f"cuda:{device}"))
+
+
+@gpu
+def test_mismatched_devices():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    q, k, v = qkv_gpu()
+    with pytest.raises(ValueError, match="must be on the same device"):
+        flashattn2.flash_attn_func(q, k.to("cuda:1"), v)
+    with pytest.raises(ValueError, match="must be on the same device"):
+        flashattn2.flash_attn_func(q, k, v.to("cuda:1"))
+
+
+@gpu
+def test_cpu_tensor_next_to_gpu_tensors():
+    q, k, v = qkv_gpu()
+    with pytest.raises(ValueError, match="needs CUDA tensors; got v on cpu"):
+        flashattn2.flash_attn_func(q, k, v.cpu())
+
+
+@gpu
+def test_gpu_result_matches_reference_smoke():
+    q, k, v = qkv_gpu(headdim=64)
+    out = flashattn2.flash_attn_func(q, k, v, causal=True)
+    ref, _ = attention_ref(q, k, v, causal=True)
+    assert (out.float() - ref.float()).abs().max().item() < 0.05

@@ -1,0 +1,144 @@
+"""The reference itself (CPU): against a float64 loop written from the masking rule, and
+against PyTorch's scaled_dot_product_attention."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reference import attention_ref, visible_mask
+
+
+def naive_attention(q, k, v, causal, window_size, softmax_scale):
+    """float64, one query row at a time, keys chosen by the rule in flash.h."""
+    q, k, v = q.double(), k.double(), v.double()
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
+    out = torch.zeros(batch, seqlen_q, nheads, headdim, dtype=torch.float64)
+    lse = torch.full((batch, nheads, seqlen_q), math.inf, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(nheads):
+            kh = h // (nheads // nheads_k)
+            for i in range(seqlen_q):
+                diag = i + seqlen_k - seqlen_q
+                keys = [
+                    j
+                    for j in range(seqlen_k)
+                    if (window_right < 0 or j <= diag + window_right)
+                    and (window_left < 0 or j >= diag - window_left)
+                ]
+                if not keys:
+                    continue
+                scores = k[b, keys, kh] @ q[b, i, h] * softmax_scale
+                top = scores.max()
+                weights = torch.exp(scores - top)
+                total = weights.sum()
+                out[b, i, h] = weights @ v[b, keys, kh] / total
+                lse[b, h, i] = top + torch.log(total)
+    return out, lse
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window_size)
+CASES = [
+    (2, 7, 7, 2, 2, 16, False, (-1, -1)),
+    (2, 5, 13, 4, 2, 8, True, (-1, -1)),  # causal, seqlen_q < seqlen_k
+    (1, 13, 5, 4, 1, 8, True, (-1, -1)),  # causal, seqlen_q > seqlen_k: rows with no key
+    (1, 17, 29, 2, 1, 24, False, (3, 2)),  # local window
+    (2, 29, 17, 2, 2, 8, False, (2, 0)),
+    (1, 11, 23, 3, 1, 8, True, (4, -1)),  # causal keeps the left bound: window (4, 0)
+    (1, 9, 9, 2, 2, 8, False, (0, 0)),  # each row sees exactly one key
+    (1, 12, 20, 2, 2, 8, False, (-1, 5)),
+    (1, 20, 12, 2, 1, 8, False, (1, -1)),
+]
+
+
+def _has_empty_rows(seqlen_q, seqlen_k, causal, window_size):
+    left, right = window_size
+    return not visible_mask(seqlen_q, seqlen_k, left, 0 if causal else right).any(1).all()
+
+
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,nheads,nheads_k,headdim,causal,window", CASES)
+def test_reference_matches_float64_loop(
+    batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window
+):
+    q = torch.randn(batch, seqlen_q, nheads, headdim)
+    k = torch.randn(batch, seqlen_k, nheads_k, headdim)
+    v = torch.randn(batch, seqlen_k, nheads_k, headdim)
+    scale = 0.7 / math.sqrt(headdim)
+    out, lse = attention_ref(q, k, v, causal=causal, window_size=window, softmax_scale=scale)
+    out64, lse64 = naive_attention(q, k, v, causal, window, scale)
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+    assert lse.shape == (batch, nheads, seqlen_q)
+    torch.testing.assert_close(out.double(), out64, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), lse64, atol=1e-5, rtol=1e-5)
+    empty = lse64.isinf()
+    assert empty.any() == _has_empty_rows(seqlen_q, seqlen_k, causal, window)
+    assert torch.equal(lse.isposinf(), empty)
+    assert (out.permute(0, 2, 1, 3)[empty] == 0).all()
+
+
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,nheads,nheads_k,headdim,causal,window", CASES)
+def test_reference_matches_sdpa(
+    batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window
+):
+    if _has_empty_rows(seqlen_q, seqlen_k, causal, window):
+        pytest.skip("SDPA gives NaN for rows that see no key")
+    q = torch.randn(batch, seqlen_q, nheads, headdim)
+    k = torch.randn(batch, seqlen_k, nheads_k, headdim)
+    v = torch.randn(batch, seqlen_k, nheads_k, headdim)
+    out, _ = attention_ref(q, k, v, causal=causal, window_size=window)
+    left, right = window
+    mask = visible_mask(seqlen_q, seqlen_k, left, 0 if causal else right)
+    expected = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
+    ).transpose(1, 2)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_visible_mask_is_bottom_right_aligned():
+    # seqlen_q=2, seqlen_k=3, causal: the last query row sees every key.
+    assert visible_mask(2, 3, -1, 0).tolist() == [[True, True, False], [True, True, True]]
+    # seqlen_q=3, seqlen_k=2, causal: the first query row sees no key.
+    assert visible_mask(3, 2, -1, 0).tolist() == [[False, False], [True, False], [True, True]]
+    # window (1, 0) on a square: the diagonal and one key to its left.
+    assert visible_mask(3, 3, 1, 0).tolist() == [
+        [True, False, False],
+        [True, True, False],
+        [False, True, True],
+    ]
+    assert visible_mask(2, 4, -1, -1).all()
+
+
+def test_default_scale_is_inverse_sqrt_headdim():
+    q, k, v = torch.randn(1, 6, 2, 24), torch.randn(1, 9, 2, 24), torch.randn(1, 9, 2, 24)
+    out, lse = attention_ref(q, k, v)
+    out_explicit, lse_explicit = attention_ref(q, k, v, softmax_scale=24**-0.5)
+    assert torch.equal(out, out_explicit) and torch.equal(lse, lse_explicit)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_upcast_computes_in_float32_and_plain_in_input_dtype(dtype):
+    q = torch.randn(2, 33, 4, 32).to(dtype)
+    k = torch.randn(2, 47, 2, 32).to(dtype)
+    v = torch.randn(2, 47, 2, 32).to(dtype)
+    out_up, lse_up = attention_ref(q, k, v, causal=True)
+    out32, lse32 = attention_ref(q.float(), k.float(), v.float(), causal=True)
+    assert out_up.dtype == dtype and lse_up.dtype == torch.float32
+    assert torch.equal(out_up, out32.to(dtype)) and torch.equal(lse_up, lse32)
+
+    out_low, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    assert out_low.dtype == dtype
+    out64, _ = naive_attention(q, k, v, True, (-1, -1), 32**-0.5)
+    err_up = (out_up.double() - out64).abs().max().item()
+    err_low = (out_low.double() - out64).abs().max().item()
+    # Computing in the low dtype is measurably less accurate than rounding a float32 result.
+    assert err_low > err_up
+
+
+def test_empty_key_sequence():
+    q, k, v = torch.randn(2, 3, 2, 8), torch.randn(2, 0, 2, 8), torch.randn(2, 0, 2, 8)
+    out, lse = attention_ref(q, k, v)
+    assert out.shape == q.shape and (out == 0).all()
+    assert lse.shape == (2, 2, 3) and lse.isposinf().all()
