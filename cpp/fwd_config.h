@@ -5,19 +5,27 @@
 namespace flashattn2 {
 
 struct FwdTile {
-  int block_m;    // query rows per CTA; each warp owns 16 of them
-  int block_n;    // key/value rows per mainloop step
-  int n_warps;    // block_m / 16
-  bool q_in_regs; // Q fragments loaded to registers once (else re-read from shared memory)
+  int block_m;     // query rows per CTA = 16 * m_tiles * n_warps
+  int block_n;     // key/value rows per mainloop step
+  int n_warps;
+  int m_tiles;     // m16 MMA tiles per warp: each K/V fragment read from shared memory
+                   // feeds m_tiles MMAs, so 2 halves the K/V shared-memory traffic of 1
+  bool q_in_regs;  // Q fragments loaded to registers once (else re-read from shared memory)
+  int min_blocks;  // CTAs per SM the register allocation must allow (__launch_bounds__)
 };
 
 // Every config fits 96 KiB of shared memory (Q + 2 stages of K and V), so it runs on
-// sm_86/sm_89 (99 KiB per block) as well as sm_80/sm_90.
+// sm_86/sm_89 (99 KiB per block) as well as sm_80/sm_90. Measurements behind each choice:
+// benchmarks/NOTES.md. FLASHATTN2_FWD_TILE (e.g. -DFLASHATTN2_FWD_TILE={128,64,4,2,false,2}
+// in CUDAFLAGS) forces one tile for every head dim: scripts/tile_sweep.sh uses it.
 constexpr FwdTile fwd_tile(int head_dim) {
-  return head_dim <= 64    ? FwdTile{128, 128, 8, true}
-         : head_dim <= 128 ? FwdTile{128, 64, 8, true}
-         : head_dim <= 192 ? FwdTile{128, 32, 8, false}
-                           : FwdTile{64, 32, 4, false};
+#ifdef FLASHATTN2_FWD_TILE
+  return FwdTile FLASHATTN2_FWD_TILE;
+#endif
+  return head_dim <= 64    ? FwdTile{128, 64, 4, 2, true, 2}
+         : head_dim <= 128 ? FwdTile{128, 64, 4, 2, false, 2}
+         : head_dim <= 192 ? FwdTile{128, 32, 8, 1, false, 1}
+                           : FwdTile{64, 32, 4, 1, false, 2};
 }
 
 constexpr int fwd_smem_bytes(int head_dim) {

@@ -43,11 +43,13 @@ struct FwdTraits {
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kNWarps = kTile.n_warps;
+  static constexpr int kMTiles = kTile.m_tiles;
   static constexpr bool kQInRegs = kTile.q_in_regs;
+  static constexpr int kMinBlocks = kTile.min_blocks;
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kStages = 2;
   static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim);
-  static_assert(kBlockM == 16 * kNWarps, "each warp owns 16 query rows");
+  static_assert(kBlockM == 16 * kMTiles * kNWarps, "each warp owns 16 * kMTiles query rows");
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shape");
 };
 
@@ -97,15 +99,17 @@ __device__ __forceinline__ void store_tile(Element* gmem, const Element* smem, i
 }
 
 template <typename Traits, typename Element>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
+    fwd_kernel(const FwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kNThreads = Traits::kNThreads;
-  constexpr int kNTilesN = kBlockN / 8;    // n8 column tiles of S
-  constexpr int kNTilesD = kHeadDim / 8;   // n8 column tiles of O
-  constexpr int kKStepsD = kHeadDim / 16;  // k16 steps of Q K^T
-  constexpr int kKStepsN = kBlockN / 16;   // k16 steps of P V
+  constexpr int kMTiles = Traits::kMTiles;  // m16 tiles per warp
+  constexpr int kNTilesN = kBlockN / 8;     // n8 column tiles of S
+  constexpr int kNTilesD = kHeadDim / 8;    // n8 column tiles of O
+  constexpr int kKStepsD = kHeadDim / 16;   // k16 steps of Q K^T
+  constexpr int kKStepsN = kBlockN / 16;    // k16 steps of P V
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
@@ -157,10 +161,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   if (n_block_max > n_block_min) load_kv(n_block_max - 1, 0);
   ptx::cp_async_commit();
 
-  // Fragment coordinates: lane owns rows g and g + 8 of its warp's 16, columns 2q, 2q + 1.
+  // Fragment coordinates: in m16 tile mt, the lane owns rows g and g + 8, columns 2q, 2q+1.
   const int g = lane / 4;
   const int q = lane % 4;
-  const int warp_row0 = warp * 16;
+  const int warp_row0 = warp * 16 * kMTiles;
   // ldmatrix addresses (see ptx.cuh). A operand (Q) and V (.trans): lane gives row
   // lane % 16 and chunk lane / 16 of a 16x16 block; K: row 8 * (lane / 16) + lane % 8 and
   // chunk (lane / 8) % 2. Block (row r0, chunk 2k) then sits at
@@ -179,111 +183,144 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   constexpr uint32_t kQSegBytes = kBlockM * 32 * 2;   // one 32-column segment of sQ
   constexpr uint32_t kKVSegBytes = kBlockN * 32 * 2;  // one 32-column segment of sK / sV
   constexpr uint32_t kRow16Bytes = 16 * 32 * 2;       // 16 rows of a segment
+  auto q_addr = [&](int mt, int kk) {
+    return q_base[kk % 2] + (kk / 2) * kQSegBytes + mt * kRow16Bytes;
+  };
 
   // Per-row visible column bounds, used only on tiles that need a mask.
-  int col_lo[2], col_hi[2];
+  int col_lo[kMTiles][2], col_hi[kMTiles][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + warp_row0 + g + 8 * r;
-    col_hi[r] = p.window_right >= 0 ? min(p.seqlen_k - 1, row + offset + p.window_right)
-                                    : p.seqlen_k - 1;
-    col_lo[r] = p.window_left >= 0 ? row + offset - p.window_left : 0;
-  }
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
+      col_hi[mt][r] = p.window_right >= 0 ? min(p.seqlen_k - 1, row + offset + p.window_right)
+                                          : p.seqlen_k - 1;
+      col_lo[mt][r] = p.window_left >= 0 ? row + offset - p.window_left : 0;
+    }
 
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // log2(e)
-  float acc_o[kNTilesD][4];
+  float acc_o[kMTiles][kNTilesD][4];
+  float row_max[kMTiles][2], row_sum[kMTiles][2];
 #pragma unroll
-  for (int i = 0; i < kNTilesD; ++i)
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc_o[i][e] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
-  uint32_t rQ[Traits::kQInRegs ? kKStepsD : 1][4];
+    for (int i = 0; i < kNTilesD; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][i][e] = 0.f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[mt][r] = -INFINITY;
+      row_sum[mt][r] = 0.f;
+    }
+  }
+  uint32_t rQ[Traits::kQInRegs ? kMTiles : 1][Traits::kQInRegs ? kKStepsD : 1][4];
 
   // One mainloop step on the K/V tile in `stage`; kMask applies the per-element mask.
   auto step = [&](auto mask_tag, int n_block, int stage) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t stage_addr = sKV_addr + stage * (2 * kKVTile * 2);
 
-    // S = Q K^T
-    float acc_s[kNTilesN][4];
+    // S = Q K^T; each K fragment feeds the kMTiles m16 tiles of the warp.
+    float acc_s[kMTiles][kNTilesN][4];
 #pragma unroll
-    for (int i = 0; i < kNTilesN; ++i)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[i][e] = 0.f;
+      for (int i = 0; i < kNTilesN; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][i][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kKStepsD; ++kk) {
-      uint32_t a[4];
-      if constexpr (Traits::kQInRegs) {
+      uint32_t a[kMTiles][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) a[e] = rQ[kk][e];
-      } else {
-        ptx::ldmatrix_x4(a, q_base[kk % 2] + (kk / 2) * kQSegBytes);
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        if constexpr (Traits::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = rQ[mt][kk][e];
+        } else {
+          ptx::ldmatrix_x4(a[mt], q_addr(mt, kk));
+        }
       }
 #pragma unroll
       for (int nn = 0; nn < kNTilesN / 2; ++nn) {
         uint32_t b[4];
         ptx::ldmatrix_x4(b, stage_addr + k_base[kk % 2] + (kk / 2) * kKVSegBytes + nn * kRow16Bytes);
-        ptx::mma_16816<Element>(acc_s[2 * nn], a, b[0], b[1]);
-        ptx::mma_16816<Element>(acc_s[2 * nn + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          ptx::mma_16816<Element>(acc_s[mt][2 * nn], a[mt], b[0], b[1]);
+          ptx::mma_16816<Element>(acc_s[mt][2 * nn + 1], a[mt], b[2], b[3]);
+        }
       }
     }
 
     if constexpr (kMask) {
       const int col0 = n_block * kBlockN + 2 * q;
 #pragma unroll
-      for (int nt = 0; nt < kNTilesN; ++nt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = col0 + nt * 8 + (e & 1);
-          const int r = e >> 1;
-          if (col < col_lo[r] || col > col_hi[r]) acc_s[nt][e] = -INFINITY;
-        }
+        for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = col0 + nt * 8 + (e & 1);
+            const int r = e >> 1;
+            if (col < col_lo[mt][r] || col > col_hi[mt][r]) acc_s[mt][nt][e] = -INFINITY;
+          }
     }
 
     // Online softmax (base 2). Row max is reduced over the quad; the row sum stays per
     // thread until the epilogue.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNTilesN; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      // A row that has seen only masked scores keeps max -inf: use 0 so -inf - -inf never
-      // happens (its p and correction are then exp2(-inf) = 0).
-      const float max_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-      const float correction = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
-      row_max[r] = mx;
-      float sum = 0.f;
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[mt][r];
 #pragma unroll
-      for (int nt = 0; nt < kNTilesN; ++nt)
+        for (int nt = 0; nt < kNTilesN; ++nt)
+          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        // A row that has seen only masked scores keeps max -inf: use 0 so -inf - -inf never
+        // happens (its p and correction are then exp2(-inf) = 0).
+        const float max_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float correction = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
+        row_max[mt][r] = mx;
+        float sum = 0.f;
 #pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          acc_s[nt][e] = ptx::exp2_approx(fmaf(acc_s[nt][e], scale_log2, -max_scaled));
-          sum += acc_s[nt][e];
+        for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
+            sum += acc_s[mt][nt][e];
+          }
+        row_sum[mt][r] = row_sum[mt][r] * correction + sum;
+#pragma unroll
+        for (int dt = 0; dt < kNTilesD; ++dt) {
+          acc_o[mt][dt][2 * r] *= correction;
+          acc_o[mt][dt][2 * r + 1] *= correction;
         }
-      row_sum[r] = row_sum[r] * correction + sum;
-#pragma unroll
-      for (int dt = 0; dt < kNTilesD; ++dt) {
-        acc_o[dt][2 * r] *= correction;
-        acc_o[dt][2 * r + 1] *= correction;
       }
-    }
 
-    // acc_o += P V, P converted in registers to A fragments (C layout of n8 tiles 2k, 2k+1).
+    // acc_o += P V, P converted in registers to A fragments (C layout of n8 tiles 2k, 2k+1);
+    // each V fragment feeds the kMTiles m16 tiles of the warp.
 #pragma unroll
     for (int kk = 0; kk < kKStepsN; ++kk) {
-      const uint32_t pa[4] = {ptx::pack2<Element>(acc_s[2 * kk][0], acc_s[2 * kk][1]),
-                              ptx::pack2<Element>(acc_s[2 * kk][2], acc_s[2 * kk][3]),
-                              ptx::pack2<Element>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]),
-                              ptx::pack2<Element>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3])};
+      uint32_t pa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        pa[mt][0] = ptx::pack2<Element>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        pa[mt][1] = ptx::pack2<Element>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        pa[mt][2] = ptx::pack2<Element>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        pa[mt][3] = ptx::pack2<Element>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dd = 0; dd < kKStepsD; ++dd) {
         uint32_t b[4];
         ptx::ldmatrix_x4_trans(b, stage_addr + v_base[dd % 2] + (dd / 2) * kKVSegBytes + kk * kRow16Bytes);
-        ptx::mma_16816<Element>(acc_o[2 * dd], pa, b[0], b[1]);
-        ptx::mma_16816<Element>(acc_o[2 * dd + 1], pa, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          ptx::mma_16816<Element>(acc_o[mt][2 * dd], pa[mt], b[0], b[1]);
+          ptx::mma_16816<Element>(acc_o[mt][2 * dd + 1], pa[mt], b[2], b[3]);
+        }
       }
     }
   };
@@ -297,8 +334,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     if constexpr (Traits::kQInRegs) {
       if (n_block == n_block_max - 1) {
 #pragma unroll
-        for (int kk = 0; kk < kKStepsD; ++kk)
-          ptx::ldmatrix_x4(rQ[kk], q_base[kk % 2] + (kk / 2) * kQSegBytes);
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < kKStepsD; ++kk) ptx::ldmatrix_x4(rQ[mt][kk], q_addr(mt, kk));
       }
     }
     const int col0 = n_block * kBlockN;
@@ -317,23 +355,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   __syncthreads();
   float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffff, sum, 1);
-    sum += __shfl_xor_sync(0xffffffff, sum, 2);
-    // sum == 0: the row saw no key (O = 0, LSE = +inf). NaN inputs propagate to O and LSE.
-    const float inv = sum == 0.f ? 0.f : 1.f / sum;
-    const int row_local = warp_row0 + g + 8 * r;
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < kNTilesD; ++dt) {
-      *reinterpret_cast<uint32_t*>(sQ + swizzle<kBlockM>(row_local, dt) + 2 * q) =
-          ptx::pack2<Element>(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[mt][r];
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      // sum == 0: the row saw no key (O = 0, LSE = +inf). NaN inputs propagate to O and LSE.
+      const float inv = sum == 0.f ? 0.f : 1.f / sum;
+      const int row_local = warp_row0 + 16 * mt + g + 8 * r;
+#pragma unroll
+      for (int dt = 0; dt < kNTilesD; ++dt) {
+        *reinterpret_cast<uint32_t*>(sQ + swizzle<kBlockM>(row_local, dt) + 2 * q) =
+            ptx::pack2<Element>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+      }
+      const int row = row0 + row_local;
+      if (q == 0 && row < p.seqlen_q) {
+        gLse[row] = sum == 0.f ? INFINITY : row_max[mt][r] * p.softmax_scale + logf(sum);
+      }
     }
-    const int row = row0 + row_local;
-    if (q == 0 && row < p.seqlen_q) {
-      gLse[row] = sum == 0.f ? INFINITY : row_max[r] * p.softmax_scale + logf(sum);
-    }
-  }
   __syncthreads();
   Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
                 row0 * p.o_row_stride;

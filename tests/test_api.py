@@ -295,7 +295,7 @@ def test_launch_recorder_sees_a_launch(launches):
 
 
 @gpu
-@pytest.mark.parametrize("case", ["h % h_k", "v seqlen", "float32", "headdim 264"])
+@pytest.mark.parametrize("case", ["h % h_k", "v heads", "float32", "headdim 264"])
 def test_bad_inputs_never_launch(case, launches):
     transform, message = BAD_INPUTS[case]
     with pytest.raises(ValueError, match=message):

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build one variant of the forward kernel per tile config and time each with the benchmark,
+# all in one call on the GPU machine. Each variant gets its own build dir and install target,
+# so the main install is untouched.
+#
+#   HEAD_DIM=128 bash scripts/tile_sweep.sh "{128,64,4,2,false,2}" "{128,32,4,2,false,2}"
+#
+# A tile is FwdTile's fields (cpp/fwd_config.h): {block_m, block_n, n_warps, m_tiles,
+# q_in_regs, min_blocks}. Env: HEAD_DIM (default 128), ARCHS (90-real), SEQLENS, CAUSAL
+# (both), OUT (gpu_logs).
+set -uo pipefail
+HEAD_DIM=${HEAD_DIM:-128}
+ARCHS=${ARCHS:-90-real}
+SEQLENS=${SEQLENS:-1024,4096,16384}
+CAUSAL=${CAUSAL:-both}
+OUT=${OUT:-gpu_logs}
+mkdir -p "$OUT"
+i=0
+for tile in "$@"; do
+    i=$((i + 1))
+    site=/tmp/tile_sweep/site$i
+    rm -rf "$site"
+    echo "=== variant $i: d$HEAD_DIM tile $tile"
+    if ! CUDAFLAGS="-DFLASHATTN2_FWD_TILE=$tile" pip install -q --no-build-isolation --no-deps \
+        --target "$site" . -C build-dir=/tmp/tile_sweep/build$i \
+        -C cmake.define.FLASHATTN2_CUDA_ARCHS="$ARCHS" \
+        -C cmake.define.FLASHATTN2_HEAD_DIMS="$HEAD_DIM" \
+        -C cmake.define.FLASHATTN2_PTXAS_VERBOSE=ON > "/tmp/tile_sweep/build$i.log" 2>&1; then
+        echo "build failed:"; tail -n 30 "/tmp/tile_sweep/build$i.log"; continue
+    fi
+    grep -E "spill|registers" "/tmp/tile_sweep/build$i.log" | grep -A1 -E "bf16|spill" | head -n 4
+    PYTHONPATH="$site" python3 benchmarks/bench.py --impls flashattn2 --dtypes bf16 \
+        --headdims "$HEAD_DIM" --seqlens "$SEQLENS" --causal "$CAUSAL" --no-summary \
+        --out "/tmp/tile_sweep/bench$i" > "/tmp/tile_sweep/bench$i.log" 2>&1 || tail -n 20 "/tmp/tile_sweep/bench$i.log"
+    python3 - "/tmp/tile_sweep/bench$i/results.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(f"  s{r['seqlen_q']:<6} causal={r['causal']!s:<5} {r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s")
+PY
+done
