@@ -14,14 +14,14 @@ ARCHS=${ARCHS:-90-real}
 SEQLENS=${SEQLENS:-1024,4096,16384}
 CAUSAL=${CAUSAL:-both}
 OUT=${OUT:-gpu_logs}
-mkdir -p "$OUT"
+mkdir -p "$OUT" /tmp/tile_sweep
 i=0
 for tile in "$@"; do
     i=$((i + 1))
     site=/tmp/tile_sweep/site$i
     rm -rf "$site"
     echo "=== variant $i: d$HEAD_DIM tile $tile"
-    if ! CUDAFLAGS="-DFLASHATTN2_FWD_TILE=$tile" pip install -q --no-build-isolation --no-deps \
+    if ! CUDAFLAGS="-DFLASHATTN2_FWD_TILE=$tile" python3 -m pip install -q --no-build-isolation --no-deps \
         --target "$site" . -C build-dir=/tmp/tile_sweep/build$i \
         -C cmake.define.FLASHATTN2_CUDA_ARCHS="$ARCHS" \
         -C cmake.define.FLASHATTN2_HEAD_DIMS="$HEAD_DIM" \
