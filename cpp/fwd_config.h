@@ -16,21 +16,31 @@ struct FwdTile {
 
 // Every config fits 96 KiB of shared memory (Q + 2 stages of K and V), so it runs on
 // sm_86/sm_89 (99 KiB per block) as well as sm_80/sm_90. Measurements behind each choice:
-// benchmarks/NOTES.md. FLASHATTN2_FWD_TILE (e.g. -DFLASHATTN2_FWD_TILE={128,64,4,2,false,2}
-// in CUDAFLAGS) forces one tile for every head dim: scripts/tile_sweep.sh uses it.
+// benchmarks/NOTES.md. FLASHATTN2_FWD_TILE_{M,N,WARPS,MTILES,QREGS,MINB} (all six, as -D
+// flags in CUDAFLAGS) force one tile for every head dim: scripts/tile_sweep.sh uses them.
 constexpr FwdTile fwd_tile(int head_dim) {
-#ifdef FLASHATTN2_FWD_TILE
-  return FwdTile FLASHATTN2_FWD_TILE;
+#ifdef FLASHATTN2_FWD_TILE_M
+  return FwdTile{FLASHATTN2_FWD_TILE_M,      FLASHATTN2_FWD_TILE_N,     FLASHATTN2_FWD_TILE_WARPS,
+                 FLASHATTN2_FWD_TILE_MTILES, FLASHATTN2_FWD_TILE_QREGS, FLASHATTN2_FWD_TILE_MINB};
 #endif
   return head_dim <= 64    ? FwdTile{128, 64, 4, 2, true, 2}
          : head_dim <= 128 ? FwdTile{128, 64, 4, 2, false, 2}
-         : head_dim <= 192 ? FwdTile{128, 32, 8, 1, false, 1}
-                           : FwdTile{64, 32, 4, 1, false, 2};
+         : head_dim <= 192 ? FwdTile{128, 64, 8, 1, true, 1}
+                           : FwdTile{128, 32, 8, 1, true, 1};
+}
+
+// With Q in registers, sQ is idle during the mainloop, so K/V stage 1 lives inside it when
+// it fits (sQ is still the O staging area in the epilogue, after the last K/V read).
+constexpr bool fwd_stage1_in_q(int head_dim) {
+  return fwd_tile(head_dim).q_in_regs &&
+         2 * fwd_tile(head_dim).block_n <= fwd_tile(head_dim).block_m;
 }
 
 constexpr int fwd_smem_bytes(int head_dim) {
-  // 2-byte elements: Q tile + 2 stages x (K tile + V tile).
-  return 2 * head_dim * (fwd_tile(head_dim).block_m + 2 * 2 * fwd_tile(head_dim).block_n);
+  // 2-byte elements: Q tile + 2 stages x (K tile + V tile), less the stage that sQ hosts.
+  return 2 * head_dim *
+         (fwd_tile(head_dim).block_m +
+          (fwd_stage1_in_q(head_dim) ? 1 : 2) * 2 * fwd_tile(head_dim).block_n);
 }
 
 }  // namespace flashattn2

@@ -49,6 +49,7 @@ struct FwdTraits {
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kStages = 2;
   static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim);
+  static constexpr bool kStage1InQ = fwd_stage1_in_q(kHeadDim);
   static_assert(kBlockM == 16 * kMTiles * kNWarps, "each warp owns 16 * kMTiles query rows");
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shape");
 };
@@ -58,6 +59,20 @@ struct FwdTraits {
 template <int kRows>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
   return (chunk >> 2) * (kRows * 32) + row * 32 + (((chunk & 3) ^ ((row >> 1) & 3)) << 3);
+}
+
+// Row and 16-byte chunk that thread `tid` copies in iteration i of a tile copy. Unsigned
+// power-of-two arithmetic: cheap enough that the compiler recomputes it in the epilogue
+// instead of keeping the prologue's values live (and spilled) across the mainloop.
+template <int kRows, int kNThreads>
+__device__ __forceinline__ unsigned tile_row(int i, int tid) {
+  static_assert((kRows & (kRows - 1)) == 0, "tile rows must be a power of two");
+  return ((unsigned(i) * kNThreads + unsigned(tid)) >> 2) & (kRows - 1);
+}
+template <int kRows, int kNThreads>
+__device__ __forceinline__ unsigned tile_chunk(int i, int tid) {
+  const unsigned idx = unsigned(i) * kNThreads + unsigned(tid);
+  return (idx >> 2) / kRows * 4 + (idx & 3);
 }
 
 // Global -> shared copy of a [kRows x kHeadDim] tile with cp.async. Rows >= rows_valid and
@@ -70,9 +85,8 @@ __device__ __forceinline__ void load_tile(Element* smem, const Element* gmem, in
   static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
 #pragma unroll
   for (int i = 0; i < kChunks / kNThreads; ++i) {
-    const int idx = i * kNThreads + tid;
-    const int row = (idx >> 2) % kRows;
-    const int chunk = (idx >> 2) / kRows * 4 + (idx & 3);
+    const int row = int(tile_row<kRows, kNThreads>(i, tid));
+    const int chunk = int(tile_chunk<kRows, kNThreads>(i, tid));
     const bool pred = row < rows_valid && chunk * 8 < headdim;
     const Element* src = pred ? gmem + row * row_stride + chunk * 8 : gmem;
     ptx::cp_async_16(ptx::smem_addr(smem + swizzle<kRows>(row, chunk)), src, pred);
@@ -88,9 +102,8 @@ __device__ __forceinline__ void store_tile(Element* gmem, const Element* smem, i
   static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
 #pragma unroll
   for (int i = 0; i < kChunks / kNThreads; ++i) {
-    const int idx = i * kNThreads + tid;
-    const int row = (idx >> 2) % kRows;
-    const int chunk = (idx >> 2) / kRows * 4 + (idx & 3);
+    const int row = int(tile_row<kRows, kNThreads>(i, tid));
+    const int chunk = int(tile_chunk<kRows, kNThreads>(i, tid));
     if (row < rows_valid && chunk * 8 < headdim) {
       *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * 8) =
           *reinterpret_cast<const uint4*>(smem + swizzle<kRows>(row, chunk));
@@ -113,8 +126,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
-  Element* sKV = sQ + kBlockM * kHeadDim;  // stage s: K at sKV + 2s*T, V at sKV + (2s+1)*T
   constexpr int kKVTile = kBlockN * kHeadDim;
+  // Stage s holds K at sKVs and V at sKVs + kKVTile; stage 1 may live inside sQ.
+  // (Selected with ?: rather than an array: a run-time index would put it in local memory.)
+  Element* const sKV0 = sQ + kBlockM * kHeadDim;
+  Element* const sKV1 = Traits::kStage1InQ ? sQ : sKV0 + 2 * kKVTile;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -152,11 +168,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto load_kv = [&](int n_block, int stage) {
     const int64_t n0 = int64_t(n_block) * kBlockN;
     const int rows = p.seqlen_k - int(n0);
-    load_tile<kBlockN, kHeadDim, kNThreads>(sKV + 2 * stage * kKVTile, gK + n0 * p.k_row_stride,
-                                            p.k_row_stride, rows, p.headdim, tid);
-    load_tile<kBlockN, kHeadDim, kNThreads>(sKV + (2 * stage + 1) * kKVTile,
-                                            gV + n0 * p.v_row_stride, p.v_row_stride, rows,
+    Element* const sK = stage ? sKV1 : sKV0;
+    load_tile<kBlockN, kHeadDim, kNThreads>(sK, gK + n0 * p.k_row_stride, p.k_row_stride, rows,
                                             p.headdim, tid);
+    load_tile<kBlockN, kHeadDim, kNThreads>(sK + kKVTile, gV + n0 * p.v_row_stride,
+                                            p.v_row_stride, rows, p.headdim, tid);
   };
   if (n_block_max > n_block_min) load_kv(n_block_max - 1, 0);
   ptx::cp_async_commit();
@@ -172,7 +188,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // with r0 a multiple of 8 (so the swizzle of the lane's row does not change) and
   // base[j] the lane's own offset for chunk parity j: two registers per operand.
   const uint32_t sQ_addr = ptx::smem_addr(sQ);
-  const uint32_t sKV_addr = ptx::smem_addr(sKV);
+  const uint32_t stage0_addr = ptx::smem_addr(sKV0);
+  const uint32_t stage1_addr = ptx::smem_addr(sKV1);
   uint32_t q_base[2], k_base[2], v_base[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -186,18 +203,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto q_addr = [&](int mt, int kk) {
     return q_base[kk % 2] + (kk / 2) * kQSegBytes + mt * kRow16Bytes;
   };
-
-  // Per-row visible column bounds, used only on tiles that need a mask.
-  int col_lo[kMTiles][2], col_hi[kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
-      col_hi[mt][r] = p.window_right >= 0 ? min(p.seqlen_k - 1, row + offset + p.window_right)
-                                          : p.seqlen_k - 1;
-      col_lo[mt][r] = p.window_left >= 0 ? row + offset - p.window_left : 0;
-    }
 
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // log2(e)
   float acc_o[kMTiles][kNTilesD][4];
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // One mainloop step on the K/V tile in `stage`; kMask applies the per-element mask.
   auto step = [&](auto mask_tag, int n_block, int stage) {
     constexpr bool kMask = decltype(mask_tag)::value;
-    const uint32_t stage_addr = sKV_addr + stage * (2 * kKVTile * 2);
+    const uint32_t stage_addr = stage ? stage1_addr : stage0_addr;
 
     // S = Q K^T; each K fragment feeds the kMTiles m16 tiles of the warp.
     float acc_s[kMTiles][kNTilesN][4];
@@ -254,17 +259,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     }
 
     if constexpr (kMask) {
+      // Visible columns of each of the lane's rows (bounds computed here, on the few
+      // masked tiles, rather than kept live in registers across the mainloop).
       const int col0 = n_block * kBlockN + 2 * q;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kNTilesN; ++nt)
+        for (int r = 0; r < 2; ++r) {
+          const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
+          const int col_hi = p.window_right >= 0
+                                 ? min(p.seqlen_k - 1, row + offset + p.window_right)
+                                 : p.seqlen_k - 1;
+          const int col_lo = p.window_left >= 0 ? row + offset - p.window_left : 0;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = col0 + nt * 8 + (e & 1);
-            const int r = e >> 1;
-            if (col < col_lo[mt][r] || col > col_hi[mt][r]) acc_s[mt][nt][e] = -INFINITY;
-          }
+          for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              const int col = col0 + nt * 8 + (e & 1);
+              if (col < col_lo || col > col_hi) acc_s[mt][nt][e] = -INFINITY;
+            }
+        }
     }
 
     // Online softmax (base 2). Row max is reduced over the quad; the row sum stays per
@@ -273,10 +287,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = row_max[mt][r];
+        // Max and sum as trees over the lane's kNTilesN column pairs, not one serial chain:
+        // with 2 warps per scheduler a chain of dependent FMNMX/FADD is a visible stall.
+        float part[kNTilesN];
 #pragma unroll
         for (int nt = 0; nt < kNTilesN; ++nt)
-          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
+          part[nt] = fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
+#pragma unroll
+        for (int width = kNTilesN / 2; width > 0; width /= 2)
+#pragma unroll
+          for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
+        float mx = fmaxf(row_max[mt][r], part[0]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         // A row that has seen only masked scores keeps max -inf: use 0 so -inf - -inf never
@@ -284,14 +305,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         const float max_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
         const float correction = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
         row_max[mt][r] = mx;
-        float sum = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < kNTilesN; ++nt)
+        for (int nt = 0; nt < kNTilesN; ++nt) {
 #pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          for (int e = 2 * r; e < 2 * r + 2; ++e)
             acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
-            sum += acc_s[mt][nt][e];
-          }
+          part[nt] = acc_s[mt][nt][2 * r] + acc_s[mt][nt][2 * r + 1];
+        }
+#pragma unroll
+        for (int width = kNTilesN / 2; width > 0; width /= 2)
+#pragma unroll
+          for (int i = 0; i < width; ++i) part[i] += part[i + width];
+        const float sum = part[0];
         row_sum[mt][r] = row_sum[mt][r] * correction + sum;
 #pragma unroll
         for (int dt = 0; dt < kNTilesD; ++dt) {
@@ -329,16 +354,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     // Tile n_block has landed in `stage`, and every warp is done with the other stage.
     ptx::cp_async_wait<0>();
     __syncthreads();
-    if (n_block > n_block_min) load_kv(n_block - 1, stage ^ 1);
-    ptx::cp_async_commit();
     if constexpr (Traits::kQInRegs) {
       if (n_block == n_block_max - 1) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
           for (int kk = 0; kk < kKStepsD; ++kk) ptx::ldmatrix_x4(rQ[mt][kk], q_addr(mt, kk));
+        // Stage 1 overwrites sQ: every warp must hold its Q fragments first (once per CTA).
+        if constexpr (Traits::kStage1InQ) __syncthreads();
       }
     }
+    if (n_block > n_block_min) load_kv(n_block - 1, stage ^ 1);
+    ptx::cp_async_commit();
     const int col0 = n_block * kBlockN;
     const bool need_mask = col0 + kBlockN > p.seqlen_k ||
                            (p.window_right >= 0 && col0 + kBlockN - 1 > row0 + offset + p.window_right) ||

@@ -3,10 +3,10 @@
 # all in one call on the GPU machine. Each variant gets its own build dir and install target,
 # so the main install is untouched.
 #
-#   HEAD_DIM=128 bash scripts/tile_sweep.sh "{128,64,4,2,false,2}" "{128,32,4,2,false,2}"
+#   HEAD_DIM=128 bash scripts/tile_sweep.sh "128 64 4 2 0 2" "128 32 4 2 0 2"
 #
-# A tile is FwdTile's fields (cpp/fwd_config.h): {block_m, block_n, n_warps, m_tiles,
-# q_in_regs, min_blocks}. Env: HEAD_DIM (default 128), ARCHS (90-real), SEQLENS, CAUSAL
+# A tile is FwdTile's fields (cpp/fwd_config.h), space separated: block_m block_n n_warps
+# m_tiles q_in_regs(0/1) min_blocks. Env: HEAD_DIM (default 128), ARCHS (90-real), SEQLENS, CAUSAL
 # (both), OUT (gpu_logs).
 set -uo pipefail
 HEAD_DIM=${HEAD_DIM:-128}
@@ -21,7 +21,10 @@ for tile in "$@"; do
     site=/tmp/tile_sweep/site$i
     rm -rf "$site"
     echo "=== variant $i: d$HEAD_DIM tile $tile"
-    if ! CUDAFLAGS="-DFLASHATTN2_FWD_TILE=$tile" python3 -m pip install -q --no-build-isolation --no-deps \
+    read -r m n w mt qr mb <<< "$tile"
+    flags="-DFLASHATTN2_FWD_TILE_M=$m -DFLASHATTN2_FWD_TILE_N=$n -DFLASHATTN2_FWD_TILE_WARPS=$w"
+    flags+=" -DFLASHATTN2_FWD_TILE_MTILES=$mt -DFLASHATTN2_FWD_TILE_QREGS=$qr -DFLASHATTN2_FWD_TILE_MINB=$mb"
+    if ! CUDAFLAGS="$flags" python3 -m pip install -q --no-build-isolation --no-deps \
         --target "$site" . -C build-dir=/tmp/tile_sweep/build$i \
         -C cmake.define.FLASHATTN2_CUDA_ARCHS="$ARCHS" \
         -C cmake.define.FLASHATTN2_HEAD_DIMS="$HEAD_DIM" \
