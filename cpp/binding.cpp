@@ -2,7 +2,8 @@
 //
 // Plain C++17: it sees the host API (flash_api.h, flash.h) and never a .cuh, and it takes no
 // torch types. Python passes device pointers and the stream as ints, strides in elements,
-// a dtype code and the device index; this file fills FwdParams and calls the dispatcher.
+// a dtype code and the device index; this file fills FwdParams / BwdParams and calls the
+// dispatcher.
 // Errors come back as Python exceptions through pybind11's standard translation:
 // std::invalid_argument -> ValueError, std::runtime_error (CUDA errors) -> RuntimeError.
 #include <pybind11/pybind11.h>
@@ -95,6 +96,91 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   flashattn2::mha_fwd(params, device, reinterpret_cast<void*>(stream));
 }
 
+void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
+         std::uintptr_t o, std::uintptr_t lse, std::uintptr_t dq, std::uintptr_t dk,
+         std::uintptr_t dv, std::uintptr_t dq_accum, std::uintptr_t dsum,
+         const Strides& do_strides, const Strides& q_strides, const Strides& k_strides,
+         const Strides& v_strides, const Strides& o_strides, const Strides& dq_strides,
+         const Strides& dk_strides, const Strides& dv_strides, const Strides& lse_strides,
+         int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
+         float softmax_scale, int window_left, int window_right, int dtype, int device,
+         std::uintptr_t stream) {
+  constexpr const char* kRowLayout = "(batch, row, head)";
+  check_strides("do_strides", do_strides, 3, kRowLayout);
+  check_strides("q_strides", q_strides, 3, kRowLayout);
+  check_strides("k_strides", k_strides, 3, kRowLayout);
+  check_strides("v_strides", v_strides, 3, kRowLayout);
+  check_strides("o_strides", o_strides, 3, kRowLayout);
+  check_strides("dq_strides", dq_strides, 3, kRowLayout);
+  check_strides("dk_strides", dk_strides, 3, kRowLayout);
+  check_strides("dv_strides", dv_strides, 3, kRowLayout);
+  check_strides("lse_strides", lse_strides, 2, "(batch, head)");
+
+  flashattn2::BwdParams params{};
+  params.dout = reinterpret_cast<const void*>(dout);
+  params.q = reinterpret_cast<const void*>(q);
+  params.k = reinterpret_cast<const void*>(k);
+  params.v = reinterpret_cast<const void*>(v);
+  params.o = reinterpret_cast<const void*>(o);
+  params.lse = reinterpret_cast<const float*>(lse);
+  params.dq = reinterpret_cast<void*>(dq);
+  params.dk = reinterpret_cast<void*>(dk);
+  params.dv = reinterpret_cast<void*>(dv);
+  params.dq_accum = reinterpret_cast<float*>(dq_accum);
+  params.dsum = reinterpret_cast<float*>(dsum);
+
+  params.do_batch_stride = do_strides[0];
+  params.do_row_stride = do_strides[1];
+  params.do_head_stride = do_strides[2];
+  params.q_batch_stride = q_strides[0];
+  params.q_row_stride = q_strides[1];
+  params.q_head_stride = q_strides[2];
+  params.k_batch_stride = k_strides[0];
+  params.k_row_stride = k_strides[1];
+  params.k_head_stride = k_strides[2];
+  params.v_batch_stride = v_strides[0];
+  params.v_row_stride = v_strides[1];
+  params.v_head_stride = v_strides[2];
+  params.o_batch_stride = o_strides[0];
+  params.o_row_stride = o_strides[1];
+  params.o_head_stride = o_strides[2];
+  params.dq_batch_stride = dq_strides[0];
+  params.dq_row_stride = dq_strides[1];
+  params.dq_head_stride = dq_strides[2];
+  params.dk_batch_stride = dk_strides[0];
+  params.dk_row_stride = dk_strides[1];
+  params.dk_head_stride = dk_strides[2];
+  params.dv_batch_stride = dv_strides[0];
+  params.dv_row_stride = dv_strides[1];
+  params.dv_head_stride = dv_strides[2];
+  params.lse_batch_stride = lse_strides[0];
+  params.lse_head_stride = lse_strides[1];
+
+  params.batch = batch;
+  params.seqlen_q = seqlen_q;
+  params.seqlen_k = seqlen_k;
+  params.nheads = nheads;
+  params.nheads_k = nheads_k;
+  params.headdim = headdim;
+  params.softmax_scale = softmax_scale;
+  params.window_left = window_left;
+  params.window_right = window_right;
+  params.dtype = dtype_from_code(dtype);
+
+  py::gil_scoped_release no_gil;  // as in fwd
+  flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream));
+}
+
+// The backward head dims: the built head dims up to the largest backward head dim.
+std::vector<int> bwd_head_dims() {
+  std::vector<int> dims;
+  const int max_head_dim = flashattn2::bwd_max_head_dim();
+  for (int d : flashattn2::built_head_dims()) {
+    if (d <= max_head_dim) dims.push_back(d);
+  }
+  return dims;
+}
+
 py::dict build_info() {
   py::dict info;
   info["version"] = flashattn2::version();
@@ -102,6 +188,7 @@ py::dict build_info() {
   info["archs"] = flashattn2::built_archs();
   info["ptx_archs"] = flashattn2::built_ptx_archs();
   info["head_dims"] = flashattn2::built_head_dims();
+  info["bwd_head_dims"] = bwd_head_dims();
   return info;
 }
 
@@ -121,6 +208,27 @@ PYBIND11_MODULE(_C, m) {
         "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "
         "asynchronously on `stream` with `device` current.");
 
+  m.def("bwd", &bwd, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+        py::arg("lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dq_accum"),
+        py::arg("dsum"), py::arg("do_strides"), py::arg("q_strides"), py::arg("k_strides"),
+        py::arg("v_strides"), py::arg("o_strides"), py::arg("dq_strides"),
+        py::arg("dk_strides"), py::arg("dv_strides"), py::arg("lse_strides"),
+        py::arg("batch"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("nheads"),
+        py::arg("nheads_k"), py::arg("headdim"), py::arg("softmax_scale"),
+        py::arg("window_left"), py::arg("window_right"), py::arg("dtype"), py::arg("device"),
+        py::arg("stream"),
+        "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's). "
+        "Pointers and strides as in fwd; dk and dv have nheads heads (one per query head: "
+        "the caller sums them over each GQA group); dq_accum and dsum are float32 "
+        "workspaces of bwd_workspace_floats(...) floats (no need to zero them).");
+
+  m.def("bwd_workspace_floats", &flashattn2::bwd_workspace_floats, py::arg("batch"),
+        py::arg("nheads"), py::arg("seqlen_q"), py::arg("headdim"),
+        "(dq_accum, dsum) float32 workspace sizes, in floats, for a backward of these sizes.");
+
+  m.def("bwd_max_head_dim", &flashattn2::bwd_max_head_dim,
+        "Largest head dim the backward supports in this build (0 if none).");
+
   m.def("kernel_head_dim", &flashattn2::kernel_head_dim, py::arg("headdim"),
         "Smallest compiled kernel head dim >= headdim, or -1 if none.");
 
@@ -130,7 +238,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info,
         "What this build contains: {'version': str, 'cuda_version': int (e.g. 13000), "
         "'archs': SASS compute capabilities, 'ptx_archs': PTX compute capabilities, "
-        "'head_dims': kernel head dims}.");
+        "'head_dims': kernel head dims, 'bwd_head_dims': backward kernel head dims}.");
 
   m.attr("__version__") = flashattn2::version();
 }

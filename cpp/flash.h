@@ -34,4 +34,36 @@ struct FwdParams {
   DType dtype;
 };
 
+// Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements
+// with a unit head-dim stride. dk/dv have `nheads` heads (one per query head); the caller
+// reduces them over each GQA group when nheads_k < nheads.
+struct BwdParams {
+  const void* q;     // (batch, seqlen_q, nheads,   headdim)
+  const void* k;     // (batch, seqlen_k, nheads_k, headdim)
+  const void* v;     // (batch, seqlen_k, nheads_k, headdim)
+  const void* o;     // (batch, seqlen_q, nheads,   headdim)
+  const void* dout;  // (batch, seqlen_q, nheads,   headdim)
+  const float* lse;  // (batch, nheads, seqlen_q), row stride 1
+  void* dq;          // (batch, seqlen_q, nheads, headdim)
+  void* dk;          // (batch, seqlen_k, nheads, headdim)
+  void* dv;          // (batch, seqlen_k, nheads, headdim)
+  float* dq_accum;   // workspace, bwd_workspace_floats(...).first floats
+  float* dsum;       // workspace, bwd_workspace_floats(...).second floats: rowsum(dO * O)
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  int batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim;
+  float softmax_scale;
+  int window_left, window_right;
+  DType dtype;
+};
+
 }  // namespace flashattn2

@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,7 @@ struct IntList {
 };
 
 using HeadDims = IntList<FLASHATTN2_HEAD_DIMS>;
+using BwdHeadDims = IntList<FLASHATTN2_BWD_HEAD_DIMS>;
 using SassArchs = IntList<FLASHATTN2_SASS_ARCHS>;
 using PtxArchs = IntList<FLASHATTN2_PTX_ARCHS>;
 
@@ -114,11 +116,14 @@ std::string device_unsupported_reason(int device) {
          (cc < 80 ? " (FlashAttention needs Ampere, sm_80, or newer)" : "");
 }
 
-void mha_fwd(const FwdParams& params, int device, void* stream) {
-  FwdParams p = params;
-  // A bound that can never bind is unbounded; this also keeps row + offset + window in int.
-  if (p.window_right >= p.seqlen_q) p.window_right = -1;
-  if (p.window_left >= p.seqlen_k) p.window_left = -1;
+namespace {
+
+// Checks shared by the forward and the backward, then window normalisation: a bound that
+// can never bind is unbounded (this also keeps row + offset + window inside int).
+template <typename Params>
+Params checked(const Params& params, std::initializer_list<const void*> pointers,
+               std::initializer_list<int64_t> strides) {
+  Params p = params;
   require(p.batch > 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && p.nheads > 0 && p.nheads_k > 0,
           "batch, seqlens and head counts must be positive");
   require(p.nheads % p.nheads_k == 0,
@@ -130,42 +135,105 @@ void mha_fwd(const FwdParams& params, int device, void* stream) {
           "FlashAttention only supports fp16 and bf16 data type");
   require(p.softmax_scale > 0.f && p.softmax_scale < INFINITY,
           "softmax_scale must be positive and finite");
-  require(p.q && p.k && p.v && p.o && p.lse, "null pointer");
-  require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) && aligned16(p.lse),
-          "q, k, v, out and lse must be 16-byte aligned");
-  for (int64_t stride : {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
-                         p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                         p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride}) {
-    require(stride % 8 == 0, "q, k, v and out strides must be multiples of 8 elements");
+  for (const void* ptr : pointers) {
+    require(ptr != nullptr, "null pointer");
+    require(aligned16(ptr), "tensors and workspaces must be 16-byte aligned");
   }
+  for (int64_t stride : strides) {
+    require(stride % 8 == 0, "batch, row and head strides must be multiples of 8 elements");
+  }
+  if (p.window_right >= p.seqlen_q) p.window_right = -1;
+  if (p.window_left >= p.seqlen_k) p.window_left = -1;
+  return p;
+}
+
+// Throws if this build has no code for `device` (checked once per device).
+void require_supported_device(int device) {
+  static std::array<int, kMaxDevices> checked{};  // 0 unknown, 1 supported
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
+  if (!checked[device]) {
+    const std::string why = device_unsupported_reason(device);
+    if (!why.empty()) throw std::runtime_error("flashattn2: " + why);
+    checked[device] = 1;
+  }
+}
+
+template <typename F>
+void dispatch_dtype(DType dtype, F&& f) {
+  if (dtype == DType::kFloat16) {
+    f(__half{});
+  } else {
+    f(__nv_bfloat16{});
+  }
+}
+
+}  // namespace
+
+void mha_fwd(const FwdParams& params, int device, void* stream) {
+  const FwdParams p =
+      checked(params, {params.q, params.k, params.v, params.o, params.lse},
+              {params.q_batch_stride, params.q_row_stride, params.q_head_stride,
+               params.k_batch_stride, params.k_row_stride, params.k_head_stride,
+               params.v_batch_stride, params.v_row_stride, params.v_head_stride,
+               params.o_batch_stride, params.o_row_stride, params.o_head_stride});
   const int kd = kernel_head_dim(p.headdim);
   require(kd > 0, "head dim " + std::to_string(p.headdim) +
                       " is larger than every head dim this build has (" +
                       join_archs(HeadDims::vec(), "") + ")");
-
   DeviceGuard guard(device);
-  static std::array<int, kMaxDevices> checked{};  // 0 unknown, 1 supported
-  static std::mutex mutex;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
-    if (!checked[device]) {
-      const std::string why = device_unsupported_reason(device);
-      if (!why.empty()) throw std::runtime_error("flashattn2: " + why);
-      checked[device] = 1;
-    }
-  }
-
+  require_supported_device(device);
   auto s = static_cast<cudaStream_t>(stream);
   const bool found = HeadDims::dispatch(kd, [&](auto head_dim) {
-    constexpr int D = decltype(head_dim)::value;
-    if (p.dtype == DType::kFloat16) {
-      run_fwd<__half, D>(p, s);
-    } else {
-      run_fwd<__nv_bfloat16, D>(p, s);
-    }
+    dispatch_dtype(p.dtype, [&](auto element) {
+      run_fwd<decltype(element), decltype(head_dim)::value>(p, s);
+    });
   });
   if (!found) throw std::logic_error("flashattn2: no kernel for head dim " + std::to_string(kd));
+}
+
+int bwd_max_head_dim() {
+  const std::vector<int> dims = BwdHeadDims::vec();
+  return dims.empty() ? 0 : dims.back();
+}
+
+std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
+                                                 int headdim) {
+  const int64_t rows = int64_t(batch) * nheads * seqlen_q;
+  return {rows * headdim, rows};
+}
+
+void mha_bwd(const BwdParams& params, int device, void* stream) {
+  const BwdParams p = checked(
+      params,
+      {params.q, params.k, params.v, params.o, params.dout, params.lse, params.dq, params.dk,
+       params.dv, params.dq_accum, params.dsum},
+      {params.q_batch_stride, params.q_row_stride, params.q_head_stride, params.k_batch_stride,
+       params.k_row_stride, params.k_head_stride, params.v_batch_stride, params.v_row_stride,
+       params.v_head_stride, params.o_batch_stride, params.o_row_stride, params.o_head_stride,
+       params.do_batch_stride, params.do_row_stride, params.do_head_stride,
+       params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride,
+       params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride,
+       params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride});
+  int kd = -1;
+  for (int d : BwdHeadDims::vec()) {
+    if (d >= p.headdim) {
+      kd = d;
+      break;
+    }
+  }
+  require(kd > 0, "the backward supports head dims up to " + std::to_string(bwd_max_head_dim()) +
+                      " in this build; got " + std::to_string(p.headdim));
+  DeviceGuard guard(device);
+  require_supported_device(device);
+  auto s = static_cast<cudaStream_t>(stream);
+  const bool found = BwdHeadDims::dispatch(kd, [&](auto head_dim) {
+    dispatch_dtype(p.dtype, [&](auto element) {
+      run_bwd<decltype(element), decltype(head_dim)::value>(p, s);
+    });
+  });
+  if (!found) throw std::logic_error("flashattn2: no backward kernel for head dim " + std::to_string(kd));
 }
 
 }  // namespace flashattn2

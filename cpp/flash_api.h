@@ -1,7 +1,9 @@
 // Host API of the kernel library (plain C++; compiled into the static library
 // `flashattn2_kernels`). The pybind11 binding is the only caller.
 #pragma once
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flash.h"
@@ -13,6 +15,18 @@ namespace flashattn2 {
 // do not support and std::runtime_error for CUDA errors or a GPU this build has no
 // code for (the message names the archs it was built for).
 void mha_fwd(const FwdParams& params, int device, void* stream);
+
+// Backward pass: dq, dk, dv from dout and the forward's out and lse. Uses the two float32
+// workspaces of BwdParams (sizes from bwd_workspace_floats; no need to zero them).
+// Throws like mha_fwd; head dims above the largest backward kernel are invalid_argument.
+void mha_bwd(const BwdParams& params, int device, void* stream);
+
+// (dq_accum, dsum) workspace sizes in floats for a backward of these sizes.
+std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
+                                                 int headdim);
+
+// Largest head dim the backward supports in this build (0 if none).
+int bwd_max_head_dim();
 
 // Smallest compiled kernel head dim >= headdim, or -1 if none.
 int kernel_head_dim(int headdim);

@@ -20,8 +20,11 @@ inline void check_cuda(cudaError_t err, const char* what) {
   }
 }
 
-// Defined in fwd_launch.cuh, instantiated per (dtype, head dim) in generated units.
+// Defined in fwd_launch.cuh / bwd_launch.cuh, instantiated per (dtype, head dim) in
+// generated units.
 template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
+template <typename Element, int kHeadDim>
+void run_bwd(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace flashattn2

@@ -23,6 +23,13 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(src_bytes));
 }
 
+// cp.async.ca.shared.global, 4 bytes (for per-row float vectors); zero-fill when !pred.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool pred) {
+  const int src_bytes = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
 // cp.async.commit_group: close the group of cp.async issued by this thread so far.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
@@ -77,6 +84,20 @@ __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Two 2-byte values of one 32-bit register -> floats (lo, hi).
+template <typename Element>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<__half2*>(&v));
+}
+
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
 }
 
 // cvt.rn.{f16x2,bf16x2}.f32: two floats -> one 32-bit register, lo in the low half.

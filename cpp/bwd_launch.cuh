@@ -1,0 +1,41 @@
+// Launcher of the backward kernels for one (dtype, head dim); instantiated by the generated
+// units bwd_<dtype>_hdim<D>.cu through FLASHATTN2_INSTANTIATE_BWD.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+#include "bwd_kernel.cuh"
+#include "launch.h"
+
+namespace flashattn2 {
+
+template <typename Element, int kHeadDim>
+void run_bwd(const BwdParams& params, cudaStream_t stream) {
+  using Traits = BwdTraits<kHeadDim>;
+  auto kernel = bwd_kernel<Traits, Element>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  // (mha_bwd has checked 0 <= device < kMaxDevices; a racing second set is harmless.)
+  static std::atomic<bool> smem_set[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (kSmem > 48 * 1024 && !smem_set[device].load(std::memory_order_acquire)) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "cudaFuncSetAttribute(bwd_kernel, smem)");
+    smem_set[device].store(true, std::memory_order_release);
+  }
+  const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
+  bwd_preprocess_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
+  check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
+  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads,
+                  params.batch);
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+  check_cuda(cudaGetLastError(), "bwd_kernel launch");
+  bwd_convert_dq_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
+  check_cuda(cudaGetLastError(), "bwd_convert_dq_kernel launch");
+}
+
+}  // namespace flashattn2
+
+#define FLASHATTN2_INSTANTIATE_BWD(Element, kHeadDim) \
+  template void flashattn2::run_bwd<Element, kHeadDim>(const flashattn2::BwdParams&, cudaStream_t);

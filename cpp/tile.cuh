@@ -1,0 +1,72 @@
+// Shared-memory tiles used by every kernel: the swizzled layout and the cp.async copies
+// between global and shared memory.
+//
+// A [kRows x kHeadDim] tile of 2-byte elements is stored as kHeadDim/32 column segments of
+// [kRows x 32] elements (64-byte rows); the 16-byte chunk c of row r sits at chunk
+// c ^ ((r / 2) % 4) of its segment, so the 8 row addresses of an ldmatrix and each 8-lane
+// phase of a 16-byte copy hit 8 distinct 16-byte bank groups (conflict free).
+#pragma once
+#include <cstdint>
+
+#include "ptx.cuh"
+
+namespace flashattn2 {
+
+// Element offset of the 16-byte chunk `chunk` (8 elements) of row `row` in a swizzled tile
+// of kRows rows (layout described at the top of this file).
+template <int kRows>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return (chunk >> 2) * (kRows * 32) + row * 32 + (((chunk & 3) ^ ((row >> 1) & 3)) << 3);
+}
+
+// Row and 16-byte chunk that thread `tid` copies in iteration i of a tile copy. Unsigned
+// power-of-two arithmetic: cheap enough that the compiler recomputes it in the epilogue
+// instead of keeping the prologue's values live (and spilled) across the mainloop.
+template <int kRows, int kNThreads>
+__device__ __forceinline__ unsigned tile_row(int i, int tid) {
+  static_assert((kRows & (kRows - 1)) == 0, "tile rows must be a power of two");
+  return ((unsigned(i) * kNThreads + unsigned(tid)) >> 2) & (kRows - 1);
+}
+template <int kRows, int kNThreads>
+__device__ __forceinline__ unsigned tile_chunk(int i, int tid) {
+  const unsigned idx = unsigned(i) * kNThreads + unsigned(tid);
+  return (idx >> 2) / kRows * 4 + (idx & 3);
+}
+
+// Global -> shared copy of a [kRows x kHeadDim] tile with cp.async. Rows >= rows_valid and
+// columns >= headdim are zero-filled (their source is never read). Lanes 4i..4i+3 copy the
+// 64 contiguous bytes of one row segment: full 32-byte sectors in global memory.
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void load_tile(Element* smem, const Element* gmem, int64_t row_stride,
+                                          int rows_valid, int headdim, int tid) {
+  constexpr int kChunks = kRows * kHeadDim / 8;
+  static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kChunks / kNThreads; ++i) {
+    const int row = int(tile_row<kRows, kNThreads>(i, tid));
+    const int chunk = int(tile_chunk<kRows, kNThreads>(i, tid));
+    const bool pred = row < rows_valid && chunk * 8 < headdim;
+    const Element* src = pred ? gmem + row * row_stride + chunk * 8 : gmem;
+    ptx::cp_async_16(ptx::smem_addr(smem + swizzle<kRows>(row, chunk)), src, pred);
+  }
+}
+
+// Shared -> global copy of a [kRows x kHeadDim] tile with 16-byte stores (rows < rows_valid,
+// columns < headdim only).
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void store_tile(Element* gmem, const Element* smem, int64_t row_stride,
+                                           int rows_valid, int headdim, int tid) {
+  constexpr int kChunks = kRows * kHeadDim / 8;
+  static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kChunks / kNThreads; ++i) {
+    const int row = int(tile_row<kRows, kNThreads>(i, tid));
+    const int chunk = int(tile_chunk<kRows, kNThreads>(i, tid));
+    if (row < rows_valid && chunk * 8 < headdim) {
+      *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(smem + swizzle<kRows>(row, chunk));
+    }
+  }
+}
+
+}  // namespace flashattn2
