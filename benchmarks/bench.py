@@ -30,8 +30,10 @@ import sys
 
 COLUMNS = ["gpu", "impl", "mode", "dtype", "batch", "nheads", "nheads_k", "headdim",
            "seqlen_q", "seqlen_k", "causal", "ms", "tflops", "gbps", "deterministic"]
-IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "sdpa_math")
-SHORT = {"flashattn2": "fa2", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn", "sdpa_math": "math"}
+# flashattn2_det: flashattn2 with deterministic=True (rows: impl flashattn2, deterministic).
+IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "sdpa_math", "flashattn2_det")
+SHORT = {"flashattn2": "fa2", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn", "sdpa_math": "math",
+         "flashattn2_det": "fa2det"}
 REFS = ("sdpa_flash", "sdpa_cudnn")        # flashattn2 is reported as a ratio to these
 MODES = ("fwd", "bwd", "fwd_bwd")
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -105,7 +107,7 @@ def table_header(impls):
 def table_line(rows, impls):
     """One table line for the rows of one config (same key, different impls)."""
     r0 = rows[0]
-    tf = {r["impl"]: r["tflops"] for r in rows}
+    tf = {r["impl"] + ("_det" if r["deterministic"] else ""): r["tflops"] for r in rows}
     cols = [f"{tf[i]:7.1f}" if tf.get(i) else f"{'-':>7}" for i in impls]
     for ref in REFS:
         if "flashattn2" in impls and ref in impls:
@@ -277,9 +279,11 @@ def make_call(impl, q, k, v, causal):
     """(context, fn): fn() computes attention on the BSHD tensors inside context."""
     import contextlib
     import torch.nn.functional as F
-    if impl == "flashattn2":
+    if impl in ("flashattn2", "flashattn2_det"):
         import flashattn2
-        return contextlib.nullcontext(), lambda: flashattn2.flash_attn_func(q, k, v, causal=causal)
+        det = impl == "flashattn2_det"
+        return contextlib.nullcontext(), lambda: flashattn2.flash_attn_func(
+            q, k, v, causal=causal, deterministic=det)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                "sdpa_math": SDPBackend.MATH}[impl]
@@ -342,9 +346,9 @@ def run_sweep(args):
     timer, timer_name = make_timer(args.warmup, args.rep)
     meta = build_meta(args, gpu, timer_name)
     impls = list(args.impls)
-    if "flashattn2" in impls and meta["flashattn2"] is None:
+    if meta["flashattn2"] is None and {"flashattn2", "flashattn2_det"} & set(impls):
         note(f"note: flashattn2 not importable ({meta['flashattn2_build']}); SDPA only")
-        impls.remove("flashattn2")
+        impls = [i for i in impls if i not in ("flashattn2", "flashattn2_det")]
     out = args.out or os.path.join("benchmarks", "out", re.sub(r"[^A-Za-z0-9.]+", "-", gpu)
                                    + "-" + datetime.datetime.now().strftime("%Y%m%d-%H%M"))
     causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
@@ -378,13 +382,13 @@ def run_sweep(args):
                 elif sys.stderr.isatty() or done % max(1, total // 20) == 0 or done == total:
                     end = "" if sys.stderr.isatty() else "\n"
                     print(f"\r[{done}/{total}]", end=end, file=sys.stderr, flush=True)
-                if (impl, mode) in skipped:
+                if (impl, mode, d) in skipped:
                     continue
                 try:
                     ms = measure(impl, mode, q, k, v, dout, causal, timer)
-                except BackwardMissing as e:
-                    skipped.add((impl, mode))
-                    note(f"note: {impl} {mode}: no backward ({e}); skipping it everywhere")
+                except BackwardMissing as e:   # may depend on the head dim (flashattn2: d > 128)
+                    skipped.add((impl, mode, d))
+                    note(f"note: {impl} {mode}: no backward for d{d} ({e}); skipping it for d{d}")
                     continue
                 except (RuntimeError, ValueError) as e:   # "No available kernel", OOM, ...
                     first = (str(e).strip().splitlines() or [""])[0][:120]
@@ -392,10 +396,11 @@ def run_sweep(args):
                          f"{mode}: {first}")
                     continue
                 cfg_rows.append(dict(
-                    gpu=gpu, impl=impl, mode=mode, dtype=dt, batch=b, nheads=h, nheads_k=h,
+                    gpu=gpu, impl="flashattn2" if impl == "flashattn2_det" else impl,
+                    mode=mode, dtype=dt, batch=b, nheads=h, nheads_k=h,
                     headdim=d, seqlen_q=s, seqlen_k=s, causal=causal, ms=ms,
                     tflops=attn_flops(b, s, s, h, d, causal, mode) / (ms * 1e-3) / 1e12,
-                    gbps=None, deterministic=False))
+                    gbps=None, deterministic=impl == "flashattn2_det"))
             if cfg_rows:
                 note(table_line(cfg_rows, impls))
             rows += cfg_rows

@@ -104,7 +104,7 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
          const Strides& dk_strides, const Strides& dv_strides, const Strides& lse_strides,
          int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
          float softmax_scale, int window_left, int window_right, int dtype, int device,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, bool deterministic) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -166,6 +166,7 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
   params.window_left = window_left;
   params.window_right = window_right;
   params.dtype = dtype_from_code(dtype);
+  params.deterministic = deterministic;
 
   py::gil_scoped_release no_gil;  // as in fwd
   flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream));
@@ -216,11 +217,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("batch"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("nheads"),
         py::arg("nheads_k"), py::arg("headdim"), py::arg("softmax_scale"),
         py::arg("window_left"), py::arg("window_right"), py::arg("dtype"), py::arg("device"),
-        py::arg("stream"),
+        py::arg("stream"), py::arg("deterministic") = false,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's). "
-        "Pointers and strides as in fwd; dk and dv have nheads heads (one per query head: "
-        "the caller sums them over each GQA group); dq_accum and dsum are float32 "
-        "workspaces of bwd_workspace_floats(...) floats (no need to zero them).");
+        "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
+        "GQA group); dq_accum and dsum are float32 "
+        "workspaces of bwd_workspace_floats(...) floats (no need to zero them). "
+        "deterministic=True makes dq bitwise reproducible (ordered accumulation).");
 
   m.def("bwd_workspace_floats", &flashattn2::bwd_workspace_floats, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("headdim"),

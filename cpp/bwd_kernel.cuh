@@ -2,8 +2,9 @@
 //
 // 1. bwd_preprocess_kernel: dsum = rowsum(dO * O) in f32, and zero the f32 dQ accumulator.
 // 2. bwd_kernel, one CTA per K/V tile:
-//   grid   (ceil(seqlen_k / kBlockN), nheads, batch); dK, dV of the tile stay in registers
-//          while the CTA walks every query tile that can see it.
+//   grid   (ceil(seqlen_k / kBlockN), nheads_k, batch); dK, dV of the tile stay in f32
+//          registers while the CTA walks every query tile that can see it, for each query
+//          head of its GQA group (so the group sum is exact and rounded once).
 //   block  4 warps. Warp w owns key rows [16w, 16w + 16) for S^T, dP^T, dV, dK (so those
 //          GEMMs are warp-local) and query rows [16w, 16w + 16) for the dQ GEMM.
 //   smem   sK, sV [kBlockN x d], sQ, sdO [kBlockM x d], sdS [kBlockN x kBlockM] (tile.cuh
@@ -17,8 +18,7 @@
 //            dS^T -> sdS ; __syncthreads   (sQ, sdO free; sdS complete)
 //            issue cp.async of Q, dO, LSE, dsum of tile m + 1 (overlaps the dQ GEMM)
 //            dQ_m += dS K in column chunks, f32 atomics into the accumulator
-//   epilogue  dK * scale and dV staged through sK / sV, 16-byte stores. dK and dV have one
-//          head per query head (GQA groups are summed by the caller).
+//   epilogue  dK * scale and dV staged through sK / sV, 16-byte stores.
 // 3. bwd_convert_dq_kernel: dQ = accumulator * scale, cast, strided store.
 //
 // Masks, tails and windows follow the forward: key j is visible to query i iff i < seqlen_q,
@@ -52,13 +52,20 @@ struct BwdTraits {
   static_assert(kHeadDim <= kBwdMaxHeadDim && kHeadDim % 32 == 0, "backward head dim");
 };
 
-// dsum[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; zero dq_accum[b, h, i, :].
+// The dQ-order counters (deterministic mode) follow the dsum rows in the same workspace.
+__device__ __forceinline__ int* dq_counters(const BwdParams& p) {
+  return reinterpret_cast<int*>(p.dsum + int64_t(p.batch) * p.nheads * p.seqlen_q);
+}
+
+// dsum[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; zero dq_accum[b, h, i, :] and the
+// counter of each 64-row query tile.
 // grid (ceil(seqlen_q / 64), nheads, batch), 128 threads; warp w takes rows w, w + 4, ...
 template <typename Element>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int head = blockIdx.y, batch = blockIdx.z;
   const int64_t bh = int64_t(batch) * p.nheads + head;
+  if (threadIdx.x == 0) dq_counters(p)[bh * gridDim.x + blockIdx.x] = 0;
   for (int row = blockIdx.x * 64 + warp; row < min(p.seqlen_q, blockIdx.x * 64 + 64); row += 4) {
     const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
                        row * p.o_row_stride + head * p.o_head_stride;
@@ -129,10 +136,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, q = lane % 4;
-  const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int head_k = head / (p.nheads / p.nheads_k);
+  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int group = p.nheads / p.nheads_k;
   const int n0 = n_block * kBlockN;
-  const int64_t bh = int64_t(batch) * p.nheads + head;
 
   // Query rows that see at least one key of this tile.
   const int offset = p.seqlen_k - p.seqlen_q;
@@ -142,23 +148,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
                                       : p.seqlen_q - 1;
   const int m_block_min = m_lo / kBlockM;
   const int m_block_max = m_hi < m_lo ? m_block_min : m_hi / kBlockM + 1;
+  // The first K/V tile that visits query tile m (from the same bounds: a tile visits m iff
+  // its last key reaches m's first query through the left window).
+  auto dq_first_n_block = [&](int m_block) {
+    const int x = m_block * kBlockM + offset - p.window_left;
+    return p.window_left >= 0 && x > 0 ? x / kBlockN : 0;
+  };
 
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
                       head_k * p.k_head_stride + n0 * p.k_row_stride;
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
                       head_k * p.v_head_stride + n0 * p.v_row_stride;
-  const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
-                      head * p.q_head_stride;
-  const Element* gdO = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
-                       head * p.do_head_stride;
-  const float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-  const float* gDsum = p.dsum + bh * p.seqlen_q;
-  float* gdQ = p.dq_accum + bh * p.seqlen_q * p.headdim;
+  // The CTA's work: query tiles m_block_min .. m_block_max - 1 of each query head of the
+  // group, as one sequence t = head_in_group * n_query_tiles + (m_block - m_block_min).
+  const int n_query_tiles = m_block_max - m_block_min;
+  const int n_steps = group * n_query_tiles;
+  auto head_of = [&](int t) { return head_k * group + t / n_query_tiles; };
+  auto m_block_of = [&](int t) { return m_block_min + t % n_query_tiles; };
 
   load_tile<kBlockN, kHeadDim, kNThreads>(sK, gK, p.k_row_stride, p.seqlen_k - n0, p.headdim, tid);
   load_tile<kBlockN, kHeadDim, kNThreads>(sV, gV, p.v_row_stride, p.seqlen_k - n0, p.headdim, tid);
-  auto load_query_tile = [&](int m_block) {
-    const int m0 = m_block * kBlockM;
+  auto load_query_tile = [&](int t) {
+    const int head = head_of(t), m0 = m_block_of(t) * kBlockM;
+    const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
+                        head * p.q_head_stride;
+    const Element* gdO = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
+                         head * p.do_head_stride;
+    const float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+    const float* gDsum = p.dsum + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
     load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ + int64_t(m0) * p.q_row_stride, p.q_row_stride,
                                             p.seqlen_q - m0, p.headdim, tid);
     load_tile<kBlockM, kHeadDim, kNThreads>(sdO, gdO + int64_t(m0) * p.do_row_stride,
@@ -170,7 +187,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
       ptx::cp_async_4(ptx::smem_addr(sDsum + tid), gDsum + row, valid);
     }
   };
-  if (m_block_max > m_block_min) load_query_tile(m_block_min);
+  if (n_steps > 0) load_query_tile(0);
   ptx::cp_async_commit();
 
   // ldmatrix base addresses (see fwd_kernel.cuh): [j] is the lane's offset for chunk parity
@@ -291,8 +308,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
     }
   };
 
-  for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
-    // Q, dO, LSE, dsum of m_block have landed; sdS is free (previous dQ GEMM done).
+  for (int t = 0; t < n_steps; ++t) {
+    const int m_block = m_block_of(t);
+    const int64_t bh = int64_t(batch) * p.nheads + head_of(t);
+    // Q, dO, LSE, dsum of step t have landed; sdS is free (previous dQ GEMM done).
     ptx::cp_async_wait<0>();
     __syncthreads();
     const int m0 = m_block * kBlockM;
@@ -307,8 +326,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
     }
     // sdS is complete, and every warp is done with sQ / sdO: prefetch the next query tile.
     __syncthreads();
-    if (m_block + 1 < m_block_max) load_query_tile(m_block + 1);
+    if (t + 1 < n_steps) load_query_tile(t + 1);
     ptx::cp_async_commit();
+
+    // Deterministic: wait until the CTAs before this one in the tile's order have added
+    // their dQ (the visiting CTAs are n_first .. in ascending order; see dq_first_n_block).
+    int* counter = dq_counters(p) + bh * ((p.seqlen_q + kBlockM - 1) / kBlockM) + m_block;
+    if (p.deterministic) {
+      if (tid == 0) {
+        const int turn = n_block - dq_first_n_block(m_block);
+        while (ptx::ld_acquire(counter) != turn) __nanosleep(32);
+      }
+      __syncthreads();
+    }
 
     // dQ rows [16 warp, 16 warp + 16) of the tile += dS K, kDqChunk columns at a time.
 #pragma unroll
@@ -334,7 +364,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
       for (int r = 0; r < 2; ++r) {
         const int row = m0 + warp * 16 + g + 8 * r;
         if (row < p.seqlen_q) {
-          float* dst = gdQ + int64_t(row) * p.headdim + c0 + 2 * q;
+          float* dst = p.dq_accum + (bh * p.seqlen_q + row) * p.headdim + c0 + 2 * q;
 #pragma unroll
           for (int dt = 0; dt < kDqChunk / 8; ++dt) {
             if (c0 + dt * 8 + 2 * q < p.headdim) {
@@ -344,6 +374,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
           }
         }
       }
+    }
+    if (p.deterministic) {
+      __threadfence();  // this CTA's adds are visible before the next CTA's turn
+      __syncthreads();
+      if (tid == 0) ptx::red_release_add(counter, 1);
     }
   }
 
@@ -364,10 +399,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
     }
   }
   __syncthreads();
-  Element* gdK = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
-                 int64_t(n0) * p.dk_row_stride;
-  Element* gdV = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
-                 int64_t(n0) * p.dv_row_stride;
+  Element* gdK = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
+                 head_k * p.dk_head_stride + int64_t(n0) * p.dk_row_stride;
+  Element* gdV = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
+                 head_k * p.dv_head_stride + int64_t(n0) * p.dv_row_stride;
   store_tile<kBlockN, kHeadDim, kNThreads>(gdK, sK, p.dk_row_stride, p.seqlen_k - n0, p.headdim, tid);
   store_tile<kBlockN, kHeadDim, kNThreads>(gdV, sV, p.dv_row_stride, p.seqlen_k - n0, p.headdim, tid);
 }

@@ -27,7 +27,7 @@ void run_bwd(const BwdParams& params, cudaStream_t stream) {
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
   bwd_preprocess_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
-  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads,
+  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
                   params.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_kernel launch");

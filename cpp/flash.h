@@ -35,8 +35,7 @@ struct FwdParams {
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements
-// with a unit head-dim stride. dk/dv have `nheads` heads (one per query head); the caller
-// reduces them over each GQA group when nheads_k < nheads.
+// with a unit head-dim stride. dk/dv are summed over each GQA group by the kernel.
 struct BwdParams {
   const void* q;     // (batch, seqlen_q, nheads,   headdim)
   const void* k;     // (batch, seqlen_k, nheads_k, headdim)
@@ -45,10 +44,11 @@ struct BwdParams {
   const void* dout;  // (batch, seqlen_q, nheads,   headdim)
   const float* lse;  // (batch, nheads, seqlen_q), row stride 1
   void* dq;          // (batch, seqlen_q, nheads, headdim)
-  void* dk;          // (batch, seqlen_k, nheads, headdim)
-  void* dv;          // (batch, seqlen_k, nheads, headdim)
+  void* dk;          // (batch, seqlen_k, nheads_k, headdim)
+  void* dv;          // (batch, seqlen_k, nheads_k, headdim)
   float* dq_accum;   // workspace, bwd_workspace_floats(...).first floats
-  float* dsum;       // workspace, bwd_workspace_floats(...).second floats: rowsum(dO * O)
+  float* dsum;       // workspace, bwd_workspace_floats(...).second floats: rowsum(dO * O),
+                     // then one int counter per (batch, head, 64-row query tile)
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
@@ -64,6 +64,9 @@ struct BwdParams {
   float softmax_scale;
   int window_left, window_right;
   DType dtype;
+  // Bitwise-reproducible dq: the CTAs that add into one query tile's dQ do so in a fixed
+  // order (a counter per tile), instead of racing.
+  bool deterministic;
 };
 
 }  // namespace flashattn2

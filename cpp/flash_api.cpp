@@ -201,7 +201,8 @@ int bwd_max_head_dim() {
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
                                                  int headdim) {
   const int64_t rows = int64_t(batch) * nheads * seqlen_q;
-  return {rows * headdim, rows};
+  const int64_t query_tiles = int64_t(batch) * nheads * ((seqlen_q + 63) / 64);
+  return {rows * headdim, rows + query_tiles};
 }
 
 void mha_bwd(const BwdParams& params, int device, void* stream) {

@@ -45,6 +45,23 @@ def test_signature_matches_flash_attn(func, tensors):
     assert {p.name: p.default for p in params[len(tensors) :]} == FLAGS
 
 
+@pytest.mark.parametrize(
+    "func,params",
+    [
+        (flashattn2.forward, "q k v causal=False softmax_scale=None"),
+        (flashattn2.forward_with_stats, "q k v causal=False softmax_scale=None"),
+        (flashattn2.backward, "q k v o lse dout causal=False softmax_scale=None deterministic=False"),
+    ],
+)
+def test_low_level_signatures(func, params):
+    got = [
+        p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+        for p in inspect.signature(func).parameters.values()
+    ]
+    assert got == params.split()
+    assert func.__doc__ and func.__name__ in flashattn2.__all__
+
+
 def test_flash_attn_interface_module_reexports():
     for name in ("flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"):
         assert getattr(flash_attn_interface, name) is getattr(flashattn2, name)
@@ -60,10 +77,32 @@ def test_build_info_and_version():
     assert all(isinstance(a, int) and a >= 80 for a in info["archs"] + info["ptx_archs"])
     head_dims = info["head_dims"]
     assert head_dims == sorted(head_dims) and set(head_dims) <= {32, 64, 96, 128, 192, 256}
+    # The backward is built for the head dims up to 128 (no d > 128 backward yet).
+    assert info["bwd_head_dims"] == [d for d in head_dims if d <= 128]
+    assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
+        info["bwd_head_dims"], default=0
+    )
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]
         expected = larger[0] if larger else -1
         assert _ext._C.kernel_head_dim(d) == _ext.KERNEL_HEAD_DIM[d] == expected
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [(1, 1, 1, 8), (2, 6, 113, 72), (3, 4, 1025, 128), (1, 32, 2**20, 128), (65535, 16, 4096, 128)],
+)
+def test_bwd_workspace_floats(sizes):
+    batch, nheads, seqlen_q, headdim = sizes
+    dq_accum, dsum = _ext._C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim)
+    assert type(dq_accum) is int and type(dsum) is int
+    # At least one float per element of dq (the f32 dQ accumulator) and per query row
+    # (rowsum(dO * O)); at most that for rows padded to a tile of 256 and head dims padded
+    # to 256, twice over. Exact ints: the large sizes overflow 32 bits.
+    rows = batch * nheads * seqlen_q
+    padded_rows = batch * nheads * (seqlen_q + 256)
+    assert rows * headdim <= dq_accum <= 2 * padded_rows * 256
+    assert rows <= dsum <= 2 * padded_rows
 
 
 def test_import_without_C_says_how_to_build():
@@ -216,6 +255,90 @@ def test_packed_shapes_are_checked():
         flashattn2.flash_attn_kvpacked_func(q, torch.stack([k, v], 2))
 
 
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("qkv float32", "only supports fp16 and bf16 data type; got q torch.float32"),
+        ("qkv headdim 264", "only supports head dimension at most 256"),
+        ("kv float16", "query and key must have the same dtype"),
+        ("kv heads 3", "Number of heads in key/value must divide number of heads in query"),
+        ("kv batch 1", r"k must have shape \(batch=2, seqlen_k"),
+    ],
+)
+def test_packed_inputs_are_checked_like_unpacked(case, message):
+    q, k, v = qkv_cpu()
+    packed = {
+        "qkv float32": lambda: flashattn2.flash_attn_qkvpacked_func(
+            torch.stack([q, q, q], 2).float()),
+        "qkv headdim 264": lambda: flashattn2.flash_attn_qkvpacked_func(
+            q.new_zeros(2, 5, 3, 4, 264)),
+        "kv float16": lambda: flashattn2.flash_attn_kvpacked_func(
+            q, torch.stack([k, v], 2).half()),
+        "kv heads 3": lambda: flashattn2.flash_attn_kvpacked_func(
+            q, torch.randn(2, 7, 2, 3, 16).bfloat16()),
+        "kv batch 1": lambda: flashattn2.flash_attn_kvpacked_func(q, torch.stack([k, v], 2)[:1]),
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        packed[case]()
+
+
+# ---- the low-level entry points (CPU tensors: every check comes before the device check) -----
+
+
+def backward_inputs_cpu():
+    """Consistent (q, k, v, o, lse, dout) for flashattn2.backward: q (2, 5, 4, 16)."""
+    q, k, v = qkv_cpu()
+    return dict(q=q, k=k, v=v, o=torch.randn_like(q), lse=torch.randn(2, 4, 5),
+                dout=torch.randn_like(q))  # fmt: skip
+
+
+# name -> (changes to backward_inputs_cpu(), error message pattern); all are ValueError.
+BAD_BACKWARD_INPUTS = {
+    "o shape": (dict(o=lambda t: t[:, :4]),
+                r"o must have shape \(2, 5, 4, 16\) \(the shape of q\); got \(2, 4, 4, 16\)"),
+    "o rank 3": (dict(o=lambda t: t[0]), r"o must have shape \(2, 5, 4, 16\)"),
+    "o dtype": (dict(o=lambda t: t.half()),
+                r"o must have the dtype of q \(torch.bfloat16\); got torch.float16"),
+    "dout shape": (dict(dout=lambda t: t[..., :8]), r"dout must have shape \(2, 5, 4, 16\)"),
+    "dout dtype": (dict(dout=lambda t: t.float()), "dout must have the dtype of q"),
+    "lse dtype": (dict(lse=lambda t: t.bfloat16()),
+                  r"lse must be float32 \(the lse of forward_with_stats\); got torch.bfloat16"),
+    "lse transposed": (dict(lse=lambda t: t.transpose(1, 2)),
+                       r"lse must have shape \(batch, nheads, seqlen_q\) = \(2, 4, 5\); "
+                       r"got \(2, 5, 4\)"),
+    "lse rank 2": (dict(lse=lambda t: t[0]), "lse must have shape"),
+    "lse of kv heads": (dict(lse=lambda t: t[:, :2]), "lse must have shape"),
+    "q float32": (dict(q=lambda t: t.float()), "only supports fp16 and bf16"),
+    "h % h_k": (dict(q=lambda t: t[:, :, :3]), "must divide number of heads in query"),
+    "v seqlen": (dict(v=lambda t: t[:, :6]), "v must have the shape of k"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_BACKWARD_INPUTS))
+def test_bad_backward_inputs_are_named_before_the_device_check(case):
+    changes, message = BAD_BACKWARD_INPUTS[case]
+    inputs = backward_inputs_cpu()
+    for name, change in changes.items():
+        inputs[name] = change(inputs[name])
+    with pytest.raises(ValueError, match=message):
+        flashattn2.backward(**inputs, causal=True)
+
+
+def test_good_backward_inputs_reach_the_device_check():
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on cpu"):
+        flashattn2.backward(**backward_inputs_cpu())
+
+
+@pytest.mark.parametrize("func", [flashattn2.forward, flashattn2.forward_with_stats])
+@pytest.mark.parametrize("case", ["float32", "k rank 5", "headdim 264", "v heads", "h % h_k"])
+def test_low_level_forward_checks_like_flash_attn_func(func, case):
+    transform, message = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=message):
+        func(*transform(*qkv_cpu()), causal=True)
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on cpu"):
+        func(*qkv_cpu())
+
+
 # ---- tensor preparation (CPU tensors; the rules do not depend on the device) -----------------
 
 
@@ -260,15 +383,20 @@ def test_kernel_ready_pads_head_dim_with_zeros():
 
 
 class LaunchRecorder:
-    """Stands in for ``interface._C``: counts fwd launches, forwards everything."""
+    """Stands in for ``interface._C``: counts fwd and bwd launches, forwards everything."""
 
     def __init__(self, module):
         self._module = module
         self.launches = 0
+        self.bwd_launches = 0
 
     def fwd(self, *args):
         self.launches += 1
         return self._module.fwd(*args)
+
+    def bwd(self, *args):
+        self.bwd_launches += 1
+        return self._module.bwd(*args)
 
     def __getattr__(self, name):
         return getattr(self._module, name)
@@ -338,16 +466,53 @@ def test_return_values_and_devices():
 
 
 @gpu
-def test_backward_raises_not_implemented():
-    q, k, v = (t.requires_grad_() for t in qkv_gpu())
-    out = flashattn2.flash_attn_func(q, k, v, causal=True)
-    assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
-        out.float().sum().backward()
+@pytest.mark.parametrize("headdim", [64, 20])
+def test_autograd_graph_and_gradients(headdim, launches):
+    q, k, v = (t.requires_grad_() for t in qkv_gpu(headdim=headdim))
+    out, lse, _ = flashattn2.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad and out.shape == q.shape
+    out.float().sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype and t.grad.isfinite().all()
+    assert launches.launches == 1 and launches.bwd_launches == 1
     with torch.no_grad():
         assert flashattn2.flash_attn_func(q, k, v).grad_fn is None
-    out, lse, _ = flashattn2.flash_attn_func(q, k, v, return_attn_probs=True)
-    assert out.requires_grad and not lse.requires_grad
+    assert flashattn2.forward(q, k, v).grad_fn is None  # the low-level functions never record
+
+
+@gpu
+@pytest.mark.parametrize("case", ["lse transposed", "o dtype", "h % h_k"])
+def test_bad_backward_inputs_never_launch(case, launches):
+    changes, message = BAD_BACKWARD_INPUTS[case]
+    inputs = {name: t.cuda() for name, t in backward_inputs_cpu().items()}
+    for name, change in changes.items():
+        inputs[name] = change(inputs[name])
+    with pytest.raises(ValueError, match=message):
+        flashattn2.backward(**inputs)
+    assert launches.bwd_launches == 0
+
+
+@gpu
+def test_low_level_backward_names_the_tensor_on_another_device():
+    inputs = {name: t.cuda() for name, t in backward_inputs_cpu().items()}
+    with pytest.raises(ValueError, match="needs CUDA tensors; got lse on cpu"):
+        flashattn2.backward(**dict(inputs, lse=inputs["lse"].cpu()))
+    with pytest.raises(ValueError, match="needs CUDA tensors; got dout on cpu"):
+        flashattn2.backward(**dict(inputs, dout=inputs["dout"].cpu()))
+
+
+@gpu
+@pytest.mark.parametrize(
+    "shape", [(0, 33, 47, 4, 2), (2, 0, 47, 4, 2), (2, 33, 0, 4, 2), (2, 33, 47, 0, 2)]
+)
+def test_empty_problems_give_zero_gradients_without_launch(shape, launches):
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    q, k, v = (t.requires_grad_() for t in qkv_gpu(batch, seqlen_q, seqlen_k, nheads, nheads_k))
+    out = flashattn2.flash_attn_func(q, k, v, causal=True)
+    out.backward(torch.randn_like(out))
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and (t.grad == 0).all()
+    assert launches.bwd_launches == 0
 
 
 @gpu

@@ -2,17 +2,32 @@
 
     import flashattn2
     out = flashattn2.flash_attn_func(q, k, v, causal=True)  # q (b, sq, h, d), k/v (b, sk, h_k, d)
+    out.sum().backward()                                     # autograd: dq, dk, dv
+
+Low-level entry points without autograd, for code that runs the backward itself:
+``forward``, ``forward_with_stats`` (out and the softmax log-sum-exp) and ``backward``.
 
 ``python -m flashattn2`` prints what this build contains, checks the GPU and runs a short
 correctness check and benchmark.
 """
+from . import _ops  # noqa: F401  (registers the flashattn2::fwd / ::bwd operators)
 from ._ext import __version__, build_info
-from .interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from .interface import (
+    backward,
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    forward,
+    forward_with_stats,
+)
 
 __all__ = [
     "__version__",
+    "backward",
     "build_info",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "forward",
+    "forward_with_stats",
 ]

@@ -23,10 +23,13 @@ __version__ = _C.__version__
 
 # KERNEL_HEAD_DIM[d]: the compiled kernel head dim that runs head dim d (0 < d <= 256), or -1.
 KERNEL_HEAD_DIM = tuple(_C.kernel_head_dim(d) if d else -1 for d in range(257))
+# Largest head dim the backward supports in this build (0 if none).
+BWD_MAX_HEAD_DIM = _C.bwd_max_head_dim()
 
 
 def build_info():
-    """What this build contains: version, CUDA runtime version, SASS/PTX archs, head dims."""
+    """What this build contains: version, CUDA runtime version, SASS/PTX archs, head dims
+    (forward and backward)."""
     return dict(_C.build_info())
 
 

@@ -17,6 +17,12 @@ Tensors the kernel cannot read directly are copied first (documented here, nowhe
   one.
 
 Any other strides pass through, so views such as ``qkv.unbind(2)`` are not copied.
+
+Autograd (``_FlashAttnFunc``) saves the kernel-ready q, k, v, out and lse; the backward
+makes ``dout`` kernel-ready the same way, and slices padded gradients back. Eager calls
+launch the kernels directly; while torch.compile / torch.export trace, or a dispatch mode
+(FakeTensorMode, FlopCounterMode, ...) is active, they go through the ``flashattn2::fwd`` /
+``flashattn2::bwd`` operators of ``_ops.py`` instead (see there for why and what it costs).
 """
 import operator
 
@@ -67,18 +73,145 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     return out, lse
 
 
+def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
+                         deterministic=False, dq=None, dk=None, dv=None):
+    """Launches the backward kernels with no argument checks; returns ``(dq, dk, dv)``.
+
+    q, k, v, out and lse as ``_flash_attn_forward`` takes / returns them (kernel-ready; lse
+    16-byte aligned with a unit last stride); ``dout`` like out, copied to a contiguous
+    tensor if the kernel cannot read it. ``dq``/``dk``/``dv`` (like q/k/v, kernel-ready) are
+    allocated contiguous when not given; with GQA the kernel sums dk/dv over each group.
+    Empty problems never reach the kernel and give zero gradients. ``deterministic`` makes dq
+    bitwise reproducible (the kernel orders its accumulation).
+    """
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    if dq is None:
+        dq = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    if dk is None:
+        dk = torch.empty_like(k, memory_format=_CONTIGUOUS)
+    if dv is None:
+        dv = torch.empty_like(v, memory_format=_CONTIGUOUS)
+    if batch == 0 or seqlen_q == 0 or seqlen_k == 0 or nheads == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    dout = _kernel_ready(dout, 0)
+    dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim)
+    dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
+    dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
+    device = q.get_device()
+    _C.bwd(
+        dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+        lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+        dq_accum.data_ptr(), dsum.data_ptr(),
+        dout.stride()[:3], q.stride()[:3], k.stride()[:3], v.stride()[:3], out.stride()[:3],
+        dq.stride()[:3], dk.stride()[:3], dv.stride()[:3], lse.stride()[:2],
+        batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
+        softmax_scale, window_left, window_right,
+        1 if q.dtype is _BF16 else 0,
+        device, _ext.current_stream(device), deterministic,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+_is_compiling = torch.compiler.is_compiling
+_dispatch_mode_count = torch._C._len_torch_dispatch_stack
+
+
+def _tracing():
+    """True while torch.compile / torch.export trace, or under a dispatch mode (FakeTensorMode,
+    FlopCounterMode, ...): the kernels must then run as the ``flashattn2::*`` operators."""
+    return _is_compiling() or _dispatch_mode_count() > 0
+
+
+def _lse_ready(lse):
+    """``lse`` itself if the kernel can read it (unit last stride, 16-byte aligned), else a
+    contiguous copy."""
+    if lse.stride(2) != 1 or lse.data_ptr() % 16:
+        lse = lse.clone(memory_format=_CONTIGUOUS)
+    return lse
+
+
+def _forward_any(q, k, v, softmax_scale, window_left, window_right):
+    """``(out, lse)`` for checked q, k, v of any head dim and strides, no autograd: copies what
+    the kernel cannot read; when the head dim is padded, out is a view of the padded out."""
+    headdim = q.shape[3]
+    pad = -headdim % 8
+    q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
+    out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right)
+    return (out[..., :headdim] if pad else out), lse
+
+
+def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
+                  deterministic=False):
+    """``(dq, dk, dv)`` for checked tensors of any head dim and strides, like ``_forward_any``
+    (views of the padded gradients when the head dim is padded)."""
+    headdim = q.shape[3]
+    pad = -headdim % 8
+    grads = _flash_attn_backward(
+        _kernel_ready(dout, pad), _kernel_ready(q, pad), _kernel_ready(k, pad),
+        _kernel_ready(v, pad), _kernel_ready(out, pad), _lse_ready(lse),
+        softmax_scale, window_left, window_right, deterministic,
+    )  # fmt: skip
+    return tuple(g[..., :headdim] for g in grads) if pad else grads
+
+
+def _check_backward(headdim):
+    """NotImplementedError for a backward this build cannot run (raised when it is asked for,
+    so the forward of such inputs still works)."""
+    if headdim + (-headdim % 8) > _ext.BWD_MAX_HEAD_DIM:
+        supported = (
+            f"head dims up to {_ext.BWD_MAX_HEAD_DIM}" if _ext.BWD_MAX_HEAD_DIM else "no head dim"
+        )
+        raise NotImplementedError(
+            f"flashattn2: the backward pass for head dim {headdim} is not implemented yet; "
+            f"it supports {supported} in this build (the forward supports head dims up to "
+            f"{_MAX_HEADDIM})"
+        )
+
+
 class _FlashAttnFunc(torch.autograd.Function):
-    """Autograd node for the forward; used only when an input requires grad."""
+    """Autograd node of the flash_attn_* functions, used only when an input requires grad.
+
+    Takes the checked q, k, v as given and saves their kernel-ready versions (head dim padded
+    to a multiple of 8). Returns the padded out, which the caller slices: returning a view
+    would make out a view created in a custom Function, which autograd forbids to modify
+    in place. The gradients are sliced back to the input head dim.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, window_left, window_right):
-        out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right)
+    def forward(ctx, q, k, v, softmax_scale, window_left, window_right, deterministic):
+        headdim = q.shape[3]
+        pad = -headdim % 8
+        if _tracing():
+            if pad:
+                q, k, v = F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad))
+            out, lse = torch.ops.flashattn2.fwd(q, k, v, softmax_scale, window_left, window_right)
+        else:
+            q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
+            out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
+        ctx.softmax_scale = softmax_scale
+        ctx.window_left = window_left
+        ctx.window_right = window_right
+        ctx.deterministic = deterministic
+        ctx.headdim = headdim
         return out, lse
 
     @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        raise NotImplementedError("flashattn2: the backward pass is not implemented yet")
+    def backward(ctx, dout, _dlse):
+        headdim = ctx.headdim
+        _check_backward(headdim)
+        q, k, v, out, lse = ctx.saved_tensors
+        args = (dout, q, k, v, out, lse, ctx.softmax_scale, ctx.window_left, ctx.window_right,
+                ctx.deterministic)
+        if _tracing():
+            dq, dk, dv = torch.ops.flashattn2.bwd(*args)
+        else:
+            dq, dk, dv = _flash_attn_backward(*args)
+        if q.shape[3] != headdim:
+            dq, dk, dv = dq[..., :headdim], dk[..., :headdim], dv[..., :headdim]
+        return dq, dk, dv, None, None, None, None
 
 
 def _check_unsupported(dropout_p, softcap, alibi_slopes):
@@ -115,12 +248,23 @@ def _window(window_size, causal):
     return left, (0 if causal else right)
 
 
+def _scale(q, softmax_scale):
+    """``softmax_scale`` as a float; ``None`` means ``headdim ** -0.5``."""
+    return q.shape[3] ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
 def _shape_error(name, expected, tensor):
     return ValueError(f"{name} must have shape {expected}; got {tuple(tensor.shape)}")
 
 
 def _check_qkv(q, k, v):
     """Rank, dtype, shape, then device checks (see the module docstring)."""
+    _check_qkv_shapes(q, k, v)
+    _check_devices(("q", q), ("k", k), ("v", v))
+
+
+def _check_qkv_shapes(q, k, v):
+    """Rank, dtype and shape checks of q, k and v."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             what = "(batch, seqlen_q, nheads, headdim)" if name == "q" else (
@@ -160,16 +304,22 @@ def _check_qkv(q, k, v):
             f"got {nheads} query heads and {nheads_k} key/value heads"
         )
 
-    for name, t in (("q", q), ("k", k), ("v", v)):
+
+def _check_devices(*named):
+    """``named``: (name, tensor) pairs, all on one CUDA device that this build can run on."""
+    for name, t in named:
         if not t.is_cuda:
             raise ValueError(f"flashattn2 needs CUDA tensors; got {name} on {t.device}")
-    device = q.get_device()
-    if k.get_device() != device or v.get_device() != device:
-        raise ValueError(
-            "q, k and v must be on the same device; "
-            f"got q on {q.device}, k on {k.device}, v on {v.device}"
-        )
-    _ext.check_device(device)
+    device = named[0][1].get_device()
+    for _, t in named:
+        if t.get_device() != device:
+            names = [name for name, _ in named]
+            raise ValueError(
+                f"{', '.join(names[:-1])} and {names[-1]} must be on the same device; got "
+                + ", ".join(f"{name} on {t.device}" for name, t in named)
+            )
+    if not _tracing():  # traced (maybe on a machine without GPU): the launch checks it
+        _ext.check_device(device)
 
 
 def _kernel_ready(t, pad):
@@ -183,25 +333,26 @@ def _kernel_ready(t, pad):
     return t
 
 
-def _attention(q, k, v, softmax_scale, window_left, window_right, return_attn_probs):
+def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
+               return_attn_probs):  # fmt: skip
     """Checked inputs in, flash-attn style result out."""
-    headdim = q.shape[3]
-    if softmax_scale is None:
-        softmax_scale = headdim**-0.5
+    softmax_scale = _scale(q, softmax_scale)
     # flash-attn treats a window bound >= seqlen_k as unbounded.
     seqlen_k = k.shape[1]
     if window_left >= seqlen_k:
         window_left = -1
     if window_right >= seqlen_k:
         window_right = -1
-    pad = -headdim % 8
-    q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _FlashAttnFunc.apply(q, k, v, float(softmax_scale), window_left, window_right)
+        out, lse = _FlashAttnFunc.apply(
+            q, k, v, softmax_scale, window_left, window_right, deterministic
+        )
+        if out.shape[3] != q.shape[3]:
+            out = out[..., : q.shape[3]]
+    elif _tracing():
+        out, lse = torch.ops.flashattn2.fwd(q, k, v, softmax_scale, window_left, window_right)
     else:
-        out, lse = _flash_attn_forward(q, k, v, float(softmax_scale), window_left, window_right)
-    if pad:
-        out = out[..., :headdim]
+        out, lse = _forward_any(q, k, v, softmax_scale, window_left, window_right)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -232,19 +383,27 @@ def flash_attn_func(
             ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``;
             -1 (or a bound >= seqlen_k) is unbounded.
         softcap, alibi_slopes: must be 0.0 / None (not implemented yet).
-        deterministic: accepted; affects only the backward pass (the forward is always
-            deterministic).
+        deterministic: ask for a backward pass whose gradients are bitwise reproducible;
+            not implemented yet, so ``True`` makes the backward raise NotImplementedError
+            (the forward is always deterministic and unaffected).
         return_attn_probs: also return the log-sum-exp of each row.
 
     Returns:
         ``out`` like q, or ``(out, softmax_lse, None)`` with ``softmax_lse`` float32
         ``(batch, nheads, seqlen_q)`` when ``return_attn_probs``. Rows that see no key give
-        out = 0 and lse = +inf. The backward pass is not implemented yet.
+        out = 0 and lse = +inf.
+
+    Autograd: differentiable in q, k and v (not through ``softmax_lse``). The backward runs
+    for head dims up to the largest of ``build_info()["bwd_head_dims"]`` (128 in the default
+    build) and raises NotImplementedError above it: head dims 129..256 have a forward only
+    for now.
     """
     _check_unsupported(dropout_p, softcap, alibi_slopes)
     window_left, window_right = _window(window_size, causal)
     _check_qkv(q, k, v)
-    return _attention(q, k, v, softmax_scale, window_left, window_right, return_attn_probs)
+    return _attention(
+        q, k, v, softmax_scale, window_left, window_right, deterministic, return_attn_probs
+    )
 
 
 def flash_attn_qkvpacked_func(
@@ -268,7 +427,9 @@ def flash_attn_qkvpacked_func(
         raise _shape_error("qkv", "(batch, seqlen, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(2)
     _check_qkv(q, k, v)
-    return _attention(q, k, v, softmax_scale, window_left, window_right, return_attn_probs)
+    return _attention(
+        q, k, v, softmax_scale, window_left, window_right, deterministic, return_attn_probs
+    )
 
 
 def flash_attn_kvpacked_func(
@@ -293,4 +454,75 @@ def flash_attn_kvpacked_func(
         raise _shape_error("kv", "(batch, seqlen_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(2)
     _check_qkv(q, k, v)
-    return _attention(q, k, v, softmax_scale, window_left, window_right, return_attn_probs)
+    return _attention(
+        q, k, v, softmax_scale, window_left, window_right, deterministic, return_attn_probs
+    )
+
+
+# ---- low-level entry points: no autograd, for code that drives forward and backward itself ----
+
+
+def forward(q, k, v, causal=False, softmax_scale=None):
+    """Attention output ``softmax(q @ k^T * softmax_scale) @ v``; no autograd graph.
+
+    Args:
+        q: ``(batch, seqlen_q, nheads, headdim)``, fp16 or bf16, on a CUDA device.
+        k, v: ``(batch, seqlen_k, nheads_k, headdim)``, same dtype and device, ``nheads`` a
+            multiple of ``nheads_k``.
+        causal: bottom-right aligned causal mask, as in ``flash_attn_func``.
+        softmax_scale: default ``headdim ** -0.5``.
+
+    Returns:
+        ``out`` like q. Use ``flash_attn_func`` for autograd; use ``forward_with_stats`` and
+        ``backward`` to run the backward pass yourself.
+    """
+    return forward_with_stats(q, k, v, causal, softmax_scale)[0]
+
+
+def forward_with_stats(q, k, v, causal=False, softmax_scale=None):
+    """``forward`` that also returns the softmax statistics the backward needs.
+
+    Returns:
+        ``(out, lse)``: out like q, lse float32 ``(batch, nheads, seqlen_q)``, the natural
+        log of each row's softmax denominator ``log(sum_j exp(q_i . k_j * softmax_scale))``
+        (+inf for rows that see no key, whose out is 0).
+    """
+    _check_qkv(q, k, v)
+    args = (q, k, v, _scale(q, softmax_scale), -1, 0 if causal else -1)
+    return torch.ops.flashattn2.fwd(*args) if _tracing() else _forward_any(*args)
+
+
+def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, deterministic=False):
+    """Gradients of attention with respect to q, k and v; no autograd graph.
+
+    Args:
+        q, k, v, causal, softmax_scale: as given to ``forward_with_stats``.
+        o, lse: what ``forward_with_stats`` returned for them (o like q; lse float32
+            ``(batch, nheads, seqlen_q)``).
+        dout: the gradient of the loss with respect to o, like q.
+        deterministic: bitwise-reproducible dq (ordered accumulation; a little slower).
+
+    Returns:
+        ``(dq, dk, dv)`` like q, k, v (with GQA, dk and dv summed over the query heads that
+        share each key/value head).
+
+    Raises:
+        ValueError for inconsistent inputs; NotImplementedError for head dims above the
+        largest backward head dim of this build (``build_info()["bwd_head_dims"]``).
+    """
+    _check_qkv_shapes(q, k, v)
+    for name, t in (("o", o), ("dout", dout)):
+        if t.dtype is not q.dtype:
+            raise ValueError(f"{name} must have the dtype of q ({q.dtype}); got {t.dtype}")
+        if t.shape != q.shape:
+            raise _shape_error(name, f"{tuple(q.shape)} (the shape of q)", t)
+    batch, seqlen_q, nheads, headdim = q.shape
+    if lse.dtype is not _FP32:
+        raise ValueError(f"lse must be float32 (the lse of forward_with_stats); got {lse.dtype}")
+    if lse.shape != (batch, nheads, seqlen_q):
+        raise _shape_error("lse", f"(batch, nheads, seqlen_q) = {(batch, nheads, seqlen_q)}", lse)
+    _check_devices(("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("dout", dout))
+    _check_backward(headdim)
+    args = (dout, q, k, v, o, lse, _scale(q, softmax_scale), -1, 0 if causal else -1,
+            bool(deterministic))
+    return torch.ops.flashattn2.bwd(*args) if _tracing() else _backward_any(*args)
