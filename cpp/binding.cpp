@@ -45,6 +45,13 @@ flashattn2::DType dtype_from_code(int code) {
   }
 }
 
+// Copies a checked (batch, row, head) stride tuple into the three fields of a params struct.
+void set_strides(const Strides& strides, int64_t& batch, int64_t& row, int64_t& head) {
+  batch = strides[0];
+  row = strides[1];
+  head = strides[2];
+}
+
 void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t lse, const Strides& q_strides, const Strides& k_strides,
          const Strides& v_strides, const Strides& o_strides, const Strides& lse_strides,
@@ -65,18 +72,14 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.o = reinterpret_cast<void*>(o);
   params.lse = reinterpret_cast<float*>(lse);
 
-  params.q_batch_stride = q_strides[0];
-  params.q_row_stride = q_strides[1];
-  params.q_head_stride = q_strides[2];
-  params.k_batch_stride = k_strides[0];
-  params.k_row_stride = k_strides[1];
-  params.k_head_stride = k_strides[2];
-  params.v_batch_stride = v_strides[0];
-  params.v_row_stride = v_strides[1];
-  params.v_head_stride = v_strides[2];
-  params.o_batch_stride = o_strides[0];
-  params.o_row_stride = o_strides[1];
-  params.o_head_stride = o_strides[2];
+  set_strides(q_strides, params.q_batch_stride, params.q_row_stride,
+              params.q_head_stride);
+  set_strides(k_strides, params.k_batch_stride, params.k_row_stride,
+              params.k_head_stride);
+  set_strides(v_strides, params.v_batch_stride, params.v_row_stride,
+              params.v_head_stride);
+  set_strides(o_strides, params.o_batch_stride, params.o_row_stride,
+              params.o_head_stride);
   params.lse_batch_stride = lse_strides[0];
   params.lse_head_stride = lse_strides[1];
 
@@ -129,30 +132,22 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
   params.dq_accum = reinterpret_cast<float*>(dq_accum);
   params.dsum = reinterpret_cast<float*>(dsum);
 
-  params.do_batch_stride = do_strides[0];
-  params.do_row_stride = do_strides[1];
-  params.do_head_stride = do_strides[2];
-  params.q_batch_stride = q_strides[0];
-  params.q_row_stride = q_strides[1];
-  params.q_head_stride = q_strides[2];
-  params.k_batch_stride = k_strides[0];
-  params.k_row_stride = k_strides[1];
-  params.k_head_stride = k_strides[2];
-  params.v_batch_stride = v_strides[0];
-  params.v_row_stride = v_strides[1];
-  params.v_head_stride = v_strides[2];
-  params.o_batch_stride = o_strides[0];
-  params.o_row_stride = o_strides[1];
-  params.o_head_stride = o_strides[2];
-  params.dq_batch_stride = dq_strides[0];
-  params.dq_row_stride = dq_strides[1];
-  params.dq_head_stride = dq_strides[2];
-  params.dk_batch_stride = dk_strides[0];
-  params.dk_row_stride = dk_strides[1];
-  params.dk_head_stride = dk_strides[2];
-  params.dv_batch_stride = dv_strides[0];
-  params.dv_row_stride = dv_strides[1];
-  params.dv_head_stride = dv_strides[2];
+  set_strides(do_strides, params.do_batch_stride, params.do_row_stride,
+              params.do_head_stride);
+  set_strides(q_strides, params.q_batch_stride, params.q_row_stride,
+              params.q_head_stride);
+  set_strides(k_strides, params.k_batch_stride, params.k_row_stride,
+              params.k_head_stride);
+  set_strides(v_strides, params.v_batch_stride, params.v_row_stride,
+              params.v_head_stride);
+  set_strides(o_strides, params.o_batch_stride, params.o_row_stride,
+              params.o_head_stride);
+  set_strides(dq_strides, params.dq_batch_stride, params.dq_row_stride,
+              params.dq_head_stride);
+  set_strides(dk_strides, params.dk_batch_stride, params.dk_row_stride,
+              params.dk_head_stride);
+  set_strides(dv_strides, params.dv_batch_stride, params.dv_row_stride,
+              params.dv_head_stride);
   params.lse_batch_stride = lse_strides[0];
   params.lse_head_stride = lse_strides[1];
 

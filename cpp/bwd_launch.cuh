@@ -3,7 +3,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <atomic>
 
 #include "bwd_kernel.cuh"
 #include "launch.h"
@@ -13,23 +12,14 @@ namespace flashattn2 {
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim>;
-  auto kernel = bwd_kernel<Traits, Element>;
-  constexpr int kSmem = Traits::kSmemBytes;
-  // (mha_bwd has checked 0 <= device < kMaxDevices; a racing second set is harmless.)
-  static std::atomic<bool> smem_set[kMaxDevices] = {};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (kSmem > 48 * 1024 && !smem_set[device].load(std::memory_order_acquire)) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "cudaFuncSetAttribute(bwd_kernel, smem)");
-    smem_set[device].store(true, std::memory_order_release);
-  }
+  constexpr auto kernel = bwd_kernel<Traits, Element>;
+  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_kernel, smem)");
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
   bwd_preprocess_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
   const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
                   params.batch);
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_kernel launch");
   bwd_convert_dq_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_convert_dq_kernel launch");

@@ -3,10 +3,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <stdexcept>
-#include <string>
-
 #include "fwd_kernel.cuh"
 #include "launch.h"
 
@@ -15,21 +11,11 @@ namespace flashattn2 {
 template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdTraits<kHeadDim>;
-  auto kernel = fwd_kernel<Traits, Element>;
-  constexpr int kSmem = Traits::kSmemBytes;
-  // Raising the dynamic shared-memory limit is per device; do it once for each.
-  // (mha_fwd has checked 0 <= device < kMaxDevices; a racing second set is harmless.)
-  static std::atomic<bool> smem_set[kMaxDevices] = {};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (kSmem > 48 * 1024 && !smem_set[device].load(std::memory_order_acquire)) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "cudaFuncSetAttribute(fwd_kernel, smem)");
-    smem_set[device].store(true, std::memory_order_release);
-  }
+  constexpr auto kernel = fwd_kernel<Traits, Element>;
+  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fwd_kernel, smem)");
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
                   params.batch);
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   check_cuda(cudaGetLastError(), "fwd_kernel launch");
 }
 

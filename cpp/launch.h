@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +18,23 @@ inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("flashattn2: ") + what + " failed: " +
                              cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  }
+}
+
+// Raises kKernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB) once per
+// device: the attribute is per device, and setting it on every launch costs a driver call.
+// The current device must be in [0, kMaxDevices) (the host API checks it); a racing second
+// set is harmless.
+template <auto kKernel>
+void raise_smem_limit(int bytes, const char* name) {
+  static std::atomic<bool> done[kMaxDevices] = {};
+  if (bytes <= 48 * 1024) return;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (!done[device].load(std::memory_order_acquire)) {
+    check_cuda(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+               name);
+    done[device].store(true, std::memory_order_release);
   }
 }
 
