@@ -52,6 +52,25 @@ void set_strides(const Strides& strides, int64_t& batch, int64_t& row, int64_t& 
   head = strides[2];
 }
 
+// The fields FwdParams and BwdParams share: sizes, scale, window, dtype, lse strides.
+template <typename Params>
+void set_problem(Params& params, const Strides& lse_strides, int batch, int seqlen_q,
+                 int seqlen_k, int nheads, int nheads_k, int headdim, float softmax_scale,
+                 int window_left, int window_right, int dtype) {
+  params.lse_batch_stride = lse_strides[0];
+  params.lse_head_stride = lse_strides[1];
+  params.batch = batch;
+  params.seqlen_q = seqlen_q;
+  params.seqlen_k = seqlen_k;
+  params.nheads = nheads;
+  params.nheads_k = nheads_k;
+  params.headdim = headdim;
+  params.softmax_scale = softmax_scale;
+  params.window_left = window_left;
+  params.window_right = window_right;
+  params.dtype = dtype_from_code(dtype);
+}
+
 void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t lse, const Strides& q_strides, const Strides& k_strides,
          const Strides& v_strides, const Strides& o_strides, const Strides& lse_strides,
@@ -80,19 +99,9 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
               params.v_head_stride);
   set_strides(o_strides, params.o_batch_stride, params.o_row_stride,
               params.o_head_stride);
-  params.lse_batch_stride = lse_strides[0];
-  params.lse_head_stride = lse_strides[1];
 
-  params.batch = batch;
-  params.seqlen_q = seqlen_q;
-  params.seqlen_k = seqlen_k;
-  params.nheads = nheads;
-  params.nheads_k = nheads_k;
-  params.headdim = headdim;
-  params.softmax_scale = softmax_scale;
-  params.window_left = window_left;
-  params.window_right = window_right;
-  params.dtype = dtype_from_code(dtype);
+  set_problem(params, lse_strides, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
+              softmax_scale, window_left, window_right, dtype);
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
@@ -148,19 +157,9 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
               params.dk_head_stride);
   set_strides(dv_strides, params.dv_batch_stride, params.dv_row_stride,
               params.dv_head_stride);
-  params.lse_batch_stride = lse_strides[0];
-  params.lse_head_stride = lse_strides[1];
 
-  params.batch = batch;
-  params.seqlen_q = seqlen_q;
-  params.seqlen_k = seqlen_k;
-  params.nheads = nheads;
-  params.nheads_k = nheads_k;
-  params.headdim = headdim;
-  params.softmax_scale = softmax_scale;
-  params.window_left = window_left;
-  params.window_right = window_right;
-  params.dtype = dtype_from_code(dtype);
+  set_problem(params, lse_strides, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
+              softmax_scale, window_left, window_right, dtype);
   params.deterministic = deterministic;
 
   py::gil_scoped_release no_gil;  // as in fwd

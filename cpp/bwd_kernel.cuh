@@ -280,14 +280,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
     // dV += P^T dO and dK += dS^T Q (A from the accumulators, B via ldmatrix.trans).
 #pragma unroll
     for (int kk = 0; kk < kKStepsM; ++kk) {
-      const uint32_t pa[4] = {ptx::pack2<Element>(acc_s[2 * kk][0], acc_s[2 * kk][1]),
-                              ptx::pack2<Element>(acc_s[2 * kk][2], acc_s[2 * kk][3]),
-                              ptx::pack2<Element>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]),
-                              ptx::pack2<Element>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3])};
-      const uint32_t da[4] = {ptx::pack2<Element>(acc_dp[2 * kk][0], acc_dp[2 * kk][1]),
-                              ptx::pack2<Element>(acc_dp[2 * kk][2], acc_dp[2 * kk][3]),
-                              ptx::pack2<Element>(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]),
-                              ptx::pack2<Element>(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3])};
+      uint32_t pa[4], da[4];
+      ptx::acc_to_a<Element>(pa, acc_s[2 * kk], acc_s[2 * kk + 1]);
+      ptx::acc_to_a<Element>(da, acc_dp[2 * kk], acc_dp[2 * kk + 1]);
 #pragma unroll
       for (int dd = 0; dd < kKStepsD; ++dd) {
         uint32_t b[4];

@@ -275,12 +275,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     for (int kk = 0; kk < kKStepsN; ++kk) {
       uint32_t pa[kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        pa[mt][0] = ptx::pack2<Element>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-        pa[mt][1] = ptx::pack2<Element>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-        pa[mt][2] = ptx::pack2<Element>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-        pa[mt][3] = ptx::pack2<Element>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt)
+        ptx::acc_to_a<Element>(pa[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
 #pragma unroll
       for (int dd = 0; dd < kKStepsD; ++dd) {
         uint32_t b[4];

@@ -143,5 +143,17 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// The A operand (16x16, k = 16 columns) made from the f32 accumulators of two adjacent n8
+// tiles of an earlier MMA (columns 0-7 in lo, 8-15 in hi): the C layout of m16n8 matches the
+// A layout of m16n8k16, so P and dS never leave registers.
+template <typename Element>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
+                                         const float (&hi)[4]) {
+  a[0] = pack2<Element>(lo[0], lo[1]);
+  a[1] = pack2<Element>(lo[2], lo[3]);
+  a[2] = pack2<Element>(hi[0], hi[1]);
+  a[3] = pack2<Element>(hi[2], hi[3]);
+}
+
 }  // namespace ptx
 }  // namespace flashattn2
