@@ -71,12 +71,45 @@ void set_problem(Params& params, const Strides& lse_strides, int batch, int seql
   params.dtype = dtype_from_code(dtype);
 }
 
+template <typename T>
+const T* as_ptr(std::uintptr_t address) {
+  return reinterpret_cast<const T*>(address);
+}
+
+// The SeqLayout fields (0 = absent).
+void set_layout(flashattn2::SeqLayout& layout, std::uintptr_t cu_seqlens_q,
+                std::uintptr_t cu_seqlens_k, std::uintptr_t seqused_k = 0,
+                std::uintptr_t leftpad_k = 0, std::uintptr_t kv_batch_idx = 0,
+                std::uintptr_t block_table = 0, int64_t block_table_batch_stride = 0,
+                int page_size = 0) {
+  layout.cu_seqlens_q = as_ptr<int>(cu_seqlens_q);
+  layout.cu_seqlens_k = as_ptr<int>(cu_seqlens_k);
+  layout.seqused_k = as_ptr<int>(seqused_k);
+  layout.leftpad_k = as_ptr<int>(leftpad_k);
+  layout.kv_batch_idx = as_ptr<int>(kv_batch_idx);
+  layout.block_table = as_ptr<int>(block_table);
+  layout.block_table_batch_stride = block_table_batch_stride;
+  if (block_table) {
+    if (page_size < 16 || (page_size & (page_size - 1)) != 0) {
+      throw std::invalid_argument("page_size must be a power of two >= 16, got " +
+                                  std::to_string(page_size));
+    }
+    int log2 = 0;
+    while ((1 << log2) < page_size) ++log2;
+    layout.page_size_log2 = log2;
+  }
+}
+
 void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t lse, const Strides& q_strides, const Strides& k_strides,
          const Strides& v_strides, const Strides& o_strides, const Strides& lse_strides,
          int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
          float softmax_scale, int window_left, int window_right, int dtype, int device,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_k,
+         std::uintptr_t seqused_k, std::uintptr_t leftpad_k, std::uintptr_t kv_batch_idx,
+         std::uintptr_t block_table, int64_t block_table_batch_stride, int page_size,
+         int num_splits, std::uintptr_t o_accum, std::uintptr_t lse_accum, int total_q,
+         int total_k, int seqlen_k_new) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -102,6 +135,14 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
 
   set_problem(params, lse_strides, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
               softmax_scale, window_left, window_right, dtype);
+  set_layout(params, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, kv_batch_idx,
+             block_table, block_table_batch_stride, page_size);
+  params.total_q = total_q;
+  params.total_k = total_k;
+  params.seqlen_k_new = seqlen_k_new;
+  params.num_splits = num_splits;
+  params.o_accum = reinterpret_cast<float*>(o_accum);
+  params.lse_accum = reinterpret_cast<float*>(lse_accum);
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
@@ -116,7 +157,8 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
          const Strides& dk_strides, const Strides& dv_strides, const Strides& lse_strides,
          int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
          float softmax_scale, int window_left, int window_right, int dtype, int device,
-         std::uintptr_t stream, bool deterministic) {
+         std::uintptr_t stream, bool deterministic, std::uintptr_t cu_seqlens_q,
+         std::uintptr_t cu_seqlens_k, int total_q, int total_k) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -161,9 +203,69 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
   set_problem(params, lse_strides, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
               softmax_scale, window_left, window_right, dtype);
   params.deterministic = deterministic;
+  set_layout(params, cu_seqlens_q, cu_seqlens_k);
+  params.total_q = total_q;
+  params.total_k = total_k;
 
   py::gil_scoped_release no_gil;  // as in fwd
   flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream));
+}
+
+void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cache,
+               std::uintptr_t v_cache, const Strides& knew_strides, const Strides& vnew_strides,
+               const Strides& kc_strides, const Strides& vc_strides,
+               std::uintptr_t cache_seqlens, std::uintptr_t leftpad_k,
+               std::uintptr_t kv_batch_idx, std::uintptr_t block_table,
+               int64_t block_table_batch_stride, int page_size, int cache_capacity,
+               std::uintptr_t rotary_cos, std::uintptr_t rotary_sin, int64_t rotary_row_stride,
+               int rotary_dim, int seqlen_ro, bool interleaved, std::uintptr_t q,
+               std::uintptr_t q_out, const Strides& q_strides, int seqlen_q, int nheads,
+               bool q_positions_increment, int batch, int seqlen_new, int nheads_k,
+               int headdim, int dtype, int device, std::uintptr_t stream) {
+  constexpr const char* kRowLayout = "(batch, row, head)";
+  check_strides("knew_strides", knew_strides, 3, kRowLayout);
+  check_strides("vnew_strides", vnew_strides, 3, kRowLayout);
+  check_strides("kc_strides", kc_strides, 3, kRowLayout);
+  check_strides("vc_strides", vc_strides, 3, kRowLayout);
+  check_strides("q_strides", q_strides, 3, kRowLayout);
+  flashattn2::AppendKvParams params{};
+  params.k_new = as_ptr<void>(k_new);
+  params.v_new = as_ptr<void>(v_new);
+  params.k_cache = reinterpret_cast<void*>(k_cache);
+  params.v_cache = reinterpret_cast<void*>(v_cache);
+  set_strides(knew_strides, params.knew_batch_stride, params.knew_row_stride, params.knew_head_stride);
+  set_strides(vnew_strides, params.vnew_batch_stride, params.vnew_row_stride, params.vnew_head_stride);
+  set_strides(kc_strides, params.kc_batch_stride, params.kc_row_stride, params.kc_head_stride);
+  set_strides(vc_strides, params.vc_batch_stride, params.vc_row_stride, params.vc_head_stride);
+  set_strides(q_strides, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
+  params.cache_seqlens = as_ptr<int>(cache_seqlens);
+  params.leftpad_k = as_ptr<int>(leftpad_k);
+  params.kv_batch_idx = as_ptr<int>(kv_batch_idx);
+  // Reuse the SeqLayout page-size check.
+  flashattn2::SeqLayout pages{};
+  set_layout(pages, 0, 0, 0, 0, 0, block_table, block_table_batch_stride, page_size);
+  params.block_table = pages.block_table;
+  params.block_table_batch_stride = block_table_batch_stride;
+  params.page_size_log2 = pages.page_size_log2;
+  params.cache_capacity = cache_capacity;
+  params.rotary_cos = as_ptr<void>(rotary_cos);
+  params.rotary_sin = as_ptr<void>(rotary_sin);
+  params.rotary_row_stride = rotary_row_stride;
+  params.rotary_dim = rotary_dim;
+  params.seqlen_ro = seqlen_ro;
+  params.interleaved = interleaved;
+  params.q = as_ptr<void>(q);
+  params.q_out = reinterpret_cast<void*>(q_out);
+  params.seqlen_q = seqlen_q;
+  params.nheads = nheads;
+  params.q_positions_increment = q_positions_increment;
+  params.batch = batch;
+  params.seqlen_new = seqlen_new;
+  params.nheads_k = nheads_k;
+  params.headdim = headdim;
+  params.dtype = dtype_from_code(dtype);
+  py::gil_scoped_release no_gil;  // as in fwd
+  flashattn2::mha_append_kv(params, device, reinterpret_cast<void*>(stream));
 }
 
 // The backward head dims: the built head dims up to the largest backward head dim.
@@ -197,11 +299,23 @@ PYBIND11_MODULE(_C, m) {
         py::arg("o_strides"), py::arg("lse_strides"), py::arg("batch"), py::arg("seqlen_q"),
         py::arg("seqlen_k"), py::arg("nheads"), py::arg("nheads_k"), py::arg("headdim"),
         py::arg("softmax_scale"), py::arg("window_left"), py::arg("window_right"),
-        py::arg("dtype"), py::arg("device"), py::arg("stream"),
+        py::arg("dtype"), py::arg("device"), py::arg("stream"), py::arg("cu_seqlens_q") = 0,
+        py::arg("cu_seqlens_k") = 0, py::arg("seqused_k") = 0, py::arg("leftpad_k") = 0,
+        py::arg("kv_batch_idx") = 0, py::arg("block_table") = 0,
+        py::arg("block_table_batch_stride") = 0, py::arg("page_size") = 0,
+        py::arg("num_splits") = 1, py::arg("o_accum") = 0, py::arg("lse_accum") = 0,
+        py::arg("total_q") = 0, py::arg("total_k") = 0, py::arg("seqlen_k_new") = 0,
         "Attention forward. q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
         "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "
-        "asynchronously on `stream` with `device` current.");
+        "asynchronously on `stream` with `device` current. Optional (0 = absent) int32 "
+        "device vectors give the sequence layout (flash.h SeqLayout): cu_seqlens_q/k "
+        "(varlen, batch + 1 entries, with total_q/k the rows of q/k; seqlen_q/k are then "
+        "the maxima), seqused_k (+ seqlen_k_new), leftpad_k, "
+        "kv_batch_idx (KV cache), block_table with its batch stride and page_size (paged "
+        "K/V; k/v batch strides are then page strides). num_splits > 1 runs split-KV with "
+        "float32 workspaces o_accum (num_splits*batch*nheads*seqlen_q*headdim) and "
+        "lse_accum (num_splits*batch*nheads*seqlen_q).");
 
   m.def("bwd", &bwd, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dq_accum"),
@@ -211,16 +325,41 @@ PYBIND11_MODULE(_C, m) {
         py::arg("batch"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("nheads"),
         py::arg("nheads_k"), py::arg("headdim"), py::arg("softmax_scale"),
         py::arg("window_left"), py::arg("window_right"), py::arg("dtype"), py::arg("device"),
-        py::arg("stream"), py::arg("deterministic") = false,
+        py::arg("stream"), py::arg("deterministic") = false, py::arg("cu_seqlens_q") = 0,
+        py::arg("cu_seqlens_k") = 0, py::arg("total_q") = 0, py::arg("total_k") = 0,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(...) floats (no need to zero them). "
-        "deterministic=True makes dq bitwise reproducible (ordered accumulation).");
+        "deterministic=True makes dq bitwise reproducible (ordered accumulation). "
+        "cu_seqlens_q/k: varlen as in fwd, with total_q/k the rows of q/k.");
+
+  m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),
+        py::arg("kc_strides"), py::arg("vc_strides"), py::arg("cache_seqlens"),
+        py::arg("leftpad_k"), py::arg("kv_batch_idx"), py::arg("block_table"),
+        py::arg("block_table_batch_stride"), py::arg("page_size"), py::arg("cache_capacity"),
+        py::arg("rotary_cos"), py::arg("rotary_sin"), py::arg("rotary_row_stride"),
+        py::arg("rotary_dim"), py::arg("seqlen_ro"), py::arg("interleaved"), py::arg("q"),
+        py::arg("q_out"), py::arg("q_strides"), py::arg("seqlen_q"), py::arg("nheads"),
+        py::arg("q_positions_increment"), py::arg("batch"), py::arg("seqlen_new"),
+        py::arg("nheads_k"), py::arg("headdim"), py::arg("dtype"), py::arg("device"),
+        py::arg("stream"),
+        "KV-cache append before attending (flash.h AppendKvParams): writes k_new / v_new "
+        "(batch, seqlen_new, nheads_k, headdim) into the cache at rows cache_seqlens[b]..., "
+        "paged when block_table is given, with rotary embedding (rotary_dim > 0) applied to "
+        "the keys and to q, whose rotated copy goes to q_out (contiguous).");
 
   m.def("bwd_workspace_floats", &flashattn2::bwd_workspace_floats, py::arg("batch"),
-        py::arg("nheads"), py::arg("seqlen_q"), py::arg("headdim"),
-        "(dq_accum, dsum) float32 workspace sizes, in floats, for a backward of these sizes.");
+        py::arg("nheads"), py::arg("seqlen_q"), py::arg("headdim"), py::arg("total_q") = -1,
+        "(dq_accum, dsum) float32 workspace sizes, in floats, for a backward of these sizes "
+        "(total_q >= 0: varlen with total_q query rows, seqlen_q the longest).");
+
+  m.def("num_splits_heuristic", &flashattn2::num_splits_heuristic, py::arg("batch"),
+        py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("headdim"),
+        py::arg("device"),
+        "Split-KV count that fills GPU `device` for a forward of these sizes (1 = none).");
+  m.attr("MAX_SPLITS") = flashattn2::kMaxSplits;
 
   m.def("bwd_max_head_dim", &flashattn2::bwd_max_head_dim,
         "Largest head dim the backward supports in this build (0 if none).");

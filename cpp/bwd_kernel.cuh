@@ -31,6 +31,7 @@
 
 #include "flash.h"
 #include "ptx.cuh"
+#include "seqlen.cuh"
 #include "tile.cuh"
 
 namespace flashattn2 {
@@ -52,9 +53,10 @@ struct BwdTraits {
   static_assert(kHeadDim <= kBwdMaxHeadDim && kHeadDim % 32 == 0, "backward head dim");
 };
 
-// The dQ-order counters (deterministic mode) follow the dsum rows in the same workspace.
+// The dQ-order counters (deterministic mode) follow the dsum rows in the same workspace;
+// layouts: ws_row0 / ws_tile0 (seqlen.cuh).
 __device__ __forceinline__ int* dq_counters(const BwdParams& p) {
-  return reinterpret_cast<int*>(p.dsum + int64_t(p.batch) * p.nheads * p.seqlen_q);
+  return reinterpret_cast<int*>(p.dsum + ws_rows(p));
 }
 
 // dsum[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; zero dq_accum[b, h, i, :] and the
@@ -64,13 +66,16 @@ template <typename Element>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int head = blockIdx.y, batch = blockIdx.z;
-  const int64_t bh = int64_t(batch) * p.nheads + head;
-  if (threadIdx.x == 0) dq_counters(p)[bh * gridDim.x + blockIdx.x] = 0;
-  for (int row = blockIdx.x * 64 + warp; row < min(p.seqlen_q, blockIdx.x * 64 + 64); row += 4) {
+  const SeqInfo seq(p, batch);
+  if (int(blockIdx.x) * 64 >= seq.seqlen_q) return;
+  const int64_t ws0 = ws_row0(p, seq, batch, head);
+  if (threadIdx.x == 0) dq_counters(p)[ws_tile0(p, seq, batch, head, 64) + blockIdx.x] = 0;
+  for (int row = blockIdx.x * 64 + warp; row < min(seq.seqlen_q, blockIdx.x * 64 + 64); row += 4) {
+    const int64_t grow = seq.q_row0 + row;
     const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
-                       row * p.o_row_stride + head * p.o_head_stride;
+                       grow * p.o_row_stride + head * p.o_head_stride;
     const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
-                          row * p.do_row_stride + head * p.do_head_stride;
+                          grow * p.do_row_stride + head * p.do_head_stride;
     float acc = 0.f;
     for (int c = lane; c < p.headdim / 8; c += 32) {
       const uint4 a = *reinterpret_cast<const uint4*>(o + c * 8);
@@ -84,8 +89,8 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) 
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffff, acc, offset);
-    if (lane == 0) p.dsum[bh * p.seqlen_q + row] = acc;
-    float4* dq = reinterpret_cast<float4*>(p.dq_accum + (bh * p.seqlen_q + row) * p.headdim);
+    if (lane == 0) p.dsum[ws0 + row] = acc;
+    float4* dq = reinterpret_cast<float4*>(p.dq_accum + (ws0 + row) * p.headdim);
     for (int c = lane; c < p.headdim / 4; c += 32) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
@@ -94,18 +99,20 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) 
 template <typename Element>
 __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) {
   const int head = blockIdx.y, batch = blockIdx.z;
-  const int64_t bh = int64_t(batch) * p.nheads + head;
+  const SeqInfo seq(p, batch);
+  const int64_t ws0 = ws_row0(p, seq, batch, head);
   const int chunks = p.headdim / 8;
   for (int idx = threadIdx.x; idx < 64 * chunks; idx += 128) {
     const int row = blockIdx.x * 64 + idx / chunks, c = idx % chunks;
-    if (row >= p.seqlen_q) break;
-    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q + row) * p.headdim + c * 8);
+    if (row >= seq.seqlen_q) break;
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (ws0 + row) * p.headdim + c * 8);
     const float4 a = src[0], b = src[1];
     const float s = p.softmax_scale;
     const uint4 out = {ptx::pack2<Element>(a.x * s, a.y * s), ptx::pack2<Element>(a.z * s, a.w * s),
                        ptx::pack2<Element>(b.x * s, b.y * s), ptx::pack2<Element>(b.z * s, b.w * s)};
     *reinterpret_cast<uint4*>(static_cast<Element*>(p.dq) + batch * p.dq_batch_stride +
-                              row * p.dq_row_stride + head * p.dq_head_stride + c * 8) = out;
+                              (seq.q_row0 + row) * p.dq_row_stride + head * p.dq_head_stride +
+                              c * 8) = out;
   }
 }
 
@@ -139,13 +146,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
   const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
   const int group = p.nheads / p.nheads_k;
   const int n0 = n_block * kBlockN;
+  const SeqInfo seq(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  if (n0 >= seqlen_k) return;  // varlen: the grid covers the longest sequence
 
   // Query rows that see at least one key of this tile.
-  const int offset = p.seqlen_k - p.seqlen_q;
-  const int n_last = min(n0 + kBlockN, p.seqlen_k) - 1;
+  const int offset = seqlen_k - seqlen_q;
+  const int n_last = min(n0 + kBlockN, seqlen_k) - 1;
   const int m_lo = p.window_right >= 0 ? max(0, n0 - offset - p.window_right) : 0;
-  const int m_hi = p.window_left >= 0 ? min(p.seqlen_q - 1, n_last - offset + p.window_left)
-                                      : p.seqlen_q - 1;
+  const int m_hi = p.window_left >= 0 ? min(seqlen_q - 1, n_last - offset + p.window_left)
+                                      : seqlen_q - 1;
   const int m_block_min = m_lo / kBlockM;
   const int m_block_max = m_hi < m_lo ? m_block_min : m_hi / kBlockM + 1;
   // The first K/V tile that visits query tile m (from the same bounds: a tile visits m iff
@@ -156,9 +166,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
   };
 
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                      head_k * p.k_head_stride + n0 * p.k_row_stride;
+                      head_k * p.k_head_stride + (seq.k_row0 + n0) * p.k_row_stride;
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                      head_k * p.v_head_stride + n0 * p.v_row_stride;
+                      head_k * p.v_head_stride + (seq.k_row0 + n0) * p.v_row_stride;
   // The CTA's work: query tiles m_block_min .. m_block_max - 1 of each query head of the
   // group, as one sequence t = head_in_group * n_query_tiles + (m_block - m_block_min).
   const int n_query_tiles = m_block_max - m_block_min;
@@ -166,22 +176,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
   auto head_of = [&](int t) { return head_k * group + t / n_query_tiles; };
   auto m_block_of = [&](int t) { return m_block_min + t % n_query_tiles; };
 
-  load_tile<kBlockN, kHeadDim, kNThreads>(sK, gK, p.k_row_stride, p.seqlen_k - n0, p.headdim, tid);
-  load_tile<kBlockN, kHeadDim, kNThreads>(sV, gV, p.v_row_stride, p.seqlen_k - n0, p.headdim, tid);
+  load_tile<kBlockN, kHeadDim, kNThreads>(sK, gK, p.k_row_stride, seqlen_k - n0, p.headdim, tid);
+  load_tile<kBlockN, kHeadDim, kNThreads>(sV, gV, p.v_row_stride, seqlen_k - n0, p.headdim, tid);
   auto load_query_tile = [&](int t) {
     const int head = head_of(t), m0 = m_block_of(t) * kBlockM;
+    const int64_t row0 = seq.q_row0 + m0;
     const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
                         head * p.q_head_stride;
     const Element* gdO = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
                          head * p.do_head_stride;
-    const float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-    const float* gDsum = p.dsum + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
-    load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ + int64_t(m0) * p.q_row_stride, p.q_row_stride,
-                                            p.seqlen_q - m0, p.headdim, tid);
-    load_tile<kBlockM, kHeadDim, kNThreads>(sdO, gdO + int64_t(m0) * p.do_row_stride,
-                                            p.do_row_stride, p.seqlen_q - m0, p.headdim, tid);
+    const float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_row0;
+    const float* gDsum = p.dsum + ws_row0(p, seq, batch, head);
+    load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ + row0 * p.q_row_stride, p.q_row_stride,
+                                            seqlen_q - m0, p.headdim, tid);
+    load_tile<kBlockM, kHeadDim, kNThreads>(sdO, gdO + row0 * p.do_row_stride,
+                                            p.do_row_stride, seqlen_q - m0, p.headdim, tid);
     if (tid < kBlockM) {
-      const bool valid = m0 + tid < p.seqlen_q;
+      const bool valid = m0 + tid < seqlen_q;
       const int row = valid ? m0 + tid : 0;
       ptx::cp_async_4(ptx::smem_addr(sLse + tid), gLse + row, valid);
       ptx::cp_async_4(ptx::smem_addr(sDsum + tid), gDsum + row, valid);
@@ -253,9 +264,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
         const int key = n0 + warp * 16 + g + 8 * r;
         // Visible queries of this key: [q_lo, q_hi] (empty when key >= seqlen_k).
         const int q_lo = p.window_right >= 0 ? key - offset - p.window_right : 0;
-        const int q_hi = key >= p.seqlen_k ? -1
-                         : p.window_left >= 0 ? min(p.seqlen_q - 1, key - offset + p.window_left)
-                                              : p.seqlen_q - 1;
+        const int q_hi = key >= seqlen_k ? -1
+                         : p.window_left >= 0 ? min(seqlen_q - 1, key - offset + p.window_left)
+                                              : seqlen_q - 1;
 #pragma unroll
         for (int nt = 0; nt < kNTilesM; ++nt)
 #pragma unroll
@@ -305,13 +316,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
 
   for (int t = 0; t < n_steps; ++t) {
     const int m_block = m_block_of(t);
-    const int64_t bh = int64_t(batch) * p.nheads + head_of(t);
+    const int head = head_of(t);
     // Q, dO, LSE, dsum of step t have landed; sdS is free (previous dQ GEMM done).
     ptx::cp_async_wait<0>();
     __syncthreads();
     const int m0 = m_block * kBlockM;
     const bool need_mask =
-        m0 + kBlockM > p.seqlen_q || n0 + kBlockN > p.seqlen_k ||
+        m0 + kBlockM > seqlen_q || n0 + kBlockN > seqlen_k ||
         (p.window_right >= 0 && n0 + kBlockN - 1 > m0 + offset + p.window_right) ||
         (p.window_left >= 0 && n0 < m0 + kBlockM - 1 + offset - p.window_left);
     if (need_mask) {
@@ -326,7 +337,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
 
     // Deterministic: wait until the CTAs before this one in the tile's order have added
     // their dQ (the visiting CTAs are n_first .. in ascending order; see dq_first_n_block).
-    int* counter = dq_counters(p) + bh * ((p.seqlen_q + kBlockM - 1) / kBlockM) + m_block;
+    int* counter = dq_counters(p) + ws_tile0(p, seq, batch, head, kBlockM) + m_block;
     if (p.deterministic) {
       if (tid == 0) {
         const int turn = n_block - dq_first_n_block(m_block);
@@ -367,8 +378,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
         const float recv0 = __shfl_xor_sync(0xffffffff, send0, 1);
         const float recv1 = __shfl_xor_sync(0xffffffff, send1, 1);
         const int col = c0 + dt * 8 + 4 * (q >> 1);
-        if (row < p.seqlen_q && col < p.headdim) {
-          float* dst = p.dq_accum + (bh * p.seqlen_q + row) * p.headdim + col;
+        if (row < seqlen_q && col < p.headdim) {
+          float* dst = p.dq_accum + (ws_row0(p, seq, batch, head) + row) * p.headdim + col;
           if (even) {
             ptx::red_add_v4(dst, acc_dq[dt][0], acc_dq[dt][1], recv0, recv1);
           } else {
@@ -401,12 +412,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2) bwd_kernel(const BwdPara
     }
   }
   __syncthreads();
+  const SeqInfo seq_out(p, batch);  // re-read, not kept live across the mainloop
   Element* gdK = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
-                 head_k * p.dk_head_stride + int64_t(n0) * p.dk_row_stride;
+                 head_k * p.dk_head_stride + (seq_out.k_row0 + n0) * p.dk_row_stride;
   Element* gdV = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
-                 head_k * p.dv_head_stride + int64_t(n0) * p.dv_row_stride;
-  store_tile<kBlockN, kHeadDim, kNThreads>(gdK, sK, p.dk_row_stride, p.seqlen_k - n0, p.headdim, tid);
-  store_tile<kBlockN, kHeadDim, kNThreads>(gdV, sV, p.dv_row_stride, p.seqlen_k - n0, p.headdim, tid);
+                 head_k * p.dv_head_stride + (seq_out.k_row0 + n0) * p.dv_row_stride;
+  store_tile<kBlockN, kHeadDim, kNThreads>(gdK, sK, p.dk_row_stride, seq_out.seqlen_k - n0,
+                                           p.headdim, tid);
+  store_tile<kBlockN, kHeadDim, kNThreads>(gdV, sV, p.dv_row_stride, seq_out.seqlen_k - n0,
+                                           p.headdim, tid);
 }
 
 }  // namespace flashattn2

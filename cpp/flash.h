@@ -7,7 +7,35 @@ namespace flashattn2 {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 
-struct FwdParams {
+// Where each batch's sequences live, shared by the forward and the backward. Every field is
+// optional (null / 0 = the dense layout: batch b at b * batch_stride, seqlen_q / seqlen_k
+// rows). The kernels read it through SeqInfo (seqlen.cuh), nowhere else.
+struct SeqLayout {
+  // Varlen: sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]) of a tensor whose batch
+  // stride is 0 (cu_seqlens_q: q, o, dq, dout and lse, which is then (nheads, total_q);
+  // cu_seqlens_k: k, v, dk, dv). seqlen_q / seqlen_k are then the maxima over the batch.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  int total_q = 0, total_k = 0;  // varlen: rows of q / k; sequences are clamped to them
+                                 // and to seqlen_q / seqlen_k, whatever cu_seqlens holds
+  // KV cache: batch b has seqused_k[b] keys (<= seqlen_k, the cache capacity), the first
+  // leftpad_k[b] of them hidden (padding on the left), read from cache batch
+  // kv_batch_idx[b].
+  const int* seqused_k = nullptr;
+  const int* leftpad_k = nullptr;
+  const int* kv_batch_idx = nullptr;
+  // Paged K/V: key row r of batch b is row r % page_size of page
+  // block_table[b * block_table_batch_stride + r / page_size]; k/v batch strides are then the
+  // page strides. page_size is a power of two (log2 kept for the kernels).
+  const int* block_table = nullptr;
+  int64_t block_table_batch_stride = 0;
+  int page_size_log2 = 0;
+  // Keys appended after seqused_k[b] (a KV-cache call with new keys): batch b then has
+  // seqused_k[b] + seqlen_k_new keys. Visible keys are clamped to [0, seqlen_k].
+  int seqlen_k_new = 0;
+};
+
+struct FwdParams : SeqLayout {
   const void* q;  // (batch, seqlen_q, nheads,   headdim)
   const void* k;  // (batch, seqlen_k, nheads_k, headdim)
   const void* v;  // (batch, seqlen_k, nheads_k, headdim)
@@ -32,11 +60,20 @@ struct FwdParams {
   int window_left, window_right;
 
   DType dtype;
+
+  // Split-KV: num_splits > 1 CTAs share each query tile's keys (blockIdx.z = batch *
+  // num_splits + split). Each writes its normalised partial O and LSE, float32, to
+  //   o_accum  [num_splits, batch, nheads, seqlen_q, headdim]
+  //   lse_accum[num_splits, batch, nheads, seqlen_q]          (-inf: the split saw no key)
+  // and combine_kernel (combine_kernel.cuh) merges them into o and lse.
+  int num_splits;
+  float* o_accum;
+  float* lse_accum;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements
 // with a unit head-dim stride. dk/dv are summed over each GQA group by the kernel.
-struct BwdParams {
+struct BwdParams : SeqLayout {
   const void* q;     // (batch, seqlen_q, nheads,   headdim)
   const void* k;     // (batch, seqlen_k, nheads_k, headdim)
   const void* v;     // (batch, seqlen_k, nheads_k, headdim)
@@ -67,6 +104,44 @@ struct BwdParams {
   // Bitwise-reproducible dq: the CTAs that add into one query tile's dQ do so in a fixed
   // order (a counter per tile), instead of racing.
   bool deterministic;
+};
+
+// KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written
+// into the cache at rows cache_seqlens[b] ... of batch b, optionally with rotary embedding
+// applied to the keys and to q (rotated q goes to q_out). Rows beyond the cache capacity are
+// not written. Rotary position of new key i: cache_seqlens[b] - leftpad[b] + i; of query
+// row i: the same with i (q_positions_increment) or 0.
+struct AppendKvParams {
+  const void* k_new;  // (batch, seqlen_new, nheads_k, headdim)
+  const void* v_new;
+  void* k_cache;      // (cache batch or page, row, nheads_k, headdim)
+  void* v_cache;
+  int64_t knew_batch_stride, knew_row_stride, knew_head_stride;
+  int64_t vnew_batch_stride, vnew_row_stride, vnew_head_stride;
+  int64_t kc_batch_stride, kc_row_stride, kc_head_stride;
+  int64_t vc_batch_stride, vc_row_stride, vc_head_stride;
+  const int* cache_seqlens;  // (batch,)
+  const int* leftpad_k;      // (batch,) or null
+  const int* kv_batch_idx;   // (batch,) or null (contiguous cache only)
+  const int* block_table;    // (batch, max_pages) or null
+  int64_t block_table_batch_stride;
+  int page_size_log2;
+  int cache_capacity;  // rows per cache batch entry (max_pages * page_size when paged)
+
+  // Rotary (rotary_dim == 0: none). cos/sin (seqlen_ro, rotary_dim / 2), q's dtype.
+  const void* rotary_cos;
+  const void* rotary_sin;
+  int64_t rotary_row_stride;
+  int rotary_dim, seqlen_ro;
+  bool interleaved;
+  const void* q;  // (batch, seqlen_q, nheads, headdim), rotated into q_out (contiguous)
+  void* q_out;
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int seqlen_q, nheads;
+  bool q_positions_increment;
+
+  int batch, seqlen_new, nheads_k, headdim;
+  DType dtype;
 };
 
 }  // namespace flashattn2

@@ -4,7 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -15,6 +17,7 @@
 #include <utility>
 
 #include "built_config.h"
+#include "fwd_config.h"
 #include "launch.h"
 
 namespace flashattn2 {
@@ -142,6 +145,22 @@ Params checked(const Params& params, std::initializer_list<const void*> pointers
   for (int64_t stride : strides) {
     require(stride % 8 == 0, "batch, row and head strides must be multiples of 8 elements");
   }
+  // Sequence layout (SeqLayout): int32 vectors, 4-byte aligned.
+  for (const int* vec : {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.leftpad_k,
+                         p.kv_batch_idx, p.block_table}) {
+    require(reinterpret_cast<uintptr_t>(vec) % 4 == 0, "int32 index tensors must be 4-byte aligned");
+  }
+  require(!(p.cu_seqlens_k && p.seqused_k), "cu_seqlens_k and seqused_k are exclusive");
+  require(p.total_q >= 0 && p.total_k >= 0 && p.seqlen_k_new >= 0, "negative varlen totals");
+  if (p.block_table) {
+    require(p.page_size_log2 >= 4 && p.page_size_log2 <= 20,
+            "page_size must be a power of two in [16, 2^20]");
+    require(!p.cu_seqlens_k && !p.kv_batch_idx,
+            "a paged KV cache takes neither cu_seqlens_k nor cache_batch_idx");
+    require(p.block_table_batch_stride >= 0, "block_table batch stride must be >= 0");
+  }
+  // A bound that can never bind is unbounded (seqlen_q / seqlen_k are the maxima when the
+  // layout makes them per batch entry).
   if (p.window_right >= p.seqlen_q) p.window_right = -1;
   if (p.window_left >= p.seqlen_k) p.window_left = -1;
   return p;
@@ -172,6 +191,14 @@ void dispatch_dtype(DType dtype, F&& f) {
 }  // namespace
 
 void mha_fwd(const FwdParams& params, int device, void* stream) {
+  require(params.num_splits >= 1 && params.num_splits <= kMaxSplits,
+          "num_splits must be in [1, " + std::to_string(kMaxSplits) + "], got " +
+              std::to_string(params.num_splits));
+  require(int64_t(params.batch) * params.num_splits <= 65535, "batch * num_splits must be at most 65535");
+  if (params.num_splits > 1) {
+    require(params.o_accum && params.lse_accum && aligned16(params.o_accum) && aligned16(params.lse_accum),
+            "split-KV needs 16-byte aligned o_accum and lse_accum workspaces");
+  }
   const FwdParams p =
       checked(params, {params.q, params.k, params.v, params.o, params.lse},
               {params.q_batch_stride, params.q_row_stride, params.q_head_stride,
@@ -193,19 +220,109 @@ void mha_fwd(const FwdParams& params, int device, void* stream) {
   if (!found) throw std::logic_error("flashattn2: no kernel for head dim " + std::to_string(kd));
 }
 
+void mha_append_kv(const AppendKvParams& params, int device, void* stream) {
+  const AppendKvParams& p = params;
+  require(p.batch > 0 && p.seqlen_new >= 0 && p.nheads_k > 0 && p.cache_capacity >= 0,
+          "bad append sizes");
+  require(p.headdim > 0 && p.headdim % 8 == 0 && p.headdim <= 256,
+          "the KV-cache head dim must be a multiple of 8, at most 256");
+  require(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
+          "FlashAttention only supports fp16 and bf16 data type");
+  require(p.cache_seqlens != nullptr, "cache_seqlens is required");
+  require(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.headdim,
+          "rotary_dim must be even and at most the head dim");
+  if (p.rotary_dim) {
+    require(p.rotary_cos && p.rotary_sin && p.q && p.q_out && p.seqlen_ro > 0,
+            "rotary needs cos, sin, q and q_out");
+  }
+  if (p.block_table) {
+    require(p.page_size_log2 >= 4 && p.page_size_log2 <= 20, "bad page size");
+    require(!p.kv_batch_idx, "a paged KV cache takes no cache_batch_idx");
+  }
+  for (const void* ptr : {p.k_cache, p.v_cache}) require(aligned16(ptr), "cache must be 16-byte aligned");
+  if (p.seqlen_new > 0) {
+    for (const void* ptr : {p.k_new, p.v_new}) require(aligned16(ptr), "k/v must be 16-byte aligned");
+  }
+  for (int64_t stride : {p.knew_batch_stride, p.knew_row_stride, p.knew_head_stride,
+                         p.vnew_batch_stride, p.vnew_row_stride, p.vnew_head_stride,
+                         p.kc_batch_stride, p.kc_row_stride, p.kc_head_stride,
+                         p.vc_batch_stride, p.vc_row_stride, p.vc_head_stride,
+                         p.q_batch_stride, p.q_row_stride, p.q_head_stride}) {
+    require(stride % 8 == 0, "batch, row and head strides must be multiples of 8 elements");
+  }
+  DeviceGuard guard(device);
+  require_supported_device(device);
+  run_append_kv_any(p, static_cast<cudaStream_t>(stream));
+}
+
+namespace {
+
+int sm_count(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> counts{};
+  int n = counts[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(multiProcessorCount)");
+    counts[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+}  // namespace
+
+int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
+                         int device) {
+  const int kd = kernel_head_dim(headdim);
+  require(kd > 0, "no kernel for head dim " + std::to_string(headdim));
+  require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
+  require(batch > 0 && nheads > 0 && seqlen_q > 0 && seqlen_k > 0, "sizes must be positive");
+  // The KV kernel's tile; CTAs resident per SM from its register and shared-memory budget.
+  const FwdTile tile = fwd_tile(kd, true);
+  const int per_sm = std::max(1, std::min(tile.min_blocks, (227 * 1024) / fwd_smem_bytes(kd, true)));
+  const int64_t slots = int64_t(sm_count(device)) * per_sm;
+  const int64_t ctas = int64_t(batch) * nheads * ((seqlen_q + tile.block_m - 1) / tile.block_m);
+  const int n_blocks = (seqlen_k + tile.block_n - 1) / tile.block_n;
+  if (ctas * 5 >= slots * 4) return 1;  // >= 80 % of the resident slots filled already
+  // Wave efficiency of s splits: CTAs / (waves * slots). Take the fewest splits within 85 %
+  // of the best (each extra split costs partial-result traffic and combine work); a split
+  // count that leaves some split without a tile is not a candidate.
+  const int max_splits = std::min({kMaxSplits, n_blocks, 65535 / batch});
+  auto efficiency = [&](int s) {
+    const double waves = double(ctas * s) / double(slots);
+    return waves / std::ceil(waves);
+  };
+  auto usable = [&](int s) {
+    const int per_split = (n_blocks + s - 1) / s;
+    return s == 1 || (s - 1) * per_split < n_blocks;
+  };
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) {
+    if (usable(s)) best = std::max(best, efficiency(s));
+  }
+  for (int s = 1; s <= max_splits; ++s) {
+    if (usable(s) && efficiency(s) >= 0.85 * best) return s;
+  }
+  return 1;
+}
+
 int bwd_max_head_dim() {
   const std::vector<int> dims = BwdHeadDims::vec();
   return dims.empty() ? 0 : dims.back();
 }
 
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
-                                                 int headdim) {
-  const int64_t rows = int64_t(batch) * nheads * seqlen_q;
-  const int64_t query_tiles = int64_t(batch) * nheads * ((seqlen_q + 63) / 64);
+                                                 int headdim, int total_q) {
+  // The layouts of seqlen.cuh (ws_row0, ws_tile0): dense, or varlen when total_q >= 0.
+  const int64_t rows = total_q >= 0 ? int64_t(nheads) * total_q : int64_t(batch) * nheads * seqlen_q;
+  const int64_t query_tiles = total_q >= 0 ? int64_t(nheads) * (total_q / 64 + batch)
+                                           : int64_t(batch) * nheads * ((seqlen_q + 63) / 64);
   return {rows * headdim, rows + query_tiles};
 }
 
 void mha_bwd(const BwdParams& params, int device, void* stream) {
+  require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
+          "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
+
   const BwdParams p = checked(
       params,
       {params.q, params.k, params.v, params.o, params.dout, params.lse, params.dq, params.dk,

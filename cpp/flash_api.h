@@ -21,9 +21,22 @@ void mha_fwd(const FwdParams& params, int device, void* stream);
 // Throws like mha_fwd; head dims above the largest backward kernel are invalid_argument.
 void mha_bwd(const BwdParams& params, int device, void* stream);
 
-// (dq_accum, dsum) workspace sizes in floats for a backward of these sizes.
+// KV-cache append (+ rotary) before a KV-cache forward; throws like mha_fwd.
+void mha_append_kv(const AppendKvParams& params, int device, void* stream);
+
+// (dq_accum, dsum) workspace sizes in floats for a backward of these sizes; total_q >= 0
+// for varlen (cu_seqlens_q; seqlen_q is then the maximum), -1 for the dense layout.
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
-                                                 int headdim);
+                                                 int headdim, int total_q = -1);
+
+// Most splits FwdParams::num_splits may take.
+constexpr int kMaxSplits = 128;
+
+// The split-KV count that fills `device` for a forward of these sizes (1 = no split): the
+// fewest splits whose CTAs fill the SMs' resident slots in whole waves within 85 % of the
+// best; 1 when the unsplit grid already fills 80 % of them.
+int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
+                         int device);
 
 // Largest head dim the backward supports in this build (0 if none).
 int bwd_max_head_dim();

@@ -18,7 +18,16 @@ struct FwdTile {
 // sm_86/sm_89 (99 KiB per block) as well as sm_80/sm_90. Measurements behind each choice:
 // benchmarks/NOTES.md. FLASHATTN2_FWD_TILE_{M,N,WARPS,MTILES,QREGS,MINB} (all six, as -D
 // flags in CUDAFLAGS) force one tile for every head dim: scripts/tile_sweep.sh uses them.
-constexpr FwdTile fwd_tile(int head_dim) {
+//
+// kv: the tile of the KV-cache / decoding kernel (paged K/V, split-KV, few query rows):
+// 64 query rows, one m16 tile per warp, so a decoding step (a handful of query rows, or the
+// query heads of a GQA group) spends half the tensor work of the 128-row tile per K/V byte.
+constexpr FwdTile fwd_tile(int head_dim, bool kv = false) {
+  if (kv) {
+    return head_dim <= 64    ? FwdTile{64, 64, 4, 1, true, 3}
+           : head_dim <= 128 ? FwdTile{64, 64, 4, 1, true, 2}
+                             : FwdTile{64, 32, 4, 1, false, 2};
+  }
 #ifdef FLASHATTN2_FWD_TILE_M
   return FwdTile{FLASHATTN2_FWD_TILE_M,      FLASHATTN2_FWD_TILE_N,     FLASHATTN2_FWD_TILE_WARPS,
                  FLASHATTN2_FWD_TILE_MTILES, FLASHATTN2_FWD_TILE_QREGS, FLASHATTN2_FWD_TILE_MINB};
@@ -31,16 +40,16 @@ constexpr FwdTile fwd_tile(int head_dim) {
 
 // With Q in registers, sQ is idle during the mainloop, so K/V stage 1 lives inside it when
 // it fits (sQ is still the O staging area in the epilogue, after the last K/V read).
-constexpr bool fwd_stage1_in_q(int head_dim) {
-  return fwd_tile(head_dim).q_in_regs &&
-         2 * fwd_tile(head_dim).block_n <= fwd_tile(head_dim).block_m;
+constexpr bool fwd_stage1_in_q(int head_dim, bool kv = false) {
+  return fwd_tile(head_dim, kv).q_in_regs &&
+         2 * fwd_tile(head_dim, kv).block_n <= fwd_tile(head_dim, kv).block_m;
 }
 
-constexpr int fwd_smem_bytes(int head_dim) {
+constexpr int fwd_smem_bytes(int head_dim, bool kv = false) {
   // 2-byte elements: Q tile + 2 stages x (K tile + V tile), less the stage that sQ hosts.
   return 2 * head_dim *
-         (fwd_tile(head_dim).block_m +
-          (fwd_stage1_in_q(head_dim) ? 1 : 2) * 2 * fwd_tile(head_dim).block_n);
+         (fwd_tile(head_dim, kv).block_m +
+          (fwd_stage1_in_q(head_dim, kv) ? 1 : 2) * 2 * fwd_tile(head_dim, kv).block_n);
 }
 
 }  // namespace flashattn2

@@ -33,14 +33,17 @@
 #include "flash.h"
 #include "fwd_config.h"
 #include "ptx.cuh"
+#include "seqlen.cuh"
 #include "tile.cuh"
 
 namespace flashattn2 {
 
-template <int kHeadDim_>
+// kKv_: the KV-cache / decoding variant (fwd_config.h tile; paged K/V and split-KV).
+template <int kHeadDim_, bool kKv_ = false>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr FwdTile kTile = fwd_tile(kHeadDim);
+  static constexpr bool kKv = kKv_;
+  static constexpr FwdTile kTile = fwd_tile(kHeadDim, kKv);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kNWarps = kTile.n_warps;
@@ -49,8 +52,8 @@ struct FwdTraits {
   static constexpr int kMinBlocks = kTile.min_blocks;
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kStages = 2;
-  static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim);
-  static constexpr bool kStage1InQ = fwd_stage1_in_q(kHeadDim);
+  static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kKv);
+  static constexpr bool kStage1InQ = fwd_stage1_in_q(kHeadDim, kKv);
   static_assert(kBlockM == 16 * kMTiles * kNWarps, "each warp owns 16 * kMTiles query rows");
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shape");
 };
@@ -81,21 +84,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const int lane = tid % 32;
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  constexpr bool kKv = Traits::kKv;  // paged K/V and split-KV live only in this variant
+  const int split = kKv ? blockIdx.z % p.num_splits : 0;
+  const int batch = kKv ? blockIdx.z / p.num_splits : blockIdx.z;
   const int head_k = head / (p.nheads / p.nheads_k);
   const int row0 = m_block * kBlockM;
+  const SeqInfo seq(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  if (row0 >= seqlen_q) return;  // varlen: the grid covers the longest sequence
 
   const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
-                      head * p.q_head_stride + row0 * p.q_row_stride;
-  const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                      head_k * p.k_head_stride;
-  const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                      head_k * p.v_head_stride;
+                      head * p.q_head_stride + (seq.q_row0 + row0) * p.q_row_stride;
+  const KvRows<kKv> kv_rows(p, seq, batch);
+  const Element* gK = kv_rows.base(static_cast<const Element*>(p.k) + head_k * p.k_head_stride,
+                                   seq, p.k_batch_stride, p.k_row_stride);
+  const Element* gV = kv_rows.base(static_cast<const Element*>(p.v) + head_k * p.v_head_stride,
+                                   seq, p.v_batch_stride, p.v_row_stride);
 
   // Visible key range of this tile (bottom-right aligned window; see FwdParams).
-  const int offset = p.seqlen_k - p.seqlen_q;
-  const int row_last = min(row0 + kBlockM, p.seqlen_q) - 1;
-  int n_block_max = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  const int offset = seqlen_k - seqlen_q;
+  const int row_last = min(row0 + kBlockM, seqlen_q) - 1;
+  int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
   if (p.window_right >= 0) {
     const int col_hi = row_last + offset + p.window_right;
     n_block_max = col_hi < 0 ? 0 : min(n_block_max, col_hi / kBlockN + 1);
@@ -105,18 +114,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     const int col_lo = row0 + offset - p.window_left;
     n_block_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
   }
+  if (kKv && p.num_splits > 1) {  // this split's share of the visible tiles
+    const int per_split = (n_block_max - n_block_min + p.num_splits - 1) / p.num_splits;
+    n_block_min = min(n_block_max, n_block_min + split * per_split);
+    n_block_max = min(n_block_max, n_block_min + per_split);
+  }
 
   // Prologue: Q and the first K/V tile in one cp.async group.
-  load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ, p.q_row_stride, p.seqlen_q - row0, p.headdim,
+  load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ, p.q_row_stride, seqlen_q - row0, p.headdim,
                                           tid);
   auto load_kv = [&](int n_block, int stage) {
-    const int64_t n0 = int64_t(n_block) * kBlockN;
-    const int rows = p.seqlen_k - int(n0);
+    const int n0 = n_block * kBlockN;
+    const int rows = seqlen_k - n0;
     Element* const sK = stage ? sKV1 : sKV0;
-    load_tile<kBlockN, kHeadDim, kNThreads>(sK, gK + n0 * p.k_row_stride, p.k_row_stride, rows,
-                                            p.headdim, tid);
-    load_tile<kBlockN, kHeadDim, kNThreads>(sK + kKVTile, gV + n0 * p.v_row_stride,
-                                            p.v_row_stride, rows, p.headdim, tid);
+    load_tile_rows<kBlockN, kHeadDim, kNThreads>(
+        sK,
+        [&](int r) {
+          return kv_rows(p, gK, p.k_batch_stride, p.k_row_stride, n0 + r);
+        },
+        rows, p.headdim, tid);
+    load_tile_rows<kBlockN, kHeadDim, kNThreads>(
+        sK + kKVTile,
+        [&](int r) {
+          return kv_rows(p, gV, p.v_batch_stride, p.v_row_stride, n0 + r);
+        },
+        rows, p.headdim, tid);
   };
   if (n_block_max > n_block_min) load_kv(n_block_max - 1, 0);
   ptx::cp_async_commit();
@@ -212,8 +234,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         for (int r = 0; r < 2; ++r) {
           const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
           const int col_hi = p.window_right >= 0
-                                 ? min(p.seqlen_k - 1, row + offset + p.window_right)
-                                 : p.seqlen_k - 1;
+                                 ? min(seqlen_k - 1, row + offset + p.window_right)
+                                 : seqlen_k - 1;
           const int col_lo = p.window_left >= 0 ? row + offset - p.window_left : 0;
 #pragma unroll
           for (int nt = 0; nt < kNTilesN; ++nt)
@@ -307,7 +329,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     if (n_block > n_block_min) load_kv(n_block - 1, stage ^ 1);
     ptx::cp_async_commit();
     const int col0 = n_block * kBlockN;
-    const bool need_mask = col0 + kBlockN > p.seqlen_k ||
+    const bool need_mask = col0 + kBlockN > seqlen_k ||
                            (p.window_right >= 0 && col0 + kBlockN - 1 > row0 + offset + p.window_right) ||
                            (p.window_left >= 0 && col0 < row_last + offset - p.window_left);
     if (need_mask) {
@@ -320,7 +342,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // Epilogue. Q may still be in flight when no K/V tile was visible: drain before reusing sQ.
   ptx::cp_async_wait<0>();
   __syncthreads();
-  float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  const SeqInfo seq_out(p, batch);  // re-read, not kept live across the mainloop
+  if (kKv && p.num_splits > 1) {
+    // Split-KV: this split's O (normalised by its own sum) and LSE, float32, straight from
+    // the accumulators; a split that saw no key writes O = 0, LSE = -inf.
+    const int64_t bh = (int64_t(split) * p.batch + batch) * p.nheads + head;
+    float* gLse = p.lse_accum + bh * p.seqlen_q;
+    float* gO = p.o_accum + bh * p.seqlen_q * p.headdim;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float sum = row_sum[mt][r];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        const float inv = sum == 0.f ? 0.f : 1.f / sum;
+        const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
+        if (row < seq_out.seqlen_q) {
+#pragma unroll
+          for (int dt = 0; dt < kNTilesD; ++dt) {
+            const int col = dt * 8 + 2 * q;
+            if (col < p.headdim) {
+              *reinterpret_cast<float2*>(gO + int64_t(row) * p.headdim + col) =
+                  make_float2(acc_o[mt][dt][0 + 2 * r] * inv, acc_o[mt][dt][1 + 2 * r] * inv);
+            }
+          }
+          if (q == 0) {
+            gLse[row] = sum == 0.f ? -INFINITY : row_max[mt][r] * p.softmax_scale + logf(sum);
+          }
+        }
+      }
+    return;
+  }
+  float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq_out.q_row0;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -337,14 +391,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             ptx::pack2<Element>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
       }
       const int row = row0 + row_local;
-      if (q == 0 && row < p.seqlen_q) {
+      if (q == 0 && row < seq_out.seqlen_q) {
         gLse[row] = sum == 0.f ? INFINITY : row_max[mt][r] * p.softmax_scale + logf(sum);
       }
     }
   __syncthreads();
   Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                row0 * p.o_row_stride;
-  store_tile<kBlockM, kHeadDim, kNThreads>(gO, sQ, p.o_row_stride, p.seqlen_q - row0, p.headdim,
+                (seq_out.q_row0 + row0) * p.o_row_stride;
+  store_tile<kBlockM, kHeadDim, kNThreads>(gO, sQ, p.o_row_stride, seq_out.seqlen_q - row0, p.headdim,
                                            tid);
 }
 

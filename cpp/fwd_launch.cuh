@@ -1,22 +1,43 @@
-// Launcher of the forward kernel for one (dtype, head dim); instantiated by the generated
+// Launcher of the forward kernels for one (dtype, head dim); instantiated by the generated
 // units fwd_<dtype>_hdim<D>.cu through FLASHATTN2_INSTANTIATE_FWD.
 #pragma once
 #include <cuda_runtime.h>
 
+#include "combine_kernel.cuh"
 #include "fwd_kernel.cuh"
 #include "launch.h"
 
 namespace flashattn2 {
 
-template <typename Element, int kHeadDim>
-void run_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kHeadDim>;
+template <typename Traits, typename Element>
+void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   constexpr auto kernel = fwd_kernel<Traits, Element>;
   raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fwd_kernel, smem)");
+  const int splits = Traits::kKv ? params.num_splits : 1;
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
-                  params.batch);
+                  params.batch * splits);
   kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   check_cuda(cudaGetLastError(), "fwd_kernel launch");
+}
+
+// The KV-cache variant runs paged K/V, split-KV, and any problem of at most 64 query rows
+// (decoding), where its 64-row tile wastes less than the 128-row one.
+inline bool use_kv_kernel(const FwdParams& params) {
+  return params.block_table != nullptr || params.num_splits > 1 || params.seqlen_q <= 64;
+}
+
+template <typename Element, int kHeadDim>
+void run_fwd(const FwdParams& params, cudaStream_t stream) {
+  if (!use_kv_kernel(params)) {
+    launch_fwd<FwdTraits<kHeadDim, false>, Element>(params, stream);
+    return;
+  }
+  launch_fwd<FwdTraits<kHeadDim, true>, Element>(params, stream);
+  if (params.num_splits > 1) {
+    const int64_t rows = int64_t(params.batch) * params.nheads * params.seqlen_q;
+    combine_kernel<Element><<<unsigned((rows + 3) / 4), 128, 0, stream>>>(params);
+    check_cuda(cudaGetLastError(), "combine_kernel launch");
+  }
 }
 
 }  // namespace flashattn2

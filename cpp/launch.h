@@ -44,5 +44,7 @@ template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, cudaStream_t stream);
+// kvcache.cu
+void run_append_kv_any(const AppendKvParams& params, cudaStream_t stream);
 
 }  // namespace flashattn2

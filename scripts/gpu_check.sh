@@ -6,17 +6,19 @@
 #   SKIP_BUILD=1 BENCH_ARGS=--quick PYTEST_ARGS="-k fwd" bash scripts/gpu_check.sh
 #   ARCHS=90-real HEAD_DIMS=128 SKIP_BENCH=1 bash scripts/gpu_check.sh
 #
-# Switches: SKIP_BUILD SKIP_TESTS SKIP_SANITIZER SKIP_BENCH (=1), BENCH_ARGS, PYTEST_ARGS,
+# Switches: SKIP_BUILD SKIP_TESTS SKIP_SANITIZER SKIP_BENCH SKIP_DECODE (=1), BENCH_ARGS,
+# DECODE_ARGS, PYTEST_ARGS,
 # ARCHS (default 90-real), HEAD_DIMS (default: all), SANITIZER_TOOLS (default
 # "memcheck racecheck"; synccheck / initcheck also work), SANITIZER_ARGS (extra flags),
 # PYTHON (default python3).
 #
-# Output, at most 6 files and 2 levels under ${OUT:-gpu_logs} (the device tool returns
+# Output, at most 8 files and 2 levels under ${OUT:-gpu_logs} (the device tool returns
 # at most 8 files, 2 folders deep):
 #   logs.txt                      every step's full output, appended under a header
 #   junit.xml                     pytest results
 #   summary.txt                   the step table printed last
 #   bench/results.{json,csv,png}  benchmarks/bench.py output
+#   decode/decode.{json,csv}      benchmarks/bench_decode.py output
 # stdout carries only step start/end lines, the tail of each failed step, the pytest and
 # benchmark summaries, and the step table, so a truncated console tail stays useful.
 # Every step runs even if an earlier one failed; the exit status is 1 if any failed.
@@ -133,6 +135,14 @@ if [ "${SKIP_BENCH:-0}" = 1 ]; then
 else
     # shellcheck disable=SC2086
     run_step bench 8 "$PYTHON" benchmarks/bench.py --out "$OUT/bench" ${BENCH_ARGS:-}
+fi
+
+# 7. decode / varlen benchmark, straight into $OUT/decode
+if [ "${SKIP_DECODE:-0}" = 1 ]; then
+    skip_step decode SKIP_DECODE
+else
+    # shellcheck disable=SC2086
+    run_step decode 30 "$PYTHON" benchmarks/bench_decode.py --out "$OUT/decode" ${DECODE_ARGS:-}
 fi
 
 {

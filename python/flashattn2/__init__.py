@@ -12,6 +12,12 @@ correctness check and benchmark.
 """
 from . import _ops  # noqa: F401  (registers the flashattn2::fwd / ::bwd operators)
 from ._ext import __version__, build_info
+from .kvcache import flash_attn_with_kvcache
+from .varlen import (
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 from .interface import (
     backward,
     flash_attn_func,
@@ -28,6 +34,10 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "forward",
     "forward_with_stats",
 ]

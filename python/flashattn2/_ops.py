@@ -4,6 +4,11 @@
     flashattn2::bwd(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                     deterministic=False)
         -> (dq, dk, dv)
+    flashattn2::varlen_fwd / ::varlen_bwd: the same for packed variable-length sequences
+        (varlen.py; lse (nheads, total_q))
+    flashattn2::fwd_kvcache(q, k_cache!, v_cache!, k?, v?, ...) -> (out, lse)
+        (kvcache.py); writes k_cache and v_cache in place, declared in the schema so
+        functionalization orders it correctly (no graph break)
 
 Inputs are q, k, v (and dout, out, lse) as the checked public functions have them, any head
 dim up to 256 and any strides: the CUDA implementations pad and copy what the kernels cannot
@@ -32,6 +37,8 @@ warns); use the flash_attn_* functions for autograd.
 import torch
 
 from .interface import _backward_any, _forward_any
+from .kvcache import _kvcache_forward
+from .varlen import _varlen_backward_any, _varlen_forward_any
 
 torch.library.define(
     "flashattn2::fwd",
@@ -45,6 +52,28 @@ torch.library.define(
 )
 
 
+
+
+torch.library.define(
+    "flashattn2::varlen_fwd",
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q,"
+    " int max_seqlen_k, float softmax_scale, int window_left, int window_right)"
+    " -> (Tensor, Tensor)",
+)
+torch.library.define(
+    "flashattn2::varlen_bwd",
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,"
+    " Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale,"
+    " int window_left, int window_right, bool deterministic=False)"
+    " -> (Tensor, Tensor, Tensor)",
+)
+torch.library.define(
+    "flashattn2::fwd_kvcache",
+    "(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v,"
+    " Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx,"
+    " Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, int window_left,"
+    " int window_right, bool rotary_interleaved, int num_splits) -> (Tensor, Tensor)",
+)
 
 
 def _fwd_cuda(q, k, v, softmax_scale, window_left, window_right):
@@ -70,8 +99,38 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
+def _varlen_fwd_cuda(q, k, v, *args):
+    out, lse = _varlen_forward_any(q, k, v, *args)
+    return out.contiguous(), lse
+
+
+def _varlen_bwd_cuda(*args):
+    return tuple(g.contiguous() for g in _varlen_backward_any(*args))
+
+
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, *args):
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _varlen_bwd_fake(dout, q, k, v, *args):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _fwd_kvcache_fake(q, *args):
+    batch, seqlen_q, nheads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+
+
 # (torch.library.impl used as a decorator returns None, so register the named functions.)
 torch.library.impl("flashattn2::fwd", "cuda")(_fwd_cuda)
 torch.library.impl("flashattn2::bwd", "cuda")(_bwd_cuda)
 torch.library.register_fake("flashattn2::fwd")(_fwd_fake)
 torch.library.register_fake("flashattn2::bwd")(_bwd_fake)
+torch.library.impl("flashattn2::varlen_fwd", "cuda")(_varlen_fwd_cuda)
+torch.library.impl("flashattn2::varlen_bwd", "cuda")(_varlen_bwd_cuda)
+torch.library.impl("flashattn2::fwd_kvcache", "cuda")(_kvcache_forward)
+torch.library.register_fake("flashattn2::varlen_fwd")(_varlen_fwd_fake)
+torch.library.register_fake("flashattn2::varlen_bwd")(_varlen_bwd_fake)
+torch.library.register_fake("flashattn2::fwd_kvcache")(_fwd_kvcache_fake)

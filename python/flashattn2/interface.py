@@ -40,17 +40,19 @@ _CONTIGUOUS = torch.contiguous_format
 _MAX_HEADDIM = 256
 
 
-def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=None, lse=None):
+def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=None, lse=None,
+                        num_splits=0):
     """Launches the forward kernel with no argument checks; returns ``(out, lse)``.
 
     q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16, d a multiple of 8 with a
     compiled kernel, 16-byte aligned pointers, unit last-dim stride and other strides
     multiples of 8 elements. ``out`` (like q, same requirements) and ``lse`` (float32
     ``(b, h, sq)`` with unit last stride) are allocated when not given. Empty problems
-    never reach the kernel; ``seqlen_k == 0`` gives out = 0 and lse = +inf.
+    never reach the kernel; ``seqlen_k == 0`` gives out = 0 and lse = +inf. ``num_splits``:
+    split-KV count, 0 = the heuristic (splits only when the grid would not fill the GPU).
     """
     batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k = k.shape[1]
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
     if out is None:
         out = torch.empty_like(q, memory_format=_CONTIGUOUS)
     if lse is None:
@@ -61,16 +63,51 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
         out.zero_()
         lse.fill_(float("inf"))
         return out, lse
+    _launch_fwd(q, k, v, out, lse, q.stride()[:3], k.stride()[:3], v.stride()[:3],
+                out.stride()[:3], lse.stride()[:2], batch, seqlen_q, seqlen_k, nheads, nheads_k,
+                headdim, softmax_scale, window_left, window_right, num_splits)
+    return out, lse
+
+
+def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, lse_strides,
+                batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, softmax_scale,
+                window_left, window_right, num_splits=1, **layout):
+    """``_C.fwd`` with split-KV: ``num_splits`` 0 takes the heuristic's count, and the float32
+    workspaces of a split run are allocated here. ``layout``: the optional SeqLayout
+    arguments of ``_C.fwd`` (cu_seqlens_q, seqused_k, block_table, ...).
+
+    A single query row (dense q) with GQA and no left window runs with the query heads of
+    each group packed into the query tile, so each K/V tile is read once per group rather
+    than once per query head: heads ``h_k * g + j`` become rows j of head h_k (strides only).
+    """
+    if seqlen_q == 1 and "cu_seqlens_q" not in layout:
+        window_right = -1  # the one query row sees every key up to the last anyway
+        if nheads > nheads_k and window_left < 0:
+            group = nheads // nheads_k
+            q_strides = (q_strides[0], q_strides[2], q_strides[2] * group)
+            o_strides = (o_strides[0], o_strides[2], o_strides[2] * group)
+            lse_strides = (lse_strides[0], lse_strides[1] * group)
+            seqlen_q, nheads = group, nheads_k
     device = q.get_device()
+    if num_splits == 0:
+        num_splits = _C.num_splits_heuristic(batch, nheads, seqlen_q, seqlen_k, headdim, device)
+    o_accum = lse_accum = None
+    if num_splits > 1:
+        rows = num_splits * batch * nheads * seqlen_q
+        o_accum = torch.empty(rows * headdim, dtype=_FP32, device=q.device)
+        lse_accum = torch.empty(rows, dtype=_FP32, device=q.device)
     _C.fwd(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-        q.stride()[:3], k.stride()[:3], v.stride()[:3], out.stride()[:3], lse.stride()[:2],
-        batch, seqlen_q, seqlen_k, nheads, k.shape[2], headdim,
+        q_strides, k_strides, v_strides, o_strides, lse_strides,
+        batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
         1 if q.dtype is _BF16 else 0,
         device, _ext.current_stream(device),
+        num_splits=num_splits,
+        o_accum=0 if o_accum is None else o_accum.data_ptr(),
+        lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
+        **layout,
     )  # fmt: skip
-    return out, lse
 
 
 def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
@@ -95,22 +132,40 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     if batch == 0 or seqlen_q == 0 or seqlen_k == 0 or nheads == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     dout = _kernel_ready(dout, 0)
-    dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim)
+    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse.stride()[:2], batch, seqlen_q,
+                seqlen_k, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
+                deterministic)
+    return dq, dk, dv
+
+
+def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_q, seqlen_k,
+                nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
+                deterministic, cu_seqlens_q=None, cu_seqlens_k=None):
+    """``_C.bwd`` with its workspaces. Dense: 4-D tensors. Varlen (cu_seqlens_q/k given):
+    3-D ``(total, heads, d)`` tensors read with batch stride 0, lse ``(nheads, total_q)``."""
+    if cu_seqlens_q is None:
+        strides = [t.stride()[:3] for t in (dout, q, k, v, out, dq, dk, dv)]
+        varlen = {}
+        total_q = -1
+    else:
+        strides = [(0,) + t.stride()[:2] for t in (dout, q, k, v, out, dq, dk, dv)]
+        total_q = q.shape[0]
+        varlen = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
+                      total_q=total_q, total_k=k.shape[0])
+    dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim,
+                                                           total_q)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
     device = q.get_device()
     _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-        dq_accum.data_ptr(), dsum.data_ptr(),
-        dout.stride()[:3], q.stride()[:3], k.stride()[:3], v.stride()[:3], out.stride()[:3],
-        dq.stride()[:3], dk.stride()[:3], dv.stride()[:3], lse.stride()[:2],
+        dq_accum.data_ptr(), dsum.data_ptr(), *strides, lse_strides,
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
         1 if q.dtype is _BF16 else 0,
-        device, _ext.current_stream(device), deterministic,
+        device, _ext.current_stream(device), deterministic, **varlen,
     )  # fmt: skip
-    return dq, dk, dv
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -327,8 +382,7 @@ def _kernel_ready(t, pad):
     if pad:
         t = F.pad(t, (0, pad))
     stride = t.stride()
-    if (stride[3] != 1 or t.data_ptr() % 16
-            or stride[0] % 8 or stride[1] % 8 or stride[2] % 8):  # fmt: skip
+    if stride[-1] != 1 or t.data_ptr() % 16 or any(s % 8 for s in stride[:-1]):
         t = t.clone(memory_format=_CONTIGUOUS)
     return t
 

@@ -1,0 +1,504 @@
+#!/usr/bin/env python3
+"""Benchmark flashattn2's decode (KV cache) and varlen prefill paths against PyTorch SDPA.
+
+Decode (defaults): bf16, 32 query / 8 KV heads, d 128, batch 1/4/16/64, cache 1k/8k/32k/128k,
+every cache_seqlens = the full cache, sq 1 and 4. flash_attn_with_kvcache runs on a contiguous
+cache (b, s, h_k, d) and on the same memory as pages in a shuffled block table (--page-sizes),
+num_splits=0 (its heuristic) plus any --splits. Baselines in the same run: SDPA's flash and
+cuDNN backends on (b, h, s, d) copies made before timing, GQA via enable_gqa=True or, where a
+backend refuses it, K/V heads expanded before timing (column `gqa`). sq = 4 is non-causal for
+every impl: SDPA's is_causal is top-left aligned, flash-attn's bottom-right, and a causal mask
+over 4 new tokens hides 6 of 4*s scores, so the work is the same. A config whose tensors (cache
+plus SDPA copies) exceed --mem-budget-gib is skipped.
+KV bandwidth = 2*b*s*h_k*d*2 bytes (K and V read once) / time, in GB/s and as a fraction of the
+device-copy bandwidth measured at start (a copy_ of --copy-gib; bytes read + written / time).
+
+Varlen prefill: --varlen-tokens causal tokens as n sequences of seeded random lengths
+(flash_attn_varlen_func) vs n equal sequences as a dense batch (flash_attn_func), plus varlen on
+exactly the dense shapes (equal lengths) for a like-for-like time ratio. Random lengths do other
+work (sum l^2 != n*(T/n)^2), so they are compared in TFLOP/s (causal: 4*l^2*h*d/2 per sequence).
+
+Timing: median CUDA-event time of single calls, each after a read of 4x the L2 size (cold cache,
+as in decoding, where every layer reads another cache; a read leaves no dirty lines to write back
+inside the timed call), the call replayed from a CUDA graph (`timer`: eager with --no-graphs or
+when capture fails).
+
+    python benchmarks/bench_decode.py             # full run (meant to take < 3 min on an H100)
+    python benchmarks/bench_decode.py --quick     # subset (meant to take < 30 s)
+    python benchmarks/bench_decode.py --batches 1 --cache-lens 8k --page-sizes 16,64,256 --splits 4
+
+Writes decode.json ({"meta": ..., "rows": [...]}) and decode.csv to --out.
+"""
+import argparse
+import csv
+import datetime
+import itertools
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import statistics
+import sys
+
+COLUMNS = ["gpu", "bench", "impl", "layout", "page_size", "num_splits", "batch", "seqlen_q",
+           "seqlen_k", "tokens", "nheads", "nheads_k", "headdim", "causal", "us", "gbps",
+           "frac_copy", "tflops", "gqa", "timer", "error"]
+IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn")
+PARTS = ("decode", "varlen")
+GiB = 1 << 30
+# Targets: b=1 cache 8k >= 2x sdpa_flash throughput; configs with >= 1 GiB of K+V at >= 90% of
+# the copy bandwidth; paged within 10% of contiguous; varlen within 5% of dense.
+T_B1_SPEEDUP, LARGE_KV_GIB, T_COPY_FRAC, T_PAGED_SLACK, T_VARLEN_SLACK = 2.0, 1, 0.9, 0.1, 0.05
+FULL = dict(batches=[1, 4, 16, 64], cache_lens=[1 << 10, 8 << 10, 32 << 10, 128 << 10],
+            sq=[1, 4], varlen_seqs=[4, 16, 64], varlen_heads=[(16, 16), (32, 8)],
+            warmup=10, rep=50)
+QUICK = dict(batches=[1, 16], cache_lens=[8 << 10, 32 << 10], sq=[1], varlen_seqs=[16],
+             varlen_heads=[(16, 16)], warmup=5, rep=20)
+
+
+def size(text):
+    """'8k' -> 8192."""
+    text = text.strip().lower()
+    return int(text[:-1]) << 10 if text.endswith("k") else int(text)
+
+
+def heads(text):
+    """'32:8' -> (32, 8); '16' -> (16, 16)."""
+    h, _, h_k = text.partition(":")
+    return int(h), int(h_k or h)
+
+
+def csv_list(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x.strip()]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", type=csv_list(int), help="default 1,4,16,64")
+    p.add_argument("--cache-lens", type=csv_list(size), help="default 1k,8k,32k,128k")
+    p.add_argument("--sq", type=csv_list(int), help="new tokens per step (default 1,4)")
+    p.add_argument("--heads", type=heads, default=(32, 8), help="decode h:h_k (default 32:8)")
+    p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--page-sizes", type=csv_list(int), default=[256],
+                   help="paged-cache page sizes, e.g. 16,64,256 ('' for none; default 256); "
+                        "skipped for a cache length they do not divide")
+    p.add_argument("--splits", type=csv_list(int), default=[],
+                   help="num_splits values to force, timed besides the heuristic (0)")
+    p.add_argument("--impls", type=csv_list(str), default=list(IMPLS),
+                   help="flashattn2,sdpa_flash,sdpa_cudnn (default all)")
+    p.add_argument("--parts", type=csv_list(str), default=list(PARTS), help="decode,varlen")
+    p.add_argument("--mem-budget-gib", type=float, default=40.0,
+                   help="skip decode configs whose tensors, SDPA copies included, exceed it")
+    p.add_argument("--copy-gib", type=float, default=2.0, help="size of the timed copy_")
+    p.add_argument("--varlen-tokens", type=int, default=16384, help="total tokens (default 16k)")
+    p.add_argument("--varlen-seqs", type=csv_list(int), help="sequence counts (default 4,16,64)")
+    p.add_argument("--varlen-heads", type=csv_list(heads), help="h:h_k (default 16:16,32:8)")
+    p.add_argument("--warmup", type=float, help="warm-up per measurement, ms (default 10)")
+    p.add_argument("--rep", type=float, help="measuring time per measurement, ms (default 50)")
+    p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay each call from a CUDA graph (default on)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="b 1,16; cache 8k,32k; sq 1; 1 varlen")
+    p.add_argument("--out", help="output dir (default benchmarks/out/<gpu>-decode-<date>)")
+    p.add_argument("--summary", action=argparse.BooleanOptionalAction, default=True,
+                   help="print the targets summary at the end (default on)")
+    a = p.parse_args(argv)
+    for key, value in (QUICK if a.quick else FULL).items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    for name, values, allowed in (("impls", a.impls, IMPLS), ("parts", a.parts, PARTS)):
+        if set(values) - set(allowed):
+            p.error(f"--{name}: unknown {sorted(set(values) - set(allowed))}; "
+                    f"choose from {','.join(allowed)}")
+    if any(h % h_k for h, h_k in [a.heads] + a.varlen_heads):
+        p.error("query heads must be a multiple of KV heads")
+    return a
+
+
+# ----------------------------------------------------------------------------- output
+
+def klen(s):
+    return f"{s >> 10}k" if s % 1024 == 0 else str(s)
+
+
+def kv_bytes(r):
+    return 2 * r["batch"] * r["seqlen_k"] * r["nheads_k"] * r["headdim"] * 2
+
+
+def cfg(r):
+    return f"b{r['batch']} sq{r['seqlen_q']} {klen(r['seqlen_k'])}"
+
+
+DECODE_HEADER = (f"{'impl':<11} {'layout':<10} {'splits':>6} {'b':>3} {'sq':>3} {'cache':>5} | "
+                 f"{'us':>9} {'GB/s':>7} {'copy':>5}  gqa / timer")
+PREFILL_HEADER = (f"{'impl':<11} {'layout':<14} {'heads':>5} {'n_seq':>5} {'tokens':>6} "
+                  f"{'max_len':>7} | {'us':>9} {'TFLOP/s':>7}  timer")
+
+
+def line(r):
+    """One table line: the config, then the timing or the error."""
+    decode = r["bench"] == "decode"
+    if decode:
+        layout = f"paged{r['page_size']}" if r["layout"] == "paged" else r["layout"]
+        splits = {None: "-", 0: "auto"}.get(r["num_splits"], r["num_splits"])
+        head = (f"{r['impl']:<11} {layout:<10} {splits:>6} {r['batch']:>3} {r['seqlen_q']:>3} "
+                f"{klen(r['seqlen_k']):>5} | ")
+    else:
+        head = (f"{r['impl']:<11} {r['layout']:<14} {r['nheads']:>2}:{r['nheads_k']:<2} "
+                f"{r['batch']:>5} {r['tokens']:>6} {r['seqlen_q']:>7} | ")
+    if r["error"]:
+        return head + f"error: {r['error']}"
+    if decode:
+        return head + (f"{r['us']:9.1f} {r['gbps']:7.0f} {r['frac_copy']:5.0%}  "
+                       f"{r['gqa']} / {r['timer']}")
+    return head + f"{r['us']:9.1f} {r['tflops']:7.1f}  {r['timer']}"
+
+
+def report(what, text, values, passed):
+    state = "MET" if all(map(passed, values)) else "MISSED"
+    print(f"  {what}: {text or '-'} -> {state if values else 'n/a (no rows)'}")
+
+
+def print_summary(rows, meta):
+    ok = [r for r in rows if r["us"]]
+    key = lambda r: (r["batch"], r["seqlen_q"], r["seqlen_k"])
+    fa = [r for r in ok if r["bench"] == "decode" and r["impl"] == "flashattn2"
+          and r["num_splits"] == 0]
+    contig = {key(r): r for r in fa if r["layout"] == "contiguous"}
+    sdpa = {(r["impl"],) + key(r): r for r in ok if r["impl"] != "flashattn2"}
+    print(f"\nSummary vs targets (flashattn2 num_splits=auto, contiguous cache unless stated; "
+          f"copy {meta['copy_gbps']:.0f} GB/s)")
+    b1 = [(sdpa[(impl,) + k]["us"] / r["us"], impl, k[1]) for k, r in sorted(contig.items())
+          for impl in ("sdpa_flash", "sdpa_cudnn")
+          if k[0] == 1 and k[2] == 8192 and (impl,) + k in sdpa]
+    report(f"b=1 cache 8k >= {T_B1_SPEEDUP:g}x sdpa_flash throughput",
+           ", ".join(f"sq{sq} {x:.2f}x {impl}" for x, impl, sq in b1),
+           [x for x, impl, _ in b1 if impl == "sdpa_flash"], lambda x: x >= T_B1_SPEEDUP)
+    big = sorted((r["frac_copy"], cfg(r)) for r in contig.values()
+                 if kv_bytes(r) >= LARGE_KV_GIB * GiB)
+    report(f"K+V >= {LARGE_KV_GIB} GiB at >= {T_COPY_FRAC:.0%} of copy bandwidth",
+           big and f"min {big[0][0]:.0%} ({big[0][1]}), max {big[-1][0]:.0%} ({big[-1][1]}), "
+                   f"{len(big)} cfgs",
+           [x for x, _ in big], lambda x: x >= T_COPY_FRAC)
+    for page in sorted({r["page_size"] for r in fa if r["layout"] == "paged"}):
+        slow = sorted((r["us"] / contig[key(r)]["us"] - 1, cfg(r)) for r in fa
+                      if r["page_size"] == page and key(r) in contig)
+        report(f"paged{page} within {T_PAGED_SLACK:.0%} of contiguous",
+               slow and f"worst {slow[-1][0]:+.1%} ({slow[-1][1]}), {len(slow)} cfgs",
+               [x for x, _ in slow], lambda x: x <= T_PAGED_SLACK)
+    groups = {}
+    for r in ok:
+        if r["bench"] == "prefill":
+            groups.setdefault((r["nheads"], r["nheads_k"], r["batch"]), {})[r["layout"]] = r
+    equal = sorted((g["varlen-equal"]["us"] / g["dense"]["us"] - 1, f"h{h}:{h_k} n{n}")
+                   for (h, h_k, n), g in groups.items() if {"dense", "varlen-equal"} <= g.keys())
+    mixed = [g["varlen-random"]["tflops"] / g["dense"]["tflops"] for g in groups.values()
+             if {"dense", "varlen-random"} <= g.keys()]
+    text = equal and (f"equal lengths worst {equal[-1][0]:+.1%} time ({equal[-1][1]}), "
+                      f"{len(equal)} cfgs")
+    if mixed:
+        text = f"{text or '-'}; random lengths {min(mixed):.2f}-{max(mixed):.2f}x dense TFLOP/s"
+    report(f"varlen within {T_VARLEN_SLACK:.0%} of dense", text,
+           [x for x, _ in equal], lambda x: x <= T_VARLEN_SLACK)
+    errors = sum(1 for r in rows if r["error"])
+    print(f"  {errors} error rows; skipped for memory: {', '.join(meta['skipped']) or 'none'}")
+
+
+def write_results(rows, meta, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "decode.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+    with open(os.path.join(out, "decode.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\nwrote {out}/decode.json, decode.csv ({len(rows)} rows)")
+
+
+# ----------------------------------------------------------------------------- measuring
+
+REFUSALS = (RuntimeError, TypeError, ValueError, AttributeError, NotImplementedError)
+
+
+def first_line(e):
+    return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:160]
+
+
+def flashattn2_api(name):
+    """flashattn2.<name>, or a stand-in raising an error that names what is missing."""
+    try:
+        import flashattn2
+        fn = getattr(flashattn2, name, None)
+        msg = (f"flashattn2.{name} does not exist in this build "
+               f"(flashattn2 {getattr(flashattn2, '__version__', '?')})")
+    except Exception as e:
+        fn, msg = None, f"flashattn2 not importable ({first_line(e)}), needed for {name}"
+    if fn is not None:
+        return fn
+
+    def missing(*args, **kwargs):
+        raise RuntimeError(msg)
+    return missing
+
+
+def sdpa_call(impl, q, k, v, enable_gqa):
+    def call():
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
+                   "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}[impl]
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, **extra)
+    extra = {"enable_gqa": True} if enable_gqa else {}
+    return call
+
+
+def over_budget():
+    raise RuntimeError("expanded K/V heads would exceed --mem-budget-gib")
+
+
+class Runner:
+    """The device side: copy bandwidth, memory budget, cold-L2 timing of calls into rows."""
+
+    def __init__(self, args):
+        import torch
+        self.args, self.gpu = args, torch.cuda.get_device_name()
+        n = int(args.copy_gib * GiB)
+        src = torch.empty(n, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        ms = statistics.median(self.samples(lambda: dst.copy_(src), 10, flush=False))
+        self.copy_gbps = 2 * n / ms / 1e6           # bytes read + written
+        del src, dst
+        torch.cuda.empty_cache()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.l2_bytes = getattr(props, "L2_cache_size", 0) or 64 << 20
+        self.flush_buf = torch.ones(self.l2_bytes, dtype=torch.float32, device="cuda")  # 4x L2
+        self.flush_ms = statistics.median(self.samples(self.flush, 5, flush=False))
+        self.budget = min(args.mem_budget_gib * GiB, 0.9 * torch.cuda.mem_get_info()[0])
+
+    def flush(self):
+        self.flush_buf.sum()
+
+    def samples(self, step, n, flush=True):
+        """CUDA-event ms of n calls of step (after one untimed call), each after a flush."""
+        import torch
+        step()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(n)]
+        for start, end in events:
+            if flush:
+                self.flush()
+            start.record()
+            step()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in events]
+
+    def time_us(self, fn):
+        """(median µs, timer name) of fn(), replayed from a CUDA graph where it captures."""
+        import torch
+        step, name = fn, "eager"
+        if self.args.graphs:
+            try:
+                side = torch.cuda.Stream()      # warm-up off the capture stream, as torch asks
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        fn()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                step, name = graph.replay, "graph"
+            except REFUSALS as e:
+                torch.cuda.synchronize()
+                name = f"eager (capture failed: {type(e).__name__})"
+        estimate = max(statistics.median(self.samples(step, 3)), 1e-3)
+        for _ in range(min(1000, int(self.args.warmup / estimate))):
+            step()
+        n = min(1000, max(10, int(self.args.rep / (estimate + self.flush_ms))))
+        return statistics.median(self.samples(step, n)) * 1e3, name
+
+    def measure(self, fields, fn, flops=None, error_prefix=""):
+        """One row: a first untimed call surfaces refusals as the row's error."""
+        import torch
+        r = dict.fromkeys(COLUMNS)
+        r.update(gpu=self.gpu, **fields)
+        try:
+            fn()
+            torch.cuda.synchronize()
+            r["us"], r["timer"] = self.time_us(fn)
+        except REFUSALS as e:
+            r["error"] = error_prefix + first_line(e)
+        else:
+            if r["bench"] == "decode":
+                r["gbps"] = kv_bytes(r) / r["us"] / 1e3
+                r["frac_copy"] = r["gbps"] / self.copy_gbps
+            if flops:
+                r["tflops"] = flops / r["us"] / 1e6
+        print(line(r), flush=True)
+        return r
+
+
+def decode_flashattn2(run, base, qs, k_cache, v_cache):
+    """flash_attn_with_kvcache on the contiguous cache and on its memory as shuffled pages."""
+    import torch
+    b, s, h_k, d = k_cache.shape
+    attend = flashattn2_api("flash_attn_with_kvcache")
+    seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    layouts = [("contiguous", None, k_cache, v_cache, None)]
+    gen = torch.Generator().manual_seed(run.args.seed)
+    for page in (p for p in run.args.page_sizes if s % p == 0):
+        pages = b * s // page
+        table = torch.randperm(pages, generator=gen).view(b, s // page)
+        layouts.append(("paged", page, k_cache.view(pages, page, h_k, d),
+                        v_cache.view(pages, page, h_k, d), table.to("cuda", torch.int32)))
+    rows = []
+    for sq, splits, (layout, page, kc, vc, table) in itertools.product(
+            run.args.sq, [0] + run.args.splits, layouts):
+        rows.append(run.measure(
+            dict(base, impl="flashattn2", layout=layout, page_size=page, num_splits=splits,
+                 seqlen_q=sq, gqa="native"),
+            lambda: attend(qs[sq], kc, vc, cache_seqlens=seqlens, block_table=table,
+                           num_splits=splits)))
+    return rows
+
+
+def run_decode(run, b, s):
+    """Rows of every impl, layout and sq for one (batch, cache length); None if over budget."""
+    import torch
+    a = run.args
+    (h, h_k), d = a.heads, a.headdim
+    sdpa = [i for i in a.impls if i != "flashattn2"]
+    kv = 2 * b * s * h_k * d * 2
+    if kv * (2 if sdpa else 1) > run.budget:
+        return None
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    qs = {sq: torch.randn(b, sq, h, d, **bf16) for sq in a.sq}
+    k_cache, v_cache = (torch.randn(b, s, h_k, d, **bf16) for _ in range(2))
+    base = dict(bench="decode", batch=b, seqlen_k=s, nheads=h, nheads_k=h_k, headdim=d,
+                causal=False)
+    rows = []
+    if "flashattn2" in a.impls:
+        rows += decode_flashattn2(run, base, qs, k_cache, v_cache)
+    if not sdpa:
+        return rows
+    qs = {sq: q.transpose(1, 2).contiguous() for sq, q in qs.items()}          # (b, h, sq, d)
+    k_sdpa, v_sdpa = (x.transpose(1, 2).contiguous() for x in (k_cache, v_cache))
+    del k_cache, v_cache
+    refused = {}
+    for sq, impl in itertools.product(a.sq, sdpa):
+        fn = sdpa_call(impl, qs[sq], k_sdpa, v_sdpa, enable_gqa=True)
+        try:
+            fn()
+        except REFUSALS as e:
+            refused[(sq, impl)] = f"enable_gqa refused ({first_line(e)}); expanded: "
+            continue
+        rows.append(run.measure(dict(base, impl=impl, layout="contiguous", seqlen_q=sq,
+                                     gqa="enable_gqa"), fn))
+    fits = kv * (1 + h // h_k) <= run.budget
+    if refused and fits:                    # query head i reads KV head i // (h // h_k)
+        k_sdpa, v_sdpa = (x.repeat_interleave(h // h_k, dim=1) for x in (k_sdpa, v_sdpa))
+    for (sq, impl), why in refused.items():
+        fn = sdpa_call(impl, qs[sq], k_sdpa, v_sdpa, enable_gqa=False) if fits else over_budget
+        rows.append(run.measure(dict(base, impl=impl, layout="contiguous", seqlen_q=sq,
+                                     gqa="expanded"), fn, error_prefix=why))
+    return rows
+
+
+def random_lengths(total, n, rng):
+    """n lengths summing to total, each 0.25x..1.75x total/n before rounding."""
+    weights = [rng.uniform(0.25, 1.75) for _ in range(n)]
+    lengths = [max(1, int(total * w / sum(weights))) for w in weights]
+    lengths[-1] += total - sum(lengths)
+    return lengths
+
+
+def run_prefill(run, n_seq, h, h_k, meta):
+    import torch
+    a = run.args
+    d, s = a.headdim, a.varlen_tokens // n_seq
+    total = s * n_seq
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(n_seq, s, h, d, **bf16)
+    k, v = (torch.randn(n_seq, s, h_k, d, **bf16) for _ in range(2))
+    dense, varlen = flashattn2_api("flash_attn_func"), flashattn2_api("flash_attn_varlen_func")
+    base = dict(bench="prefill", impl="flashattn2", batch=n_seq, tokens=total, nheads=h,
+                nheads_k=h_k, headdim=d, causal=True)
+    flops = lambda lengths: sum(4 * n * n * h * d / 2 for n in lengths)
+    rows = [run.measure(dict(base, layout="dense", seqlen_q=s, seqlen_k=s),
+                        lambda: dense(q, k, v, causal=True), flops=flops([s] * n_seq))]
+    mixed = random_lengths(total, n_seq, random.Random(a.seed * 1000 + n_seq))
+    meta["varlen_lengths"][f"n{n_seq}"] = mixed
+    qf, kf, vf = (x.view(total, x.shape[2], d) for x in (q, k, v))      # the dense tokens
+    for layout, lengths in (("varlen-equal", [s] * n_seq), ("varlen-random", mixed)):
+        cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32,
+                          device="cuda")
+        m = max(lengths)
+        rows.append(run.measure(dict(base, layout=layout, seqlen_q=m, seqlen_k=m),
+                                lambda: varlen(qf, kf, vf, cu, cu, m, m, causal=True),
+                                flops=flops(lengths)))
+    return rows
+
+
+def build_meta(args, run):
+    import torch
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": shlex.join([sys.executable] + sys.argv), "gpu": run.gpu,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "timer": "median CUDA-event time per call after a 4x-L2 read, "
+                     + ("CUDA-graph replay" if args.graphs else "eager"),
+            "warmup_ms": args.warmup, "rep_ms": args.rep, "copy_gib": args.copy_gib,
+            "copy_gbps": run.copy_gbps, "l2_bytes": run.l2_bytes, "mem_budget_gib":
+            run.budget / GiB, "sq4": "non-causal for every impl", "skipped": [],
+            "varlen_lengths": {}, "flashattn2": None, "flashattn2_build": None}
+    try:
+        import flashattn2
+        meta["flashattn2"] = getattr(flashattn2, "__version__", "unknown")
+        meta["flashattn2_build"] = flashattn2.build_info()
+    except Exception as e:  # the benchmark still runs the SDPA baselines
+        meta["flashattn2_build"] = f"unavailable: {first_line(e)}"
+    return meta
+
+
+def run_all(args):
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("bench_decode.py: no CUDA device; this benchmark needs an NVIDIA GPU")
+    torch.manual_seed(args.seed)
+    run = Runner(args)
+    meta = build_meta(args, run)
+    out = args.out or os.path.join("benchmarks", "out", re.sub(r"[^A-Za-z0-9.]+", "-", run.gpu)
+                                   + "-decode-" + datetime.datetime.now().strftime("%Y%m%d-%H%M"))
+    print(f"{run.gpu} | torch {meta['torch']} cuda {meta['cuda']} | flashattn2 "
+          f"{meta['flashattn2']} | copy {run.copy_gbps:.0f} GB/s | L2 flush "
+          f"{run.flush_ms * 1e3:.0f} us | budget {run.budget / GiB:.1f} GiB")
+    rows = []
+    if "decode" in args.parts:
+        print(DECODE_HEADER)
+        for b, s in itertools.product(args.batches, args.cache_lens):
+            got = run_decode(run, b, s)
+            if got is None:
+                meta["skipped"].append(f"b{b} {klen(s)}")
+                print(f"skip b{b} cache {klen(s)}: over the {run.budget / GiB:.1f} GiB budget")
+            rows += got or []
+            torch.cuda.empty_cache()
+    if "varlen" in args.parts:
+        print("\n" + PREFILL_HEADER)
+        for (h, h_k), n_seq in itertools.product(args.varlen_heads, args.varlen_seqs):
+            rows += run_prefill(run, n_seq, h, h_k, meta)
+            torch.cuda.empty_cache()
+    write_results(rows, meta, out)
+    if args.summary:
+        print_summary(rows, meta)
+
+
+def main(argv=None):
+    run_all(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+// Per-batch sequence geometry (SeqLayout of flash.h) as every kernel sees it: one place that
+// knows about varlen, KV caches and pages.
+#pragma once
+#include <cstdint>
+
+#include "flash.h"
+
+namespace flashattn2 {
+
+struct SeqInfo {
+  int seqlen_q;    // query rows of this batch entry
+  int seqlen_k;    // visible keys (after the left padding)
+  int64_t q_row0;  // first row of the sequence in q / o / dq / dout / lse (varlen)
+  int64_t k_row0;  // first visible K/V row: varlen start + left padding
+  int kv_batch;    // K/V batch (cache batch index)
+
+  // Every length is clamped so that no kernel reads or writes outside the tensors, whatever
+  // the index vectors hold (they cannot be checked on the host without a sync).
+  template <typename Params>
+  __device__ __forceinline__ SeqInfo(const Params& p, int batch) {
+    if (p.cu_seqlens_q) {
+      const int start = clamp(p.cu_seqlens_q[batch], 0, p.total_q);
+      q_row0 = start;
+      seqlen_q = clamp(p.cu_seqlens_q[batch + 1], start, min(p.total_q, start + p.seqlen_q)) - start;
+    } else {
+      q_row0 = 0;
+      seqlen_q = p.seqlen_q;
+    }
+    if (p.cu_seqlens_k) {
+      const int start = clamp(p.cu_seqlens_k[batch], 0, p.total_k);
+      k_row0 = start;
+      seqlen_k = clamp(p.cu_seqlens_k[batch + 1], start, min(p.total_k, start + p.seqlen_k)) - start;
+    } else {
+      k_row0 = 0;
+      seqlen_k = p.seqused_k ? clamp(p.seqused_k[batch] + p.seqlen_k_new, 0, p.seqlen_k)
+                             : p.seqlen_k;
+    }
+    if (p.leftpad_k) {
+      const int pad = clamp(p.leftpad_k[batch], 0, seqlen_k);
+      k_row0 += pad;
+      seqlen_k -= pad;
+    }
+    kv_batch = p.kv_batch_idx ? p.kv_batch_idx[batch] : batch;
+  }
+
+ private:
+  __device__ __forceinline__ static int clamp(int x, int lo, int hi) { return min(max(x, lo), hi); }
+};
+
+// K/V row addressing for one (batch, kv head). `base` gives the tensor pointer the rows are
+// relative to: dense, at the batch entry's first visible row; paged, at the head offset
+// only, rows then looked up in the batch entry's block-table row from key row `row0` (the
+// left padding). KvRows<false> is dense only and keeps no state (the main forward kernel
+// runs at the 255-register limit); KvRows<true> also pages.
+template <bool kPaged>
+struct KvRows {
+  template <typename Params>
+  __device__ __forceinline__ KvRows(const Params&, const SeqInfo&, int) {}
+  template <typename Element>
+  __device__ __forceinline__ static const Element* base_dense(const Element* head_base,
+                                                              const SeqInfo& seq,
+                                                              int64_t batch_stride,
+                                                              int64_t row_stride) {
+    return head_base + seq.kv_batch * batch_stride + seq.k_row0 * row_stride;
+  }
+  template <typename Element>
+  __device__ __forceinline__ const Element* base(const Element* head_base, const SeqInfo& seq,
+                                                 int64_t batch_stride, int64_t row_stride) const {
+    return base_dense(head_base, seq, batch_stride, row_stride);
+  }
+  // Address of visible key row `row` (0 = first visible key).
+  template <typename Params, typename Element>
+  __device__ __forceinline__ const Element* operator()(const Params&, const Element* base,
+                                                       int64_t, int64_t row_stride,
+                                                       int row) const {
+    return base + row * row_stride;
+  }
+};
+
+// The KV-cache kernel's addressing: paged when the params have a block table, else dense.
+template <>
+struct KvRows<true> {
+  const int* pages;  // null: dense
+  int row0;
+  template <typename Params>
+  __device__ __forceinline__ KvRows(const Params& p, const SeqInfo& seq, int batch)
+      : pages(p.block_table ? p.block_table + batch * p.block_table_batch_stride : nullptr),
+        row0(int(seq.k_row0)) {}
+  template <typename Element>
+  __device__ __forceinline__ const Element* base(const Element* head_base, const SeqInfo& seq,
+                                                 int64_t batch_stride, int64_t row_stride) const {
+    return pages ? head_base : KvRows<false>::base_dense(head_base, seq, batch_stride, row_stride);
+  }
+  template <typename Params, typename Element>
+  __device__ __forceinline__ const Element* operator()(const Params& p, const Element* base,
+                                                       int64_t batch_stride, int64_t row_stride,
+                                                       int row) const {
+    if (!pages) return base + row * row_stride;
+    const int r = row0 + row;
+    const int page = pages[r >> p.page_size_log2];
+    return base + page * batch_stride + (r & ((1 << p.page_size_log2) - 1)) * row_stride;
+  }
+};
+
+// Backward workspaces (dsum, dq_accum rows, dQ-order counters), laid out per (head, row):
+//   dense   row index ((batch * nheads + head) * seqlen_q + row), counters per 64-row tile
+//   varlen  row index (head * total_q + q_row0 + row); the counters of a head get
+//           total_q / 64 + batch slots, sequence b's tiles starting at q_row0 / 64 + b, so
+//           tiles of different sequences never share a slot.
+template <typename Params>
+__device__ __forceinline__ int64_t ws_row0(const Params& p, const SeqInfo& seq, int batch,
+                                           int head) {
+  return p.cu_seqlens_q ? int64_t(head) * p.total_q + seq.q_row0
+                        : (int64_t(batch) * p.nheads + head) * p.seqlen_q;
+}
+template <typename Params>
+__device__ __forceinline__ int64_t ws_rows(const Params& p) {
+  return p.cu_seqlens_q ? int64_t(p.nheads) * p.total_q
+                        : int64_t(p.batch) * p.nheads * p.seqlen_q;
+}
+template <typename Params>
+__device__ __forceinline__ int64_t ws_tile0(const Params& p, const SeqInfo& seq, int batch,
+                                            int head, int tile_rows) {
+  return p.cu_seqlens_q
+             ? int64_t(head) * (p.total_q / tile_rows + p.batch) + seq.q_row0 / tile_rows + batch
+             : (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + tile_rows - 1) / tile_rows);
+}
+
+}  // namespace flashattn2

@@ -1,0 +1,311 @@
+"""Inference against a KV cache: ``flash_attn_with_kvcache`` (flash-attn v2 interface).
+
+One call appends the new keys/values to the cache in place (rotary embedding applied to them
+and to q when asked; one ``append_kv`` kernel), then runs the forward kernel on the cache:
+contiguous ``(batch_cache, seqlen_cache, nheads_k, d)`` or paged
+``(num_pages, page_size, nheads_k, d)`` through ``block_table``, with per-batch lengths
+``cache_seqlens`` (+ the new tokens), optional left padding and cache batch indices, and
+split-KV (``num_splits``; 0 = a heuristic that fills the GPU) merged by the combine kernel.
+Nothing here synchronises with the GPU, so a call can be captured in a CUDA graph; under
+torch.compile it is the operator ``flashattn2::fwd_kvcache``, which declares its writes to
+k_cache and v_cache.
+"""
+import operator
+
+import torch
+
+from . import _ext
+from .interface import (
+    _BF16,
+    _CONTIGUOUS,
+    _FP32,
+    _HALF,
+    _MAX_HEADDIM,
+    _C,
+    _check_devices,
+    _check_unsupported,
+    _kernel_ready,
+    _launch_fwd,
+    _scale,
+    _shape_error,
+    _tracing,
+    _window,
+)
+
+_INT32 = torch.int32
+
+
+def _check_int32_vector(name, t, batch):
+    if t.dtype is not _INT32:
+        raise ValueError(f"{name} must be int32; got {t.dtype}")
+    if t.dim() != 1 or t.shape[0] != batch:
+        raise _shape_error(name, f"(batch={batch},)", t)
+
+
+def _cache_ready(name, t):
+    """The kernels read (and write) the cache in place: it must already be readable."""
+    stride = t.stride()
+    if stride[-1] != 1 or t.data_ptr() % 16 or any(s % 8 for s in stride[:-1]):
+        raise ValueError(
+            f"{name} must have a unit last stride, a 16-byte aligned data pointer and other "
+            f"strides that are multiples of 8 elements (it is used in place); got strides "
+            f"{tuple(stride)}"
+        )
+
+
+def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, block_table, num_splits):
+    """Every argument check, before any launch; returns (capacity, page_size)."""
+    if q.dim() != 4:
+        raise _shape_error("q", "(batch, seqlen_q, nheads, headdim)", q)
+    dtype = q.dtype
+    if dtype is not _HALF and dtype is not _BF16:
+        raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
+    batch, _, nheads, headdim = q.shape
+    if headdim == 0 or headdim > _MAX_HEADDIM or headdim % 8:
+        raise ValueError(
+            f"flash_attn_with_kvcache supports head dims that are multiples of 8 up to "
+            f"{_MAX_HEADDIM}; got {headdim}"
+        )
+    if _ext.KERNEL_HEAD_DIM[headdim] < 0:
+        built = ", ".join(map(str, _ext.build_info()["head_dims"]))
+        raise ValueError(f"flashattn2: head dim {headdim} needs a kernel head dim >= "
+                         f"{headdim}; this build has {built}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            layout = "(num_pages, page_size" if block_table is not None else "(batch_cache, seqlen_cache"
+            raise _shape_error(name, layout + ", nheads_k, headdim)", t)
+        if t.dtype is not dtype:
+            raise ValueError(f"{name} must have the dtype of q ({dtype}); got {t.dtype}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have the shape of k_cache {tuple(k_cache.shape)}; got "
+                         f"{tuple(v_cache.shape)}")
+    nheads_k = k_cache.shape[2]
+    if k_cache.shape[3] != headdim:
+        raise _shape_error("k_cache", f"(..., nheads_k, headdim={headdim})", k_cache)
+    if nheads_k == 0 or nheads % nheads_k:
+        raise ValueError(
+            "Number of heads in key/value must divide number of heads in query; "
+            f"got {nheads} query heads and {nheads_k} key/value heads"
+        )
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    if block_table is not None:
+        if block_table.dtype is not _INT32:
+            raise ValueError(f"block_table must be int32; got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise _shape_error("block_table", f"(batch={batch}, max_pages)", block_table)
+        if block_table.stride(1) != 1:
+            raise ValueError("block_table must have a unit last stride")
+        page_size = k_cache.shape[1]
+        if page_size < 16 or page_size & (page_size - 1):
+            raise ValueError(f"page_size (k_cache.shape[1]) must be a power of two >= 16; got "
+                             f"{page_size}")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx is not supported with a paged KV cache")
+        capacity = block_table.shape[1] * page_size
+        named.append(("block_table", block_table))
+    else:
+        page_size = 0
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] != batch:
+            raise _shape_error("k_cache", f"(batch={batch}, seqlen_cache, nheads_k, headdim)",
+                               k_cache)
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[2:] != (nheads_k, headdim):
+                raise _shape_error(name, f"(batch={batch}, seqlen_new, nheads_k={nheads_k}, "
+                                         f"headdim={headdim})", t)
+            if t.dtype is not dtype:
+                raise ValueError(f"{name} must have the dtype of q ({dtype}); got {t.dtype}")
+        if v.shape != k.shape:
+            raise ValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens is required when k and v are appended")
+        named += [("k", k), ("v", v)]
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos / rotary_sin need the new k and v (they rotate them)")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if t.dim() != 2:
+                raise _shape_error(name, "(seqlen_ro, rotary_dim / 2)", t)
+            if t.dtype is not dtype:
+                raise ValueError(f"{name} must have the dtype of q ({dtype}); got {t.dtype}")
+        if rotary_sin.shape != rotary_cos.shape:
+            raise ValueError(f"rotary_sin must have the shape of rotary_cos "
+                             f"{tuple(rotary_cos.shape)}; got {tuple(rotary_sin.shape)}")
+        if 2 * rotary_cos.shape[1] > headdim or rotary_cos.shape[1] == 0:
+            raise ValueError(f"rotary_dim (2 * rotary_cos.shape[1] = {2 * rotary_cos.shape[1]}) "
+                             f"must be in [2, headdim={headdim}]")
+        if rotary_cos.shape[0] < capacity:
+            raise ValueError(f"rotary_cos / rotary_sin need a row per cache position: "
+                             f"seqlen_ro {rotary_cos.shape[0]} < cache length {capacity}")
+        named += [("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)]
+    if isinstance(cache_seqlens, torch.Tensor):
+        _check_int32_vector("cache_seqlens", cache_seqlens, batch)
+        named.append(("cache_seqlens", cache_seqlens))
+    elif cache_seqlens is not None:
+        try:
+            if isinstance(cache_seqlens, bool):
+                raise TypeError
+            n = operator.index(cache_seqlens)
+        except TypeError:
+            raise ValueError(f"cache_seqlens must be an int or an int32 tensor; got "
+                             f"{cache_seqlens!r}") from None
+        if not 0 <= n <= capacity:
+            raise ValueError(f"cache_seqlens={n} is outside [0, {capacity}]")
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_int32_vector(name, t, batch)
+            named.append((name, t))
+    try:
+        if isinstance(num_splits, bool):
+            raise TypeError
+        num_splits = operator.index(num_splits)
+    except TypeError:
+        raise ValueError(f"num_splits must be an int; got {num_splits!r}") from None
+    if not 0 <= num_splits <= _C.MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [0, {_C.MAX_SPLITS}] (0 = heuristic); got "
+                         f"{num_splits}")
+    _cache_ready("k_cache", k_cache)
+    _cache_ready("v_cache", v_cache)
+    _check_devices(*named)
+    return capacity, page_size
+
+
+def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_left,
+                     window_right, rotary_interleaved, num_splits):
+    """Checked inputs (cache_seqlens a tensor or None); appends, attends; ``(out, lse)``."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    nheads_k = k_cache.shape[2]
+    if block_table is not None:
+        page_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+    else:
+        page_size, capacity = 0, k_cache.shape[1]
+    out = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    lse = torch.empty(batch, nheads, seqlen_q, dtype=_FP32, device=q.device)
+    if batch == 0 or seqlen_q == 0 or nheads == 0:
+        return out, lse
+    device = q.get_device()
+    stream = _ext.current_stream(device)
+    dtype_code = 1 if q.dtype is _BF16 else 0
+    ptr = (lambda t: 0 if t is None else t.data_ptr())
+    seqlen_new = 0 if k is None else k.shape[1]
+    if seqlen_new:
+        k, v = _kernel_ready(k, 0), _kernel_ready(v, 0)
+        rotary_dim = 0 if rotary_cos is None else 2 * rotary_cos.shape[1]
+        q_rot = None
+        if rotary_dim:
+            rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
+            q = _kernel_ready(q, 0)
+            q_rot = torch.empty_like(q, memory_format=_CONTIGUOUS)
+        _C.append_kv(
+            k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+            k.stride()[:3], v.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3],
+            cache_seqlens.data_ptr(), ptr(cache_leftpad), ptr(cache_batch_idx),
+            ptr(block_table), 0 if block_table is None else block_table.stride(0), page_size,
+            capacity, ptr(rotary_cos), ptr(rotary_sin),
+            0 if rotary_cos is None else rotary_cos.stride(0), rotary_dim,
+            0 if rotary_cos is None else rotary_cos.shape[0], bool(rotary_interleaved),
+            q.data_ptr(), ptr(q_rot), q.stride()[:3], seqlen_q, nheads,
+            window_left >= 0 or window_right >= 0, batch, seqlen_new, nheads_k, headdim,
+            dtype_code, device, stream,
+        )  # fmt: skip
+        if q_rot is not None:
+            q = q_rot
+    q = _kernel_ready(q, 0)
+    if capacity == 0:
+        out.zero_()
+        lse.fill_(float("inf"))
+        return out, lse
+    layout = {}
+    if cache_seqlens is not None:
+        layout.update(seqused_k=cache_seqlens.data_ptr(), seqlen_k_new=seqlen_new)
+    if cache_leftpad is not None:
+        layout["leftpad_k"] = cache_leftpad.data_ptr()
+    if cache_batch_idx is not None:
+        layout["kv_batch_idx"] = cache_batch_idx.data_ptr()
+    if block_table is not None:
+        layout.update(block_table=block_table.data_ptr(),
+                      block_table_batch_stride=block_table.stride(0), page_size=page_size)
+    _launch_fwd(q, k_cache, v_cache, out, lse, q.stride()[:3], k_cache.stride()[:3],
+                v_cache.stride()[:3], out.stride()[:3], lse.stride()[:2], batch, seqlen_q,
+                capacity, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
+                num_splits, **layout)
+    return out, lse
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """Attention of q against a KV cache, appending new keys/values first (flash-attn v2).
+
+    Args:
+        q: ``(batch, seqlen_q, nheads, headdim)``, fp16/bf16, headdim a multiple of 8.
+        k_cache, v_cache: ``(batch_cache, seqlen_cache, nheads_k, headdim)``, or with
+            ``block_table`` paged ``(num_pages, page_size, nheads_k, headdim)`` with
+            page_size a power of two >= 16. Updated in place when k, v are given.
+        k, v: optional new keys/values ``(batch, seqlen_new, nheads_k, headdim)``, written at
+            positions ``cache_seqlens[b] ...`` of each batch entry's cache before attending
+            (positions past the cache's end are not written).
+        rotary_cos, rotary_sin: optional ``(seqlen_ro, rotary_dim / 2)`` (q's dtype,
+            seqlen_ro >= the cache length): rotary embedding applied to the new k and to q
+            over their first rotary_dim features, at position ``cache_seqlens[b] -
+            cache_leftpad[b] + i`` for new key i; q rows at the same positions when causal or
+            local, else all at ``cache_seqlens[b] - cache_leftpad[b]``.
+            ``rotary_interleaved``: pairs (2i, 2i + 1) (GPT-J) if True, else (i, i + rotary_dim
+            / 2) (GPT-NeoX).
+        cache_seqlens: int or int32 ``(batch,)``: tokens already in each cache (default: the
+            whole cache). Batch entry b attends to ``cache_seqlens[b] + seqlen_new`` keys.
+        cache_batch_idx: int32 ``(batch,)``: the cache batch entry each batch entry uses
+            (contiguous caches only).
+        cache_leftpad: int32 ``(batch,)``: the cache of entry b starts at this position (keys
+            before it are invisible).
+        block_table: int32 ``(batch, max_pages)``: page indices of each entry's cache.
+        causal, window_size, softmax_scale: as ``flash_attn_func`` (bottom-right aligned on
+            each entry's keys).
+        num_splits: split-KV count; 0 picks one that fills the GPU, 1 never splits (the
+            plain forward's result), > 1 forces (at most 128).
+        return_softmax_lse: also return the float32 ``(batch, nheads, seqlen_q)`` lse.
+
+    Returns:
+        ``out`` like q, or ``(out, softmax_lse)``. No autograd (inference only).
+    """
+    _check_unsupported(0.0, softcap, alibi_slopes)
+    window_left, window_right = _window(window_size, causal)
+    _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, block_table, num_splits)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=_INT32,
+                                   device=q.device)
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, _scale(q, softmax_scale), window_left, window_right,
+            bool(rotary_interleaved), int(num_splits))
+    if _tracing():
+        out, lse = torch.ops.flashattn2.fwd_kvcache(*args)
+    else:
+        out, lse = _kvcache_forward(*args)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,340 @@
+"""Variable-length batches (flash-attn v2's ``flash_attn_varlen_*`` functions).
+
+The sequences of a batch are packed along one token dimension: q ``(total_q, nheads, d)``,
+k/v ``(total_k, nheads_k, d)``, sequence b being rows ``cu_seqlens[b] : cu_seqlens[b + 1]``
+(int32 CUDA vectors of ``batch + 1`` entries). ``max_seqlen_q`` / ``max_seqlen_k`` are Python
+ints from the caller (no host synchronisation): they size the grid, so they must be at least
+the longest sequence; the kernels clamp every sequence to them and to the tensors, so bad
+``cu_seqlens`` contents can give wrong rows but never a read or write outside the tensors.
+The kernels are the dense ones reading the packed tensors with a zero batch stride
+(``SeqLayout`` in ``cpp/flash.h``); the log-sum-exp is ``(nheads, total_q)`` float32.
+"""
+import operator
+
+import torch
+import torch.nn.functional as F
+
+from . import _ext
+from .interface import (
+    _BF16,
+    _CONTIGUOUS,
+    _FP32,
+    _HALF,
+    _MAX_HEADDIM,
+    _check_backward,
+    _check_devices,
+    _check_unsupported,
+    _kernel_ready,
+    _launch_bwd,
+    _launch_fwd,
+    _lse_ready,
+    _scale,
+    _shape_error,
+    _tracing,
+    _window,
+)
+
+
+def _check_max_seqlen(name, value):
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a Python int; got {value!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0; got {value}")
+    return value
+
+
+def _check_cu_seqlens(name, cu):
+    if not isinstance(cu, torch.Tensor):
+        raise ValueError(f"{name} must be an int32 tensor; got {type(cu).__name__}")
+    if cu.dtype is not torch.int32:
+        raise ValueError(f"{name} must be int32; got {cu.dtype}")
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{name} must have shape (batch + 1,); got {tuple(cu.shape)}")
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Ranks, dtypes, shapes, then devices; returns the checked max_seqlen ints."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            what = "(total_q, nheads, headdim)" if name == "q" else "(total_k, nheads_k, headdim)"
+            raise _shape_error(name, what, t)
+    dtype = q.dtype
+    if dtype is not _HALF and dtype is not _BF16:
+        raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
+    for name, t in (("key", k), ("value", v)):
+        if t.dtype is not dtype:
+            raise ValueError(f"query and {name} must have the same dtype; got q {dtype}, "
+                             f"{name[0]} {t.dtype}")
+    _, nheads, headdim = q.shape
+    if headdim == 0 or headdim > _MAX_HEADDIM:
+        raise ValueError(
+            f"FlashAttention forward only supports head dimension at most {_MAX_HEADDIM} "
+            f"(and at least 1); got {headdim}"
+        )
+    if _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)] < 0:
+        built = ", ".join(map(str, _ext.build_info()["head_dims"]))
+        raise ValueError(f"flashattn2: head dim {headdim} needs a kernel head dim >= "
+                         f"{headdim}; this build has {built}")
+    nheads_k = k.shape[1]
+    if k.shape[2] != headdim:
+        raise _shape_error("k", f"(total_k, nheads_k, headdim={headdim})", k)
+    if v.shape != k.shape:
+        raise ValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
+    if nheads_k == 0 or nheads % nheads_k:
+        raise ValueError(
+            "Number of heads in key/value must divide number of heads in query; "
+            f"got {nheads} query heads and {nheads_k} key/value heads"
+        )
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries; got "
+            f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+        )
+    max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    _check_devices(("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                   ("cu_seqlens_k", cu_seqlens_k))
+    return max_seqlen_q, max_seqlen_k
+
+
+def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    softmax_scale, window_left, window_right):
+    """Launch on kernel-ready tensors (see ``_flash_attn_forward``); ``(out, lse)``."""
+    total_q, nheads, headdim = q.shape
+    total_k, nheads_k = k.shape[0], k.shape[1]
+    batch = cu_seqlens_q.shape[0] - 1
+    out = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    lse = torch.empty(nheads, total_q, dtype=_FP32, device=q.device)
+    if batch == 0 or total_q == 0 or max_seqlen_q == 0 or nheads == 0:
+        return out, lse
+    if total_k == 0 or max_seqlen_k == 0:
+        out.zero_()
+        lse.fill_(float("inf"))
+        return out, lse
+    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    _launch_fwd(q, k, v, out, lse, (0,) + q.stride()[:2], (0,) + k.stride()[:2],
+                (0,) + v.stride()[:2], (0,) + out.stride()[:2], (0, lse.stride(0)), batch,
+                max_seqlen_q, max_seqlen_k, nheads, nheads_k, headdim, softmax_scale,
+                window_left, window_right, 1, cu_seqlens_q=cu_q.data_ptr(),
+                cu_seqlens_k=cu_k.data_ptr(), total_q=total_q, total_k=total_k)
+    return out, lse
+
+
+def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, window_left, window_right, deterministic):
+    """Launch on kernel-ready tensors; ``(dq, dk, dv)``, contiguous."""
+    total_q, nheads, headdim = q.shape
+    nheads_k = k.shape[1]
+    batch = cu_seqlens_q.shape[0] - 1
+    dq = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    dk = torch.empty_like(k, memory_format=_CONTIGUOUS)
+    dv = torch.empty_like(v, memory_format=_CONTIGUOUS)
+    if (batch == 0 or total_q == 0 or k.shape[0] == 0 or max_seqlen_q == 0
+            or max_seqlen_k == 0 or nheads == 0):  # fmt: skip
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    # Rows outside every sequence (cu_seqlens[-1] < total) get no write from the kernels:
+    # their gradient is zero.
+    dq.zero_()
+    dk.zero_()
+    dv.zero_()
+    _launch_bwd(_kernel_ready(dout, 0), q, k, v, out, lse, dq, dk, dv, (0, lse.stride(0)),
+                batch, max_seqlen_q, max_seqlen_k, nheads, nheads_k, headdim, softmax_scale,
+                window_left, window_right, deterministic, cu_seqlens_q.contiguous(),
+                cu_seqlens_k.contiguous())
+    return dq, dk, dv
+
+
+def _varlen_forward_any(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, window_left, window_right):
+    """``(out, lse)`` for checked inputs of any head dim and strides (pads / copies)."""
+    headdim = q.shape[2]
+    pad = -headdim % 8
+    q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
+    out, lse = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               softmax_scale, window_left, window_right)
+    return (out[..., :headdim] if pad else out), lse
+
+
+def _varlen_backward_any(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, softmax_scale, window_left, window_right,
+                         deterministic=False):
+    headdim = q.shape[2]
+    pad = -headdim % 8
+    grads = _varlen_backward(
+        _kernel_ready(dout, pad), _kernel_ready(q, pad), _kernel_ready(k, pad),
+        _kernel_ready(v, pad), _kernel_ready(out, pad), _lse_ready(lse), cu_seqlens_q,
+        cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+        deterministic,
+    )  # fmt: skip
+    return tuple(g[..., :headdim] for g in grads) if pad else grads
+
+
+class _VarlenFunc(torch.autograd.Function):
+    """Autograd node of the varlen functions (like ``interface._FlashAttnFunc``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                softmax_scale, window_left, window_right, deterministic):
+        headdim = q.shape[2]
+        pad = -headdim % 8
+        args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                window_left, window_right)
+        if _tracing():
+            if pad:
+                q, k, v = F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad))
+            out, lse = torch.ops.flashattn2.varlen_fwd(q, k, v, *args)
+        else:
+            q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
+            out, lse = _varlen_forward(q, k, v, *args)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.mark_non_differentiable(lse)
+        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+                    deterministic)
+        ctx.headdim = headdim
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        headdim = ctx.headdim
+        _check_backward(headdim)
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        args = (dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+        if _tracing():
+            dq, dk, dv = torch.ops.flashattn2.varlen_bwd(*args)
+        else:
+            dq, dk, dv = _varlen_backward(*args)
+        if q.shape[2] != headdim:
+            dq, dk, dv = dq[..., :headdim], dk[..., :headdim], dv[..., :headdim]
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale, window_left, window_right, deterministic,
+                      return_attn_probs):
+    softmax_scale = _scale(q.unsqueeze(0), softmax_scale)
+    if window_left >= max_seqlen_k:
+        window_left = -1
+    if window_right >= max_seqlen_k:
+        window_right = -1
+    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+            window_right)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _VarlenFunc.apply(q, k, v, *args, deterministic)
+        if out.shape[2] != q.shape[2]:
+            out = out[..., : q.shape[2]]
+    elif _tracing():
+        out, lse = torch.ops.flashattn2.varlen_fwd(q, k, v, *args)
+    else:
+        out, lse = _varlen_forward_any(q, k, v, *args)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
+    """``flash_attn_func`` on packed variable-length sequences (flash-attn v2 interface).
+
+    Args:
+        q: ``(total_q, nheads, headdim)``; k, v: ``(total_k, nheads_k, headdim)``.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` on q's device, the cumulative
+            sequence lengths (``cu_seqlens[0] == 0``, non-decreasing, last entry the total).
+            Sequences of length 0 are fine.
+        max_seqlen_q, max_seqlen_k: Python ints, at least the longest sequence (a longer
+            sequence is truncated to them: rows beyond are left unwritten).
+        causal, window_size: per sequence, bottom-right aligned as in ``flash_attn_func``.
+        Other arguments as ``flash_attn_func``; ``block_table`` (paged K/V) is not supported
+            here (use ``flash_attn_with_kvcache``).
+
+    Returns:
+        ``out`` ``(total_q, nheads, headdim)``, or ``(out, softmax_lse, None)`` with
+        ``softmax_lse`` float32 ``(nheads, total_q)``. Differentiable in q, k and v.
+    """
+    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    if block_table is not None:
+        raise NotImplementedError(
+            "flashattn2: flash_attn_varlen_func does not take block_table; use "
+            "flash_attn_with_kvcache for a paged KV cache"
+        )
+    window_left, window_right = _window(window_size, causal)
+    max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, max_seqlen_k)
+    return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, window_left, window_right, deterministic,
+                             return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """``flash_attn_varlen_func`` on ``qkv`` ``(total, 3, nheads, headdim)`` (read in place;
+    the gradient is packed like qkv)."""
+    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    window_left, window_right = _window(window_size, causal)
+    if qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise _shape_error("qkv", "(total, 3, nheads, headdim)", qkv)
+    q, k, v = qkv.unbind(1)
+    max_seqlen, _ = _check_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+    return _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                             softmax_scale, window_left, window_right, deterministic,
+                             return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """``flash_attn_varlen_func`` with ``kv`` ``(total_k, 2, nheads_k, headdim)`` (read in
+    place; the gradient is packed like kv)."""
+    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    window_left, window_right = _window(window_size, causal)
+    if kv.dim() != 4 or kv.shape[1] != 2:
+        raise _shape_error("kv", "(total_k, 2, nheads_k, headdim)", kv)
+    k, v = kv.unbind(1)
+    max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, max_seqlen_k)
+    return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, window_left, window_right, deterministic,
+                             return_attn_probs)

@@ -1,0 +1,295 @@
+"""flash_attn_with_kvcache and split-KV.
+
+GPU: contiguous and paged caches (page sizes 16, 64, 256) against a reference built from a
+plain copy of the cache: appended rows checked exactly (within one rounding with rotary),
+attention with the error rule of test_fwd.py on each batch entry's visible keys; rotary both
+styles; forced splits 1..16 and the heuristic; num_splits=1 bitwise equal to the unsplit
+forward; split-KV inside flash_attn_func; CUDA-graph capture and torch.compile(fullgraph)
+with the in-place cache writes. CPU: argument checks.
+"""
+import pytest
+import torch
+from flashattn2 import _ext, flash_attn_func, flash_attn_with_kvcache
+from flashattn2.interface import _flash_attn_forward
+from reference import attention_ref
+from test_fwd import ATOL, LSE_ATOL, LSE_RTOL, dtype_id
+
+gpu = pytest.mark.gpu
+
+
+def rotate_ref(x, cos, sin, positions, interleaved):
+    """x (s, h, d) rotated at `positions` (s,) over the first 2 * cos.shape[1] features,
+    float32 math, rounded to x's dtype."""
+    rot = 2 * cos.shape[1]
+    xf = x.float()
+    c = cos.float()[positions].unsqueeze(1)  # (s, 1, rot / 2)
+    s = sin.float()[positions].unsqueeze(1)
+    if interleaved:
+        a, b = xf[..., 0:rot:2], xf[..., 1:rot:2]
+    else:
+        a, b = xf[..., : rot // 2], xf[..., rot // 2 : rot]
+    ra, rb = a * c - b * s, a * s + b * c
+    out = xf.clone()
+    if interleaved:
+        out[..., 0:rot:2], out[..., 1:rot:2] = ra, rb
+    else:
+        out[..., : rot // 2], out[..., rot // 2 : rot] = ra, rb
+    return out.to(x.dtype)
+
+
+def paged_copy(cache, page_size, generator):
+    """A paged copy of a contiguous cache (b, s, h, d): pages in a random order plus unused
+    pages; returns (paged, block_table)."""
+    batch, seqlen = cache.shape[:2]
+    pages_per_seq = seqlen // page_size
+    num_pages = batch * pages_per_seq + 3
+    perm = torch.randperm(num_pages, generator=generator)[: batch * pages_per_seq]
+    paged = torch.randn(num_pages, page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
+    paged[perm.to(cache.device)] = cache.reshape(batch * pages_per_seq, page_size, *cache.shape[2:])
+    block_table = perm.view(batch, pages_per_seq).to(torch.int32).to(cache.device)
+    return paged, block_table
+
+
+def unpage(paged, block_table):
+    return paged[block_table.long()].flatten(1, 2)
+
+
+def check_rule(name, out, ref, ref_pt, dtype):
+    err = (out.float() - ref.float()).abs().max().item()
+    err_pt = (ref_pt.float() - ref.float()).abs().max().item()
+    bound = 2 * err_pt + ATOL[dtype]
+    assert err <= bound, f"{name}: max err {err:.3e} > {bound:.3e} (PyTorch: {err_pt:.3e})"
+
+
+def run_case(dtype=torch.bfloat16, batch=3, seqlen_q=1, nheads=8, nheads_k=2, headdim=128,
+             cache_len=512, new=1, paged=0, rotary=None, causal=True, window_size=(-1, -1),
+             leftpad=False, batch_idx=False, num_splits=0):
+    """Runs flash_attn_with_kvcache and checks the cache and the output against references."""
+    if _ext.KERNEL_HEAD_DIM[headdim] < 0:
+        pytest.skip(f"no kernel for head dim {headdim} in this build")
+    gen = torch.Generator().manual_seed(1)
+    dev = "cuda"
+    batch_cache = batch + 2 if batch_idx else batch
+    k_cache = torch.randn(batch_cache, cache_len, nheads_k, headdim, device=dev, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(batch, seqlen_q, nheads, headdim, device=dev, dtype=dtype)
+    k = torch.randn(batch, new, nheads_k, headdim, device=dev, dtype=dtype) if new else None
+    v = torch.randn_like(k) if new else None
+    seqlens = torch.randint(0, cache_len - new + 1, (batch,), generator=gen)
+    seqlens[0] = cache_len - new  # one entry exactly full
+    pads = torch.randint(0, 40, (batch,), generator=gen).minimum(seqlens) if leftpad else None
+    idx = torch.randperm(batch_cache, generator=gen)[:batch] if batch_idx else None
+    cos = sin = None
+    if rotary is not None:
+        angle = torch.rand(cache_len, headdim // 4, generator=gen) * 6.28
+        cos, sin = angle.cos().to(dev, dtype), angle.sin().to(dev, dtype)
+
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    kw = dict(cache_seqlens=seqlens.to(dev, torch.int32), causal=causal, window_size=window_size,
+              num_splits=num_splits, return_softmax_lse=True)
+    if pads is not None:
+        kw["cache_leftpad"] = pads.to(dev, torch.int32)
+    if idx is not None:
+        kw["cache_batch_idx"] = idx.to(dev, torch.int32)
+    if rotary is not None:
+        kw.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary == "interleaved")
+    kc, vc = k_cache, v_cache
+    if paged:
+        kc, table = paged_copy(k_cache, paged, gen)
+        vc = torch.randn_like(kc)
+        vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
+        kw["block_table"] = table
+    out, lse = flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
+    if paged:
+        got_k, got_v = unpage(kc, kw["block_table"]), unpage(vc, kw["block_table"])
+    else:
+        got_k, got_v = kc, vc
+
+    outs_ref, outs_pt, lses_ref = [], [], []
+    for b in range(batch):
+        cb = int(idx[b]) if idx is not None else b
+        n, pad = int(seqlens[b]), int(pads[b]) if pads is not None else 0
+        q_b = q[b]
+        if new:
+            k_new = k[b]
+            if rotary is not None:
+                pos = torch.arange(n - pad, n - pad + new, device=dev)
+                k_new = rotate_ref(k_new, cos, sin, pos, rotary == "interleaved")
+                q_pos = (torch.arange(seqlen_q, device=dev) if causal or window_size != (-1, -1)
+                         else torch.zeros(seqlen_q, dtype=torch.long, device=dev)) + n - pad
+                q_b = rotate_ref(q_b, cos, sin, q_pos, rotary == "interleaved")
+            expected_k[cb, n : n + new] = k_new
+            expected_v[cb, n : n + new] = v[b]
+        keys = expected_k[cb, pad : n + new].unsqueeze(0)
+        vals = expected_v[cb, pad : n + new].unsqueeze(0)
+        args = (q_b.unsqueeze(0), keys, vals)
+        o, l = attention_ref(*args, causal=causal, window_size=window_size)
+        o_pt, _ = attention_ref(*args, causal=causal, window_size=window_size, upcast=False)
+        outs_ref.append(o), outs_pt.append(o_pt), lses_ref.append(l)
+    if rotary is None:
+        assert torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)
+    else:  # one rounding of the rotation may differ (FMA contraction)
+        torch.testing.assert_close(got_k, expected_k, atol=0, rtol=2 ** -7)
+        assert torch.equal(got_v, expected_v)
+    assert not out.isnan().any() and not lse.isnan().any()
+    check_rule("out", out, torch.cat(outs_ref), torch.cat(outs_pt), dtype)
+    tol = 1e-2 if rotary is not None else LSE_ATOL  # rotated q may differ by one rounding
+    torch.testing.assert_close(lse, torch.cat(lses_ref), atol=tol, rtol=LSE_RTOL)
+    return out, lse
+
+
+@gpu
+@pytest.mark.parametrize("paged", [0, 16, 64, 256], ids=lambda p: f"page{p}" if p else "contig")
+@pytest.mark.parametrize("new", [0, 1, 5], ids=lambda n: f"new{n}")
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_cache_layouts(dtype, seqlen_q, new, paged):
+    if new and new < seqlen_q:
+        new = seqlen_q  # decoding appends the tokens it queries
+    run_case(dtype, seqlen_q=seqlen_q, new=new, paged=paged)
+
+
+@gpu
+@pytest.mark.parametrize("rotary", ["interleaved", "neox"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("paged", [0, 64], ids=["contig", "page64"])
+def test_rotary(rotary, causal, paged):
+    run_case(seqlen_q=3, new=3, rotary=rotary, causal=causal, paged=paged)
+
+
+@gpu
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16, 0])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_forced_splits(headdim, num_splits):
+    run_case(headdim=headdim, cache_len=1024, num_splits=num_splits, batch=2)
+
+
+@gpu
+@pytest.mark.parametrize("case", ["leftpad", "batch_idx", "window", "mha", "prefill"])
+def test_cache_options(case):
+    kwargs = {
+        "leftpad": dict(leftpad=True, paged=64),
+        "batch_idx": dict(batch_idx=True),
+        "window": dict(seqlen_q=4, new=4, window_size=(100, 0)),
+        "mha": dict(nheads=4, nheads_k=4, num_splits=4),
+        "prefill": dict(seqlen_q=200, new=200, cache_len=512, headdim=64),
+    }[case]
+    run_case(**kwargs)
+
+
+@gpu
+@pytest.mark.parametrize("seqlen_q", [1, 100])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_one_split_is_the_plain_forward(dtype, seqlen_q):
+    q = torch.randn(2, seqlen_q, 8, 128, device="cuda", dtype=dtype)
+    k = torch.randn(2, 700, 2, 128, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    out, lse = flash_attn_with_kvcache(q, k, v, causal=True, num_splits=1, return_softmax_lse=True)
+    out_p, lse_p = _flash_attn_forward(q, k, v, 128**-0.5, -1, 0, num_splits=1)
+    assert torch.equal(out, out_p) and torch.equal(lse, lse_p)
+
+
+@gpu
+def test_flash_attn_func_splits_a_small_grid():
+    q = torch.randn(1, 1, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 16384, 4, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    assert _ext._C.num_splits_heuristic(1, 4, 1, 16384, 128, 0) > 1
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    ref, lse_ref = attention_ref(q, k, v)
+    ref_pt, _ = attention_ref(q, k, v, upcast=False)
+    check_rule("out", out, ref, ref_pt, q.dtype)
+    torch.testing.assert_close(lse, lse_ref, atol=LSE_ATOL, rtol=LSE_RTOL)
+
+
+@gpu
+def test_cuda_graph_capture_with_append():
+    dtype = torch.bfloat16
+    k_cache = torch.randn(2, 256, 2, 64, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(2, 1, 8, 64, device="cuda", dtype=dtype)
+    k, v = torch.randn(2, 1, 2, 64, device="cuda", dtype=dtype), torch.randn(2, 1, 2, 64, device="cuda", dtype=dtype)
+    seqlens = torch.tensor([10, 100], dtype=torch.int32, device="cuda")
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    expected = flash_attn_with_kvcache(q, k0, v0, k, v, cache_seqlens=seqlens, num_splits=4)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the capture
+        flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, cache_seqlens=seqlens,
+                                num_splits=4)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, num_splits=4)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0)
+
+
+@gpu
+def test_compile_fullgraph_with_cache_writes():
+    torch._dynamo.reset()
+    dtype = torch.float16
+    k_cache = torch.randn(2, 128, 2, 64, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=dtype)
+    k, v = torch.randn(2, 1, 2, 64, device="cuda", dtype=dtype), torch.randn(2, 1, 2, 64, device="cuda", dtype=dtype)
+
+    def step(q, k_cache, v_cache, k, v, n):
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=n)
+        return out * 2
+
+    seqlens = torch.tensor([5, 50], dtype=torch.int32, device="cuda")
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    eager = step(q, k0, v0, k, v, seqlens)
+    compiled = torch.compile(step, fullgraph=True)(q, k_cache, v_cache, k, v, seqlens)
+    torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+    assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0)
+    torch._dynamo.reset()
+
+
+# ---- CPU: argument checks ------------------------------------------------------------------
+
+
+def _cpu(*shape, dtype=torch.float16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (dict(q=_cpu(1, 1, 4, 60)), "multiples of 8"),
+        (dict(k_cache=_cpu(1, 64, 3, 64), v_cache=_cpu(1, 64, 3, 64)), "must divide"),
+        (dict(v_cache=_cpu(1, 32, 2, 64)), "shape of k_cache"),
+        (dict(k=_cpu(1, 1, 2, 64)), "together"),
+        (dict(k=_cpu(1, 1, 2, 64), v=_cpu(1, 1, 2, 64), cache_seqlens=None), "cache_seqlens is required"),
+        (dict(cache_seqlens=_cpu(1, dtype=torch.int64)), "int32"),
+        (dict(cache_seqlens=65), "outside"),
+        (dict(block_table=_cpu(1, 2, dtype=torch.int32), k_cache=_cpu(4, 24, 2, 64),
+              v_cache=_cpu(4, 24, 2, 64)), "power of two"),
+        (dict(block_table=_cpu(1, 2, dtype=torch.int32), k_cache=_cpu(4, 16, 2, 64),
+              v_cache=_cpu(4, 16, 2, 64), cache_batch_idx=_cpu(1, dtype=torch.int32)),
+         "cache_batch_idx"),
+        (dict(rotary_cos=_cpu(64, 16)), "together"),
+        (dict(rotary_cos=_cpu(64, 16), rotary_sin=_cpu(64, 16)), "need the new k"),
+        (dict(k=_cpu(1, 1, 2, 64), v=_cpu(1, 1, 2, 64), rotary_cos=_cpu(32, 16),
+              rotary_sin=_cpu(32, 16)), "seqlen_ro"),
+        (dict(num_splits=129), "num_splits"),
+        (dict(k_cache=_cpu(1, 64, 2, 72)[..., 4:68]), "16-byte"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_bad_arguments(case, message):
+    args = dict(q=_cpu(1, 1, 4, 64), k_cache=_cpu(1, 64, 2, 64), v_cache=_cpu(1, 64, 2, 64),
+                cache_seqlens=3)
+    args.update(case)
+    q, k_cache, v_cache = args.pop("q"), args.pop("k_cache"), args.pop("v_cache")
+    with pytest.raises(ValueError, match=message):
+        flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+
+
+def test_cpu_tensors_are_rejected():
+    with pytest.raises(ValueError, match="CUDA"):
+        flash_attn_with_kvcache(_cpu(1, 1, 4, 64), _cpu(1, 64, 2, 64), _cpu(1, 64, 2, 64),
+                                cache_seqlens=3)

@@ -1,0 +1,249 @@
+"""Variable-length batches on the GPU: each packed sequence against the float32 reference of
+that sequence alone (the error rule of test_fwd.py, over all sequences), forward and
+backward; equal-length varlen against the dense kernel (bitwise); zero-length sequences.
+"""
+import pytest
+import torch
+from flashattn2 import (
+    flash_attn_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
+from reference import attention_ref
+from test_fwd import ATOL, LSE_ATOL, LSE_RTOL, dtype_id, require_kernel
+
+gpu = pytest.mark.gpu
+
+# (lengths_q, lengths_k): empty sequences, single tokens, ragged tails, sq != sk.
+LENGTHS = {
+    "ragged": ([17, 0, 1, 130, 257, 64], [33, 5, 1, 130, 200, 0]),
+    "same": ([1, 77, 129, 300], [1, 77, 129, 300]),
+}
+
+
+def cu(lengths):
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32, device="cuda")
+    out[1:] = torch.tensor(lengths, device="cuda").cumsum(0)
+    return out
+
+
+def make_varlen(lengths_q, lengths_k, nheads, nheads_k, headdim, dtype, requires_grad=False):
+    require_kernel(headdim)
+    total_q, total_k = sum(lengths_q), sum(lengths_k)
+    q = torch.randn(total_q, nheads, headdim, device="cuda", dtype=dtype)
+    k = torch.randn(total_k, nheads_k, headdim, device="cuda", dtype=dtype)
+    v = torch.randn(total_k, nheads_k, headdim, device="cuda", dtype=dtype)
+    for t in (q, k, v):
+        t.requires_grad_(requires_grad)
+    return q, k, v
+
+
+def per_sequence(lengths_q, lengths_k):
+    sq, sk = [0], [0]
+    for a, b in zip(lengths_q, lengths_k):
+        sq.append(sq[-1] + a)
+        sk.append(sk[-1] + b)
+    return [(slice(sq[i], sq[i + 1]), slice(sk[i], sk[i + 1])) for i in range(len(lengths_q))]
+
+
+def reference(q, k, v, lengths_q, lengths_k, causal, window_size, upcast=True, grad_out=None):
+    """Per-sequence reference, packed back: (out, lse (h, total_q)) and, with grad_out, the
+    float32 gradients of q, k, v."""
+    outs, lses, grads = [], [], []
+    for sq, sk in per_sequence(lengths_q, lengths_k):
+        qs, ks, vs = (t.detach()[s].unsqueeze(0) for t, s in ((q, sq), (k, sk), (v, sk)))
+        if grad_out is not None:
+            qs, ks, vs = (t.float().requires_grad_() for t in (qs, ks, vs))
+        if ks.shape[1] == 0:
+            out = torch.zeros_like(qs)
+            lse = torch.full((1, q.shape[1], qs.shape[1]), float("inf"), device=q.device)
+        else:
+            out, lse = attention_ref(qs, ks, vs, causal=causal, window_size=window_size,
+                                     upcast=upcast)
+        if grad_out is not None:
+            if ks.shape[1] and qs.shape[1]:
+                grads.append(torch.autograd.grad(out, (qs, ks, vs), grad_out[sq].unsqueeze(0).float()))
+            else:
+                grads.append((torch.zeros_like(qs), torch.zeros_like(ks), torch.zeros_like(vs)))
+        outs.append(out[0].detach())
+        lses.append(lse[0])
+    out, lse = torch.cat(outs), torch.cat(lses, dim=1)
+    if grad_out is None:
+        return out, lse
+    return out, lse, [torch.cat([g[i][0] for g in grads]) for i in range(3)]
+
+
+def assert_rule(name, got, ref, ref_pt, dtype):
+    err = (got.float() - ref.float()).abs().max().item() if got.numel() else 0.0
+    err_pt = (ref_pt.float() - ref.float()).abs().max().item() if got.numel() else 0.0
+    bound = 2 * err_pt + ATOL[dtype]
+    assert err <= bound, f"{name}: max err {err:.3e} > {bound:.3e} (PyTorch: {err_pt:.3e})"
+
+
+@gpu
+@pytest.mark.parametrize("window_size", [(-1, -1), (50, 10)], ids=["nowin", "window"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)], ids=str)
+@pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
+@pytest.mark.parametrize("headdim", [40, 64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_varlen_forward(dtype, headdim, lengths, heads, causal, window_size):
+    lengths_q, lengths_k = LENGTHS[lengths]
+    q, k, v = make_varlen(lengths_q, lengths_k, *heads, headdim, dtype)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k),
+        causal=causal, window_size=window_size, return_attn_probs=True,
+    )  # fmt: skip
+    assert out.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
+    out_ref, lse_ref = reference(q, k, v, lengths_q, lengths_k, causal, window_size)
+    out_pt, _ = reference(q, k, v, lengths_q, lengths_k, causal, window_size, upcast=False)
+    assert not out.isnan().any()
+    assert_rule("out", out, out_ref, out_pt, dtype)
+    torch.testing.assert_close(lse, lse_ref, atol=LSE_ATOL, rtol=LSE_RTOL)
+
+
+@gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "det"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)], ids=str)
+@pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
+@pytest.mark.parametrize("headdim", [40, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_varlen_backward(dtype, headdim, lengths, heads, causal, deterministic):
+    lengths_q, lengths_k = LENGTHS[lengths]
+    q, k, v = make_varlen(lengths_q, lengths_k, *heads, headdim, dtype, requires_grad=True)
+    out = flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q),
+                                 max(lengths_k), causal=causal, deterministic=deterministic)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _, _, ref = reference(q, k, v, lengths_q, lengths_k, causal, (-1, -1), grad_out=dout)
+    # PyTorch's error at this precision: the same-dtype reference's gradients.
+    q16, k16, v16 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    grads_pt = []
+    for sq, sk in per_sequence(lengths_q, lengths_k):
+        qs, ks, vs = q16[sq].unsqueeze(0), k16[sk].unsqueeze(0), v16[sk].unsqueeze(0)
+        if qs.shape[1] and ks.shape[1]:
+            o, _ = attention_ref(qs, ks, vs, causal=causal, upcast=False)
+            (o * dout[sq].unsqueeze(0)).sum().backward()
+    for t in (q16, k16, v16):
+        if t.grad is None:
+            t.grad = torch.zeros_like(t)
+    grads_pt = (q16.grad, k16.grad, v16.grad)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref, grads_pt):
+        assert g.shape == r.shape and g.dtype == dtype
+        assert not g.isnan().any(), f"{name} has NaN"
+        assert_rule(name, g, r, p, dtype)
+    if deterministic:
+        again = torch.autograd.grad(
+            flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q),
+                                   max(lengths_k), causal=causal, deterministic=True),
+            (q, k, v), dout)  # fmt: skip
+        for g, h in zip(grads, again):
+            assert torch.equal(g, h)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_equal_lengths_match_dense(dtype, causal):
+    """Equal-length varlen runs the dense kernel's arithmetic: bitwise equal out and lse, and
+    dk / dv (dq only differs by atomic-add order)."""
+    batch, seqlen, nheads, nheads_k, headdim = 3, 333, 6, 2, 128
+    require_kernel(headdim)
+    q = torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(batch, seqlen, nheads_k, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(batch, seqlen, nheads_k, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    cu_seqlens = cu([seqlen] * batch)
+    flat = [t.detach().flatten(0, 1).requires_grad_() for t in (q, k, v)]
+    out_v, lse_v, _ = flash_attn_varlen_func(*flat, cu_seqlens, cu_seqlens, seqlen, seqlen,
+                                             causal=causal, return_attn_probs=True)
+    assert torch.equal(out_v, out.detach().flatten(0, 1))
+    assert torch.equal(lse_v, lse.permute(1, 0, 2).flatten(1, 2))
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    gv = torch.autograd.grad(out_v, flat, dout.flatten(0, 1))
+    torch.testing.assert_close(gv[0], g[0].flatten(0, 1), atol=2e-3, rtol=0)
+    assert torch.equal(gv[1], g[1].flatten(0, 1)) and torch.equal(gv[2], g[2].flatten(0, 1))
+
+
+@gpu
+def test_packed_variants_and_uncovered_rows():
+    """qkvpacked / kvpacked give packed gradients; rows past cu_seqlens[-1] get zero grads."""
+    dtype, nheads, headdim = torch.bfloat16, 4, 64
+    lengths = [50, 0, 7]
+    total = sum(lengths) + 5  # 5 trailing rows outside every sequence
+    qkv = torch.randn(total, 3, nheads, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    cu_seqlens = cu(lengths)
+    out = flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max(lengths), causal=True)
+    (dqkv,) = torch.autograd.grad(out, qkv, torch.ones_like(out))
+    assert dqkv.shape == qkv.shape and not dqkv.isnan().any()
+    assert (dqkv[sum(lengths):] == 0).all()
+    q, k, v = qkv.detach().unbind(1)
+    ref = flash_attn_varlen_func(q[:-5], k[:-5], v[:-5], cu_seqlens, cu_seqlens, max(lengths),
+                                 max(lengths), causal=True)
+    assert torch.equal(out[: sum(lengths)], ref)
+    kv = torch.stack([k, v], dim=1).requires_grad_()
+    out_kv = flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens, cu_seqlens, max(lengths),
+                                             max(lengths), causal=True)
+    assert torch.equal(out_kv[: sum(lengths)], ref)
+    (dkv,) = torch.autograd.grad(out_kv, kv, torch.ones_like(out_kv))
+    assert dkv.shape == kv.shape and (dkv[sum(lengths):] == 0).all()
+
+
+@gpu
+def test_bad_cu_seqlens_never_leave_the_tensors():
+    """cu_seqlens past the tensors (unknowable without a sync) are clamped by the kernels:
+    the call finishes and leaves memory around the outputs untouched."""
+    q = torch.randn(40, 2, 64, device="cuda", dtype=torch.float16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    bad = torch.tensor([0, 30, 1000], dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, bad, bad, 970, 970)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out[:30]).all()
+
+
+# ---- CPU: argument checks ------------------------------------------------------------------
+
+
+def _t(*shape, dtype=torch.float16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (dict(q=_t(2, 10, 4, 64)), "total_q, nheads, headdim"),
+        (dict(cu_seqlens_q=_t(3, dtype=torch.int64)), "int32"),
+        (dict(cu_seqlens_q=_t(3, 1, dtype=torch.int32)), "batch \\+ 1"),
+        (dict(cu_seqlens_k=_t(4, dtype=torch.int32)), "batch \\+ 1 entries"),
+        (dict(max_seqlen_q=-1), "max_seqlen_q"),
+        (dict(max_seqlen_k=2.0), "max_seqlen_k"),
+        (dict(k=_t(10, 3, 64), v=_t(10, 3, 64)), "must divide"),
+        (dict(v=_t(11, 2, 64)), "shape of k"),
+        (dict(k=_t(10, 2, 64, dtype=torch.bfloat16)), "dtype"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_bad_arguments(case, message):
+    args = dict(q=_t(10, 4, 64), k=_t(10, 2, 64), v=_t(10, 2, 64),
+                cu_seqlens_q=_t(3, dtype=torch.int32), cu_seqlens_k=_t(3, dtype=torch.int32),
+                max_seqlen_q=5, max_seqlen_k=5)
+    args.update(case)
+    with pytest.raises(ValueError, match=message):
+        flash_attn_varlen_func(**args)
+
+
+def test_cpu_tensors_and_block_table_are_rejected():
+    args = (_t(10, 4, 64), _t(10, 2, 64), _t(10, 2, 64), _t(3, dtype=torch.int32),
+            _t(3, dtype=torch.int32), 5, 5)
+    with pytest.raises(ValueError, match="CUDA"):
+        flash_attn_varlen_func(*args)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        flash_attn_varlen_func(*args, block_table=_t(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="qkv"):
+        flash_attn_varlen_qkvpacked_func(_t(10, 2, 4, 64), _t(3, dtype=torch.int32), 5)
+    with pytest.raises(ValueError, match="kv"):
+        flash_attn_varlen_kvpacked_func(_t(10, 4, 64), _t(10, 3, 2, 64), _t(3, dtype=torch.int32),
+                                        _t(3, dtype=torch.int32), 5, 5)
