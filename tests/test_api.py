@@ -390,13 +390,13 @@ class LaunchRecorder:
         self.launches = 0
         self.bwd_launches = 0
 
-    def fwd(self, *args):
+    def fwd(self, *args, **kwargs):
         self.launches += 1
-        return self._module.fwd(*args)
+        return self._module.fwd(*args, **kwargs)
 
-    def bwd(self, *args):
+    def bwd(self, *args, **kwargs):
         self.bwd_launches += 1
-        return self._module.bwd(*args)
+        return self._module.bwd(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._module, name)
