@@ -49,16 +49,29 @@ __global__ void __launch_bounds__(128) combine_kernel(const FwdParams p) {
   }
   Element* out = static_cast<Element*>(p.o) + batch * p.o_batch_stride +
                  head * p.o_head_stride + (seq.q_row0 + row) * p.o_row_stride;
+  // The split loop is unrolled with independent loads (no branch on the weight): a serial
+  // loop waits one L2 round trip per split (measured: 10 us for 32 splits at b=1).
   for (int c = lane * 4; c < p.headdim; c += 128) {
+    const float* src = p.o_accum + idx * p.headdim + c;
+    const int64_t step = split_stride * p.headdim;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < p.num_splits; ++s) {
+    int s = 0;
+    for (; s + 8 <= p.num_splits; s += 8) {
+      float4 x[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) x[u] = *reinterpret_cast<const float4*>(src + (s + u) * step);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float w = s_weight[warp][s + u];
+        acc = make_float4(fmaf(w, x[u].x, acc.x), fmaf(w, x[u].y, acc.y), fmaf(w, x[u].z, acc.z),
+                          fmaf(w, x[u].w, acc.w));
+      }
+    }
+    for (; s < p.num_splits; ++s) {
+      const float4 x = *reinterpret_cast<const float4*>(src + s * step);
       const float w = s_weight[warp][s];
-      if (w == 0.f) continue;  // also skips the (unwritten-by-math) rows of empty splits
-      const float4 x = *reinterpret_cast<const float4*>(p.o_accum + (s * split_stride + idx) * p.headdim + c);
-      acc.x = fmaf(w, x.x, acc.x);
-      acc.y = fmaf(w, x.y, acc.y);
-      acc.z = fmaf(w, x.z, acc.z);
-      acc.w = fmaf(w, x.w, acc.w);
+      acc = make_float4(fmaf(w, x.x, acc.x), fmaf(w, x.y, acc.y), fmaf(w, x.z, acc.z),
+                        fmaf(w, x.w, acc.w));
     }
     *reinterpret_cast<uint2*>(out + c) = make_uint2(ptx::pack2<Element>(acc.x * inv, acc.y * inv),
                                                     ptx::pack2<Element>(acc.z * inv, acc.w * inv));
