@@ -71,12 +71,28 @@ void set_problem(Params& params, const Strides& lse_strides, int batch, int seql
   params.dtype = dtype_from_code(dtype);
 }
 
+// The score-modifier fields (softcap, ALiBi, dropout) of FwdParams / BwdParams.
+template <typename Params>
+void set_mods(Params& params, float softcap, std::uintptr_t alibi_slopes,
+              int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p) {
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
+    throw std::invalid_argument("dropout_p must be in [0, 1), got " + std::to_string(dropout_p));
+  }
+  params.softcap = softcap;
+  params.alibi_slopes = reinterpret_cast<const float*>(alibi_slopes);
+  params.alibi_batch_stride = alibi_batch_stride;
+  params.rng_state = reinterpret_cast<const int64_t*>(rng_state);
+  params.dropout_threshold = flashattn2::dropout_threshold_of(dropout_p);
+  params.dropout_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
+}
+
 void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t lse, const Strides& q_strides, const Strides& k_strides,
          const Strides& v_strides, const Strides& o_strides, const Strides& lse_strides,
          int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
          float softmax_scale, int window_left, int window_right, int dtype, int device,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, float softcap, std::uintptr_t alibi_slopes,
+         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -102,6 +118,7 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
 
   set_problem(params, lse_strides, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
               softmax_scale, window_left, window_right, dtype);
+  set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
@@ -116,7 +133,8 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
          const Strides& dk_strides, const Strides& dv_strides, const Strides& lse_strides,
          int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
          float softmax_scale, int window_left, int window_right, int dtype, int device,
-         std::uintptr_t stream, bool deterministic) {
+         std::uintptr_t stream, bool deterministic, float softcap, std::uintptr_t alibi_slopes,
+         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -161,9 +179,28 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
   set_problem(params, lse_strides, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
               softmax_scale, window_left, window_right, dtype);
   params.deterministic = deterministic;
+  set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
 
   py::gil_scoped_release no_gil;  // as in fwd
   flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream));
+}
+
+void dropout_mask(std::uintptr_t mask, std::uintptr_t rng_state, int batch, int nheads,
+                  int seqlen_q, int seqlen_k, double dropout_p, int device,
+                  std::uintptr_t stream) {
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
+    throw std::invalid_argument("dropout_p must be in [0, 1), got " + std::to_string(dropout_p));
+  }
+  flashattn2::DropoutMaskParams params{};
+  params.mask = reinterpret_cast<uint8_t*>(mask);
+  params.rng_state = reinterpret_cast<const int64_t*>(rng_state);
+  params.batch = batch;
+  params.nheads = nheads;
+  params.seqlen_q = seqlen_q;
+  params.seqlen_k = seqlen_k;
+  params.dropout_threshold = flashattn2::dropout_threshold_of(dropout_p);
+  py::gil_scoped_release no_gil;
+  flashattn2::dropout_mask(params, device, reinterpret_cast<void*>(stream));
 }
 
 // The backward head dims: the built head dims up to the largest backward head dim.
@@ -197,11 +234,16 @@ PYBIND11_MODULE(_C, m) {
         py::arg("o_strides"), py::arg("lse_strides"), py::arg("batch"), py::arg("seqlen_q"),
         py::arg("seqlen_k"), py::arg("nheads"), py::arg("nheads_k"), py::arg("headdim"),
         py::arg("softmax_scale"), py::arg("window_left"), py::arg("window_right"),
-        py::arg("dtype"), py::arg("device"), py::arg("stream"),
+        py::arg("dtype"), py::arg("device"), py::arg("stream"), py::arg("softcap") = 0.f,
+        py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
+        py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0,
         "Attention forward. q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
         "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "
-        "asynchronously on `stream` with `device` current.");
+        "asynchronously on `stream` with `device` current. Score modifiers: softcap > 0 "
+        "caps logits at softcap * tanh(.); alibi_slopes is a float32 device pointer (0 = "
+        "none) indexed batch * alibi_batch_stride + head; dropout_p > 0 needs rng_state, a "
+        "device pointer to int64 (seed, offset).");
 
   m.def("bwd", &bwd, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dq_accum"),
@@ -211,12 +253,21 @@ PYBIND11_MODULE(_C, m) {
         py::arg("batch"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("nheads"),
         py::arg("nheads_k"), py::arg("headdim"), py::arg("softmax_scale"),
         py::arg("window_left"), py::arg("window_right"), py::arg("dtype"), py::arg("device"),
-        py::arg("stream"), py::arg("deterministic") = false,
+        py::arg("stream"), py::arg("deterministic") = false, py::arg("softcap") = 0.f,
+        py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
+        py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(...) floats (no need to zero them). "
-        "deterministic=True makes dq bitwise reproducible (ordered accumulation).");
+        "deterministic=True makes dq bitwise reproducible (ordered accumulation). Score "
+        "modifiers as in fwd, with the forward's values (the same rng_state for dropout).");
+
+  m.def("dropout_mask", &dropout_mask, py::arg("mask"), py::arg("rng_state"), py::arg("batch"),
+        py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("dropout_p"),
+        py::arg("device"), py::arg("stream"),
+        "Writes the dropout keep mask (uint8 0/1, contiguous (batch, nheads, seqlen_q, "
+        "seqlen_k)) that fwd / bwd use for this rng_state and dropout_p.");
 
   m.def("bwd_workspace_floats", &flashattn2::bwd_workspace_floats, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("headdim"),

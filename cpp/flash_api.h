@@ -21,6 +21,10 @@ void mha_fwd(const FwdParams& params, int device, void* stream);
 // Throws like mha_fwd; head dims above the largest backward kernel are invalid_argument.
 void mha_bwd(const BwdParams& params, int device, void* stream);
 
+// Writes the dropout keep mask of params.rng_state / dropout_threshold (what the kernels of
+// this rng_state keep) as uint8 0/1 into params.mask. Throws like mha_fwd.
+void dropout_mask(const DropoutMaskParams& params, int device, void* stream);
+
 // (dq_accum, dsum) workspace sizes in floats for a backward of these sizes.
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
                                                  int headdim);

@@ -44,5 +44,7 @@ template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, cudaStream_t stream);
+// Defined in dropout_mask.cu.
+void run_dropout_mask(const DropoutMaskParams& params, cudaStream_t stream);
 
 }  // namespace flashattn2
