@@ -25,14 +25,21 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 gpu = pytest.mark.gpu
 
+MODS_SCHEMA = (
+    "float softcap=0., Tensor? alibi_slopes=None, float dropout_p=0., Tensor? rng_state=None"
+)
 FWD_SCHEMA = (
     "flashattn2::fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, "
-    "int window_right) -> (Tensor, Tensor)"
+    f"int window_right, {MODS_SCHEMA}) -> (Tensor, Tensor)"
 )
 BWD_SCHEMA = (
     "flashattn2::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-    "float softmax_scale, int window_left, int window_right, bool deterministic=False) "
-    "-> (Tensor, Tensor, Tensor)"
+    f"float softmax_scale, int window_left, int window_right, bool deterministic=False, "
+    f"{MODS_SCHEMA}) -> (Tensor, Tensor, Tensor)"
+)
+DROPOUT_MASK_SCHEMA = (
+    "flashattn2::dropout_mask(Tensor rng_state, int batch, int nheads, int seqlen_q, "
+    "int seqlen_k, float dropout_p) -> Tensor"
 )
 
 
@@ -75,6 +82,7 @@ def contiguous_strides(shape):
 def test_operator_schemas():
     assert str(torch.ops.flashattn2.fwd.default._schema) == FWD_SCHEMA
     assert str(torch.ops.flashattn2.bwd.default._schema) == BWD_SCHEMA
+    assert str(torch.ops.flashattn2.dropout_mask.default._schema) == DROPOUT_MASK_SCHEMA
 
 
 @pytest.mark.parametrize("headdim", [64, 20])
