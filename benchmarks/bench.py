@@ -14,6 +14,15 @@ fwd 4*b*sq*sk*h*d, halved for causal; bwd 2.5x fwd; fwd_bwd 3.5x fwd.
     python benchmarks/bench.py --modes fwd,bwd,fwd_bwd --impls flashattn2,sdpa_flash
     python benchmarks/bench.py --plot-only benchmarks/out/X/results.json   # no GPU needed
 
+Attention variants (flashattn2 only; each adds rows next to the plain ones, column
+`variant`; FLOPs count only the visible (query, key) pairs, so a local window's TFLOP/s is
+comparable with full attention's and its time should scale with the window):
+
+    python benchmarks/bench.py --headdims 128 --seqlens 16384 --dtypes bf16 --causal true \
+        --modes fwd,bwd --impls flashattn2 --window 256,1024,4096    # sliding window (w, 0)
+    python benchmarks/bench.py --headdims 64,128 --seqlens 2048,8192 --dtypes bf16 \
+        --impls flashattn2 --softcap 30 --alibi                     # modifier cost vs plain
+
 Writes results.json ({"meta": ..., "rows": [...]}), results.csv and results.png to --out.
 """
 import argparse
@@ -29,7 +38,7 @@ import statistics
 import sys
 
 COLUMNS = ["gpu", "impl", "mode", "dtype", "batch", "nheads", "nheads_k", "headdim",
-           "seqlen_q", "seqlen_k", "causal", "ms", "tflops", "gbps", "deterministic"]
+           "seqlen_q", "seqlen_k", "causal", "ms", "tflops", "gbps", "deterministic", "variant"]
 # flashattn2_det: flashattn2 with deterministic=True (rows: impl flashattn2, deterministic).
 IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "sdpa_math", "flashattn2_det")
 SHORT = {"flashattn2": "fa2", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn", "sdpa_math": "math",
@@ -64,6 +73,13 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output dir (default benchmarks/out/<gpu>-<date>)")
     p.add_argument("--summary", action=argparse.BooleanOptionalAction, default=True,
                    help="print min / geomean ratios per head dim at the end (default on)")
+    p.add_argument("--window", type=csv_list(int), default=[],
+                   help="flashattn2 variants with window_size (W, 0) if causal else (W, W), "
+                        "one per W, e.g. 256,1024,4096")
+    p.add_argument("--softcap", type=csv_list(float), default=[],
+                   help="flashattn2 variants with softcap=X, one per X, e.g. 30")
+    p.add_argument("--alibi", action="store_true",
+                   help="a flashattn2 variant with ALiBi (standard slopes 2^(-8 i / h))")
     p.add_argument("--plot-only", metavar="RESULTS_JSON",
                    help="re-render table, summary and plot from a saved results.json")
     a = p.parse_args(argv)
@@ -94,7 +110,46 @@ def note(msg):
 
 def config_key(r):
     return (r["dtype"], r["headdim"], r["causal"], r["seqlen_q"],
-            (MODES + ("decode",)).index(r["mode"]), r["deterministic"])
+            (MODES + ("decode",)).index(r["mode"]), r["deterministic"],
+            r.get("variant", "plain"))
+
+
+def variants(args):
+    """["plain", then one name per --window / --softcap value and --alibi]."""
+    return (["plain"] + [f"window={w}" for w in args.window]
+            + [f"softcap={x:g}" for x in args.softcap] + (["alibi"] if args.alibi else []))
+
+
+def variant_kwargs(variant, nheads, causal, device):
+    """flash_attn_func keyword arguments of a variant name."""
+    if variant == "plain":
+        return {}
+    name, _, value = variant.partition("=")
+    if name == "window":
+        return {"window_size": (int(value), 0 if causal else int(value))}
+    if name == "softcap":
+        return {"softcap": float(value)}
+    import torch
+    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / nheads) for i in range(nheads)],
+                          device=device)
+    return {"alibi_slopes": slopes}
+
+
+def visible_pairs(sq, sk, causal, variant):
+    """(query, key) pairs the mask lets through (bottom-right aligned, as the kernels)."""
+    left, right = -1, (0 if causal else -1)
+    if variant.startswith("window="):
+        w = int(variant.partition("=")[2])
+        left, right = w, (0 if causal else w)
+    if left < 0 and right < 0:
+        return sq * sk
+    total = 0
+    for i in range(sq):
+        diag = i + sk - sq
+        lo = 0 if left < 0 else max(0, diag - left)
+        hi = sk - 1 if right < 0 else min(sk - 1, diag + right)
+        total += max(0, hi - lo + 1)
+    return total
 
 
 def table_header(impls):
@@ -114,6 +169,8 @@ def table_line(rows, impls):
             ok = tf.get("flashattn2") and tf.get(ref)
             cols.append(f"{tf['flashattn2'] / tf[ref]:8.2f}x" if ok else f"{'-':>9}")
     mode = r0["mode"] + ("(det)" if r0["deterministic"] else "")
+    if r0.get("variant", "plain") != "plain":
+        mode += " " + r0["variant"]
     return (f"{r0['headdim']:>4} {r0['seqlen_q']:>6} {str(r0['causal']):>6} "
             f"{r0['dtype']:>5} {mode:>8} | " + " ".join(cols))
 
@@ -136,7 +193,7 @@ def print_summary(rows):
     print("\nSummary: flashattn2 / reference, bf16 fwd; min and geometric mean over configs "
           "(target: >=1.0x sdpa_flash for d64/d128, >=0.9x for d256)")
     fwd = [r for r in rows if r["dtype"] == "bf16" and r["mode"] == "fwd"
-           and not r["deterministic"] and r["tflops"]]
+           and not r["deterministic"] and r["tflops"] and r.get("variant", "plain") == "plain"]
     for d in sorted({r["headdim"] for r in fwd}):
         configs = [{r["impl"]: r["tflops"] for r in grp}
                    for grp in grouped(fwd) if grp[0]["headdim"] == d]
@@ -170,7 +227,7 @@ def plot(rows, path):
         print("note: matplotlib not importable, skipping the plot")
         return
     sel = [r for r in rows if r["dtype"] == "bf16" and r["mode"] == "fwd"
-           and not r["deterministic"] and r["tflops"]]
+           and not r["deterministic"] and r["tflops"] and r.get("variant", "plain") == "plain"]
     if not sel:
         print("note: no bf16 fwd rows, skipping the plot")
         return
@@ -271,19 +328,22 @@ def make_timer(warmup, rep):
 
 # ----------------------------------------------------------------------------- sweep
 
-def attn_flops(b, sq, sk, h, d, causal, mode):
+def attn_flops(b, sq, sk, h, d, causal, mode, variant="plain"):
+    if variant.startswith("window="):
+        return 4 * b * visible_pairs(sq, sk, causal, variant) * h * d * FLOP_FACTOR[mode]
     return 4 * b * sq * sk * h * d / (2 if causal else 1) * FLOP_FACTOR[mode]
 
 
-def make_call(impl, q, k, v, causal):
+def make_call(impl, q, k, v, causal, variant="plain"):
     """(context, fn): fn() computes attention on the BSHD tensors inside context."""
     import contextlib
     import torch.nn.functional as F
     if impl in ("flashattn2", "flashattn2_det"):
         import flashattn2
         det = impl == "flashattn2_det"
+        kwargs = variant_kwargs(variant, q.shape[2], causal, q.device)
         return contextlib.nullcontext(), lambda: flashattn2.flash_attn_func(
-            q, k, v, causal=causal, deterministic=det)
+            q, k, v, causal=causal, deterministic=det, **kwargs)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                "sdpa_math": SDPBackend.MATH}[impl]
@@ -297,11 +357,11 @@ class BackwardMissing(Exception):
     """The impl has no backward pass (NotImplementedError from autograd)."""
 
 
-def measure(impl, mode, q, k, v, dout, causal, timer):
+def measure(impl, mode, q, k, v, dout, causal, timer, variant="plain"):
     """Median ms of one impl/mode. A first untimed call surfaces refusals: whatever the
     forward raises, or BackwardMissing."""
     import torch
-    ctx, fwd = make_call(impl, q, k, v, causal)
+    ctx, fwd = make_call(impl, q, k, v, causal, variant)
     with ctx, torch.set_grad_enabled(mode != "fwd"):
         out = fwd()
         if mode != "fwd":
@@ -354,7 +414,10 @@ def run_sweep(args):
     causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
     configs = [(dt, d, c, s) for dt in args.dtypes for d in args.headdims
                for c in causals for s in args.seqlens]
-    total = len(configs) * len(args.modes) * len(impls)
+    # (impl, variant) pairs: the variants run on flashattn2 only.
+    runs = [(i, "plain") for i in impls] + [(i, var) for var in variants(args)[1:]
+                                            for i in impls if i == "flashattn2"]
+    total = len(configs) * len(args.modes) * len(runs)
     try:
         from tqdm import tqdm
         bar = tqdm(total=total, unit="run", dynamic_ncols=True)
@@ -373,11 +436,11 @@ def run_sweep(args):
             x.requires_grad_(True)
         for mode in args.modes:
             cfg_rows = []
-            for impl in impls:
+            for impl, variant in runs:
                 done += 1
                 if bar is not None:
                     bar.set_description(f"d{d} s{s} {'causal' if causal else 'full'} {dt} "
-                                        f"{mode} {impl}")
+                                        f"{mode} {impl} {variant}")
                     bar.update(1)
                 elif sys.stderr.isatty() or done % max(1, total // 20) == 0 or done == total:
                     end = "" if sys.stderr.isatty() else "\n"
@@ -385,7 +448,7 @@ def run_sweep(args):
                 if (impl, mode, d) in skipped:
                     continue
                 try:
-                    ms = measure(impl, mode, q, k, v, dout, causal, timer)
+                    ms = measure(impl, mode, q, k, v, dout, causal, timer, variant)
                 except BackwardMissing as e:   # may depend on the head dim (flashattn2: d > 128)
                     skipped.add((impl, mode, d))
                     note(f"note: {impl} {mode}: no backward for d{d} ({e}); skipping it for d{d}")
@@ -399,10 +462,13 @@ def run_sweep(args):
                     gpu=gpu, impl="flashattn2" if impl == "flashattn2_det" else impl,
                     mode=mode, dtype=dt, batch=b, nheads=h, nheads_k=h,
                     headdim=d, seqlen_q=s, seqlen_k=s, causal=causal, ms=ms,
-                    tflops=attn_flops(b, s, s, h, d, causal, mode) / (ms * 1e-3) / 1e12,
-                    gbps=None, deterministic=impl == "flashattn2_det"))
-            if cfg_rows:
-                note(table_line(cfg_rows, impls))
+                    tflops=attn_flops(b, s, s, h, d, causal, mode, variant) / (ms * 1e-3) / 1e12,
+                    gbps=None, deterministic=impl == "flashattn2_det", variant=variant))
+            for var in variants(args):
+                var_rows = [r for r in cfg_rows if r["variant"] == var]
+                if var_rows:
+                    note(table_line(var_rows, impls) + (
+                        f"   {var_rows[0]['ms']:.3f} ms" if var != "plain" else ""))
             rows += cfg_rows
         del q, k, v, dout
         torch.cuda.empty_cache()

@@ -100,6 +100,21 @@ void set_layout(flashattn2::SeqLayout& layout, std::uintptr_t cu_seqlens_q,
   }
 }
 
+// The score-modifier fields (softcap, ALiBi, dropout) of FwdParams / BwdParams.
+template <typename Params>
+void set_mods(Params& params, float softcap, std::uintptr_t alibi_slopes,
+              int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p) {
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
+    throw std::invalid_argument("dropout_p must be in [0, 1), got " + std::to_string(dropout_p));
+  }
+  params.softcap = softcap;
+  params.alibi_slopes = reinterpret_cast<const float*>(alibi_slopes);
+  params.alibi_batch_stride = alibi_batch_stride;
+  params.rng_state = reinterpret_cast<const int64_t*>(rng_state);
+  params.dropout_threshold = flashattn2::dropout_threshold_of(dropout_p);
+  params.dropout_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
+}
+
 void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t lse, const Strides& q_strides, const Strides& k_strides,
          const Strides& v_strides, const Strides& o_strides, const Strides& lse_strides,
@@ -109,7 +124,9 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t seqused_k, std::uintptr_t leftpad_k, std::uintptr_t kv_batch_idx,
          std::uintptr_t block_table, int64_t block_table_batch_stride, int page_size,
          int num_splits, std::uintptr_t o_accum, std::uintptr_t lse_accum, int total_q,
-         int total_k, int seqlen_k_new) {
+         int total_k, int seqlen_k_new,
+         float softcap, std::uintptr_t alibi_slopes,
+         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -143,6 +160,7 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.num_splits = num_splits;
   params.o_accum = reinterpret_cast<float*>(o_accum);
   params.lse_accum = reinterpret_cast<float*>(lse_accum);
+  set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
@@ -158,7 +176,9 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
          int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
          float softmax_scale, int window_left, int window_right, int dtype, int device,
          std::uintptr_t stream, bool deterministic, std::uintptr_t cu_seqlens_q,
-         std::uintptr_t cu_seqlens_k, int total_q, int total_k) {
+         std::uintptr_t cu_seqlens_k, int total_q, int total_k,
+         float softcap, std::uintptr_t alibi_slopes,
+         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -206,6 +226,7 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
   set_layout(params, cu_seqlens_q, cu_seqlens_k);
   params.total_q = total_q;
   params.total_k = total_k;
+  set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
 
   py::gil_scoped_release no_gil;  // as in fwd
   flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream));
@@ -268,6 +289,24 @@ void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cach
   flashattn2::mha_append_kv(params, device, reinterpret_cast<void*>(stream));
 }
 
+void dropout_mask(std::uintptr_t mask, std::uintptr_t rng_state, int batch, int nheads,
+                  int seqlen_q, int seqlen_k, double dropout_p, int device,
+                  std::uintptr_t stream) {
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
+    throw std::invalid_argument("dropout_p must be in [0, 1), got " + std::to_string(dropout_p));
+  }
+  flashattn2::DropoutMaskParams params{};
+  params.mask = reinterpret_cast<uint8_t*>(mask);
+  params.rng_state = reinterpret_cast<const int64_t*>(rng_state);
+  params.batch = batch;
+  params.nheads = nheads;
+  params.seqlen_q = seqlen_q;
+  params.seqlen_k = seqlen_k;
+  params.dropout_threshold = flashattn2::dropout_threshold_of(dropout_p);
+  py::gil_scoped_release no_gil;
+  flashattn2::dropout_mask(params, device, reinterpret_cast<void*>(stream));
+}
+
 // The backward head dims: the built head dims up to the largest backward head dim.
 std::vector<int> bwd_head_dims() {
   std::vector<int> dims;
@@ -305,6 +344,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("block_table_batch_stride") = 0, py::arg("page_size") = 0,
         py::arg("num_splits") = 1, py::arg("o_accum") = 0, py::arg("lse_accum") = 0,
         py::arg("total_q") = 0, py::arg("total_k") = 0, py::arg("seqlen_k_new") = 0,
+        py::arg("softcap") = 0.f,
+        py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
+        py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0,
         "Attention forward. q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
         "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "
@@ -315,7 +357,12 @@ PYBIND11_MODULE(_C, m) {
         "kv_batch_idx (KV cache), block_table with its batch stride and page_size (paged "
         "K/V; k/v batch strides are then page strides). num_splits > 1 runs split-KV with "
         "float32 workspaces o_accum (num_splits*batch*nheads*seqlen_q*headdim) and "
-        "lse_accum (num_splits*batch*nheads*seqlen_q).");
+        "lse_accum (num_splits*batch*nheads*seqlen_q). "
+        "Score modifiers: softcap > 0 "
+        "caps logits at softcap * tanh(.); alibi_slopes is a float32 device pointer (0 = "
+        "none) indexed batch * alibi_batch_stride + head; dropout_p > 0 needs rng_state, a "
+        "device pointer to int64 (seed, offset).");
+
 
   m.def("bwd", &bwd, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dq_accum"),
@@ -327,12 +374,16 @@ PYBIND11_MODULE(_C, m) {
         py::arg("window_left"), py::arg("window_right"), py::arg("dtype"), py::arg("device"),
         py::arg("stream"), py::arg("deterministic") = false, py::arg("cu_seqlens_q") = 0,
         py::arg("cu_seqlens_k") = 0, py::arg("total_q") = 0, py::arg("total_k") = 0,
+        py::arg("softcap") = 0.f,
+        py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
+        py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(...) floats (no need to zero them). "
         "deterministic=True makes dq bitwise reproducible (ordered accumulation). "
-        "cu_seqlens_q/k: varlen as in fwd, with total_q/k the rows of q/k.");
+        "cu_seqlens_q/k: varlen as in fwd, with total_q/k the rows of q/k. Score modifiers "
+        "as in fwd, with the forward's values (the same rng_state for dropout).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),
@@ -349,6 +400,12 @@ PYBIND11_MODULE(_C, m) {
         "(batch, seqlen_new, nheads_k, headdim) into the cache at rows cache_seqlens[b]..., "
         "paged when block_table is given, with rotary embedding (rotary_dim > 0) applied to "
         "the keys and to q, whose rotated copy goes to q_out (contiguous).");
+
+  m.def("dropout_mask", &dropout_mask, py::arg("mask"), py::arg("rng_state"), py::arg("batch"),
+        py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("dropout_p"),
+        py::arg("device"), py::arg("stream"),
+        "Writes the dropout keep mask (uint8 0/1, contiguous (batch, nheads, seqlen_q, "
+        "seqlen_k)) that fwd / bwd use for this rng_state and dropout_p.");
 
   m.def("bwd_workspace_floats", &flashattn2::bwd_workspace_floats, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("headdim"), py::arg("total_q") = -1,

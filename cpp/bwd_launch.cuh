@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <type_traits>
 
 #include "bwd_kernel.cuh"
 #include "launch.h"
@@ -12,14 +13,22 @@ namespace flashattn2 {
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim>;
-  constexpr auto kernel = bwd_kernel<Traits, Element>;
-  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_kernel, smem)");
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
   bwd_preprocess_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
   const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
                   params.batch);
-  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+  auto launch = [&](auto mods) {
+    constexpr auto kernel = bwd_kernel<Traits, Element, decltype(mods)::value>;
+    raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_kernel, smem)");
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+  };
+  // Score modifiers in their own instance, as in run_fwd.
+  if (has_score_mods(params)) {
+    launch(std::true_type{});
+  } else {
+    launch(std::false_type{});
+  }
   check_cuda(cudaGetLastError(), "bwd_kernel launch");
   bwd_convert_dq_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_convert_dq_kernel launch");

@@ -69,6 +69,13 @@ struct FwdParams : SeqLayout {
   int num_splits;
   float* o_accum;
   float* lse_accum;
+  // Score modifiers (score_mod.cuh), appended last; all zero / null = plain attention.
+  float softcap;               // > 0: logit = softcap * tanh(softmax_scale * q.k / softcap)
+  const float* alibi_slopes;   // null, or float32 slopes: bias -slope |i + sk - sq - j|
+  int64_t alibi_batch_stride;  // slope of (batch, head) at batch * stride + head (0: shared)
+  const int64_t* rng_state;    // dropout (seed, offset) on the device
+  uint32_t dropout_threshold;  // drop iff the element's Philox word < this; 0: no dropout
+  float dropout_scale;         // 1 / (1 - dropout_p)
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements
@@ -104,6 +111,14 @@ struct BwdParams : SeqLayout {
   // Bitwise-reproducible dq: the CTAs that add into one query tile's dQ do so in a fixed
   // order (a counter per tile), instead of racing.
   bool deterministic;
+
+  // Score modifiers as in FwdParams; all zero / null = plain attention.
+  float softcap;               // > 0: logit = softcap * tanh(softmax_scale * q.k / softcap)
+  const float* alibi_slopes;   // null, or float32 slopes: bias -slope |i + sk - sq - j|
+  int64_t alibi_batch_stride;  // slope of (batch, head) at batch * stride + head (0: shared)
+  const int64_t* rng_state;    // dropout (seed, offset) on the device
+  uint32_t dropout_threshold;  // drop iff the element's Philox word < this; 0: no dropout
+  float dropout_scale;         // 1 / (1 - dropout_p)
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written
@@ -143,5 +158,27 @@ struct AppendKvParams {
   int batch, seqlen_new, nheads_k, headdim;
   DType dtype;
 };
+
+// The dropout keep mask as a tensor (tests, return_attn_probs): mask[b, h, i, j] = 1 where
+// the forward keeps element (b, h, i, j), else 0; contiguous uint8 (batch, nheads, sq, sk).
+struct DropoutMaskParams {
+  uint8_t* mask;
+  const int64_t* rng_state;
+  int batch, nheads, seqlen_q, seqlen_k;
+  uint32_t dropout_threshold;
+};
+
+// True when any score modifier is on (the kernels then run their kMods instance).
+template <typename Params>
+bool has_score_mods(const Params& p) {
+  return p.softcap > 0.f || p.alibi_slopes != nullptr || p.dropout_threshold != 0;
+}
+
+// Dropout threshold of a probability p in [0, 1): an element is dropped iff its 32-bit
+// Philox word is below floor(p * 2^32) (p * 2^32 is exact in double).
+inline uint32_t dropout_threshold_of(double p) {
+  const double t = p * 4294967296.0;
+  return t >= 4294967295.0 ? 4294967295u : static_cast<uint32_t>(t);
+}
 
 }  // namespace flashattn2

@@ -161,6 +161,16 @@ Params checked(const Params& params, std::initializer_list<const void*> pointers
   }
   // A bound that can never bind is unbounded (seqlen_q / seqlen_k are the maxima when the
   // layout makes them per batch entry).
+  require(p.softcap >= 0.f && p.softcap < INFINITY, "softcap must be >= 0 and finite");
+  require(p.alibi_slopes == nullptr || reinterpret_cast<uintptr_t>(p.alibi_slopes) % 4 == 0,
+          "alibi_slopes must be 4-byte aligned float32");
+  require(p.alibi_batch_stride >= 0, "alibi_slopes batch stride must be >= 0");
+  if (p.dropout_threshold) {
+    require(p.rng_state != nullptr && reinterpret_cast<uintptr_t>(p.rng_state) % 8 == 0,
+            "dropout needs an 8-byte aligned int64 rng_state (seed, offset)");
+    require(p.dropout_scale > 0.f && p.dropout_scale < INFINITY,
+            "dropout_scale must be positive and finite");
+  }
   if (p.window_right >= p.seqlen_q) p.window_right = -1;
   if (p.window_left >= p.seqlen_k) p.window_left = -1;
   return p;
@@ -303,6 +313,21 @@ int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int 
     if (usable(s) && efficiency(s) >= 0.85 * best) return s;
   }
   return 1;
+}
+
+void dropout_mask(const DropoutMaskParams& params, int device, void* stream) {
+  const DropoutMaskParams& p = params;
+  require(p.batch > 0 && p.nheads > 0 && p.seqlen_q > 0 && p.seqlen_k > 0,
+          "batch, nheads and seqlens must be positive");
+  require(int64_t(p.batch) * p.nheads <= 65535, "dropout_mask: batch * nheads must be <= 65535");
+  require(p.seqlen_q <= 131072, "dropout_mask: seqlen_q must be <= 131072");
+  require(p.mask != nullptr, "null pointer");
+  require(p.dropout_threshold == 0 ||
+              (p.rng_state != nullptr && reinterpret_cast<uintptr_t>(p.rng_state) % 8 == 0),
+          "dropout needs an 8-byte aligned int64 rng_state (seed, offset)");
+  DeviceGuard guard(device);
+  require_supported_device(device);
+  run_dropout_mask(p, static_cast<cudaStream_t>(stream));
 }
 
 int bwd_max_head_dim() {

@@ -24,6 +24,10 @@ void mha_bwd(const BwdParams& params, int device, void* stream);
 // KV-cache append (+ rotary) before a KV-cache forward; throws like mha_fwd.
 void mha_append_kv(const AppendKvParams& params, int device, void* stream);
 
+// Writes the dropout keep mask of params.rng_state / dropout_threshold (what the kernels of
+// this rng_state keep) as uint8 0/1 into params.mask. Throws like mha_fwd.
+void dropout_mask(const DropoutMaskParams& params, int device, void* stream);
+
 // (dq_accum, dsum) workspace sizes in floats for a backward of these sizes; total_q >= 0
 // for varlen (cu_seqlens_q; seqlen_q is then the maximum), -1 for the dense layout.
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,

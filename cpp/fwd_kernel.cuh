@@ -21,6 +21,10 @@
 //            acc_o += P V_n (P straight from the S accumulators, V via ldmatrix.trans)
 //   epilogue  quad-reduce row sums, O = acc_o / sum, staged through sQ (own rows), written
 //          with 16-byte stores; LSE = max * scale + ln(sum), +inf for rows that see no key.
+//   mods   kMods instance only (softcap / ALiBi / dropout, score_mod.cuh): after the mask,
+//          S becomes the natural-unit logits (the softmax then uses scale 1); after the row
+//          sums (LSE stays that of the undropped softmax), dropped P elements are zeroed;
+//          the epilogue multiplies O by 1 / (1 - p).
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers and strides a multiple of 8
 //          elements (checked by the host API); ragged seqlen_q / seqlen_k tails are zero-
 //          filled on load and masked.
@@ -33,6 +37,7 @@
 #include "flash.h"
 #include "fwd_config.h"
 #include "ptx.cuh"
+#include "score_mod.cuh"
 #include "seqlen.cuh"
 #include "tile.cuh"
 
@@ -58,7 +63,7 @@ struct FwdTraits {
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shape");
 };
 
-template <typename Traits, typename Element>
+template <typename Traits, typename Element, bool kMods>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     fwd_kernel(const FwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -170,7 +175,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     return q_base[kk % 2] + (kk / 2) * kQSegBytes + mt * kRow16Bytes;
   };
 
-  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // log2(e)
+  // With score mods, S holds logits already scaled (ScoreMod::logit), so the softmax scale
+  // is 1: scale_log2 = log2(e) and LSE = max + ln(sum).
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = kMods ? kLog2e : p.softmax_scale * kLog2e;
+  const float lse_scale = kMods ? 1.f : p.softmax_scale;
+  ScoreMod mod;
+  if constexpr (kMods) mod = ScoreMod(p, batch, head);
   float acc_o[kMTiles][kNTilesD][4];
   float row_max[kMTiles][2], row_sum[kMTiles][2];
 #pragma unroll
@@ -247,6 +258,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         }
     }
 
+    if constexpr (kMods) {
+      const int col0 = n_block * kBlockN + 2 * q;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = row0 + warp_row0 + 16 * mt + g + 8 * (e >> 1);
+            const int col = col0 + nt * 8 + (e & 1);
+            float dlogit;
+            acc_s[mt][nt][e] = mod.logit(acc_s[mt][nt][e], row + offset - col, &dlogit);
+          }
+    }
+
     // Online softmax (base 2). Row max is reduced over the quad; the row sum stays per
     // thread until the epilogue.
 #pragma unroll
@@ -290,6 +316,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
           acc_o[mt][dt][2 * r + 1] *= correction;
         }
       }
+
+    if constexpr (kMods) {
+      if (mod.threshold) {
+        // Dropout on P (after the row sums): Philox group {R, R+8} x {C, C+8} is
+        // acc_s[mt][2nn][e01] (.x), [2nn+1][e01] (.y), [2nn][e01+2] (.z), [2nn+1][e01+2] (.w).
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nn = 0; nn < kNTilesN / 2; ++nn)
+#pragma unroll
+            for (int e01 = 0; e01 < 2; ++e01) {
+              const uint4 w = mod.dropout_words(row0 + warp_row0 + 16 * mt + g,
+                                                n_block * kBlockN + 16 * nn + 2 * q + e01);
+              float* lo = acc_s[mt][2 * nn];
+              float* hi = acc_s[mt][2 * nn + 1];
+              if (w.x < mod.threshold) lo[e01] = 0.f;
+              if (w.y < mod.threshold) hi[e01] = 0.f;
+              if (w.z < mod.threshold) lo[e01 + 2] = 0.f;
+              if (w.w < mod.threshold) hi[e01 + 2] = 0.f;
+            }
+      }
+    }
 
     // acc_o += P V, P converted in registers to A fragments (C layout of n8 tiles 2k, 2k+1);
     // each V fragment feeds the kMTiles m16 tiles of the warp.
@@ -356,7 +404,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         float sum = row_sum[mt][r];
         sum += __shfl_xor_sync(0xffffffff, sum, 1);
         sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        const float inv = sum == 0.f ? 0.f : 1.f / sum;
+        const float inv = sum == 0.f ? 0.f : (kMods ? p.dropout_scale : 1.f) / sum;
         const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
         if (row < seq_out.seqlen_q) {
 #pragma unroll
@@ -368,7 +416,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             }
           }
           if (q == 0) {
-            gLse[row] = sum == 0.f ? -INFINITY : row_max[mt][r] * p.softmax_scale + logf(sum);
+            gLse[row] = sum == 0.f ? -INFINITY : row_max[mt][r] * lse_scale + logf(sum);
           }
         }
       }
@@ -383,7 +431,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       sum += __shfl_xor_sync(0xffffffff, sum, 1);
       sum += __shfl_xor_sync(0xffffffff, sum, 2);
       // sum == 0: the row saw no key (O = 0, LSE = +inf). NaN inputs propagate to O and LSE.
-      const float inv = sum == 0.f ? 0.f : 1.f / sum;
+      const float inv = sum == 0.f ? 0.f : (kMods ? p.dropout_scale : 1.f) / sum;
       const int row_local = warp_row0 + 16 * mt + g + 8 * r;
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {
@@ -392,7 +440,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       }
       const int row = row0 + row_local;
       if (q == 0 && row < seq_out.seqlen_q) {
-        gLse[row] = sum == 0.f ? INFINITY : row_max[mt][r] * p.softmax_scale + logf(sum);
+        gLse[row] = sum == 0.f ? INFINITY : row_max[mt][r] * lse_scale + logf(sum);
       }
     }
   __syncthreads();

@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "combine_kernel.cuh"
 #include "fwd_kernel.cuh"
 #include "launch.h"
@@ -11,12 +13,21 @@ namespace flashattn2 {
 
 template <typename Traits, typename Element>
 void launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  constexpr auto kernel = fwd_kernel<Traits, Element>;
-  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fwd_kernel, smem)");
   const int splits = Traits::kKv ? params.num_splits : 1;
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
                   params.batch * splits);
-  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+  auto launch = [&](auto mods) {
+    constexpr auto kernel = fwd_kernel<Traits, Element, decltype(mods)::value>;
+    raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fwd_kernel, smem)");
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+  };
+  // Score modifiers run in their own instance so that plain attention keeps its registers
+  // (benchmarks/NOTES.md, "Attention variants").
+  if (has_score_mods(params)) {
+    launch(std::true_type{});
+  } else {
+    launch(std::false_type{});
+  }
   check_cuda(cudaGetLastError(), "fwd_kernel launch");
 }
 

@@ -46,5 +46,7 @@ template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, cudaStream_t stream);
 // kvcache.cu
 void run_append_kv_any(const AppendKvParams& params, cudaStream_t stream);
+// Defined in dropout_mask.cu.
+void run_dropout_mask(const DropoutMaskParams& params, cudaStream_t stream);
 
 }  // namespace flashattn2

@@ -113,6 +113,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// rcp.approx.ftz.f32: 1 / x (rcp(+inf) = +0).
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two 2-byte values of one 32-bit register -> floats (lo, hi).
 template <typename Element>
 __device__ __forceinline__ float2 unpack2(uint32_t v);

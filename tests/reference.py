@@ -3,6 +3,12 @@
 There is one implementation, ``flashattn2._reference``, shipped in the package so that
 ``python -m flashattn2`` checks against the same code; see its docstrings for conventions.
 """
-from flashattn2._reference import attention_ref, visible_mask
+from flashattn2._reference import (
+    attention_probs,
+    attention_ref,
+    dropout_keep_mask,
+    philox4x32_10,
+    visible_mask,
+)
 
-__all__ = ["attention_ref", "visible_mask"]
+__all__ = ["attention_probs", "attention_ref", "dropout_keep_mask", "philox4x32_10", "visible_mask"]

@@ -48,9 +48,12 @@ def test_signature_matches_flash_attn(func, tensors):
 @pytest.mark.parametrize(
     "func,params",
     [
-        (flashattn2.forward, "q k v causal=False softmax_scale=None"),
-        (flashattn2.forward_with_stats, "q k v causal=False softmax_scale=None"),
-        (flashattn2.backward, "q k v o lse dout causal=False softmax_scale=None deterministic=False"),
+        (flashattn2.forward, "q k v causal=False softmax_scale=None softcap=0.0 "
+         "alibi_slopes=None dropout_p=0.0 rng_state=None"),
+        (flashattn2.forward_with_stats, "q k v causal=False softmax_scale=None softcap=0.0 "
+         "alibi_slopes=None dropout_p=0.0 rng_state=None"),
+        (flashattn2.backward, "q k v o lse dout causal=False softmax_scale=None "
+         "deterministic=False softcap=0.0 alibi_slopes=None dropout_p=0.0 rng_state=None"),
     ],
 )
 def test_low_level_signatures(func, params):
@@ -197,22 +200,100 @@ def test_unbuilt_head_dim_is_named():
         flashattn2.flash_attn_func(q, k, v)
 
 
+# ---- score modifiers: softcap, alibi_slopes, dropout_p (CPU tensors) ---------------------------
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(dropout_p=0.1), r"dropout_p=0.1 is not supported yet \(dropout comes later\)"),
-        (dict(softcap=30.0), "softcap=30.0 is not supported yet"),
-        (dict(alibi_slopes=torch.ones(4)), "alibi_slopes is not supported yet"),
+        (dict(dropout_p=1.0), r"dropout_p must be in \[0, 1\); got 1.0"),
+        (dict(dropout_p=-0.1), r"dropout_p must be in \[0, 1\); got -0.1"),
+        (dict(dropout_p=float("nan")), r"dropout_p must be in \[0, 1\)"),
+        (dict(dropout_p="0.1"), "dropout_p must be a real number; got '0.1'"),
+        (dict(dropout_p=None), "dropout_p must be a real number; got None"),
+        (dict(dropout_p=True), "dropout_p must be a real number; got True"),
+        (dict(softcap=-1.0), r"softcap must be >= 0 and finite \(0 disables it\); got -1.0"),
+        (dict(softcap=float("inf")), "softcap must be >= 0 and finite"),
+        (dict(softcap=None), "softcap must be a real number; got None"),
     ],
 )
-def test_unimplemented_arguments_raise_first(kwargs, message):
-    q, k, v = qkv_cpu(dtype=torch.float32)  # not checked: the argument is reported first
-    with pytest.raises(NotImplementedError, match=message):
+def test_bad_modifier_values_raise_first(kwargs, message):
+    q, k, v = qkv_cpu(dtype=torch.float32)  # not checked: the value is reported first
+    with pytest.raises(ValueError, match=message):
         flashattn2.flash_attn_func(q, k, v, **kwargs)
-    with pytest.raises(NotImplementedError, match=message):
+    with pytest.raises(ValueError, match=message):
         flashattn2.flash_attn_qkvpacked_func(torch.stack([q, q, q], 2), **kwargs)
-    with pytest.raises(NotImplementedError, match=message):
+    with pytest.raises(ValueError, match=message):
         flashattn2.flash_attn_kvpacked_func(q, torch.stack([k, v], 2), **kwargs)
+    with pytest.raises(ValueError, match=message):
+        flashattn2.forward(q, k, v, **kwargs)
+
+
+# name -> (alibi_slopes for q (2, 5, 4, 16), error message pattern); all are ValueError.
+BAD_ALIBI = {
+    "float16": (torch.ones(4).half(), "alibi_slopes must be float32; got torch.float16"),
+    "float64": (torch.ones(4).double(), "alibi_slopes must be float32; got torch.float64"),
+    "kv heads": (torch.ones(2), r"alibi_slopes must have shape \(nheads,\) = \(4,\) or "
+                                r"\(batch, nheads\) = \(2, 4\); got \(2,\)"),
+    "transposed": (torch.ones(4, 2), r"must have shape .*; got \(4, 2\)"),
+    "rank 3": (torch.ones(1, 2, 4), r"must have shape .*; got \(1, 2, 4\)"),
+    "scalar": (torch.tensor(1.0), r"must have shape .*; got \(\)"),
+    "list": ([1.0] * 4, "alibi_slopes must be a tensor or None; got list"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_ALIBI))
+def test_bad_alibi_slopes_are_named_before_the_device_check(case):
+    slopes, message = BAD_ALIBI[case]
+    q, k, v = qkv_cpu()
+    with pytest.raises(ValueError, match=message):
+        flashattn2.flash_attn_func(q, k, v, alibi_slopes=slopes)
+    with pytest.raises(ValueError, match=message):
+        flashattn2.flash_attn_kvpacked_func(q, torch.stack([k, v], 2), alibi_slopes=slopes)
+    with pytest.raises(ValueError, match=message):
+        flashattn2.forward_with_stats(q, k, v, alibi_slopes=slopes)
+
+
+def test_alibi_shape_is_checked_after_qkv_shapes():
+    q, k, v = qkv_cpu(dtype=torch.float32)
+    with pytest.raises(ValueError, match="only supports fp16 and bf16"):
+        flashattn2.flash_attn_func(q, k, v, alibi_slopes=torch.ones(3).half())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(softcap=30.0), dict(softcap=5), dict(alibi_slopes=torch.ones(4)),
+     dict(alibi_slopes=torch.ones(2, 4)), dict(alibi_slopes=torch.ones(4, 2).t()),
+     dict(dropout_p=0.1), dict(dropout_p=0),
+     dict(softcap=10.0, alibi_slopes=torch.ones(4), dropout_p=0.5, causal=True,
+          window_size=(3, 0))],
+)  # fmt: skip
+def test_good_modifiers_reach_the_device_check(kwargs):
+    q, k, v = qkv_cpu()
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on cpu"):
+        flashattn2.flash_attn_func(q, k, v, **kwargs)
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on cpu"):
+        flashattn2.flash_attn_qkvpacked_func(torch.stack([q, q, q], 2), **kwargs)
+
+
+def test_low_level_dropout_needs_an_rng_state():
+    inputs = backward_inputs_cpu()
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    with pytest.raises(ValueError, match="dropout_p > 0 needs rng_state"):
+        flashattn2.forward_with_stats(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p > 0 needs rng_state"):
+        flashattn2.backward(**inputs, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"rng_state must be int64 of shape \(2,\)"):
+        flashattn2.backward(**inputs, dropout_p=0.1, rng_state=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"rng_state must be int64 of shape \(2,\)"):
+        flashattn2.forward_with_stats(q, k, v, dropout_p=0.1,
+                                      rng_state=torch.zeros(3, dtype=torch.int64))
+    rng_state = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on cpu"):
+        flashattn2.backward(**inputs, dropout_p=0.1, rng_state=rng_state)
+    # forward draws its own rng_state (after the checks: a CPU q is still reported).
+    with pytest.raises(ValueError, match="needs CUDA tensors; got q on cpu"):
+        flashattn2.forward(q, k, v, dropout_p=0.1)
 
 
 @pytest.mark.parametrize(
@@ -548,6 +629,14 @@ def test_cpu_tensor_next_to_gpu_tensors():
     q, k, v = qkv_gpu()
     with pytest.raises(ValueError, match="needs CUDA tensors; got v on cpu"):
         flashattn2.flash_attn_func(q, k, v.cpu())
+
+
+@gpu
+def test_alibi_slopes_on_the_cpu_are_named(launches):
+    q, k, v = qkv_gpu()
+    with pytest.raises(ValueError, match="needs CUDA tensors; got alibi_slopes on cpu"):
+        flashattn2.flash_attn_func(q, k, v, alibi_slopes=torch.ones(4))
+    assert launches.launches == 0
 
 
 @gpu

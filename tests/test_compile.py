@@ -25,14 +25,21 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 gpu = pytest.mark.gpu
 
+MODS_SCHEMA = (
+    "float softcap=0., Tensor? alibi_slopes=None, float dropout_p=0., Tensor? rng_state=None"
+)
 FWD_SCHEMA = (
     "flashattn2::fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, "
-    "int window_right) -> (Tensor, Tensor)"
+    f"int window_right, {MODS_SCHEMA}) -> (Tensor, Tensor)"
 )
 BWD_SCHEMA = (
     "flashattn2::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-    "float softmax_scale, int window_left, int window_right, bool deterministic=False) "
-    "-> (Tensor, Tensor, Tensor)"
+    f"float softmax_scale, int window_left, int window_right, bool deterministic=False, "
+    f"{MODS_SCHEMA}) -> (Tensor, Tensor, Tensor)"
+)
+DROPOUT_MASK_SCHEMA = (
+    "flashattn2::dropout_mask(Tensor rng_state, int batch, int nheads, int seqlen_q, "
+    "int seqlen_k, float dropout_p) -> Tensor"
 )
 
 
@@ -75,6 +82,7 @@ def contiguous_strides(shape):
 def test_operator_schemas():
     assert str(torch.ops.flashattn2.fwd.default._schema) == FWD_SCHEMA
     assert str(torch.ops.flashattn2.bwd.default._schema) == BWD_SCHEMA
+    assert str(torch.ops.flashattn2.dropout_mask.default._schema) == DROPOUT_MASK_SCHEMA
 
 
 @pytest.mark.parametrize("headdim", [64, 20])
@@ -129,6 +137,44 @@ def test_make_fx_records_the_operators(no_launch):
     assert graph.count("torch.ops.flashattn2.fwd.default(") == 2
     assert graph.count("torch.ops.flashattn2.bwd.default(") == 1
     assert "0.125, 8, 0)" in graph  # scale 64 ** -0.5 and the window reach the operator
+
+
+def trace_with_modifiers(dropout_p, autograd):
+    """make_fx graph code of flash_attn_func with softcap, ALiBi and ``dropout_p`` on fake CUDA
+    tensors, after running it there (with ``autograd``, forward + backward: fake CUDA autograd
+    needs a CUDA build of torch)."""
+
+    def f(q, k, v, slopes):
+        return flash_attn_func(q, k, v, dropout_p=dropout_p, softcap=5.0, alibi_slopes=slopes,
+                               causal=True, return_attn_probs=True)  # fmt: skip
+
+    with FakeTensorMode():
+        q, k, v = fake_cuda_qkv(headdim=64)
+        slopes = torch.empty(4, device="cuda")
+        graph = make_fx(f)(q, k, v, slopes).code
+        out, lse, probs = f(q, k, v, slopes)
+        if dropout_p:
+            assert probs.shape == (2, 4, 33, 40) and probs.dtype == q.dtype
+        q, k, v = fake_cuda_qkv(headdim=64, requires_grad=autograd)
+        out = flash_attn_func(q, k, v, dropout_p=dropout_p, softcap=5.0, alibi_slopes=slopes)
+        if autograd and _ext.BWD_MAX_HEAD_DIM >= 64:
+            out.sum().backward()
+            assert q.grad.shape == q.shape
+    assert graph.count("torch.ops.flashattn2.fwd.default(") == 1
+    assert ", 5.0, " in graph  # the softcap reaches the operator
+    return graph
+
+
+def test_make_fx_with_softcap_and_alibi(no_launch):
+    graph = trace_with_modifiers(0.0, autograd=False)
+    assert "dropout_mask" not in graph and "randint" not in graph
+
+
+@gpu  # a CPU-only torch cannot draw random numbers for (fake) CUDA tensors
+def test_make_fx_with_dropout_records_rng_state_and_mask(no_launch):
+    graph = trace_with_modifiers(0.1, autograd=True)
+    assert graph.count("torch.ops.flashattn2.dropout_mask.default(") == 1
+    assert "randint" in graph
 
 
 # ---- GPU: torch.compile ----------------------------------------------------------------------

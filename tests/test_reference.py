@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import attention_ref, visible_mask
+from reference import attention_probs, attention_ref, dropout_keep_mask, philox4x32_10, visible_mask
 
 
 def naive_attention(q, k, v, causal, window_size, softmax_scale):
@@ -142,3 +142,123 @@ def test_empty_key_sequence():
     out, lse = attention_ref(q, k, v)
     assert out.shape == q.shape and (out == 0).all()
     assert lse.shape == (2, 2, 3) and lse.isposinf().all()
+
+
+# ---- score modifiers: softcap, ALiBi, dropout ----------------------------------------------
+
+
+def naive_modded_attention(q, k, v, causal, window_size, softmax_scale, softcap, slopes, keep,
+                           dropout_p):  # fmt: skip
+    """float64 loop of the flash-attn v2 definitions: logit = softcap * tanh(scale q.k /
+    softcap) (or scale q.k), minus slope * |i + sk - sq - j|; out uses P * keep / (1 - p)."""
+    q, k, v = q.double(), k.double(), v.double()
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    left, right = window_size
+    right = 0 if causal else right
+    out = torch.zeros(batch, seqlen_q, nheads, headdim, dtype=torch.float64)
+    lse = torch.full((batch, nheads, seqlen_q), math.inf, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(nheads):
+            kh = h // (nheads // nheads_k)
+            slope = 0.0 if slopes is None else float(slopes[h] if slopes.dim() == 1 else slopes[b, h])
+            for i in range(seqlen_q):
+                diag = i + seqlen_k - seqlen_q
+                keys = [j for j in range(seqlen_k) if (right < 0 or j <= diag + right)
+                        and (left < 0 or j >= diag - left)]  # fmt: skip
+                if not keys:
+                    continue
+                scores = k[b, keys, kh] @ q[b, i, h] * softmax_scale
+                if softcap > 0:
+                    scores = softcap * torch.tanh(scores / softcap)
+                scores = scores - slope * torch.tensor([abs(diag - j) for j in keys],
+                                                       dtype=torch.float64)  # fmt: skip
+                top = scores.max()
+                weights = torch.exp(scores - top)
+                total = weights.sum()
+                lse[b, h, i] = top + torch.log(total)
+                if keep is not None:
+                    weights = weights * keep[b, h, i, keys].double() / (1 - dropout_p)
+                out[b, i, h] = weights @ v[b, keys, kh] / total
+    return out, lse
+
+
+MOD_CASES = [
+    # (causal, window, softcap, slopes shape, dropout_p)
+    (False, (-1, -1), 0.7, None, 0.0),
+    (True, (-1, -1), 0.0, "h", 0.0),
+    (False, (3, 2), 2.0, "bh", 0.0),
+    (True, (4, -1), 1.5, "h", 0.3),
+    (False, (-1, -1), 0.0, None, 0.5),
+]
+
+
+@pytest.mark.parametrize("causal,window,softcap,slopes,dropout_p", MOD_CASES)
+def test_reference_modifiers_match_float64_loop(causal, window, softcap, slopes, dropout_p):
+    batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim = 2, 11, 17, 4, 2, 8
+    q = torch.randn(batch, seqlen_q, nheads, headdim) * 2
+    k = torch.randn(batch, seqlen_k, nheads_k, headdim)
+    v = torch.randn(batch, seqlen_k, nheads_k, headdim)
+    alibi = None if slopes is None else torch.rand(nheads if slopes == "h" else (batch, nheads))
+    keep = None
+    if dropout_p:
+        keep = dropout_keep_mask(5, 7, batch, nheads, seqlen_q, seqlen_k, dropout_p)
+    scale = 0.6 / math.sqrt(headdim)
+    out, lse = attention_ref(q, k, v, causal=causal, window_size=window, softmax_scale=scale,
+                             softcap=softcap, alibi_slopes=alibi, dropout_p=dropout_p,
+                             dropout_mask=keep)  # fmt: skip
+    out64, lse64 = naive_modded_attention(q, k, v, causal, window, scale, softcap, alibi, keep,
+                                          dropout_p)  # fmt: skip
+    torch.testing.assert_close(out.double(), out64, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), lse64, atol=1e-5, rtol=1e-5)
+    probs = attention_probs(q, k, causal=causal, window_size=window, softmax_scale=scale,
+                            softcap=softcap, alibi_slopes=alibi)  # fmt: skip
+    assert probs.shape == (batch, nheads, seqlen_q, seqlen_k)
+    assert torch.allclose(probs.sum(-1)[lse.isfinite()], torch.tensor(1.0), atol=1e-5)
+
+
+# Random123 kat_vectors, philox4x32 10.
+PHILOX_KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("ctr,key,expected", PHILOX_KAT)
+def test_philox_known_answers(ctr, key, expected):
+    assert tuple(int(w) for w in philox4x32_10(ctr, key)) == expected
+
+
+def scalar_philox(ctr, key):
+    """Philox4x32-10 in Python ints, straight from the round definition."""
+    x, (k0, k1) = list(ctr), key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * x[0], 0xCD9E8D57 * x[2]
+        x = [(p1 >> 32) ^ x[1] ^ k0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ x[3] ^ k1, p0 & 0xFFFFFFFF]
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return x
+
+
+def test_dropout_keep_mask_follows_the_documented_layout():
+    seed, offset = 0x1234_5678_9ABC_DEF0, 0x0FED_CBA9_8765_4321
+    batch, nheads, seqlen_q, seqlen_k, p = 2, 3, 37, 45, 0.4
+    keep = dropout_keep_mask(seed, offset, batch, nheads, seqlen_q, seqlen_k, p)
+    threshold = int(p * 2**32)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        b, h, i, j = (int(torch.randint(n, (1,), generator=gen))
+                      for n in (batch, nheads, seqlen_q, seqlen_k))  # fmt: skip
+        ctr = ((j // 16) * 8 + j % 8, (i // 16) * 8 + i % 8,
+               (b * nheads + h + offset) & 0xFFFFFFFF, offset >> 32)  # fmt: skip
+        words = scalar_philox(ctr, (seed & 0xFFFFFFFF, seed >> 32))
+        word = words[2 * ((i // 8) % 2) + (j // 8) % 2]
+        assert bool(keep[b, h, i, j]) == (word >= threshold), (b, h, i, j)
+    rate = keep.float().mean().item()
+    assert abs(rate - (1 - p)) < 0.02
+    assert not torch.equal(keep, dropout_keep_mask(seed + 1, offset, batch, nheads, seqlen_q,
+                                                   seqlen_k, p))  # fmt: skip
+    assert not torch.equal(keep, dropout_keep_mask(seed, offset + 1, batch, nheads, seqlen_q,
+                                                   seqlen_k, p))  # fmt: skip
+    assert dropout_keep_mask(seed, offset, 1, 1, 5, 5, 0.0).all()

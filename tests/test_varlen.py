@@ -9,6 +9,7 @@ from flashattn2 import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
 )
 from reference import attention_ref
 from test_fwd import ATOL, LSE_ATOL, LSE_RTOL, dtype_id, require_kernel
@@ -248,3 +249,48 @@ def test_cpu_tensors_and_block_table_are_rejected():
     with pytest.raises(ValueError, match="kv"):
         flash_attn_varlen_kvpacked_func(_t(10, 4, 64), _t(10, 3, 2, 64), _t(3, dtype=torch.int32),
                                         _t(3, dtype=torch.int32), 5, 5)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_score_mods_match_dense(causal):
+    """softcap + ALiBi (per batch entry slopes): each sequence as flash_attn_func computes it
+    (itself checked against the reference in test_variants.py), forward and backward;
+    dropout: reproducible under torch.manual_seed."""
+    lengths_q, lengths_k = LENGTHS["ragged"]
+    q, k, v = make_varlen(lengths_q, lengths_k, 6, 2, 64, torch.float16, requires_grad=True)
+    slopes = torch.rand(len(lengths_q), 6, device="cuda")
+    args = (q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k))
+    out = flash_attn_varlen_func(*args, causal=causal, softcap=5.0, alibi_slopes=slopes)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for b, (sq, sk) in enumerate(per_sequence(lengths_q, lengths_k)):
+        if sq.stop == sq.start or sk.stop == sk.start:
+            continue
+        sub = [t.detach()[s].unsqueeze(0).requires_grad_() for t, s in ((q, sq), (k, sk), (v, sk))]
+        ref = flash_attn_func(*sub, causal=causal, softcap=5.0, alibi_slopes=slopes[b : b + 1])
+        ref_grads = torch.autograd.grad(ref, sub, dout[sq].unsqueeze(0))
+        torch.testing.assert_close(out[sq], ref[0], atol=2e-3, rtol=0)
+        for g, r, s in zip(grads, ref_grads, (sq, sk, sk)):
+            torch.testing.assert_close(g[s], r[0], atol=5e-3, rtol=0)
+    torch.manual_seed(5)
+    a = flash_attn_varlen_func(*args, causal=causal, dropout_p=0.3)
+    torch.manual_seed(5)
+    b = flash_attn_varlen_func(*args, causal=causal, dropout_p=0.3)
+    assert torch.equal(a, b) and not torch.equal(a, out)
+    torch.autograd.grad(a, (q, k, v), dout)  # the backward of a dropout call runs
+
+
+@gpu
+def test_kvcache_softcap_and_alibi_match_dense():
+    q = torch.randn(2, 3, 8, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    slopes = torch.rand(8, device="cuda")
+    seqlens = torch.tensor([100, 300], dtype=torch.int32, device="cuda")
+    out = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=True, softcap=8.0,
+                                  alibi_slopes=slopes, num_splits=3)
+    for b, n in enumerate(seqlens.tolist()):
+        ref = flash_attn_func(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], causal=True,
+                              softcap=8.0, alibi_slopes=slopes)
+        torch.testing.assert_close(out[b], ref[0], atol=2e-3, rtol=0)

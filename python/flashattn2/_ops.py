@@ -1,14 +1,21 @@
 """The kernels as torch.library operators, for torch.compile, torch.export and dispatch modes.
 
-    flashattn2::fwd(q, k, v, softmax_scale, window_left, window_right) -> (out, lse)
+    flashattn2::fwd(q, k, v, softmax_scale, window_left, window_right, softcap=0.0,
+                    alibi_slopes=None, dropout_p=0.0, rng_state=None) -> (out, lse)
     flashattn2::bwd(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
-                    deterministic=False)
+                    deterministic=False, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+                    rng_state=None)
         -> (dq, dk, dv)
     flashattn2::varlen_fwd / ::varlen_bwd: the same for packed variable-length sequences
         (varlen.py; lse (nheads, total_q))
     flashattn2::fwd_kvcache(q, k_cache!, v_cache!, k?, v?, ...) -> (out, lse)
         (kvcache.py); writes k_cache and v_cache in place, declared in the schema so
         functionalization orders it correctly (no graph break)
+    flashattn2::dropout_mask(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p)
+        -> keep (bool, (batch, nheads, seqlen_q, seqlen_k))
+
+Dropout's randomness is an input (``rng_state``, drawn by the caller), so every operator is
+a pure function of its arguments.
 
 Inputs are q, k, v (and dout, out, lse) as the checked public functions have them, any head
 dim up to 256 and any strides: the CUDA implementations pad and copy what the kernels cannot
@@ -36,35 +43,40 @@ warns); use the flash_attn_* functions for autograd.
 """
 import torch
 
-from .interface import _backward_any, _forward_any
+from .interface import _backward_any, _dropout_keep_mask, _forward_any
 from .kvcache import _kvcache_forward
 from .varlen import _varlen_backward_any, _varlen_forward_any
 
+_MODS = "float softcap=0.0, Tensor? alibi_slopes=None, float dropout_p=0.0, Tensor? rng_state=None"
 torch.library.define(
     "flashattn2::fwd",
-    "(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, int window_right)"
-    " -> (Tensor, Tensor)",
+    "(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, int window_right, "
+    + _MODS + ") -> (Tensor, Tensor)",
 )
 torch.library.define(
     "flashattn2::bwd",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale,"
-    " int window_left, int window_right, bool deterministic=False) -> (Tensor, Tensor, Tensor)",
+    " int window_left, int window_right, bool deterministic=False, " + _MODS + ")"
+    " -> (Tensor, Tensor, Tensor)",
 )
-
-
+torch.library.define(
+    "flashattn2::dropout_mask",
+    "(Tensor rng_state, int batch, int nheads, int seqlen_q, int seqlen_k, float dropout_p)"
+    " -> Tensor",
+)
 
 
 torch.library.define(
     "flashattn2::varlen_fwd",
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q,"
-    " int max_seqlen_k, float softmax_scale, int window_left, int window_right)"
+    " int max_seqlen_k, float softmax_scale, int window_left, int window_right, " + _MODS + ")"
     " -> (Tensor, Tensor)",
 )
 torch.library.define(
     "flashattn2::varlen_bwd",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,"
     " Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale,"
-    " int window_left, int window_right, bool deterministic=False)"
+    " int window_left, int window_right, bool deterministic=False, " + _MODS + ")"
     " -> (Tensor, Tensor, Tensor)",
 )
 torch.library.define(
@@ -72,30 +84,40 @@ torch.library.define(
     "(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v,"
     " Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx,"
     " Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, int window_left,"
-    " int window_right, bool rotary_interleaved, int num_splits) -> (Tensor, Tensor)",
+    " int window_right, bool rotary_interleaved, int num_splits, float softcap=0.0,"
+    " Tensor? alibi_slopes=None) -> (Tensor, Tensor)",
 )
 
 
-def _fwd_cuda(q, k, v, softmax_scale, window_left, window_right):
-    out, lse = _forward_any(q, k, v, softmax_scale, window_left, window_right)
+def _fwd_cuda(q, k, v, softmax_scale, window_left, window_right, softcap=0.0, alibi_slopes=None,
+              dropout_p=0.0, rng_state=None):
+    out, lse = _forward_any(q, k, v, softmax_scale, window_left, window_right, softcap,
+                            alibi_slopes, dropout_p, rng_state)
     return out.contiguous(), lse  # a copy only when the head dim was padded
 
 
 def _bwd_cuda(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
-              deterministic=False):
+              deterministic=False, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+              rng_state=None):
     grads = _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
-                          deterministic)
+                          deterministic, softcap, alibi_slopes, dropout_p, rng_state)
     return tuple(g.contiguous() for g in grads)
 
 
-def _fwd_fake(q, k, v, softmax_scale, window_left, window_right):
+def _dropout_mask_cuda(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p):
+    return _dropout_keep_mask(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p)
+
+
+def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap=0.0, alibi_slopes=None,
+              dropout_p=0.0, rng_state=None):
     batch, seqlen_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
 
 
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
-              deterministic=False):
+              deterministic=False, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+              rng_state=None):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
@@ -123,9 +145,14 @@ def _fwd_kvcache_fake(q, *args):
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
 
 
+def _dropout_mask_fake(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p):
+    return rng_state.new_empty((batch, nheads, seqlen_q, seqlen_k), dtype=torch.bool)
+
+
 # (torch.library.impl used as a decorator returns None, so register the named functions.)
 torch.library.impl("flashattn2::fwd", "cuda")(_fwd_cuda)
 torch.library.impl("flashattn2::bwd", "cuda")(_bwd_cuda)
+torch.library.impl("flashattn2::dropout_mask", "cuda")(_dropout_mask_cuda)
 torch.library.register_fake("flashattn2::fwd")(_fwd_fake)
 torch.library.register_fake("flashattn2::bwd")(_bwd_fake)
 torch.library.impl("flashattn2::varlen_fwd", "cuda")(_varlen_fwd_cuda)
@@ -134,3 +161,4 @@ torch.library.impl("flashattn2::fwd_kvcache", "cuda")(_kvcache_forward)
 torch.library.register_fake("flashattn2::varlen_fwd")(_varlen_fwd_fake)
 torch.library.register_fake("flashattn2::varlen_bwd")(_varlen_bwd_fake)
 torch.library.register_fake("flashattn2::fwd_kvcache")(_fwd_kvcache_fake)
+torch.library.register_fake("flashattn2::dropout_mask")(_dropout_mask_fake)

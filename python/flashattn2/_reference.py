@@ -2,7 +2,10 @@
 
 Same conventions as the kernels: BSHD layout, GQA by sharing each key/value head among
 ``nheads // nheads_k`` consecutive query heads, bottom-right aligned causal / local masks,
-and rows that see no key give out = 0 and lse = +inf.
+and rows that see no key give out = 0 and lse = +inf. Score modifiers as flash-attn v2 (and
+``cpp/score_mod.cuh``): ``softcap`` caps ``scale * q.k`` at ``softcap * tanh(. / softcap)``,
+ALiBi then adds ``-slope * |i + seqlen_k - seqlen_q - j|``; dropout takes an explicit keep
+mask (``dropout_keep_mask`` regenerates the kernels' mask from their Philox function).
 """
 import math
 
@@ -25,17 +28,22 @@ def visible_mask(seqlen_q, seqlen_k, window_left=-1, window_right=-1, device=Non
     return mask
 
 
-def attention_ref(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, upcast=True):
-    """Returns ``(out, lse)``: out like q, lse float32 ``(batch, nheads, seqlen_q)``.
+def alibi_bias(alibi_slopes, batch, seqlen_q, seqlen_k, device=None):
+    """float32 ``(batch, nheads, seqlen_q, seqlen_k)``: ``-slope * |i + seqlen_k - seqlen_q - j|``
+    for slopes of shape ``(nheads,)`` or ``(batch, nheads)``."""
+    slopes = alibi_slopes.float().to(device)
+    if slopes.dim() == 1:
+        slopes = slopes.expand(batch, -1)
+    row = torch.arange(seqlen_q, device=device).unsqueeze(1) + (seqlen_k - seqlen_q)
+    col = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    dist = (row - col).abs().float()
+    return -slopes[:, :, None, None] * dist
 
-    q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)``. ``causal`` sets the right window bound to 0
-    (as flash-attn does, the left bound of ``window_size`` is kept). ``upcast=True``
-    computes in float32; ``upcast=False`` computes in the input dtype, which measures
-    PyTorch's own error at that precision. ``softmax_scale`` defaults to ``d ** -0.5``.
-    """
-    dtype = q.dtype
-    if upcast:
-        q, k, v = q.float(), k.float(), v.float()
+
+def attention_scores(q, k, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
+                     alibi_slopes=None):
+    """The logits ``(batch, nheads, seqlen_q, seqlen_k)`` in q's dtype (-inf where masked) and
+    the visible mask: ``softcap`` and ALiBi applied, k repeated over GQA groups."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     if softmax_scale is None:
@@ -43,17 +51,110 @@ def attention_ref(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=Non
     window_left, window_right = window_size
     if causal:
         window_right = 0
-    group = nheads // nheads_k
-    k = k.repeat_interleave(group, dim=2)
-    v = v.repeat_interleave(group, dim=2)
-
+    k = k.repeat_interleave(nheads // nheads_k, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q * softmax_scale, k)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:
+        bias = alibi_bias(alibi_slopes, batch, seqlen_q, seqlen_k, q.device)
+        scores = scores + bias.to(scores.dtype)
     mask = visible_mask(seqlen_q, seqlen_k, window_left, window_right, q.device)
-    scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.masked_fill(~mask, float("-inf")), mask
+
+
+def attention_ref(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, upcast=True,
+                  softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_mask=None):
+    """Returns ``(out, lse)``: out like q, lse float32 ``(batch, nheads, seqlen_q)``.
+
+    q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)``. ``causal`` sets the right window bound to 0
+    (as flash-attn does, the left bound of ``window_size`` is kept). ``upcast=True``
+    computes in float32; ``upcast=False`` computes in the input dtype, which measures
+    PyTorch's own error at that precision. ``softmax_scale`` defaults to ``d ** -0.5``.
+    ``softcap`` / ``alibi_slopes`` (float32 ``(h,)`` or ``(b, h)``) modify the logits;
+    ``dropout_mask`` (bool ``(b, h, sq, sk)``, True = kept) with ``dropout_p`` gives
+    ``out = (P * mask / (1 - dropout_p)) @ v``; lse is always that of the undropped softmax.
+    """
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    nheads, nheads_k = q.shape[2], k.shape[2]
+    v = v.repeat_interleave(nheads // nheads_k, dim=2)
+    scores, mask = attention_scores(q, k, causal, window_size, softmax_scale, softcap,
+                                    alibi_slopes)
     lse = torch.logsumexp(scores.float(), dim=-1)
     probs = torch.softmax(scores, dim=-1)
     seen = mask.any(dim=-1)  # (sq,): rows that see at least one key
     probs = probs.masked_fill(~seen.unsqueeze(-1), 0.0)
+    if dropout_mask is not None:
+        probs = probs.masked_fill(~dropout_mask, 0.0) / (1.0 - dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
     lse = lse.masked_fill(~seen, float("inf"))
     return out.to(dtype), lse
+
+
+def attention_probs(q, k, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
+                    alibi_slopes=None):
+    """The undropped softmax probabilities, float32 ``(batch, nheads, seqlen_q, seqlen_k)``
+    (rows that see no key are 0)."""
+    scores, mask = attention_scores(q.float(), k.float(), causal, window_size, softmax_scale,
+                                    softcap, alibi_slopes)
+    probs = torch.softmax(scores, dim=-1)
+    return probs.masked_fill(~mask.any(dim=-1).unsqueeze(-1), 0.0)
+
+
+# ---- dropout: a torch twin of cpp/score_mod.cuh (Philox4x32-10 and the element layout) ----
+
+_M32 = 0xFFFFFFFF
+
+
+def _mulhilo32(a, x):
+    """(hi, lo) 32-bit halves of the constant ``a`` times uint32 values ``x`` (int64 tensor),
+    from 16-bit pieces so that nothing overflows int64."""
+    a_hi, a_lo = a >> 16, a & 0xFFFF
+    x_hi, x_lo = x >> 16, x & 0xFFFF
+    ll = a_lo * x_lo
+    mid = a_lo * x_hi + a_hi * x_lo + (ll >> 16)
+    lo = ((mid & 0xFFFF) << 16) | (ll & 0xFFFF)
+    hi = a_hi * x_hi + (mid >> 16)
+    return hi, lo
+
+
+def philox4x32_10(ctr, key):
+    """Philox4x32-10 (Salmon et al., SC'11) on int64 tensors holding uint32 values.
+
+    ``ctr``: 4 tensors (broadcastable), ``key``: 2 ints. Returns 4 int64 tensors.
+    """
+    x0, x1, x2, x3 = (torch.as_tensor(c, dtype=torch.int64) for c in ctr)
+    k0, k1 = key[0] & _M32, key[1] & _M32
+    for _ in range(10):
+        hi0, lo0 = _mulhilo32(0xD2511F53, x0)
+        hi1, lo1 = _mulhilo32(0xCD9E8D57, x2)
+        x0, x1, x2, x3 = hi1 ^ x1 ^ k0, lo1, hi0 ^ x3 ^ k1, lo0
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+    return x0, x1, x2, x3
+
+
+def dropout_threshold(dropout_p):
+    """Elements whose Philox word is below this are dropped: ``floor(p * 2^32)``."""
+    return min(int(dropout_p * 2**32), 2**32 - 1)
+
+
+def dropout_keep_mask(seed, offset, batch, nheads, seqlen_q, seqlen_k, dropout_p, device=None):
+    """Bool ``(batch, nheads, seqlen_q, seqlen_k)``: True where the kernels keep the element
+    for this (seed, offset) (the two int64 of their ``rng_state``) and ``dropout_p``.
+
+    Element (b, h, i, j) takes word ``2 * ((i // 8) % 2) + (j // 8) % 2`` of the Philox call
+    with key (seed lo, seed hi) and counter (group column, group row, b * nheads + h +
+    offset lo, offset hi), group row ``(i // 16) * 8 + i % 8``, column likewise from j.
+    """
+    i = torch.arange(seqlen_q, device=device, dtype=torch.int64).view(1, 1, -1, 1)
+    j = torch.arange(seqlen_k, device=device, dtype=torch.int64).view(1, 1, 1, -1)
+    bh = torch.arange(batch * nheads, device=device, dtype=torch.int64).view(batch, nheads, 1, 1)
+    group_row = (i >> 4) * 8 + (i & 7)
+    group_col = (j >> 4) * 8 + (j & 7)
+    ctr = (group_col, group_row, (bh + (offset & _M32)) & _M32,
+           torch.tensor((offset >> 32) & _M32, device=device))
+    words = torch.stack(torch.broadcast_tensors(*philox4x32_10(ctr, (seed, seed >> 32))))
+    which = ((i >> 3) & 1) * 2 + ((j >> 3) & 1)
+    word = words.gather(0, which.expand(batch, nheads, seqlen_q, seqlen_k)[None])[0]
+    return word >= dropout_threshold(dropout_p)

@@ -3,10 +3,16 @@
 Checks run in a fixed order, all before any launch, so that a problem is reported the same
 way whatever the device:
 
-1. arguments that are not implemented yet (``dropout_p``, ``softcap``, ``alibi_slopes``)
-   and ``window_size``;
-2. ranks, dtypes, then shapes (head dim, batch, key/value shapes, ``h % h_k``);
-3. devices: CUDA tensors, one device, a GPU this build has code for (cached per device).
+1. argument values: ``dropout_p`` in [0, 1), ``softcap`` >= 0, ``window_size``;
+2. ranks, dtypes, then shapes (head dim, batch, key/value shapes, ``h % h_k``, then
+   ``alibi_slopes``: float32 of shape ``(nheads,)`` or ``(batch, nheads)``);
+3. devices: CUDA tensors, one device (``alibi_slopes`` included), a GPU this build has code
+   for (cached per device).
+
+Dropout: each call draws ``rng_state`` = (seed, offset), two int64 on q's device, from torch's
+CUDA generator (reproducible under ``torch.manual_seed``, no host sync, CUDA-graph safe);
+the kernels derive each element's keep bit from it with Philox4x32-10, and autograd saves it
+for the backward, which regenerates the same mask.
 
 Tensors the kernel cannot read directly are copied first (documented here, nowhere else):
 
@@ -24,12 +30,13 @@ launch the kernels directly; while torch.compile / torch.export trace, or a disp
 (FakeTensorMode, FlopCounterMode, ...) is active, they go through the ``flashattn2::fwd`` /
 ``flashattn2::bwd`` operators of ``_ops.py`` instead (see there for why and what it costs).
 """
+import math
 import operator
 
 import torch
 import torch.nn.functional as F
 
-from . import _ext
+from . import _ext, _reference
 
 _C = _ext._C  # module attribute, so tests can intercept launches
 
@@ -41,6 +48,7 @@ _MAX_HEADDIM = 256
 
 
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=None, lse=None,
+                        softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None,
                         num_splits=0):
     """Launches the forward kernel with no argument checks; returns ``(out, lse)``.
 
@@ -48,8 +56,11 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     compiled kernel, 16-byte aligned pointers, unit last-dim stride and other strides
     multiples of 8 elements. ``out`` (like q, same requirements) and ``lse`` (float32
     ``(b, h, sq)`` with unit last stride) are allocated when not given. Empty problems
-    never reach the kernel; ``seqlen_k == 0`` gives out = 0 and lse = +inf. ``num_splits``:
-    split-KV count, 0 = the heuristic (splits only when the grid would not fill the GPU).
+    never reach the kernel; ``seqlen_k == 0`` gives out = 0 and lse = +inf.
+    Score modifiers: ``softcap``, ``alibi_slopes`` (float32 ``(h,)`` or ``(b, h)`` with a unit
+    last stride, on q's device) and ``dropout_p`` with ``rng_state`` (int64 ``(2,)`` on q's
+    device; see ``_rng_state``). ``num_splits``: split-KV count, 0 = the heuristic (splits
+    only when the grid would not fill the GPU).
     """
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -65,24 +76,29 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
         return out, lse
     _launch_fwd(q, k, v, out, lse, q.stride()[:3], k.stride()[:3], v.stride()[:3],
                 out.stride()[:3], lse.stride()[:2], batch, seqlen_q, seqlen_k, nheads, nheads_k,
-                headdim, softmax_scale, window_left, window_right, num_splits)
+                headdim, softmax_scale, window_left, window_right, num_splits,
+                _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state))
     return out, lse
 
 
 def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, lse_strides,
                 batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, softmax_scale,
-                window_left, window_right, num_splits=1, **layout):
+                window_left, window_right, num_splits=1, mods=None, **layout):
     """``_C.fwd`` with split-KV: ``num_splits`` 0 takes the heuristic's count, and the float32
     workspaces of a split run are allocated here. ``layout``: the optional SeqLayout
-    arguments of ``_C.fwd`` (cu_seqlens_q, seqused_k, block_table, ...).
+    arguments of ``_C.fwd`` (cu_seqlens_q, seqused_k, block_table, ...); ``mods``: the score
+    modifier arguments (``_mod_kwargs``).
 
     A single query row (dense q) with GQA and no left window runs with the query heads of
     each group packed into the query tile, so each K/V tile is read once per group rather
     than once per query head: heads ``h_k * g + j`` become rows j of head h_k (strides only).
+    Not with ALiBi or dropout, whose values depend on the head and row.
     """
+    mods = mods or {}
     if seqlen_q == 1 and "cu_seqlens_q" not in layout:
         window_right = -1  # the one query row sees every key up to the last anyway
-        if nheads > nheads_k and window_left < 0:
+        per_head = mods.get("alibi_slopes", 0) or mods.get("dropout_p", 0.0) > 0
+        if nheads > nheads_k and window_left < 0 and not per_head:
             group = nheads // nheads_k
             q_strides = (q_strides[0], q_strides[2], q_strides[2] * group)
             o_strides = (o_strides[0], o_strides[2], o_strides[2] * group)
@@ -106,12 +122,45 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
-        **layout,
+        **layout, **mods,
     )  # fmt: skip
 
 
+def _mod_kwargs(softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None):
+    """The score-modifier keyword arguments of ``_C.fwd`` / ``_C.bwd``."""
+    if alibi_slopes is None:
+        alibi, alibi_batch_stride = 0, 0
+    else:
+        alibi = alibi_slopes.data_ptr()
+        alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    rng = rng_state.data_ptr() if dropout_p > 0 else 0
+    return dict(softcap=float(softcap), alibi_slopes=alibi, alibi_batch_stride=alibi_batch_stride,
+                rng_state=rng, dropout_p=float(dropout_p))
+
+
+def _rng_state(device):
+    """(seed, offset) for one dropout call: two int64 drawn on ``device`` by torch's RNG."""
+    return torch.randint(2**62, (2,), dtype=torch.int64, device=device)
+
+
+def _dropout_keep_mask(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p):
+    """Bool ``(batch, nheads, seqlen_q, seqlen_k)``: the elements the kernels keep for this
+    ``rng_state`` and ``dropout_p`` (written by a small kernel from the same Philox code)."""
+    if _tracing():
+        return torch.ops.flashattn2.dropout_mask(rng_state, batch, nheads, seqlen_q, seqlen_k,
+                                                 dropout_p)
+    mask = torch.empty(batch, nheads, seqlen_q, seqlen_k, dtype=torch.uint8,
+                       device=rng_state.device)
+    if mask.numel():
+        device = rng_state.get_device()
+        _C.dropout_mask(mask.data_ptr(), rng_state.data_ptr(), batch, nheads, seqlen_q, seqlen_k,
+                        float(dropout_p), device, _ext.current_stream(device))
+    return mask.bool()
+
+
 def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
-                         deterministic=False, dq=None, dk=None, dv=None):
+                         deterministic=False, dq=None, dk=None, dv=None, softcap=0.0,
+                         alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """Launches the backward kernels with no argument checks; returns ``(dq, dk, dv)``.
 
     q, k, v, out and lse as ``_flash_attn_forward`` takes / returns them (kernel-ready; lse
@@ -119,7 +168,8 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     tensor if the kernel cannot read it. ``dq``/``dk``/``dv`` (like q/k/v, kernel-ready) are
     allocated contiguous when not given; with GQA the kernel sums dk/dv over each group.
     Empty problems never reach the kernel and give zero gradients. ``deterministic`` makes dq
-    bitwise reproducible (the kernel orders its accumulation).
+    bitwise reproducible (the kernel orders its accumulation). Score modifiers as the
+    forward took them (the same ``rng_state`` regenerates its dropout mask).
     """
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -134,13 +184,13 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     dout = _kernel_ready(dout, 0)
     _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse.stride()[:2], batch, seqlen_q,
                 seqlen_k, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
-                deterministic)
+                deterministic, _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state))
     return dq, dk, dv
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_q, seqlen_k,
                 nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
-                deterministic, cu_seqlens_q=None, cu_seqlens_k=None):
+                deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """``_C.bwd`` with its workspaces. Dense: 4-D tensors. Varlen (cu_seqlens_q/k given):
     3-D ``(total, heads, d)`` tensors read with batch stride 0, lse ``(nheads, total_q)``."""
     if cu_seqlens_q is None:
@@ -164,7 +214,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
         1 if q.dtype is _BF16 else 0,
-        device, _ext.current_stream(device), deterministic, **varlen,
+        device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}),
     )  # fmt: skip
 
 
@@ -186,18 +236,29 @@ def _lse_ready(lse):
     return lse
 
 
-def _forward_any(q, k, v, softmax_scale, window_left, window_right):
+def _alibi_ready(alibi_slopes):
+    """``alibi_slopes`` itself if the kernel can read it (unit last stride), else a copy."""
+    if alibi_slopes is not None and alibi_slopes.stride(-1) != 1:
+        alibi_slopes = alibi_slopes.contiguous()
+    return alibi_slopes
+
+
+def _forward_any(q, k, v, softmax_scale, window_left, window_right, softcap=0.0,
+                 alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """``(out, lse)`` for checked q, k, v of any head dim and strides, no autograd: copies what
     the kernel cannot read; when the head dim is padded, out is a view of the padded out."""
     headdim = q.shape[3]
     pad = -headdim % 8
     q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
-    out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right)
+    out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right,
+                                   softcap=softcap, alibi_slopes=_alibi_ready(alibi_slopes),
+                                   dropout_p=dropout_p, rng_state=rng_state)  # fmt: skip
     return (out[..., :headdim] if pad else out), lse
 
 
 def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
-                  deterministic=False):
+                  deterministic=False, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+                  rng_state=None):
     """``(dq, dk, dv)`` for checked tensors of any head dim and strides, like ``_forward_any``
     (views of the padded gradients when the head dim is padded)."""
     headdim = q.shape[3]
@@ -206,6 +267,8 @@ def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_ri
         _kernel_ready(dout, pad), _kernel_ready(q, pad), _kernel_ready(k, pad),
         _kernel_ready(v, pad), _kernel_ready(out, pad), _lse_ready(lse),
         softmax_scale, window_left, window_right, deterministic,
+        softcap=softcap, alibi_slopes=_alibi_ready(alibi_slopes), dropout_p=dropout_p,
+        rng_state=rng_state,
     )  # fmt: skip
     return tuple(g[..., :headdim] for g in grads) if pad else grads
 
@@ -234,22 +297,30 @@ class _FlashAttnFunc(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, window_left, window_right, deterministic):
+    def forward(ctx, q, k, v, softmax_scale, window_left, window_right, deterministic, softcap,
+                alibi_slopes, dropout_p, rng_state):
         headdim = q.shape[3]
         pad = -headdim % 8
+        mods = (softcap, alibi_slopes, dropout_p, rng_state)
         if _tracing():
             if pad:
                 q, k, v = F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad))
-            out, lse = torch.ops.flashattn2.fwd(q, k, v, softmax_scale, window_left, window_right)
+            out, lse = torch.ops.flashattn2.fwd(q, k, v, softmax_scale, window_left, window_right,
+                                                *mods)  # fmt: skip
         else:
             q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
-            out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right)
-        ctx.save_for_backward(q, k, v, out, lse)
+            alibi_slopes = _alibi_ready(alibi_slopes)
+            out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right,
+                                           softcap=softcap, alibi_slopes=alibi_slopes,
+                                           dropout_p=dropout_p, rng_state=rng_state)  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
         ctx.mark_non_differentiable(lse)
         ctx.softmax_scale = softmax_scale
         ctx.window_left = window_left
         ctx.window_right = window_right
         ctx.deterministic = deterministic
+        ctx.softcap = softcap
+        ctx.dropout_p = dropout_p
         ctx.headdim = headdim
         return out, lse
 
@@ -257,31 +328,54 @@ class _FlashAttnFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         headdim = ctx.headdim
         _check_backward(headdim)
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
         args = (dout, q, k, v, out, lse, ctx.softmax_scale, ctx.window_left, ctx.window_right,
                 ctx.deterministic)
+        mods = dict(softcap=ctx.softcap, alibi_slopes=alibi_slopes, dropout_p=ctx.dropout_p,
+                    rng_state=rng_state)
         if _tracing():
-            dq, dk, dv = torch.ops.flashattn2.bwd(*args)
+            dq, dk, dv = torch.ops.flashattn2.bwd(*args, **mods)
         else:
-            dq, dk, dv = _flash_attn_backward(*args)
+            dq, dk, dv = _flash_attn_backward(*args, **mods)
         if q.shape[3] != headdim:
             dq, dk, dv = dq[..., :headdim], dk[..., :headdim], dv[..., :headdim]
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
-def _check_unsupported(dropout_p, softcap, alibi_slopes):
-    if dropout_p:
-        raise NotImplementedError(
-            f"flashattn2: dropout_p={dropout_p!r} is not supported yet (dropout comes later); "
-            "pass dropout_p=0.0"
-        )
-    if softcap:
-        raise NotImplementedError(
-            f"flashattn2: softcap={softcap!r} is not supported yet; pass softcap=0.0"
-        )
-    if alibi_slopes is not None:
-        raise NotImplementedError(
-            "flashattn2: alibi_slopes is not supported yet; pass alibi_slopes=None"
+def _real(name, value):
+    """``value`` as a float; ValueError naming ``name`` for anything that is not a real number."""
+    if isinstance(value, (bool, str, bytes)):
+        raise ValueError(f"{name} must be a real number; got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number; got {value!r}") from None
+
+
+def _check_mod_values(dropout_p, softcap):
+    """``(dropout_p, softcap)`` as floats after the value checks (step 1 of the module doc)."""
+    dropout_p = _real("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p!r}")
+    softcap = _real("softcap", softcap)
+    if not 0.0 <= softcap < math.inf:
+        raise ValueError(f"softcap must be >= 0 and finite (0 disables it); got {softcap!r}")
+    return dropout_p, softcap
+
+
+def _check_alibi_shape(alibi_slopes, q):
+    """dtype and shape of ``alibi_slopes`` (None passes): float32 ``(h,)`` or ``(b, h)``."""
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise ValueError(f"alibi_slopes must be a tensor or None; got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype is not _FP32:
+        raise ValueError(f"alibi_slopes must be float32; got {alibi_slopes.dtype}")
+    batch, nheads = q.shape[0], q.shape[2]
+    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+        raise ValueError(
+            f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
+            f"({batch}, {nheads}); got {tuple(alibi_slopes.shape)}"
         )
 
 
@@ -310,12 +404,6 @@ def _scale(q, softmax_scale):
 
 def _shape_error(name, expected, tensor):
     return ValueError(f"{name} must have shape {expected}; got {tuple(tensor.shape)}")
-
-
-def _check_qkv(q, k, v):
-    """Rank, dtype, shape, then device checks (see the module docstring)."""
-    _check_qkv_shapes(q, k, v)
-    _check_devices(("q", q), ("k", k), ("v", v))
 
 
 def _check_qkv_shapes(q, k, v):
@@ -387,8 +475,18 @@ def _kernel_ready(t, pad):
     return t
 
 
+def _check_inputs(q, k, v, alibi_slopes):
+    """Shapes (alibi_slopes included), then devices: steps 2 and 3 of the module doc."""
+    _check_qkv_shapes(q, k, v)
+    _check_alibi_shape(alibi_slopes, q)
+    named = [("q", q), ("k", k), ("v", v)]
+    if alibi_slopes is not None:
+        named.append(("alibi_slopes", alibi_slopes))
+    _check_devices(*named)
+
+
 def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
-               return_attn_probs):  # fmt: skip
+               return_attn_probs, softcap=0.0, alibi_slopes=None, dropout_p=0.0):  # fmt: skip
     """Checked inputs in, flash-attn style result out."""
     softmax_scale = _scale(q, softmax_scale)
     # flash-attn treats a window bound >= seqlen_k as unbounded.
@@ -397,17 +495,42 @@ def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
         window_left = -1
     if window_right >= seqlen_k:
         window_right = -1
+    rng_state = _rng_state(q.device) if dropout_p > 0 else None
+    mods = (softcap, alibi_slopes, dropout_p, rng_state)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _FlashAttnFunc.apply(
-            q, k, v, softmax_scale, window_left, window_right, deterministic
+            q, k, v, softmax_scale, window_left, window_right, deterministic, *mods
         )
         if out.shape[3] != q.shape[3]:
             out = out[..., : q.shape[3]]
     elif _tracing():
-        out, lse = torch.ops.flashattn2.fwd(q, k, v, softmax_scale, window_left, window_right)
+        out, lse = torch.ops.flashattn2.fwd(q, k, v, softmax_scale, window_left, window_right,
+                                            *mods)  # fmt: skip
     else:
-        out, lse = _forward_any(q, k, v, softmax_scale, window_left, window_right)
-    return (out, lse, None) if return_attn_probs else out
+        out, lse = _forward_any(q, k, v, softmax_scale, window_left, window_right, *mods)
+    if not return_attn_probs:
+        return out
+    probs = None
+    if dropout_p > 0:
+        probs = _dropped_probs(q, k, softmax_scale, window_left, window_right, softcap,
+                               alibi_slopes, dropout_p, rng_state)  # fmt: skip
+    return out, lse, probs
+
+
+def _dropped_probs(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                   dropout_p, rng_state):  # fmt: skip
+    """flash-attn's ``S_dmask`` for testing: the undropped softmax probabilities in q's dtype,
+    ``(batch, nheads, seqlen_q, seqlen_k)``, negated where dropout dropped the element (so the
+    sign bit is the mask, dropped zeros included: ``torch.signbit(probs)`` = dropped). Computed
+    in float32 with plain torch from q and k (memory ``O(b h sq sk)``); the keep mask comes
+    from the kernels' own Philox code."""
+    batch, seqlen_q, nheads, _ = q.shape
+    probs = _reference.attention_probs(
+        q.detach(), k.detach(), window_size=(window_left, window_right),
+        softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    keep = _dropout_keep_mask(rng_state, batch, nheads, seqlen_q, k.shape[1], dropout_p)
+    return torch.where(keep, probs, -probs).to(q.dtype)
 
 
 def flash_attn_func(
@@ -429,35 +552,43 @@ def flash_attn_func(
         q: ``(batch, seqlen_q, nheads, headdim)``, fp16 or bf16, on a CUDA device.
         k, v: ``(batch, seqlen_k, nheads_k, headdim)``, same dtype and device; ``nheads``
             must be a multiple of ``nheads_k`` (GQA / MQA).
-        dropout_p: must be 0.0 (dropout is not implemented yet).
+        dropout_p: dropout probability in [0, 1) applied to the attention probabilities
+            (outputs scaled by ``1 / (1 - dropout_p)``); pass 0.0 in evaluation. The mask is
+            drawn from torch's CUDA generator (reproducible under ``torch.manual_seed``).
         softmax_scale: multiplies ``q @ k^T``; default ``headdim ** -0.5``.
         causal: key j is visible to query i only if ``j <= i + seqlen_k - seqlen_q``
             (bottom-right aligned); overrides the right bound of ``window_size`` with 0.
         window_size: ``(left, right)``; key j is visible to query i only if
             ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``;
             -1 (or a bound >= seqlen_k) is unbounded.
-        softcap, alibi_slopes: must be 0.0 / None (not implemented yet).
-        deterministic: ask for a backward pass whose gradients are bitwise reproducible;
-            not implemented yet, so ``True`` makes the backward raise NotImplementedError
-            (the forward is always deterministic and unaffected).
-        return_attn_probs: also return the log-sum-exp of each row.
+        softcap: > 0 caps the logits: ``softcap * tanh(softmax_scale * q.k / softcap)``
+            (the softmax then uses scale 1); 0.0 disables it.
+        alibi_slopes: None, or float32 ``(nheads,)`` / ``(batch, nheads)`` on q's device:
+            adds ``-slope * |i + seqlen_k - seqlen_q - j|`` to the (capped) logit of query i,
+            key j (bottom-right aligned like causal). No gradient flows to the slopes.
+        deterministic: make the backward's dq bitwise reproducible (ordered accumulation;
+            a little slower). The forward is always deterministic.
+        return_attn_probs: also return the log-sum-exp of each row and, with dropout, the
+            probabilities (for testing).
 
     Returns:
-        ``out`` like q, or ``(out, softmax_lse, None)`` with ``softmax_lse`` float32
-        ``(batch, nheads, seqlen_q)`` when ``return_attn_probs``. Rows that see no key give
-        out = 0 and lse = +inf.
+        ``out`` like q, or ``(out, softmax_lse, S_dmask)`` when ``return_attn_probs``:
+        ``softmax_lse`` float32 ``(batch, nheads, seqlen_q)`` (of the undropped softmax);
+        ``S_dmask`` None without dropout, else the undropped probabilities ``(batch, nheads,
+        seqlen_q, seqlen_k)`` in q's dtype, negated where dropout dropped the element (the
+        sign bit is the mask; computed with plain torch, O(b·h·sq·sk) memory). Rows that see
+        no key give out = 0 and lse = +inf.
 
     Autograd: differentiable in q, k and v (not through ``softmax_lse``). The backward runs
     for head dims up to the largest of ``build_info()["bwd_head_dims"]`` (128 in the default
     build) and raises NotImplementedError above it: head dims 129..256 have a forward only
     for now.
     """
-    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
     window_left, window_right = _window(window_size, causal)
-    _check_qkv(q, k, v)
-    return _attention(
-        q, k, v, softmax_scale, window_left, window_right, deterministic, return_attn_probs
-    )
+    _check_inputs(q, k, v, alibi_slopes)
+    return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
+                      return_attn_probs, softcap, alibi_slopes, dropout_p)  # fmt: skip
 
 
 def flash_attn_qkvpacked_func(
@@ -475,15 +606,14 @@ def flash_attn_qkvpacked_func(
 
     q, k and v are read in place as strided views of ``qkv`` (no copy).
     """
-    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
     window_left, window_right = _window(window_size, causal)
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise _shape_error("qkv", "(batch, seqlen, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(2)
-    _check_qkv(q, k, v)
-    return _attention(
-        q, k, v, softmax_scale, window_left, window_right, deterministic, return_attn_probs
-    )
+    _check_inputs(q, k, v, alibi_slopes)
+    return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
+                      return_attn_probs, softcap, alibi_slopes, dropout_p)  # fmt: skip
 
 
 def flash_attn_kvpacked_func(
@@ -502,21 +632,21 @@ def flash_attn_kvpacked_func(
 
     k and v are read in place as strided views of ``kv`` (no copy).
     """
-    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
     window_left, window_right = _window(window_size, causal)
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise _shape_error("kv", "(batch, seqlen_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(2)
-    _check_qkv(q, k, v)
-    return _attention(
-        q, k, v, softmax_scale, window_left, window_right, deterministic, return_attn_probs
-    )
+    _check_inputs(q, k, v, alibi_slopes)
+    return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
+                      return_attn_probs, softcap, alibi_slopes, dropout_p)  # fmt: skip
 
 
 # ---- low-level entry points: no autograd, for code that drives forward and backward itself ----
 
 
-def forward(q, k, v, causal=False, softmax_scale=None):
+def forward(q, k, v, causal=False, softmax_scale=None, softcap=0.0, alibi_slopes=None,
+            dropout_p=0.0, rng_state=None):
     """Attention output ``softmax(q @ k^T * softmax_scale) @ v``; no autograd graph.
 
     Args:
@@ -525,32 +655,86 @@ def forward(q, k, v, causal=False, softmax_scale=None):
             multiple of ``nheads_k``.
         causal: bottom-right aligned causal mask, as in ``flash_attn_func``.
         softmax_scale: default ``headdim ** -0.5``.
+        softcap, alibi_slopes, dropout_p: as in ``flash_attn_func``.
+        rng_state: dropout's (seed, offset), int64 ``(2,)`` on q's device; drawn from torch's
+            CUDA generator when None.
 
     Returns:
         ``out`` like q. Use ``flash_attn_func`` for autograd; use ``forward_with_stats`` and
         ``backward`` to run the backward pass yourself.
     """
-    return forward_with_stats(q, k, v, causal, softmax_scale)[0]
+    dropout_p, _ = _check_mod_values(dropout_p, softcap)
+    if dropout_p > 0 and rng_state is None:
+        _check_inputs(q, k, v, alibi_slopes)
+        rng_state = _rng_state(q.device)
+    return forward_with_stats(q, k, v, causal, softmax_scale, softcap, alibi_slopes, dropout_p,
+                              rng_state)[0]  # fmt: skip
 
 
-def forward_with_stats(q, k, v, causal=False, softmax_scale=None):
+def _check_rng_state(rng_state, dropout_p):
+    """With dropout, ``rng_state`` must be an int64 ``(2,)`` tensor (the device is checked with
+    the other tensors)."""
+    if dropout_p == 0:
+        return
+    if not isinstance(rng_state, torch.Tensor):
+        raise ValueError(
+            "dropout_p > 0 needs rng_state, an int64 tensor (seed, offset) of shape (2,) on q's "
+            "device; pass the same one to forward_with_stats and backward"
+        )
+    if rng_state.dtype is not torch.int64 or tuple(rng_state.shape) != (2,):
+        raise ValueError(
+            f"rng_state must be int64 of shape (2,); got {rng_state.dtype} {tuple(rng_state.shape)}"
+        )
+
+
+def _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p, rng_state):
+    """Checks of the low-level functions (module doc order); returns ``(dropout_p, softcap,
+    rng_state)``, rng_state None without dropout."""
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    _check_qkv_shapes(q, k, v)
+    _check_alibi_shape(alibi_slopes, q)
+    _check_rng_state(rng_state, dropout_p)
+    return dropout_p, softcap, (rng_state if dropout_p > 0 else None)
+
+
+def _devices(q, k, v, alibi_slopes, rng_state, others=()):
+    named = [("q", q), ("k", k), ("v", v), *others]
+    if alibi_slopes is not None:
+        named.append(("alibi_slopes", alibi_slopes))
+    if rng_state is not None:
+        named.append(("rng_state", rng_state))
+    _check_devices(*named)
+
+
+def forward_with_stats(q, k, v, causal=False, softmax_scale=None, softcap=0.0, alibi_slopes=None,
+                       dropout_p=0.0, rng_state=None):
     """``forward`` that also returns the softmax statistics the backward needs.
+
+    With ``dropout_p > 0``, ``rng_state`` (int64 ``(2,)`` on q's device, e.g.
+    ``torch.randint(2**62, (2,), dtype=torch.int64, device=q.device)``) is required: pass the
+    same tensor to ``backward``.
 
     Returns:
         ``(out, lse)``: out like q, lse float32 ``(batch, nheads, seqlen_q)``, the natural
-        log of each row's softmax denominator ``log(sum_j exp(q_i . k_j * softmax_scale))``
-        (+inf for rows that see no key, whose out is 0).
+        log of each row's softmax denominator ``log(sum_j exp(logit_ij))`` (logit =
+        ``q_i . k_j * softmax_scale`` unless softcap / ALiBi change it; undropped) (+inf for
+        rows that see no key, whose out is 0).
     """
-    _check_qkv(q, k, v)
-    args = (q, k, v, _scale(q, softmax_scale), -1, 0 if causal else -1)
+    dropout_p, softcap, rng_state = _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p,
+                                                    rng_state)  # fmt: skip
+    _devices(q, k, v, alibi_slopes, rng_state)
+    args = (q, k, v, _scale(q, softmax_scale), -1, 0 if causal else -1, softcap, alibi_slopes,
+            dropout_p, rng_state)
     return torch.ops.flashattn2.fwd(*args) if _tracing() else _forward_any(*args)
 
 
-def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, deterministic=False):
+def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, deterministic=False,
+             softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """Gradients of attention with respect to q, k and v; no autograd graph.
 
     Args:
-        q, k, v, causal, softmax_scale: as given to ``forward_with_stats``.
+        q, k, v, causal, softmax_scale, softcap, alibi_slopes, dropout_p, rng_state: as given
+            to ``forward_with_stats``.
         o, lse: what ``forward_with_stats`` returned for them (o like q; lse float32
             ``(batch, nheads, seqlen_q)``).
         dout: the gradient of the loss with respect to o, like q.
@@ -564,7 +748,8 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
         ValueError for inconsistent inputs; NotImplementedError for head dims above the
         largest backward head dim of this build (``build_info()["bwd_head_dims"]``).
     """
-    _check_qkv_shapes(q, k, v)
+    dropout_p, softcap, rng_state = _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p,
+                                                    rng_state)  # fmt: skip
     for name, t in (("o", o), ("dout", dout)):
         if t.dtype is not q.dtype:
             raise ValueError(f"{name} must have the dtype of q ({q.dtype}); got {t.dtype}")
@@ -575,8 +760,8 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
         raise ValueError(f"lse must be float32 (the lse of forward_with_stats); got {lse.dtype}")
     if lse.shape != (batch, nheads, seqlen_q):
         raise _shape_error("lse", f"(batch, nheads, seqlen_q) = {(batch, nheads, seqlen_q)}", lse)
-    _check_devices(("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("dout", dout))
+    _devices(q, k, v, alibi_slopes, rng_state, (("o", o), ("lse", lse), ("dout", dout)))
     _check_backward(headdim)
     args = (dout, q, k, v, o, lse, _scale(q, softmax_scale), -1, 0 if causal else -1,
-            bool(deterministic))
+            bool(deterministic), softcap, alibi_slopes, dropout_p, rng_state)
     return torch.ops.flashattn2.bwd(*args) if _tracing() else _backward_any(*args)

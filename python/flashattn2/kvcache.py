@@ -22,10 +22,12 @@ from .interface import (
     _HALF,
     _MAX_HEADDIM,
     _C,
+    _check_alibi_shape,
     _check_devices,
-    _check_unsupported,
+    _check_mod_values,
     _kernel_ready,
     _launch_fwd,
+    _mod_kwargs,
     _scale,
     _shape_error,
     _tracing,
@@ -55,7 +57,7 @@ def _cache_ready(name, t):
 
 
 def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                   cache_batch_idx, cache_leftpad, block_table, num_splits):
+                   cache_batch_idx, cache_leftpad, block_table, num_splits, alibi_slopes=None):
     """Every argument check, before any launch; returns (capacity, page_size)."""
     if q.dim() != 4:
         raise _shape_error("q", "(batch, seqlen_q, nheads, headdim)", q)
@@ -171,6 +173,9 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     if not 0 <= num_splits <= _C.MAX_SPLITS:
         raise ValueError(f"num_splits must be in [0, {_C.MAX_SPLITS}] (0 = heuristic); got "
                          f"{num_splits}")
+    _check_alibi_shape(alibi_slopes, q)
+    if alibi_slopes is not None:
+        named.append(("alibi_slopes", alibi_slopes))
     _cache_ready("k_cache", k_cache)
     _cache_ready("v_cache", v_cache)
     _check_devices(*named)
@@ -179,7 +184,8 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
 
 def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                      cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_left,
-                     window_right, rotary_interleaved, num_splits):
+                     window_right, rotary_interleaved, num_splits, softcap=0.0,
+                     alibi_slopes=None):
     """Checked inputs (cache_seqlens a tensor or None); appends, attends; ``(out, lse)``."""
     batch, seqlen_q, nheads, headdim = q.shape
     nheads_k = k_cache.shape[2]
@@ -237,7 +243,7 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     _launch_fwd(q, k_cache, v_cache, out, lse, q.stride()[:3], k_cache.stride()[:3],
                 v_cache.stride()[:3], out.stride()[:3], lse.stride()[:2], batch, seqlen_q,
                 capacity, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
-                num_splits, **layout)
+                num_splits, _mod_kwargs(softcap, alibi_slopes), **layout)
     return out, lse
 
 
@@ -286,8 +292,8 @@ def flash_attn_with_kvcache(
         cache_leftpad: int32 ``(batch,)``: the cache of entry b starts at this position (keys
             before it are invisible).
         block_table: int32 ``(batch, max_pages)``: page indices of each entry's cache.
-        causal, window_size, softmax_scale: as ``flash_attn_func`` (bottom-right aligned on
-            each entry's keys).
+        causal, window_size, softmax_scale, softcap, alibi_slopes: as ``flash_attn_func``
+            (bottom-right aligned on each entry's keys).
         num_splits: split-KV count; 0 picks one that fills the GPU, 1 never splits (the
             plain forward's result), > 1 forces (at most 128).
         return_softmax_lse: also return the float32 ``(batch, nheads, seqlen_q)`` lse.
@@ -295,16 +301,16 @@ def flash_attn_with_kvcache(
     Returns:
         ``out`` like q, or ``(out, softmax_lse)``. No autograd (inference only).
     """
-    _check_unsupported(0.0, softcap, alibi_slopes)
+    _, softcap = _check_mod_values(0.0, softcap)
     window_left, window_right = _window(window_size, causal)
     _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                   cache_batch_idx, cache_leftpad, block_table, num_splits)
+                   cache_batch_idx, cache_leftpad, block_table, num_splits, alibi_slopes)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=_INT32,
                                    device=q.device)
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, _scale(q, softmax_scale), window_left, window_right,
-            bool(rotary_interleaved), int(num_splits))
+            bool(rotary_interleaved), int(num_splits), softcap, alibi_slopes)
     if _tracing():
         out, lse = torch.ops.flashattn2.fwd_kvcache(*args)
     else:

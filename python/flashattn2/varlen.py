@@ -10,6 +10,7 @@ The kernels are the dense ones reading the packed tensors with a zero batch stri
 (``SeqLayout`` in ``cpp/flash.h``); the log-sum-exp is ``(nheads, total_q)`` float32.
 """
 import operator
+import types
 
 import torch
 import torch.nn.functional as F
@@ -21,13 +22,16 @@ from .interface import (
     _FP32,
     _HALF,
     _MAX_HEADDIM,
+    _check_alibi_shape,
     _check_backward,
     _check_devices,
-    _check_unsupported,
+    _check_mod_values,
     _kernel_ready,
     _launch_bwd,
     _launch_fwd,
     _lse_ready,
+    _mod_kwargs,
+    _rng_state,
     _scale,
     _shape_error,
     _tracing,
@@ -56,7 +60,8 @@ def _check_cu_seqlens(name, cu):
         raise ValueError(f"{name} must have shape (batch + 1,); got {tuple(cu.shape)}")
 
 
-def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  alibi_slopes=None):
     """Ranks, dtypes, shapes, then devices; returns the checked max_seqlen ints."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
@@ -98,13 +103,20 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         )
     max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    _check_devices(("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
-                   ("cu_seqlens_k", cu_seqlens_k))
+    # (batch, -, nheads) as the dense check reads them from q
+    _check_alibi_shape(alibi_slopes, types.SimpleNamespace(
+        shape=(cu_seqlens_q.shape[0] - 1, None, nheads)))
+    named = [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+             ("cu_seqlens_k", cu_seqlens_k)]
+    if alibi_slopes is not None:
+        named.append(("alibi_slopes", alibi_slopes))
+    _check_devices(*named)
     return max_seqlen_q, max_seqlen_k
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    softmax_scale, window_left, window_right):
+                    softmax_scale, window_left, window_right, softcap=0.0, alibi_slopes=None,
+                    dropout_p=0.0, rng_state=None):
     """Launch on kernel-ready tensors (see ``_flash_attn_forward``); ``(out, lse)``."""
     total_q, nheads, headdim = q.shape
     total_k, nheads_k = k.shape[0], k.shape[1]
@@ -121,13 +133,16 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     _launch_fwd(q, k, v, out, lse, (0,) + q.stride()[:2], (0,) + k.stride()[:2],
                 (0,) + v.stride()[:2], (0,) + out.stride()[:2], (0, lse.stride(0)), batch,
                 max_seqlen_q, max_seqlen_k, nheads, nheads_k, headdim, softmax_scale,
-                window_left, window_right, 1, cu_seqlens_q=cu_q.data_ptr(),
+                window_left, window_right, 1,
+                _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state),
+                cu_seqlens_q=cu_q.data_ptr(),
                 cu_seqlens_k=cu_k.data_ptr(), total_q=total_q, total_k=total_k)
     return out, lse
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, softmax_scale, window_left, window_right, deterministic):
+                     max_seqlen_k, softmax_scale, window_left, window_right, deterministic,
+                     softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """Launch on kernel-ready tensors; ``(dq, dk, dv)``, contiguous."""
     total_q, nheads, headdim = q.shape
     nheads_k = k.shape[1]
@@ -145,32 +160,33 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     dv.zero_()
     _launch_bwd(_kernel_ready(dout, 0), q, k, v, out, lse, dq, dk, dv, (0, lse.stride(0)),
                 batch, max_seqlen_q, max_seqlen_k, nheads, nheads_k, headdim, softmax_scale,
-                window_left, window_right, deterministic, cu_seqlens_q.contiguous(),
-                cu_seqlens_k.contiguous())
+                window_left, window_right, deterministic,
+                _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state),
+                cu_seqlens_q=cu_seqlens_q.contiguous(), cu_seqlens_k=cu_seqlens_k.contiguous())
     return dq, dk, dv
 
 
 def _varlen_forward_any(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        softmax_scale, window_left, window_right):
+                        softmax_scale, window_left, window_right, *mods):
     """``(out, lse)`` for checked inputs of any head dim and strides (pads / copies)."""
     headdim = q.shape[2]
     pad = -headdim % 8
     q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
     out, lse = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               softmax_scale, window_left, window_right)
+                               softmax_scale, window_left, window_right, *mods)
     return (out[..., :headdim] if pad else out), lse
 
 
 def _varlen_backward_any(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, softmax_scale, window_left, window_right,
-                         deterministic=False):
+                         deterministic=False, *mods):
     headdim = q.shape[2]
     pad = -headdim % 8
     grads = _varlen_backward(
         _kernel_ready(dout, pad), _kernel_ready(q, pad), _kernel_ready(k, pad),
         _kernel_ready(v, pad), _kernel_ready(out, pad), _lse_ready(lse), cu_seqlens_q,
         cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
-        deterministic,
+        deterministic, *mods,
     )  # fmt: skip
     return tuple(g[..., :headdim] for g in grads) if pad else grads
 
@@ -180,11 +196,12 @@ class _VarlenFunc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                softmax_scale, window_left, window_right, deterministic):
+                softmax_scale, window_left, window_right, deterministic, softcap, alibi_slopes,
+                dropout_p, rng_state):
         headdim = q.shape[2]
         pad = -headdim % 8
         args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                window_left, window_right)
+                window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
         if _tracing():
             if pad:
                 q, k, v = F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad))
@@ -192,10 +209,12 @@ class _VarlenFunc(torch.autograd.Function):
         else:
             q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
             out, lse = _varlen_forward(q, k, v, *args)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                              rng_state)
         ctx.mark_non_differentiable(lse)
         ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
                     deterministic)
+        ctx.softcap, ctx.dropout_p = softcap, dropout_p
         ctx.headdim = headdim
         return out, lse
 
@@ -203,35 +222,43 @@ class _VarlenFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         headdim = ctx.headdim
         _check_backward(headdim)
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        args = (dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+        q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state = ctx.saved_tensors
+        args = (dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args, ctx.softcap, alibi_slopes,
+                ctx.dropout_p, rng_state)
         if _tracing():
             dq, dk, dv = torch.ops.flashattn2.varlen_bwd(*args)
         else:
             dq, dk, dv = _varlen_backward(*args)
         if q.shape[2] != headdim:
             dq, dk, dv = dq[..., :headdim], dk[..., :headdim], dv[..., :headdim]
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return (dq, dk, dv) + (None,) * 12
 
 
 def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, window_left, window_right, deterministic,
-                      return_attn_probs):
+                      return_attn_probs, softcap, alibi_slopes, dropout_p):
     softmax_scale = _scale(q.unsqueeze(0), softmax_scale)
     if window_left >= max_seqlen_k:
         window_left = -1
     if window_right >= max_seqlen_k:
         window_right = -1
+    if return_attn_probs and dropout_p > 0:
+        raise NotImplementedError(
+            "flashattn2: return_attn_probs with dropout is implemented for flash_attn_func, "
+            "not for the varlen functions"
+        )
+    rng_state = _rng_state(q.device) if dropout_p > 0 else None
+    mods = (softcap, alibi_slopes, dropout_p, rng_state)
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
             window_right)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _VarlenFunc.apply(q, k, v, *args, deterministic)
+        out, lse = _VarlenFunc.apply(q, k, v, *args, deterministic, *mods)
         if out.shape[2] != q.shape[2]:
             out = out[..., : q.shape[2]]
     elif _tracing():
-        out, lse = torch.ops.flashattn2.varlen_fwd(q, k, v, *args)
+        out, lse = torch.ops.flashattn2.varlen_fwd(q, k, v, *args, *mods)
     else:
-        out, lse = _varlen_forward_any(q, k, v, *args)
+        out, lse = _varlen_forward_any(q, k, v, *args, *mods)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -263,14 +290,16 @@ def flash_attn_varlen_func(
         max_seqlen_q, max_seqlen_k: Python ints, at least the longest sequence (a longer
             sequence is truncated to them: rows beyond are left unwritten).
         causal, window_size: per sequence, bottom-right aligned as in ``flash_attn_func``.
-        Other arguments as ``flash_attn_func``; ``block_table`` (paged K/V) is not supported
-            here (use ``flash_attn_with_kvcache``).
+        Other arguments as ``flash_attn_func`` (softcap, ALiBi with ``(batch, nheads)`` or
+            ``(nheads,)`` slopes, dropout; ``return_attn_probs`` gives no probabilities with
+            dropout here); ``block_table`` (paged K/V) is not supported here (use
+            ``flash_attn_with_kvcache``).
 
     Returns:
         ``out`` ``(total_q, nheads, headdim)``, or ``(out, softmax_lse, None)`` with
         ``softmax_lse`` float32 ``(nheads, total_q)``. Differentiable in q, k and v.
     """
-    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
     if block_table is not None:
         raise NotImplementedError(
             "flashattn2: flash_attn_varlen_func does not take block_table; use "
@@ -278,10 +307,10 @@ def flash_attn_varlen_func(
         )
     window_left, window_right = _window(window_size, causal)
     max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k)
+                                               max_seqlen_q, max_seqlen_k, alibi_slopes)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, window_left, window_right, deterministic,
-                             return_attn_probs)
+                             return_attn_probs, softcap, alibi_slopes, dropout_p)
 
 
 def flash_attn_varlen_qkvpacked_func(
@@ -299,15 +328,16 @@ def flash_attn_varlen_qkvpacked_func(
 ):
     """``flash_attn_varlen_func`` on ``qkv`` ``(total, 3, nheads, headdim)`` (read in place;
     the gradient is packed like qkv)."""
-    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
     window_left, window_right = _window(window_size, causal)
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise _shape_error("qkv", "(total, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(1)
-    max_seqlen, _ = _check_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+    max_seqlen, _ = _check_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  alibi_slopes)
     return _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                              softmax_scale, window_left, window_right, deterministic,
-                             return_attn_probs)
+                             return_attn_probs, softcap, alibi_slopes, dropout_p)
 
 
 def flash_attn_varlen_kvpacked_func(
@@ -328,13 +358,13 @@ def flash_attn_varlen_kvpacked_func(
 ):
     """``flash_attn_varlen_func`` with ``kv`` ``(total_k, 2, nheads_k, headdim)`` (read in
     place; the gradient is packed like kv)."""
-    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
     window_left, window_right = _window(window_size, causal)
     if kv.dim() != 4 or kv.shape[1] != 2:
         raise _shape_error("kv", "(total_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(1)
     max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k)
+                                               max_seqlen_q, max_seqlen_k, alibi_slopes)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, window_left, window_right, deterministic,
-                             return_attn_probs)
+                             return_attn_probs, softcap, alibi_slopes, dropout_p)

@@ -1,0 +1,117 @@
+// Score modifiers shared by the forward and the backward: softcap, ALiBi and dropout.
+//
+// One definition of each, so the backward recomputes exactly the forward's values:
+//   softcap   logit = softcap * tanh(softmax_scale * s / softcap)   (s = q.k), else
+//             logit = softmax_scale * s; the softmax then uses scale 1 (flash-attn v2).
+//   ALiBi     logit -= slope * |i + seqlen_k - seqlen_q - j|, after the softcap; slope per
+//             (batch, head) from a float32 (nheads,) or (batch, nheads) tensor.
+//   dropout   element (batch, head, i, j) is dropped iff its Philox4x32-10 word is below
+//             dropout_threshold (= p * 2^32): a pure function of (seed, offset, batch, head,
+//             i, j), so the forward (rows of S per lane) and the backward (rows of S^T per
+//             lane) regenerate the same mask although their fragment layouts differ.
+// The kernels take these only in their kMods instance (a template flag), so plain attention
+// runs the code it ran before; inside the kMods instance each modifier is a runtime branch.
+//
+// Philox layout. One Philox call gives four 32-bit words for the 2x2 group of elements
+//   {i, i + 8} x {j, j + 8}   with i % 16 < 8 and j % 16 < 8,
+// the largest group that one lane holds in both the forward's m16n8 C fragments (rows g,
+// g + 8; columns 2q, 2q+1 of each n8 tile) and the backward's transposed ones. The call is
+//   key     = (seed lo, seed hi)
+//   counter = (group column, group row, batch * nheads + head + offset lo, offset hi)
+//   group row = (i / 16) * 8 + i % 8, group column = (j / 16) * 8 + j % 8
+// and word .x is (i, j), .y (i, j + 8), .z (i + 8, j), .w (i + 8, j + 8).
+// python/flashattn2/_reference.py holds a torch twin of this (dropout_keep_mask) for tests.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flash.h"
+#include "ptx.cuh"
+
+namespace flashattn2 {
+
+// Philox4x32-10 (Salmon, Moraes, Dror, Shaw, SC'11): 10 rounds of
+//   (x0, x1, x2, x3) -> (hi(M1 x2) ^ x1 ^ k0, lo(M1 x2), hi(M0 x0) ^ x3 ^ k1, lo(M0 x0))
+// with the key bumped by the Weyl constants (W0, W1) between rounds.
+__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint2 key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(kM0) * ctr.x;
+    const uint64_t p1 = uint64_t(kM1) * ctr.z;
+    ctr = make_uint4(uint32_t(p1 >> 32) ^ ctr.y ^ key.x, uint32_t(p1),
+                     uint32_t(p0 >> 32) ^ ctr.w ^ key.y, uint32_t(p0));
+    key.x += kW0;
+    key.y += kW1;
+  }
+  return ctr;
+}
+
+// The modifiers of one (batch, head), read once per CTA (forward) or per query head
+// (backward). Params is FwdParams or BwdParams (same field names).
+struct ScoreMod {
+  float softmax_scale;
+  float softcap;     // 0: off
+  float cap_scale;   // softmax_scale / softcap
+  float slope;       // ALiBi slope, 0: off
+  uint2 key;         // Philox key (seed)
+  uint32_t ctr_z;    // batch * nheads + head + offset lo
+  uint32_t ctr_w;    // offset hi
+  uint32_t threshold;  // 0: no dropout
+
+  ScoreMod() = default;
+
+  template <typename Params>
+  __device__ __forceinline__ ScoreMod(const Params& p, int batch, int head) {
+    softmax_scale = p.softmax_scale;
+    softcap = p.softcap;
+    cap_scale = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
+    slope = p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] : 0.f;
+    init_dropout(p.rng_state, p.dropout_threshold, batch * p.nheads + head);
+  }
+
+  // Dropout state of (batch * nheads + head) = bh; rng_state is read only when threshold > 0.
+  __device__ __forceinline__ void init_dropout(const int64_t* rng_state, uint32_t thresh,
+                                               int bh) {
+    threshold = thresh;
+    uint64_t seed = 0, offset = 0;
+    if (threshold) {
+      seed = static_cast<uint64_t>(rng_state[0]);
+      offset = static_cast<uint64_t>(rng_state[1]);
+    }
+    key = make_uint2(uint32_t(seed), uint32_t(seed >> 32));
+    ctr_z = uint32_t(bh) + uint32_t(offset);
+    ctr_w = uint32_t(offset >> 32);
+  }
+
+  // Natural-unit logit of the raw score s = q.k of query row i and key column j, with
+  // dist = i + seqlen_k - seqlen_q - j; *dlogit = d logit / d(softmax_scale * s).
+  // A masked score (-inf) stays -inf.
+  __device__ __forceinline__ float logit(float s, int dist, float* dlogit) const {
+    float x, d = 1.f;
+    if (softcap > 0.f) {
+      // tanh(u) = 1 - 2 / (exp(2u) + 1): absolute error ~1e-7 (tanh.approx has ~5e-4
+      // relative, i.e. softcap * 5e-4 on the logit), and exact limits +-1 for |u| -> inf.
+      const float e = ptx::exp2_approx(s * cap_scale * 2.8853900817779268f);  // 2 log2(e)
+      const float t = fmaf(-2.f, ptx::rcp_approx(e + 1.f), 1.f);
+      x = softcap * t;
+      d = fmaf(-t, t, 1.f);
+    } else {
+      x = s * softmax_scale;
+    }
+    x = fmaf(-slope, float(abs(dist)), x);
+    *dlogit = d;
+    return s == -INFINITY ? s : x;
+  }
+
+  // The four Philox words of the group {i, i + 8} x {j, j + 8} (i % 16 < 8, j % 16 < 8).
+  __device__ __forceinline__ uint4 dropout_words(int i, int j) const {
+    const uint32_t row = uint32_t(i >> 4) * 8u + uint32_t(i & 7);
+    const uint32_t col = uint32_t(j >> 4) * 8u + uint32_t(j & 7);
+    return philox4x32_10(make_uint4(col, row, ctr_z, ctr_w), key);
+  }
+};
+
+}  // namespace flashattn2
