@@ -168,6 +168,9 @@ struct DropoutMaskParams {
   uint32_t dropout_threshold;
 };
 
+// The forward's kernel instances by score modifier (fwd_kernel's kMods).
+enum FwdMods : int { kModNone = 0, kModLogits = 1, kModDropout = 2 };
+
 // True when any score modifier is on (the kernels then run their kMods instance).
 template <typename Params>
 bool has_score_mods(const Params& p) {

@@ -170,6 +170,7 @@ Params checked(const Params& params, std::initializer_list<const void*> pointers
             "dropout needs an 8-byte aligned int64 rng_state (seed, offset)");
     require(p.dropout_scale > 0.f && p.dropout_scale < INFINITY,
             "dropout_scale must be positive and finite");
+    require(!p.block_table, "dropout does not run with paged K/V (block_table)");
   }
   if (p.window_right >= p.seqlen_q) p.window_right = -1;
   if (p.window_left >= p.seqlen_k) p.window_left = -1;
@@ -205,6 +206,8 @@ void mha_fwd(const FwdParams& params, int device, void* stream) {
           "num_splits must be in [1, " + std::to_string(kMaxSplits) + "], got " +
               std::to_string(params.num_splits));
   require(int64_t(params.batch) * params.num_splits <= 65535, "batch * num_splits must be at most 65535");
+  require(params.num_splits == 1 || params.dropout_threshold == 0,
+          "dropout runs with num_splits = 1");
   if (params.num_splits > 1) {
     require(params.o_accum && params.lse_accum && aligned16(params.o_accum) && aligned16(params.lse_accum),
             "split-KV needs 16-byte aligned o_accum and lse_accum workspaces");

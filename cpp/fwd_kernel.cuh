@@ -21,10 +21,10 @@
 //            acc_o += P V_n (P straight from the S accumulators, V via ldmatrix.trans)
 //   epilogue  quad-reduce row sums, O = acc_o / sum, staged through sQ (own rows), written
 //          with 16-byte stores; LSE = max * scale + ln(sum), +inf for rows that see no key.
-//   mods   kMods instance only (softcap / ALiBi / dropout, score_mod.cuh): after the mask,
-//          S becomes the natural-unit logits (the softmax then uses scale 1); after the row
+//   mods   kMods instance only (softcap / ALiBi / dropout, score_mod.cuh): before the mask,
+//          S becomes the base-2 logits (the softmax then uses scale 1); after the row
 //          sums (LSE stays that of the undropped softmax), dropped P elements are zeroed;
-//          the epilogue multiplies O by 1 / (1 - p).
+//          the epilogue multiplies O by 1 / (1 - p). Dropout has its own instance (kMods).
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers and strides a multiple of 8
 //          elements (checked by the host API); ragged seqlen_q / seqlen_k tails are zero-
 //          filled on load and masked.
@@ -63,7 +63,9 @@ struct FwdTraits {
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shape");
 };
 
-template <typename Traits, typename Element, bool kMods>
+// kMods (FwdMods): kModNone plain attention; kModLogits softcap / ALiBi; kModDropout those
+// and dropout (its own instance: the Philox state spills the d128 tile's registers).
+template <typename Traits, typename Element, int kMods>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     fwd_kernel(const FwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -175,11 +177,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     return q_base[kk % 2] + (kk / 2) * kQSegBytes + mt * kRow16Bytes;
   };
 
-  // With score mods, S holds logits already scaled (ScoreMod::logit), so the softmax scale
-  // is 1: scale_log2 = log2(e) and LSE = max + ln(sum).
+  // With score mods, S holds base-2 logits already (ScoreMod), so the softmax scale is 1:
+  // scale_log2 = 1 and LSE = max * ln(2) + ln(sum).
   constexpr float kLog2e = 1.4426950408889634f;
-  const float scale_log2 = kMods ? kLog2e : p.softmax_scale * kLog2e;
-  const float lse_scale = kMods ? 1.f : p.softmax_scale;
+  const float scale_log2 = kMods ? 1.f : p.softmax_scale * kLog2e;
+  const float lse_scale = kMods ? 0.6931471805599453f : p.softmax_scale;
+  constexpr bool kDropout = kMods == kModDropout;
   ScoreMod mod;
   if constexpr (kMods) mod = ScoreMod(p, batch, head);
   float acc_o[kMTiles][kNTilesD][4];
@@ -235,6 +238,42 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       }
     }
 
+    if constexpr (kMods) {
+      // S -> base-2 logits (score_mod.cuh), one pass per modifier so that the (uniform)
+      // branches stay outside the loops; before the mask, which then sets -inf.
+      if (mod.softcap > 0.f) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float t;
+              acc_s[mt][nt][e] = mod.cap2(acc_s[mt][nt][e], &t);
+            }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] *= mod.scale_log2;
+      }
+      if (mod.slope_log2 != 0.f) {
+        // dist = row + offset - col = dist0 + 16 mt + 8 r - 8 nt - (e & 1): one exact I2F
+        // per tile, the rest compile-time constants.
+        const float dist0 = float(row0 + warp_row0 + g + offset - n_block * kBlockN - 2 * q);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              acc_s[mt][nt][e] = mod.alibi2(
+                  acc_s[mt][nt][e], dist0 + float(16 * mt + 8 * (e >> 1) - 8 * nt - (e & 1)));
+      }
+    }
+
     if constexpr (kMask) {
       // Visible columns of each of the lane's rows (bounds computed here, on the few
       // masked tiles, rather than kept live in registers across the mainloop).
@@ -256,21 +295,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
               if (col < col_lo || col > col_hi) acc_s[mt][nt][e] = -INFINITY;
             }
         }
-    }
-
-    if constexpr (kMods) {
-      const int col0 = n_block * kBlockN + 2 * q;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTilesN; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = row0 + warp_row0 + 16 * mt + g + 8 * (e >> 1);
-            const int col = col0 + nt * 8 + (e & 1);
-            float dlogit;
-            acc_s[mt][nt][e] = mod.logit(acc_s[mt][nt][e], row + offset - col, &dlogit);
-          }
     }
 
     // Online softmax (base 2). Row max is reduced over the quad; the row sum stays per
@@ -317,7 +341,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         }
       }
 
-    if constexpr (kMods) {
+    if constexpr (kDropout) {
       if (mod.threshold) {
         // Dropout on P (after the row sums): Philox group {R, R+8} x {C, C+8} is
         // acc_s[mt][2nn][e01] (.x), [2nn+1][e01] (.y), [2nn][e01+2] (.z), [2nn+1][e01+2] (.w).
@@ -404,7 +428,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         float sum = row_sum[mt][r];
         sum += __shfl_xor_sync(0xffffffff, sum, 1);
         sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        const float inv = sum == 0.f ? 0.f : (kMods ? p.dropout_scale : 1.f) / sum;
+        const float inv = sum == 0.f ? 0.f : (kDropout ? p.dropout_scale : 1.f) / sum;
         const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
         if (row < seq_out.seqlen_q) {
 #pragma unroll
@@ -431,7 +455,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       sum += __shfl_xor_sync(0xffffffff, sum, 1);
       sum += __shfl_xor_sync(0xffffffff, sum, 2);
       // sum == 0: the row saw no key (O = 0, LSE = +inf). NaN inputs propagate to O and LSE.
-      const float inv = sum == 0.f ? 0.f : (kMods ? p.dropout_scale : 1.f) / sum;
+      const float inv = sum == 0.f ? 0.f : (kDropout ? p.dropout_scale : 1.f) / sum;
       const int row_local = warp_row0 + 16 * mt + g + 8 * r;
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {

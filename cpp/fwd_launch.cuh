@@ -21,20 +21,24 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fwd_kernel, smem)");
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   };
-  // Score modifiers run in their own instance so that plain attention keeps its registers
-  // (benchmarks/NOTES.md, "Attention variants").
-  if (has_score_mods(params)) {
-    launch(std::true_type{});
-  } else {
-    launch(std::false_type{});
+  // Score modifiers run in their own instances so that plain attention keeps its registers
+  // (benchmarks/NOTES.md, "Attention variants"); dropout only in the plain-tile kernel.
+  using Mods = std::integral_constant<int, kModLogits>;
+  if (!has_score_mods(params)) {
+    launch(std::integral_constant<int, kModNone>{});
+  } else if (params.dropout_threshold == 0) {
+    launch(Mods{});
+  } else if constexpr (!Traits::kKv) {  // (mha_fwd refuses dropout with splits or pages)
+    launch(std::integral_constant<int, kModDropout>{});
   }
   check_cuda(cudaGetLastError(), "fwd_kernel launch");
 }
 
 // The KV-cache variant runs paged K/V, split-KV, and any problem of at most 64 query rows
-// (decoding), where its 64-row tile wastes less than the 128-row one.
+// (decoding), where its 64-row tile wastes less than the 128-row one; not dropout.
 inline bool use_kv_kernel(const FwdParams& params) {
-  return params.block_table != nullptr || params.num_splits > 1 || params.seqlen_q <= 64;
+  return params.block_table != nullptr || params.num_splits > 1 ||
+         (params.seqlen_q <= 64 && params.dropout_threshold == 0);
 }
 
 template <typename Element, int kHeadDim>

@@ -2,7 +2,7 @@
 //
 // One definition of each, so the backward recomputes exactly the forward's values:
 //   softcap   logit = softcap * tanh(softmax_scale * s / softcap)   (s = q.k), else
-//             logit = softmax_scale * s; the softmax then uses scale 1 (flash-attn v2).
+//             logit = softmax_scale * s (flash-attn v2).
 //   ALiBi     logit -= slope * |i + seqlen_k - seqlen_q - j|, after the softcap; slope per
 //             (batch, head) from a float32 (nheads,) or (batch, nheads) tensor.
 //   dropout   element (batch, head, i, j) is dropped iff its Philox4x32-10 word is below
@@ -51,11 +51,21 @@ __host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint2 key) {
 
 // The modifiers of one (batch, head), read once per CTA (forward) or per query head
 // (backward). Params is FwdParams or BwdParams (same field names).
+//
+// The kernels work with logits in base-2 units, x = log2(e) * logit, so the softmax is
+// exp2(x - max) with no further scale. Per score, the forward spends (beyond plain attention):
+//   softcap   FMUL, tanh.approx (one MUFU), FMUL       (cap2)
+//   ALiBi     FADD, FFMA                               (alibi2; dist from a per-tile base
+//                                                      plus a compile-time constant, exact)
+// tanh.approx.f32 has a maximum relative error of 2^-10.99 (PTX ISA), i.e. about
+// softcap * 5e-4 on a logit near the cap: below the bf16 rounding of the scores that the
+// reference computes in the same dtype (tests/test_variants.py checks the 2x rule).
 struct ScoreMod {
-  float softmax_scale;
+  float scale_log2;  // softmax_scale * log2(e): the logit of a score without softcap
   float softcap;     // 0: off
   float cap_scale;   // softmax_scale / softcap
-  float slope;       // ALiBi slope, 0: off
+  float cap_log2;    // softcap * log2(e)
+  float slope_log2;  // ALiBi slope * log2(e), 0: off
   uint2 key;         // Philox key (seed)
   uint32_t ctr_z;    // batch * nheads + head + offset lo
   uint32_t ctr_w;    // offset hi
@@ -65,10 +75,13 @@ struct ScoreMod {
 
   template <typename Params>
   __device__ __forceinline__ ScoreMod(const Params& p, int batch, int head) {
-    softmax_scale = p.softmax_scale;
+    constexpr float kLog2e = 1.4426950408889634f;
+    scale_log2 = p.softmax_scale * kLog2e;
     softcap = p.softcap;
     cap_scale = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
-    slope = p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] : 0.f;
+    cap_log2 = p.softcap * kLog2e;
+    const float slope = p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] : 0.f;
+    slope_log2 = slope * kLog2e;
     init_dropout(p.rng_state, p.dropout_threshold, batch * p.nheads + head);
   }
 
@@ -86,24 +99,28 @@ struct ScoreMod {
     ctr_w = uint32_t(offset >> 32);
   }
 
-  // Natural-unit logit of the raw score s = q.k of query row i and key column j, with
-  // dist = i + seqlen_k - seqlen_q - j; *dlogit = d logit / d(softmax_scale * s).
-  // A masked score (-inf) stays -inf.
-  __device__ __forceinline__ float logit(float s, int dist, float* dlogit) const {
-    float x, d = 1.f;
+  // Softcapped base-2 logit of the raw score s = q.k (softcap > 0); *t = tanh(scale s / cap),
+  // so d logit / d(scale s) = 1 - t^2. tanh(-inf) = -1: apply masks after this.
+  __device__ __forceinline__ float cap2(float s, float* t) const {
+    *t = ptx::tanh_approx(s * cap_scale);
+    return *t * cap_log2;
+  }
+  // Base-2 logit x plus the ALiBi bias of distance dist = i + seqlen_k - seqlen_q - j.
+  __device__ __forceinline__ float alibi2(float x, float dist) const {
+    return fmaf(-slope_log2, fabsf(dist), x);
+  }
+  // Both, for one score (the backward's per-element form; the forward applies each
+  // modifier as its own pass so that the branches stay outside the loops).
+  __device__ __forceinline__ float logit2(float s, float dist, float* dlogit) const {
+    float x = s * scale_log2, d = 1.f;
     if (softcap > 0.f) {
-      // tanh(u) = 1 - 2 / (exp(2u) + 1): absolute error ~1e-7 (tanh.approx has ~5e-4
-      // relative, i.e. softcap * 5e-4 on the logit), and exact limits +-1 for |u| -> inf.
-      const float e = ptx::exp2_approx(s * cap_scale * 2.8853900817779268f);  // 2 log2(e)
-      const float t = fmaf(-2.f, ptx::rcp_approx(e + 1.f), 1.f);
-      x = softcap * t;
+      float t;
+      x = cap2(s, &t);
       d = fmaf(-t, t, 1.f);
-    } else {
-      x = s * softmax_scale;
     }
-    x = fmaf(-slope, float(abs(dist)), x);
+    if (slope_log2 != 0.f) x = alibi2(x, dist);
     *dlogit = d;
-    return s == -INFINITY ? s : x;
+    return x;
   }
 
   // The four Philox words of the group {i, i + 8} x {j, j + 8} (i % 16 < 8, j % 16 < 8).

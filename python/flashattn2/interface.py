@@ -105,6 +105,8 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
             lse_strides = (lse_strides[0], lse_strides[1] * group)
             seqlen_q, nheads = group, nheads_k
     device = q.get_device()
+    if mods.get("dropout_p", 0.0) > 0:
+        num_splits = 1  # dropout runs in the plain-tile kernel only (cpp/fwd_launch.cuh)
     if num_splits == 0:
         num_splits = _C.num_splits_heuristic(batch, nheads, seqlen_q, seqlen_k, headdim, device)
     o_accum = lse_accum = None
