@@ -239,29 +239,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     }
 
     if constexpr (kMods) {
-      // S -> base-2 logits (score_mod.cuh), one pass per modifier so that the (uniform)
-      // branches stay outside the loops; before the mask, which then sets -inf.
+      // S -> base-2 logits (ScoreMod::logit2 as passes over the tile, so that the uniform
+      // branches stay outside the loops); before the mask, which then sets -inf.
       if (mod.softcap > 0.f) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
           for (int nt = 0; nt < kNTilesN; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float t;
-              acc_s[mt][nt][e] = mod.cap2(acc_s[mt][nt][e], &t);
-            }
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < kNTilesN; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] *= mod.scale_log2;
+            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = mod.capped(acc_s[mt][nt][e]);
       }
+      const float mult = mod.mult();
       if (mod.slope_log2 != 0.f) {
-        // dist = row + offset - col = dist0 + 16 mt + 8 r - 8 nt - (e & 1): one exact I2F
-        // per tile, the rest compile-time constants.
+        // dist = row + offset - col = dist0 + 16 mt + 8 r - 8 nt - (e & 1).
         const float dist0 = float(row0 + warp_row0 + g + offset - n_block * kBlockN - 2 * q);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
@@ -269,8 +259,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
           for (int nt = 0; nt < kNTilesN; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              acc_s[mt][nt][e] = mod.alibi2(
-                  acc_s[mt][nt][e], dist0 + float(16 * mt + 8 * (e >> 1) - 8 * nt - (e & 1)));
+              acc_s[mt][nt][e] = fmaf(acc_s[mt][nt][e], mult,
+                                      mod.bias(dist0 + float(16 * mt + 8 * (e >> 1) - 8 * nt - (e & 1))));
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] *= mult;
       }
     }
 

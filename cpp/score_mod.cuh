@@ -99,28 +99,26 @@ struct ScoreMod {
     ctr_w = uint32_t(offset >> 32);
   }
 
-  // Softcapped base-2 logit of the raw score s = q.k (softcap > 0); *t = tanh(scale s / cap),
-  // so d logit / d(scale s) = 1 - t^2. tanh(-inf) = -1: apply masks after this.
-  __device__ __forceinline__ float cap2(float s, float* t) const {
-    *t = ptx::tanh_approx(s * cap_scale);
-    return *t * cap_log2;
+  // The logit in two steps, x = fmaf(capped(s), mult(), bias(dist)) in base 2:
+  //   capped(s) = tanh(s * softmax_scale / softcap) with softcap (then d logit / d(scale s)
+  //               = 1 - t^2), else s; tanh(-inf) = -1, so masks go after the modifiers;
+  //   mult()    = softcap * log2(e), else softmax_scale * log2(e);
+  //   bias(d)   = -slope * log2(e) * |d|, d = i + seqlen_k - seqlen_q - j (0 without ALiBi).
+  __device__ __forceinline__ float capped(float s) const {
+    return ptx::tanh_approx(s * cap_scale);
   }
-  // Base-2 logit x plus the ALiBi bias of distance dist = i + seqlen_k - seqlen_q - j.
-  __device__ __forceinline__ float alibi2(float x, float dist) const {
-    return fmaf(-slope_log2, fabsf(dist), x);
-  }
-  // Both, for one score (the backward's per-element form; the forward applies each
-  // modifier as its own pass so that the branches stay outside the loops).
+  __device__ __forceinline__ float mult() const { return softcap > 0.f ? cap_log2 : scale_log2; }
+  __device__ __forceinline__ float bias(float dist) const { return -slope_log2 * fabsf(dist); }
+  // All of it for one score (the backward's form; the forward runs each step as its own
+  // pass over the tile so that the uniform branches stay outside the loops).
   __device__ __forceinline__ float logit2(float s, float dist, float* dlogit) const {
-    float x = s * scale_log2, d = 1.f;
+    float t = s, d = 1.f;
     if (softcap > 0.f) {
-      float t;
-      x = cap2(s, &t);
+      t = capped(s);
       d = fmaf(-t, t, 1.f);
     }
-    if (slope_log2 != 0.f) x = alibi2(x, dist);
     *dlogit = d;
-    return x;
+    return fmaf(t, mult(), slope_log2 != 0.f ? bias(dist) : 0.f);
   }
 
   // The four Philox words of the group {i, i + 8} x {j, j + 8} (i % 16 < 8, j % 16 < 8).
