@@ -126,7 +126,7 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          int num_splits, std::uintptr_t o_accum, std::uintptr_t lse_accum, int total_q,
          int total_k, int seqlen_k_new,
          float softcap, std::uintptr_t alibi_slopes,
-         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p) {
+         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -135,6 +135,7 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   check_strides("lse_strides", lse_strides, 2, "(batch, head)");
 
   flashattn2::FwdParams params{};
+  params.q_pack = q_pack;
   params.q = reinterpret_cast<const void*>(q);
   params.k = reinterpret_cast<const void*>(k);
   params.v = reinterpret_cast<const void*>(v);
@@ -346,7 +347,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("total_q") = 0, py::arg("total_k") = 0, py::arg("seqlen_k_new") = 0,
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
-        py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0,
+        py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("q_pack") = 1,
         "Attention forward. q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
         "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "
@@ -361,7 +362,9 @@ PYBIND11_MODULE(_C, m) {
         "Score modifiers: softcap > 0 "
         "caps logits at softcap * tanh(.); alibi_slopes is a float32 device pointer (0 = "
         "none) indexed batch * alibi_batch_stride + head; dropout_p > 0 needs rng_state, a "
-        "device pointer to int64 (seed, offset).");
+        "device pointer to int64 (seed, offset). q_pack: 1, or nheads / nheads_k to pack "
+        "each GQA group's query heads into the KV-cache kernel's query tiles (flash.h "
+        "FwdParams::q_pack; not with ALiBi or dropout; the plain kernel ignores it).");
 
 
   m.def("bwd", &bwd, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),

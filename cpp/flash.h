@@ -69,6 +69,12 @@ struct FwdParams : SeqLayout {
   int num_splits;
   float* o_accum;
   float* lse_accum;
+  // GQA packing in the KV-cache kernel (fwd_launch.cuh use_kv_kernel): 1 = off, or
+  // nheads / nheads_k. The CTAs then tile the seqlen_q * q_pack rows of one KV head: tile row
+  // m is query position m / q_pack of query head head_k * q_pack + m % q_pack, so each K/V
+  // tile is read once per group. Results are those of q_pack = 1; the plain kernel ignores
+  // it. Not with ALiBi or dropout (their values depend on the query head).
+  int q_pack = 1;
   // Score modifiers (score_mod.cuh), appended last; all zero / null = plain attention.
   float softcap;               // > 0: logit = softcap * tanh(softmax_scale * q.k / softcap)
   const float* alibi_slopes;   // null, or float32 slopes: bias -slope |i + sk - sq - j|

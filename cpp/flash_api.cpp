@@ -212,6 +212,15 @@ void mha_fwd(const FwdParams& params, int device, void* stream) {
     require(params.o_accum && params.lse_accum && aligned16(params.o_accum) && aligned16(params.lse_accum),
             "split-KV needs 16-byte aligned o_accum and lse_accum workspaces");
   }
+  if (params.q_pack != 1) {
+    require(params.nheads_k > 0 && params.nheads % params.nheads_k == 0 &&
+                params.q_pack == params.nheads / params.nheads_k,
+            "q_pack must be 1 or nheads / nheads_k, got " + std::to_string(params.q_pack));
+    require(!params.alibi_slopes && params.dropout_threshold == 0,
+            "q_pack > 1 cannot be used with ALiBi or dropout (their values depend on the head)");
+    require(int64_t(params.seqlen_q) * params.q_pack <= (int64_t(1) << 30),
+            "seqlen_q * q_pack must be at most 2^30");
+  }
   const FwdParams p =
       checked(params, {params.q, params.k, params.v, params.o, params.lse},
               {params.q_batch_stride, params.q_row_stride, params.q_head_stride,

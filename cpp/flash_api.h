@@ -38,7 +38,9 @@ constexpr int kMaxSplits = 128;
 
 // The split-KV count that fills `device` for a forward of these sizes (1 = no split): the
 // fewest splits whose CTAs fill the SMs' resident slots in whole waves within 85 % of the
-// best; 1 when the unsplit grid already fills 80 % of them.
+// best; 1 when the unsplit grid already fills 80 % of them. nheads and seqlen_q are the
+// heads and rows the KV kernel tiles: with GQA packing (FwdParams::q_pack = g), nheads / g
+// and seqlen_q * g.
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
                          int device);
 

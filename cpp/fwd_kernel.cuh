@@ -2,7 +2,11 @@
 //
 // Tiling
 //   grid   (ceil(seqlen_q / kBlockM), nheads, batch); m blocks are taken in reverse order so
-//          the longest causal rows start first.
+//          the longest causal rows start first. KV variant: (ceil(seqlen_q * pack / kBlockM),
+//          nheads / pack, batch * num_splits); with GQA packing (pack = nheads / nheads_k) tile
+//          row m is query position m / pack of query head blockIdx.y * pack + m % pack, so a
+//          CTA serves a whole group and reads each K/V tile once for it. Masks, LSE and O use
+//          (head, position); each thread divides by pack once per row, in the prologue.
 //   block  kNWarps warps; warp w owns query rows [16w, 16w + 16) of the tile and all kBlockN
 //          columns of the current K/V tile, so row max / row sum are reduced inside a quad
 //          (4 lanes) and warps never exchange softmax state.
@@ -15,7 +19,9 @@
 //          Q [d/16][4] b32 when kQInRegs (d <= 128); 1 CTA of 256 threads per SM.
 //   step   (K/V tiles visited from the last visible one down to the first)
 //            wait for tile n (cp.async group) ; __syncthreads
-//            issue cp.async of tile n-1 into the other stage (overlaps all math below)
+//            issue cp.async of tile n-1 into the other stage (overlaps all math below);
+//            paged: then read the block-table entries of this thread's rows of tile n-2
+//            (one per row slot, used for K and V), landing during this step's math
 //            S = Q K_n^T (mma.m16n8k16, K via ldmatrix) ; mask only if the tile needs it
 //            online softmax in base 2 (one FFMA + ex2 per score) ; rescale acc_o
 //            acc_o += P V_n (P straight from the S accumulators, V via ldmatrix.trans)
@@ -90,35 +96,41 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  constexpr bool kKv = Traits::kKv;  // paged K/V and split-KV live only in this variant
+  constexpr bool kKv = Traits::kKv;  // paged K/V, split-KV, GQA packing live only here
+  // GQA packing (FwdParams::q_pack): tile row m is query position m / pack of query head
+  // head0 + m % pack. pack = 1 (always in the plain kernel): row m is position m of head0.
+  const int pack = kKv ? p.q_pack : 1;
+  const int head0 = blockIdx.y * pack;
   const int split = kKv ? blockIdx.z % p.num_splits : 0;
   const int batch = kKv ? blockIdx.z / p.num_splits : blockIdx.z;
-  const int head_k = head / (p.nheads / p.nheads_k);
-  const int row0 = m_block * kBlockM;
+  const int head_k = head0 / (p.nheads / p.nheads_k);
+  const int row0 = m_block * kBlockM;  // first (packed) row of the tile
   const SeqInfo seq(p, batch);
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
-  if (row0 >= seqlen_q) return;  // varlen: the grid covers the longest sequence
+  const int rows_q = seqlen_q * pack;
+  if (row0 >= rows_q) return;  // varlen: the grid covers the longest sequence
 
   const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
-                      head * p.q_head_stride + (seq.q_row0 + row0) * p.q_row_stride;
+                      head0 * p.q_head_stride + (seq.q_row0 + (kKv ? 0 : row0)) * p.q_row_stride;
   const KvRows<kKv> kv_rows(p, seq, batch);
   const Element* gK = kv_rows.base(static_cast<const Element*>(p.k) + head_k * p.k_head_stride,
                                    seq, p.k_batch_stride, p.k_row_stride);
   const Element* gV = kv_rows.base(static_cast<const Element*>(p.v) + head_k * p.v_head_stride,
                                    seq, p.v_batch_stride, p.v_row_stride);
 
-  // Visible key range of this tile (bottom-right aligned window; see FwdParams).
+  // Visible key range of this tile (bottom-right aligned window; see FwdParams), from the
+  // first and last query positions of its rows.
   const int offset = seqlen_k - seqlen_q;
-  const int row_last = min(row0 + kBlockM, seqlen_q) - 1;
+  const int i_first = row0 / pack;
+  const int i_last = (min(row0 + kBlockM, rows_q) - 1) / pack;
   int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
   if (p.window_right >= 0) {
-    const int col_hi = row_last + offset + p.window_right;
+    const int col_hi = i_last + offset + p.window_right;
     n_block_max = col_hi < 0 ? 0 : min(n_block_max, col_hi / kBlockN + 1);
   }
   int n_block_min = 0;
   if (p.window_left >= 0) {
-    const int col_lo = row0 + offset - p.window_left;
+    const int col_lo = i_first + offset - p.window_left;
     n_block_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
   }
   if (kKv && p.num_splits > 1) {  // this split's share of the visible tiles
@@ -127,27 +139,52 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     n_block_max = min(n_block_max, n_block_min + per_split);
   }
 
-  // Prologue: Q and the first K/V tile in one cp.async group.
-  load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ, p.q_row_stride, seqlen_q - row0, p.headdim,
-                                          tid);
+  // Paged K/V: the pages of this thread's rows of the next K/V tile to load, read from the
+  // block table one tile ahead (so the cp.async addresses do not wait on it), for K and V.
+  using KvTileRows = TileThreadRows<kBlockN, kNThreads>;
+  int kv_page[KvTileRows::kSlots] = {};
+  auto fetch_pages = [&](int n_block) {
+    if constexpr (kKv) {
+      kv_rows.template fetch_pages<KvTileRows>(p, n_block * kBlockN, seqlen_k, tid, kv_page);
+    }
+  };
   auto load_kv = [&](int n_block, int stage) {
     const int n0 = n_block * kBlockN;
     const int rows = seqlen_k - n0;
     Element* const sK = stage ? sKV1 : sKV0;
     load_tile_rows<kBlockN, kHeadDim, kNThreads>(
         sK,
-        [&](int r) {
-          return kv_rows(p, gK, p.k_batch_stride, p.k_row_stride, n0 + r);
+        [&](int r, int slot) {
+          return kv_rows(p, gK, p.k_batch_stride, p.k_row_stride, n0 + r, kv_page[slot]);
         },
         rows, p.headdim, tid);
     load_tile_rows<kBlockN, kHeadDim, kNThreads>(
         sK + kKVTile,
-        [&](int r) {
-          return kv_rows(p, gV, p.v_batch_stride, p.v_row_stride, n0 + r);
+        [&](int r, int slot) {
+          return kv_rows(p, gV, p.v_batch_stride, p.v_row_stride, n0 + r, kv_page[slot]);
         },
         rows, p.headdim, tid);
   };
-  if (n_block_max > n_block_min) load_kv(n_block_max - 1, 0);
+
+  // Prologue: Q and the first K/V tile in one cp.async group.
+  if (n_block_max > n_block_min) fetch_pages(n_block_max - 1);
+  if constexpr (kKv) {
+    load_tile_rows<kBlockM, kHeadDim, kNThreads>(
+        sQ,
+        [&](int r, int) {
+          const int m = row0 + r;
+          const int i = m / pack;
+          return gQ + i * p.q_row_stride + (m - i * pack) * p.q_head_stride;
+        },
+        rows_q - row0, p.headdim, tid);
+  } else {
+    load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ, p.q_row_stride, seqlen_q - row0, p.headdim,
+                                            tid);
+  }
+  if (n_block_max > n_block_min) {
+    load_kv(n_block_max - 1, 0);
+    if (n_block_max - 1 > n_block_min) fetch_pages(n_block_max - 2);
+  }
   ptx::cp_async_commit();
 
   // Fragment coordinates: in m16 tile mt, the lane owns rows g and g + 8, columns 2q, 2q+1.
@@ -183,8 +220,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const float scale_log2 = kMods ? 1.f : p.softmax_scale * kLog2e;
   const float lse_scale = kMods ? 0.6931471805599453f : p.softmax_scale;
   constexpr bool kDropout = kMods == kModDropout;
-  ScoreMod mod;
-  if constexpr (kMods) mod = ScoreMod(p, batch, head);
+  ScoreMod mod;  // (ALiBi and dropout run with pack = 1: head0 is the head)
+  if constexpr (kMods) mod = ScoreMod(p, batch, head0);
+  // Query position of the lane's row r of m16 tile mt. Packed: one division per row and CTA,
+  // kept in registers; plain: the row itself, recomputed where used.
+  int lane_pos_kv[kKv ? kMTiles : 1][2];
+  if constexpr (kKv) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        lane_pos_kv[mt][r] = (row0 + warp_row0 + 16 * mt + g + 8 * r) / pack;
+  }
+  auto lane_pos = [&](int mt, int r) {
+    if constexpr (kKv) return lane_pos_kv[mt][r];
+    return row0 + warp_row0 + 16 * mt + g + 8 * r;
+  };
   float acc_o[kMTiles][kNTilesD][4];
   float row_max[kMTiles][2], row_sum[kMTiles][2];
 #pragma unroll
@@ -279,7 +330,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
+          const int row = lane_pos(mt, r);
           const int col_hi = p.window_right >= 0
                                  ? min(seqlen_k - 1, row + offset + p.window_right)
                                  : seqlen_k - 1;
@@ -395,12 +446,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         if constexpr (Traits::kStage1InQ) __syncthreads();
       }
     }
-    if (n_block > n_block_min) load_kv(n_block - 1, stage ^ 1);
+    if (n_block > n_block_min) {
+      load_kv(n_block - 1, stage ^ 1);
+      if (n_block - 1 > n_block_min) fetch_pages(n_block - 2);  // lands during this step
+    }
     ptx::cp_async_commit();
     const int col0 = n_block * kBlockN;
     const bool need_mask = col0 + kBlockN > seqlen_k ||
-                           (p.window_right >= 0 && col0 + kBlockN - 1 > row0 + offset + p.window_right) ||
-                           (p.window_left >= 0 && col0 < row_last + offset - p.window_left);
+                           (p.window_right >= 0 && col0 + kBlockN - 1 > i_first + offset + p.window_right) ||
+                           (p.window_left >= 0 && col0 < i_last + offset - p.window_left);
     if (need_mask) {
       step(std::true_type{}, n_block, stage);
     } else {
@@ -412,12 +466,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   ptx::cp_async_wait<0>();
   __syncthreads();
   const SeqInfo seq_out(p, batch);  // re-read, not kept live across the mainloop
+  const int row0_out = kKv ? (gridDim.x - 1 - blockIdx.x) * kBlockM : row0;  // (the same)
   if (kKv && p.num_splits > 1) {
     // Split-KV: this split's O (normalised by its own sum) and LSE, float32, straight from
-    // the accumulators; a split that saw no key writes O = 0, LSE = -inf.
-    const int64_t bh = (int64_t(split) * p.batch + batch) * p.nheads + head;
-    float* gLse = p.lse_accum + bh * p.seqlen_q;
-    float* gO = p.o_accum + bh * p.seqlen_q * p.headdim;
+    // the accumulators, at (query head, position) of each row; a split that saw no key
+    // writes O = 0, LSE = -inf.
+    const int64_t bh0 = (int64_t(split) * p.batch + batch) * p.nheads + head0;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -426,24 +480,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         sum += __shfl_xor_sync(0xffffffff, sum, 1);
         sum += __shfl_xor_sync(0xffffffff, sum, 2);
         const float inv = sum == 0.f ? 0.f : (kDropout ? p.dropout_scale : 1.f) / sum;
-        const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
-        if (row < seq_out.seqlen_q) {
+        const int row = row0_out + warp_row0 + 16 * mt + g + 8 * r;
+        if (row < seq_out.seqlen_q * pack) {
+          const int i = lane_pos(mt, r);
+          const int64_t q_idx = (bh0 + (row - i * pack)) * p.seqlen_q + i;
+          float* gO = p.o_accum + q_idx * p.headdim;
 #pragma unroll
           for (int dt = 0; dt < kNTilesD; ++dt) {
             const int col = dt * 8 + 2 * q;
             if (col < p.headdim) {
-              *reinterpret_cast<float2*>(gO + int64_t(row) * p.headdim + col) =
+              *reinterpret_cast<float2*>(gO + col) =
                   make_float2(acc_o[mt][dt][0 + 2 * r] * inv, acc_o[mt][dt][1 + 2 * r] * inv);
             }
           }
           if (q == 0) {
-            gLse[row] = sum == 0.f ? -INFINITY : row_max[mt][r] * lse_scale + logf(sum);
+            p.lse_accum[q_idx] = sum == 0.f ? -INFINITY : row_max[mt][r] * lse_scale + logf(sum);
           }
         }
       }
     return;
   }
-  float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq_out.q_row0;
+  float* gLse = p.lse + batch * p.lse_batch_stride + head0 * p.lse_head_stride + seq_out.q_row0;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -459,16 +516,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         *reinterpret_cast<uint32_t*>(sQ + swizzle<kBlockM>(row_local, dt) + 2 * q) =
             ptx::pack2<Element>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
       }
-      const int row = row0 + row_local;
-      if (q == 0 && row < seq_out.seqlen_q) {
-        gLse[row] = sum == 0.f ? INFINITY : row_max[mt][r] * lse_scale + logf(sum);
+      const int row = row0_out + row_local;
+      if (q == 0 && row < seq_out.seqlen_q * pack) {
+        const int i = lane_pos(mt, r);
+        gLse[(row - i * pack) * p.lse_head_stride + i] =
+            sum == 0.f ? INFINITY : row_max[mt][r] * lse_scale + logf(sum);
       }
     }
   __syncthreads();
-  Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                (seq_out.q_row0 + row0) * p.o_row_stride;
-  store_tile<kBlockM, kHeadDim, kNThreads>(gO, sQ, p.o_row_stride, seq_out.seqlen_q - row0, p.headdim,
-                                           tid);
+  Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head0 * p.o_head_stride +
+                (seq_out.q_row0 + (kKv ? 0 : row0)) * p.o_row_stride;
+  if constexpr (kKv) {
+    store_tile_rows<kBlockM, kHeadDim, kNThreads>(
+        [&](int r) {
+          const int m = row0_out + r;
+          const int i = m / pack;
+          return gO + i * p.o_row_stride + (m - i * pack) * p.o_head_stride;
+        },
+        sQ, seq_out.seqlen_q * pack - row0_out, p.headdim, tid);
+  } else {
+    store_tile<kBlockM, kHeadDim, kNThreads>(gO, sQ, p.o_row_stride, seq_out.seqlen_q - row0,
+                                             p.headdim, tid);
+  }
 }
 
 }  // namespace flashattn2

@@ -14,8 +14,9 @@ namespace flashattn2 {
 template <typename Traits, typename Element>
 void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   const int splits = Traits::kKv ? params.num_splits : 1;
-  const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
-                  params.batch * splits);
+  const int pack = Traits::kKv ? params.q_pack : 1;  // GQA packing: FwdParams::q_pack
+  const dim3 grid((params.seqlen_q * pack + Traits::kBlockM - 1) / Traits::kBlockM,
+                  params.nheads / pack, params.batch * splits);
   auto launch = [&](auto mods) {
     constexpr auto kernel = fwd_kernel<Traits, Element, decltype(mods)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fwd_kernel, smem)");

@@ -68,37 +68,52 @@ struct KvRows {
                                                  int64_t batch_stride, int64_t row_stride) const {
     return base_dense(head_base, seq, batch_stride, row_stride);
   }
-  // Address of visible key row `row` (0 = first visible key).
+  // Address of visible key row `row` (0 = first visible key); `page` as fetch_pages gave it.
   template <typename Params, typename Element>
   __device__ __forceinline__ const Element* operator()(const Params&, const Element* base,
-                                                       int64_t, int64_t row_stride,
-                                                       int row) const {
+                                                       int64_t, int64_t row_stride, int row,
+                                                       int /*page*/) const {
     return base + row * row_stride;
   }
 };
 
 // The KV-cache kernel's addressing: paged when the params have a block table, else dense.
+// A thread looks up the pages of its rows of a K/V tile once (fetch_pages: one block-table
+// read per row slot of the tile copy, TileThreadRows), for K and V alike.
 template <>
 struct KvRows<true> {
   const int* pages;  // null: dense
-  int row0;
+  int row0;          // paged: the first visible key row (dense: 0, in `base` already)
   template <typename Params>
   __device__ __forceinline__ KvRows(const Params& p, const SeqInfo& seq, int batch)
       : pages(p.block_table ? p.block_table + batch * p.block_table_batch_stride : nullptr),
-        row0(int(seq.k_row0)) {}
+        row0(p.block_table ? int(seq.k_row0) : 0) {}
   template <typename Element>
   __device__ __forceinline__ const Element* base(const Element* head_base, const SeqInfo& seq,
                                                  int64_t batch_stride, int64_t row_stride) const {
     return pages ? head_base : KvRows<false>::base_dense(head_base, seq, batch_stride, row_stride);
   }
+  // page[s] = the page of key row n0 + TileRows::row(s, tid) (visible-key numbering) for the
+  // rows below seqlen_k; the others are left alone (their rows are never read). Dense: no-op
+  // (page stays 0).
+  template <typename TileRows, typename Params>
+  __device__ __forceinline__ void fetch_pages(const Params& p, int n0, int seqlen_k, int tid,
+                                              int (&page)[TileRows::kSlots]) const {
+    if (!pages) return;
+#pragma unroll
+    for (int s = 0; s < TileRows::kSlots; ++s) {
+      const int row = n0 + TileRows::row(s, tid);
+      if (row < seqlen_k) page[s] = pages[(row0 + row) >> p.page_size_log2];
+    }
+  }
+  // Branch-free (dense: page 0, no wrap), so the tile copy needs no branch per chunk.
   template <typename Params, typename Element>
   __device__ __forceinline__ const Element* operator()(const Params& p, const Element* base,
                                                        int64_t batch_stride, int64_t row_stride,
-                                                       int row) const {
-    if (!pages) return base + row * row_stride;
+                                                       int row, int page) const {
     const int r = row0 + row;
-    const int page = pages[r >> p.page_size_log2];
-    return base + page * batch_stride + (r & ((1 << p.page_size_log2) - 1)) * row_stride;
+    const int in_page = r & (pages ? (1 << p.page_size_log2) - 1 : -1);
+    return base + page * batch_stride + in_page * row_stride;
   }
 };
 

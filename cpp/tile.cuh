@@ -33,14 +33,30 @@ __device__ __forceinline__ unsigned tile_chunk(int i, int tid) {
   return (idx >> 2) / kRows * 4 + (idx & 3);
 }
 
+// The rows one thread copies in a tile copy: tile_row(i, tid) is row(i % kSlots, tid), a
+// compile-time slot once the copy loop is unrolled. Per-row state (the pages of a paged
+// K/V tile) can so be computed once per tile and slot rather than once per 16-byte chunk.
+template <int kRows, int kNThreads>
+struct TileThreadRows {
+  static constexpr int kStep = kNThreads / 4;  // rows between a thread's rows
+  static constexpr int kSlots = kRows >= kStep ? kRows / kStep : 1;
+  static_assert(kRows < kStep || kRows % kStep == 0, "tile rows must be a multiple of threads / 4");
+  __device__ __forceinline__ static int row(int slot, int tid) {
+    return kRows >= kStep ? (tid >> 2) + kStep * slot : (tid >> 2) & (kRows - 1);
+  }
+};
+
 // Global -> shared copy of a [kRows x kHeadDim] tile with cp.async; row r comes from
-// row_ptr(r) (a row may live anywhere: pages of a KV cache). Rows >= rows_valid and columns
-// >= headdim are zero-filled (their source is never read; row_ptr(0) must be computable). Lanes 4i..4i+3 copy the 64
-// contiguous bytes of one row segment: full 32-byte sectors in global memory.
+// row_ptr(r, slot), slot = the thread's row slot (TileThreadRows) (a row may live anywhere:
+// pages of a KV cache, query heads of a GQA group). Rows >= rows_valid and columns >= headdim
+// are zero-filled (their source is never read; row_ptr(0, slot) must be computable). Lanes
+// 4i..4i+3 copy the 64 contiguous bytes of one row segment: full 32-byte sectors in global
+// memory.
 template <int kRows, int kHeadDim, int kNThreads, typename Element, typename RowPtr>
 __device__ __forceinline__ void load_tile_rows(Element* smem, RowPtr&& row_ptr, int rows_valid,
                                                int headdim, int tid) {
   constexpr int kChunks = kRows * kHeadDim / 8;
+  constexpr int kSlots = TileThreadRows<kRows, kNThreads>::kSlots;
   static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
 #pragma unroll
   for (int i = 0; i < kChunks / kNThreads; ++i) {
@@ -49,7 +65,7 @@ __device__ __forceinline__ void load_tile_rows(Element* smem, RowPtr&& row_ptr, 
     const bool pred = row < rows_valid && chunk * 8 < headdim;
     // (Not read when !pred; computing it unconditionally avoids a select the compiler
     // keeps live: +120 B of spills in the d128 forward.)
-    const Element* src = row_ptr(pred ? row : 0) + (pred ? chunk * 8 : 0);
+    const Element* src = row_ptr(pred ? row : 0, i % kSlots) + (pred ? chunk * 8 : 0);
     ptx::cp_async_16(ptx::smem_addr(smem + swizzle<kRows>(row, chunk)), src, pred);
   }
 }
@@ -59,14 +75,14 @@ template <int kRows, int kHeadDim, int kNThreads, typename Element>
 __device__ __forceinline__ void load_tile(Element* smem, const Element* gmem, int64_t row_stride,
                                           int rows_valid, int headdim, int tid) {
   load_tile_rows<kRows, kHeadDim, kNThreads>(
-      smem, [&](int row) { return gmem + row * row_stride; }, rows_valid, headdim, tid);
+      smem, [&](int row, int) { return gmem + row * row_stride; }, rows_valid, headdim, tid);
 }
 
 // Shared -> global copy of a [kRows x kHeadDim] tile with 16-byte stores (rows < rows_valid,
-// columns < headdim only).
-template <int kRows, int kHeadDim, int kNThreads, typename Element>
-__device__ __forceinline__ void store_tile(Element* gmem, const Element* smem, int64_t row_stride,
-                                           int rows_valid, int headdim, int tid) {
+// columns < headdim only); row r goes to row_ptr(r).
+template <int kRows, int kHeadDim, int kNThreads, typename Element, typename RowPtr>
+__device__ __forceinline__ void store_tile_rows(RowPtr&& row_ptr, const Element* smem,
+                                                int rows_valid, int headdim, int tid) {
   constexpr int kChunks = kRows * kHeadDim / 8;
   static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
 #pragma unroll
@@ -74,10 +90,18 @@ __device__ __forceinline__ void store_tile(Element* gmem, const Element* smem, i
     const int row = int(tile_row<kRows, kNThreads>(i, tid));
     const int chunk = int(tile_chunk<kRows, kNThreads>(i, tid));
     if (row < rows_valid && chunk * 8 < headdim) {
-      *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * 8) =
+      *reinterpret_cast<uint4*>(row_ptr(row) + chunk * 8) =
           *reinterpret_cast<const uint4*>(smem + swizzle<kRows>(row, chunk));
     }
   }
+}
+
+// store_tile_rows for rows at a fixed stride from gmem.
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void store_tile(Element* gmem, const Element* smem, int64_t row_stride,
+                                           int rows_valid, int headdim, int tid) {
+  store_tile_rows<kRows, kHeadDim, kNThreads>(
+      [&](int row) { return gmem + row * row_stride; }, smem, rows_valid, headdim, tid);
 }
 
 }  // namespace flashattn2

@@ -141,6 +141,17 @@ def test_window(dtype, headdim, seqlens, window_size):
     assert torch.equal(public, out) and torch.equal(public_lse, lse)
 
 
+@pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0), (16, 0), (32, 8), (0, 0)], ids=str)
+@pytest.mark.parametrize("seqlens", [(2, 300), (7, 300), (33, 300), (64, 300), (33, 20)], ids=str)
+@pytest.mark.parametrize("heads", [(32, 8), (8, 1)], ids=str)
+def test_gqa_packed_query_tiles(heads, seqlens, window_size):
+    """seqlen_q <= 64 with GQA runs the KV kernel with each group's query heads packed into
+    its query tiles: masks by query position, rows that see no key (sq > sk), split-KV
+    from the heuristic."""
+    q, k, v = make_qkv(2, *seqlens, *heads, 128, torch.bfloat16)
+    check_kernel(q, k, v, window_size=window_size)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_causal_with_window_keeps_the_left_bound(dtype):
     q, k, v = make_qkv(2, 150, 170, 4, 4, 64, dtype)

@@ -10,7 +10,7 @@ with the in-place cache writes. CPU: argument checks.
 import pytest
 import torch
 from flashattn2 import _ext, flash_attn_func, flash_attn_with_kvcache
-from flashattn2.interface import _flash_attn_forward
+from flashattn2.interface import _flash_attn_forward, _launch_fwd, _mod_kwargs
 from reference import attention_ref
 from test_fwd import ATOL, LSE_ATOL, LSE_RTOL, dtype_id
 
@@ -247,6 +247,134 @@ def test_compile_fullgraph_with_cache_writes():
     torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
     assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0)
     torch._dynamo.reset()
+
+
+# ---- GQA packing (q_pack): the query heads of a group share the KV kernel's query tiles ------
+
+
+def kvcache_kernel(q, k_cache, v_cache, cache_seqlens, block_table=None, causal=False,
+                   window_size=(-1, -1), num_splits=0, softmax_scale=None):
+    """The KV-cache forward (no append) as ``_kvcache_forward`` launches it, writing into
+    NaN-poisoned out / lse; fails if any NaN survives. Returns (out, lse)."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    nheads_k = k_cache.shape[2]
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((batch, nheads, seqlen_q), float("nan"), device=q.device)
+    layout = dict(seqused_k=cache_seqlens.data_ptr())
+    capacity = k_cache.shape[1]
+    if block_table is not None:
+        capacity = block_table.shape[1] * k_cache.shape[1]
+        layout.update(block_table=block_table.data_ptr(),
+                      block_table_batch_stride=block_table.stride(0), page_size=k_cache.shape[1])
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
+    _launch_fwd(q, k_cache, v_cache, out, lse, q.stride()[:3], k_cache.stride()[:3],
+                v_cache.stride()[:3], out.stride()[:3], lse.stride()[:2], batch, seqlen_q,
+                capacity, nheads, nheads_k, headdim, softmax_scale or headdim**-0.5, window_left,
+                window_right,
+                num_splits, _mod_kwargs(), **layout)
+    assert not out.isnan().any(), "the kernel left part of out unwritten (or wrote NaN)"
+    assert not lse.isnan().any(), "the kernel left part of lse unwritten (or wrote NaN)"
+    return out, lse
+
+
+def check_against_reference(out, lse, q, k_cache, v_cache, seqlens, causal, window_size):
+    """Each batch entry against the float32 reference on its visible keys (2x rule, LSE)."""
+    outs_ref, outs_pt, lses_ref = [], [], []
+    for b, n in enumerate(seqlens.tolist()):
+        args = (q[b : b + 1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n])
+        o, l = attention_ref(*args, causal=causal, window_size=window_size)
+        o_pt, _ = attention_ref(*args, causal=causal, window_size=window_size, upcast=False)
+        outs_ref.append(o), outs_pt.append(o_pt), lses_ref.append(l)
+    check_rule("out", out, torch.cat(outs_ref), torch.cat(outs_pt), q.dtype)
+    torch.testing.assert_close(lse, torch.cat(lses_ref), atol=LSE_ATOL, rtol=LSE_RTOL)
+
+
+@gpu
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 8, 0], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("paged", [0, 16, 64], ids=lambda p: f"page{p}" if p else "contig")
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("heads", [(32, 8), (8, 1)], ids=["gqa32_8", "mqa8_1"])
+@pytest.mark.parametrize("seqlen_q", [1, 2, 4, 7, 33])
+def test_gqa_packing(seqlen_q, heads, mask, paged, num_splits):
+    """Packed query heads against the reference: any seqlen_q, GQA and MQA, causal / window
+    (masks by query position, not tile row), split-KV partials and their combine, pages."""
+    nheads, nheads_k = heads
+    dtype, headdim, cache_len, batch = torch.bfloat16, 128, 512, 3
+    if _ext.KERNEL_HEAD_DIM[headdim] < 0:
+        pytest.skip(f"no kernel for head dim {headdim} in this build")
+    gen = torch.Generator().manual_seed(seqlen_q)
+    q = torch.randn(batch, seqlen_q, nheads, headdim, device="cuda", dtype=dtype)
+    k_cache = torch.randn(batch, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    # one entry full, one shorter than seqlen_q (causal rows that see no key), one random
+    seqlens = torch.tensor([cache_len, 5, int(torch.randint(40, cache_len, (1,), generator=gen))],
+                           dtype=torch.int32)
+    causal = mask != "full"
+    window_size = (40, -1) if mask == "window" else (-1, -1)
+    kc, vc, table = k_cache, v_cache, None
+    if paged:
+        kc, table = paged_copy(k_cache, paged, gen)
+        vc = torch.randn_like(kc)
+        vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
+    lens = seqlens.to("cuda")
+    out, lse = kvcache_kernel(q, kc, vc, lens, table, causal, window_size, num_splits)
+    check_against_reference(out, lse, q, k_cache, v_cache, seqlens, causal, window_size)
+    public, public_lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, block_table=table, causal=causal, window_size=window_size,
+        num_splits=num_splits, return_softmax_lse=True)
+    assert torch.equal(public, out) and torch.equal(public_lse, lse)
+
+
+def head_coded_problem(batch, seqlen_q, nheads, nheads_k, headdim, seqlen_k):
+    """q, k, v (float16) where, with softmax_scale 1, query (b, i, h) attends to one key
+    (logit 30, every other logit <= 0: weight 1 - ~1e-11) whose value row is the constant
+    code(b, i, h) = 1 + i * nheads + h + 256 * b, exact in float16: a row written to the
+    wrong head or position shows a wrong integer."""
+    assert seqlen_q * nheads <= headdim * 2 and seqlen_q * nheads < seqlen_k
+    q = torch.zeros(batch, seqlen_q, nheads, headdim, device="cuda", dtype=torch.float16)
+    k = torch.zeros(batch, seqlen_k, nheads_k, headdim, device="cuda", dtype=torch.float16)
+    v = torch.zeros_like(k)
+    group = nheads // nheads_k
+    code = torch.empty(batch, seqlen_q, nheads, device="cuda")
+    for b in range(batch):
+        for i in range(seqlen_q):
+            for h in range(nheads):
+                key = i * nheads + h  # a distinct key per (i, h); keys of head h_k only
+                hk = h // group
+                dim, sign = key % headdim, 1.0 if key < headdim else -1.0
+                q[b, i, h, dim] = 30.0 * sign
+                k[b, key, hk, dim] = sign
+                code[b, i, h] = 1 + i * nheads + h + 256 * b
+                v[b, key, hk, :] = code[b, i, h]
+    return q, k, v, code
+
+
+@gpu
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("paged", [0, 16], ids=lambda p: f"page{p}" if p else "contig")
+@pytest.mark.parametrize("heads", [(32, 8), (8, 1)], ids=["gqa32_8", "mqa8_1"])
+@pytest.mark.parametrize("seqlen_q", [1, 4, 7])
+def test_gqa_packing_writes_each_head_and_position(seqlen_q, heads, paged, num_splits):
+    """Every (batch, position, head) of out and lse goes to its own place: out holds the
+    integer code of its (b, i, h) (see head_coded_problem), lse = 30 + ln(1 + ~0)."""
+    nheads, nheads_k = heads
+    batch, headdim, seqlen_k = 2, 128, 256
+    if _ext.KERNEL_HEAD_DIM[headdim] < 0:
+        pytest.skip(f"no kernel for head dim {headdim} in this build")
+    q, k, v, code = head_coded_problem(batch, seqlen_q, nheads, nheads_k, headdim, seqlen_k)
+    lens = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
+    table = None
+    if paged:
+        k, table = paged_copy(k, paged, torch.Generator().manual_seed(0))
+        v_paged = torch.randn_like(k)
+        v_paged[table.flatten().long()] = v.reshape(-1, paged, nheads_k, headdim)
+        v = v_paged
+    out, lse = kvcache_kernel(q, k, v, lens, table, num_splits=num_splits, softmax_scale=1.0)
+    expected = code[..., None].expand_as(out).to(out.dtype)
+    assert torch.equal(out, expected), "a row of out went to the wrong head or position"
+    torch.testing.assert_close(lse, torch.full_like(lse, 30.0), atol=1e-4, rtol=0)
 
 
 # ---- CPU: argument checks ------------------------------------------------------------------

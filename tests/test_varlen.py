@@ -237,18 +237,127 @@ def test_bad_arguments(case, message):
         flash_attn_varlen_func(**args)
 
 
-def test_cpu_tensors_and_block_table_are_rejected():
+def test_cpu_tensors_are_rejected():
     args = (_t(10, 4, 64), _t(10, 2, 64), _t(10, 2, 64), _t(3, dtype=torch.int32),
             _t(3, dtype=torch.int32), 5, 5)
     with pytest.raises(ValueError, match="CUDA"):
         flash_attn_varlen_func(*args)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flash_attn_varlen_func(*args, block_table=_t(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="CUDA"):  # a well-formed paged call gets that far
+        flash_attn_varlen_func(args[0], _t(4, 16, 2, 64), _t(4, 16, 2, 64), *args[3:],
+                               block_table=_t(2, 1, dtype=torch.int32))
     with pytest.raises(ValueError, match="qkv"):
         flash_attn_varlen_qkvpacked_func(_t(10, 2, 4, 64), _t(3, dtype=torch.int32), 5)
     with pytest.raises(ValueError, match="kv"):
         flash_attn_varlen_kvpacked_func(_t(10, 4, 64), _t(10, 3, 2, 64), _t(3, dtype=torch.int32),
                                         _t(3, dtype=torch.int32), 5, 5)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (dict(block_table=_t(2, 1, dtype=torch.int64)), "int32"),
+        (dict(block_table=[[0], [1]]), "int32 tensor"),
+        (dict(block_table=_t(3, 1, dtype=torch.int32)), "batch=2, max_pages"),
+        (dict(block_table=_t(2, 2, dtype=torch.int32)[:, :1].t().contiguous().t()),
+         "unit last stride"),
+        (dict(k=_t(64, 2, 64), v=_t(64, 2, 64)), "num_blocks, page_size"),
+        (dict(k=_t(4, 24, 2, 64), v=_t(4, 24, 2, 64)), "power of two"),
+        (dict(max_seqlen_k=17), "fewer than max_seqlen_k=17"),
+        (dict(k=_t(0, 16, 2, 64), v=_t(0, 16, 2, 64)), "no pages"),
+        (dict(v=_t(4, 16, 2, 32)), "shape of k"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_bad_block_table_arguments(case, message):
+    args = dict(q=_t(10, 4, 64), k=_t(4, 16, 2, 64), v=_t(4, 16, 2, 64),
+                cu_seqlens_q=_t(3, dtype=torch.int32), cu_seqlens_k=_t(3, dtype=torch.int32),
+                max_seqlen_q=5, max_seqlen_k=16, block_table=_t(2, 1, dtype=torch.int32))
+    args.update(case)
+    with pytest.raises(ValueError, match=message):
+        flash_attn_varlen_func(**args)
+
+
+def test_block_table_is_forward_only():
+    q = _t(10, 4, 64).requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward only"):
+        flash_attn_varlen_func(q, _t(4, 16, 2, 64), _t(4, 16, 2, 64), _t(3, dtype=torch.int32),
+                               _t(3, dtype=torch.int32), 5, 16,
+                               block_table=_t(2, 1, dtype=torch.int32))
+
+
+def paged_varlen_kv(k, v, lengths_k, page_size, gen):
+    """Packed k, v (total_k, h_k, d) as pages (num_blocks, page_size, h_k, d) in a shuffled
+    order, and the block table (batch, max_pages). Every row that holds no key is NaN, and so
+    is the page that table entries past a sequence's pages point to: reading any of them
+    would put NaN into the output."""
+    pages_per = [-(-n // page_size) for n in lengths_k]
+    num_blocks = sum(pages_per) + 2
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    shape = (num_blocks, page_size) + tuple(k.shape[1:])
+    kp = torch.full(shape, float("nan"), dtype=k.dtype, device=k.device)
+    vp = torch.full_like(kp, float("nan"))
+    table = torch.full((len(lengths_k), max(pages_per) + 1), perm[-1], dtype=torch.int32)
+    start, used = 0, 0
+    for b, n in enumerate(lengths_k):
+        for j in range(pages_per[b]):
+            page = perm[used]
+            used += 1
+            rows = slice(start + j * page_size, min(start + (j + 1) * page_size, start + n))
+            kp[page, : rows.stop - rows.start] = k[rows]
+            vp[page, : rows.stop - rows.start] = v[rows]
+            table[b, j] = page
+        start += n
+    return kp, vp, table.to(k.device)
+
+
+# lengths_q, lengths_k of paged calls: ragged prefill, and decoding-sized queries (the GQA
+# packing of the KV kernel) with an empty cache and a query of no row.
+PAGED_LENGTHS = {
+    "ragged": LENGTHS["ragged"],
+    "decode": ([1, 4, 0, 7, 3], [300, 17, 40, 0, 64]),
+}
+
+
+@gpu
+@pytest.mark.parametrize("window_size", [(-1, -1), (30, -1)], ids=["nowin", "window"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 1)], ids=str)
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("lengths", list(PAGED_LENGTHS), ids=str)
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_varlen_paged_kv(headdim, lengths, page_size, heads, causal, window_size):
+    """block_table (flash-attn v2): each sequence's keys from its pages, against the float32
+    reference of that sequence; never a row past a sequence's keys (NaN there)."""
+    dtype = torch.float16
+    lengths_q, lengths_k = PAGED_LENGTHS[lengths]
+    q, k, v = make_varlen(lengths_q, lengths_k, *heads, headdim, dtype)
+    kp, vp, table = paged_varlen_kv(k, v, lengths_k, page_size, torch.Generator().manual_seed(3))
+    out, lse, _ = flash_attn_varlen_func(
+        q, kp, vp, cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k),
+        causal=causal, window_size=window_size, return_attn_probs=True, block_table=table,
+    )  # fmt: skip
+    assert out.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
+    assert not out.isnan().any() and not lse.isnan().any()
+    out_ref, lse_ref = reference(q, k, v, lengths_q, lengths_k, causal, window_size)
+    out_pt, _ = reference(q, k, v, lengths_q, lengths_k, causal, window_size, upcast=False)
+    assert_rule("out", out, out_ref, out_pt, dtype)
+    torch.testing.assert_close(lse, lse_ref, atol=LSE_ATOL, rtol=LSE_RTOL)
+
+
+@gpu
+def test_varlen_paged_kv_under_compile():
+    """The flashattn2::varlen_fwd operator takes the block table (no graph break)."""
+    torch._dynamo.reset()
+    lengths_q, lengths_k = PAGED_LENGTHS["decode"]
+    q, k, v = make_varlen(lengths_q, lengths_k, 6, 2, 64, torch.bfloat16)
+    kp, vp, table = paged_varlen_kv(k, v, lengths_k, 16, torch.Generator().manual_seed(4))
+    args = (q, kp, vp, cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k))
+    eager = flash_attn_varlen_func(*args, causal=True, block_table=table)
+    compiled = torch.compile(
+        lambda *a: flash_attn_varlen_func(*a, causal=True, block_table=table), fullgraph=True
+    )(*args)
+    assert torch.equal(compiled, eager)
+    torch._dynamo.reset()
 
 
 @gpu

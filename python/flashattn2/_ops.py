@@ -7,7 +7,7 @@
                     rng_state=None)
         -> (dq, dk, dv)
     flashattn2::varlen_fwd / ::varlen_bwd: the same for packed variable-length sequences
-        (varlen.py; lse (nheads, total_q))
+        (varlen.py; lse (nheads, total_q)); varlen_fwd also takes a block_table (paged k/v)
     flashattn2::fwd_kvcache(q, k_cache!, v_cache!, k?, v?, ...) -> (out, lse)
         (kvcache.py); writes k_cache and v_cache in place, declared in the schema so
         functionalization orders it correctly (no graph break)
@@ -69,8 +69,8 @@ torch.library.define(
 torch.library.define(
     "flashattn2::varlen_fwd",
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q,"
-    " int max_seqlen_k, float softmax_scale, int window_left, int window_right, " + _MODS + ")"
-    " -> (Tensor, Tensor)",
+    " int max_seqlen_k, float softmax_scale, int window_left, int window_right, " + _MODS +
+    ", Tensor? block_table=None) -> (Tensor, Tensor)",
 )
 torch.library.define(
     "flashattn2::varlen_bwd",

@@ -89,26 +89,22 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     arguments of ``_C.fwd`` (cu_seqlens_q, seqused_k, block_table, ...); ``mods``: the score
     modifier arguments (``_mod_kwargs``).
 
-    A single query row (dense q) with GQA and no left window runs with the query heads of
-    each group packed into the query tile, so each K/V tile is read once per group rather
-    than once per query head: heads ``h_k * g + j`` become rows j of head h_k (strides only).
-    Not with ALiBi or dropout, whose values depend on the head and row.
+    With GQA (h > h_k), the KV-cache kernel (decoding, paged K/V, split-KV) packs the
+    g = h / h_k query heads of each group into its query tiles (``q_pack``, cpp/flash.h), so
+    each K/V tile is read once per group rather than once per query head; the heuristic then
+    counts the packed tiles. Not with ALiBi or dropout, whose values depend on the head.
+    (``q_pack`` is passed whenever it applies; the plain kernel, which runs longer unsplit
+    problems, ignores it.)
     """
     mods = mods or {}
-    if seqlen_q == 1 and "cu_seqlens_q" not in layout:
-        window_right = -1  # the one query row sees every key up to the last anyway
-        per_head = mods.get("alibi_slopes", 0) or mods.get("dropout_p", 0.0) > 0
-        if nheads > nheads_k and window_left < 0 and not per_head:
-            group = nheads // nheads_k
-            q_strides = (q_strides[0], q_strides[2], q_strides[2] * group)
-            o_strides = (o_strides[0], o_strides[2], o_strides[2] * group)
-            lse_strides = (lse_strides[0], lse_strides[1] * group)
-            seqlen_q, nheads = group, nheads_k
+    per_head = mods.get("alibi_slopes", 0) or mods.get("dropout_p", 0.0) > 0
+    q_pack = 1 if per_head else nheads // nheads_k
     device = q.get_device()
     if mods.get("dropout_p", 0.0) > 0:
         num_splits = 1  # dropout runs in the plain-tile kernel only (cpp/fwd_launch.cuh)
     if num_splits == 0:
-        num_splits = _C.num_splits_heuristic(batch, nheads, seqlen_q, seqlen_k, headdim, device)
+        num_splits = _C.num_splits_heuristic(batch, nheads // q_pack, seqlen_q * q_pack,
+                                             seqlen_k, headdim, device)
     o_accum = lse_accum = None
     if num_splits > 1:
         rows = num_splits * batch * nheads * seqlen_q
@@ -124,7 +120,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
-        **layout, **mods,
+        q_pack=q_pack, **layout, **mods,
     )  # fmt: skip
 
 

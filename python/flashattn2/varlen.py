@@ -61,12 +61,14 @@ def _check_cu_seqlens(name, cu):
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                  alibi_slopes=None):
-    """Ranks, dtypes, shapes, then devices; returns the checked max_seqlen ints."""
+                  alibi_slopes=None, block_table=None):
+    """Ranks, dtypes, shapes, then devices; returns the checked max_seqlen ints. With
+    ``block_table``, k and v are paged ``(num_blocks, page_size, nheads_k, headdim)``."""
+    paged = block_table is not None
+    kv_layout = "(num_blocks, page_size, nheads_k, headdim)" if paged else "(total_k, nheads_k, headdim)"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 3:
-            what = "(total_q, nheads, headdim)" if name == "q" else "(total_k, nheads_k, headdim)"
-            raise _shape_error(name, what, t)
+        if t.dim() != (3 if name == "q" or not paged else 4):
+            raise _shape_error(name, "(total_q, nheads, headdim)" if name == "q" else kv_layout, t)
     dtype = q.dtype
     if dtype is not _HALF and dtype is not _BF16:
         raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
@@ -84,9 +86,9 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         built = ", ".join(map(str, _ext.build_info()["head_dims"]))
         raise ValueError(f"flashattn2: head dim {headdim} needs a kernel head dim >= "
                          f"{headdim}; this build has {built}")
-    nheads_k = k.shape[1]
-    if k.shape[2] != headdim:
-        raise _shape_error("k", f"(total_k, nheads_k, headdim={headdim})", k)
+    nheads_k = k.shape[-2]
+    if k.shape[-1] != headdim:
+        raise _shape_error("k", kv_layout.replace("headdim", f"headdim={headdim}"), k)
     if v.shape != k.shape:
         raise ValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
     if nheads_k == 0 or nheads % nheads_k:
@@ -108,35 +110,74 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         shape=(cu_seqlens_q.shape[0] - 1, None, nheads)))
     named = [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
              ("cu_seqlens_k", cu_seqlens_k)]
+    if paged:
+        _check_block_table(block_table, k, cu_seqlens_q.shape[0] - 1, max_seqlen_k)
+        named.append(("block_table", block_table))
     if alibi_slopes is not None:
         named.append(("alibi_slopes", alibi_slopes))
     _check_devices(*named)
     return max_seqlen_q, max_seqlen_k
 
 
+def _check_block_table(block_table, k, batch, max_seqlen_k):
+    """Paged varlen: block_table int32 (batch, max_pages), unit last stride; page_size
+    (k.shape[1]) a power of two >= 16; pages enough for max_seqlen_k keys."""
+    if not isinstance(block_table, torch.Tensor):
+        raise ValueError(f"block_table must be an int32 tensor; got {type(block_table).__name__}")
+    if block_table.dtype is not torch.int32:
+        raise ValueError(f"block_table must be int32; got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise _shape_error("block_table", f"(batch={batch}, max_pages)", block_table)
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table must have a unit last stride")
+    page_size = k.shape[1]
+    if page_size < 16 or page_size & (page_size - 1):
+        raise ValueError(f"page_size (k.shape[1]) must be a power of two >= 16; got {page_size}")
+    capacity = block_table.shape[1] * page_size
+    if max_seqlen_k > capacity:
+        raise ValueError(
+            f"block_table has {block_table.shape[1]} pages of {page_size} keys per sequence: "
+            f"fewer than max_seqlen_k={max_seqlen_k}"
+        )
+    if max_seqlen_k > 0 and k.shape[0] == 0:
+        raise ValueError("k and v have no pages (num_blocks = 0) but max_seqlen_k > 0")
+
+
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     softmax_scale, window_left, window_right, softcap=0.0, alibi_slopes=None,
-                    dropout_p=0.0, rng_state=None):
-    """Launch on kernel-ready tensors (see ``_flash_attn_forward``); ``(out, lse)``."""
+                    dropout_p=0.0, rng_state=None, block_table=None):
+    """Launch on kernel-ready tensors (see ``_flash_attn_forward``); ``(out, lse)``.
+
+    Paged (``block_table``): k/v ``(num_blocks, page_size, nheads_k, d)``; sequence b's keys
+    are its ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` first rows of the pages
+    ``block_table[b]``, read as a KV cache (seqused_k = those lengths, computed on the
+    device)."""
     total_q, nheads, headdim = q.shape
-    total_k, nheads_k = k.shape[0], k.shape[1]
+    nheads_k = k.shape[-2]
     batch = cu_seqlens_q.shape[0] - 1
     out = torch.empty_like(q, memory_format=_CONTIGUOUS)
     lse = torch.empty(nheads, total_q, dtype=_FP32, device=q.device)
     if batch == 0 or total_q == 0 or max_seqlen_q == 0 or nheads == 0:
         return out, lse
-    if total_k == 0 or max_seqlen_k == 0:
+    if k.shape[0] == 0 or max_seqlen_k == 0:
         out.zero_()
         lse.fill_(float("inf"))
         return out, lse
-    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    _launch_fwd(q, k, v, out, lse, (0,) + q.stride()[:2], (0,) + k.stride()[:2],
-                (0,) + v.stride()[:2], (0,) + out.stride()[:2], (0, lse.stride(0)), batch,
-                max_seqlen_q, max_seqlen_k, nheads, nheads_k, headdim, softmax_scale,
-                window_left, window_right, 1,
-                _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state),
-                cu_seqlens_q=cu_q.data_ptr(),
-                cu_seqlens_k=cu_k.data_ptr(), total_q=total_q, total_k=total_k)
+    cu_q = cu_seqlens_q.contiguous()
+    layout = dict(cu_seqlens_q=cu_q.data_ptr(), total_q=total_q)
+    if block_table is None:
+        cu_k = cu_seqlens_k.contiguous()
+        layout.update(cu_seqlens_k=cu_k.data_ptr(), total_k=k.shape[0])
+        k_strides, v_strides = (0,) + k.stride()[:2], (0,) + v.stride()[:2]
+    else:
+        seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        layout.update(seqused_k=seqused_k.data_ptr(), block_table=block_table.data_ptr(),
+                      block_table_batch_stride=block_table.stride(0), page_size=k.shape[1])
+        k_strides, v_strides = k.stride()[:3], v.stride()[:3]
+    _launch_fwd(q, k, v, out, lse, (0,) + q.stride()[:2], k_strides, v_strides,
+                (0,) + out.stride()[:2], (0, lse.stride(0)), batch, max_seqlen_q, max_seqlen_k,
+                nheads, nheads_k, headdim, softmax_scale, window_left, window_right, 1,
+                _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state), **layout)
     return out, lse
 
 
@@ -234,9 +275,13 @@ class _VarlenFunc(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 12
 
 
+def _needs_grad(q, k, v):
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, window_left, window_right, deterministic,
-                      return_attn_probs, softcap, alibi_slopes, dropout_p):
+                      return_attn_probs, softcap, alibi_slopes, dropout_p, block_table=None):
     softmax_scale = _scale(q.unsqueeze(0), softmax_scale)
     if window_left >= max_seqlen_k:
         window_left = -1
@@ -249,9 +294,11 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         )
     rng_state = _rng_state(q.device) if dropout_p > 0 else None
     mods = (softcap, alibi_slopes, dropout_p, rng_state)
+    if block_table is not None:
+        mods += (block_table,)
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
             window_right)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if _needs_grad(q, k, v):
         out, lse = _VarlenFunc.apply(q, k, v, *args, deterministic, *mods)
         if out.shape[2] != q.shape[2]:
             out = out[..., : q.shape[2]]
@@ -283,34 +330,41 @@ def flash_attn_varlen_func(
     """``flash_attn_func`` on packed variable-length sequences (flash-attn v2 interface).
 
     Args:
-        q: ``(total_q, nheads, headdim)``; k, v: ``(total_k, nheads_k, headdim)``.
+        q: ``(total_q, nheads, headdim)``; k, v: ``(total_k, nheads_k, headdim)``, or with
+            ``block_table`` paged ``(num_blocks, page_size, nheads_k, headdim)``.
         cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` on q's device, the cumulative
             sequence lengths (``cu_seqlens[0] == 0``, non-decreasing, last entry the total).
-            Sequences of length 0 are fine.
+            Sequences of length 0 are fine. With ``block_table``, cu_seqlens_k gives only
+            each sequence's number of keys.
         max_seqlen_q, max_seqlen_k: Python ints, at least the longest sequence (a longer
             sequence is truncated to them: rows beyond are left unwritten).
         causal, window_size: per sequence, bottom-right aligned as in ``flash_attn_func``.
         Other arguments as ``flash_attn_func`` (softcap, ALiBi with ``(batch, nheads)`` or
             ``(nheads,)`` slopes, dropout; ``return_attn_probs`` gives no probabilities with
-            dropout here); ``block_table`` (paged K/V) is not supported here (use
-            ``flash_attn_with_kvcache``).
+            dropout here).
+        block_table: None, or int32 ``(batch, max_pages)`` (paged K/V, flash-attn v2): sequence
+            b's keys are the first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` rows of the pages
+            ``block_table[b, 0], block_table[b, 1], ...``; page_size a power of two >= 16 and
+            ``max_pages * page_size >= max_seqlen_k``. Forward only.
 
     Returns:
         ``out`` ``(total_q, nheads, headdim)``, or ``(out, softmax_lse, None)`` with
-        ``softmax_lse`` float32 ``(nheads, total_q)``. Differentiable in q, k and v.
+        ``softmax_lse`` float32 ``(nheads, total_q)``. Differentiable in q, k and v (not with
+        ``block_table``: NotImplementedError if a gradient is required).
     """
     dropout_p, softcap = _check_mod_values(dropout_p, softcap)
-    if block_table is not None:
+    if block_table is not None and _needs_grad(q, k, v):
         raise NotImplementedError(
-            "flashattn2: flash_attn_varlen_func does not take block_table; use "
-            "flash_attn_with_kvcache for a paged KV cache"
+            "flashattn2: flash_attn_varlen_func with block_table is forward only; call it "
+            "under torch.no_grad() or with inputs that do not require grad"
         )
     window_left, window_right = _window(window_size, causal)
     max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k, alibi_slopes)
+                                               max_seqlen_q, max_seqlen_k, alibi_slopes,
+                                               block_table)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, window_left, window_right, deterministic,
-                             return_attn_probs, softcap, alibi_slopes, dropout_p)
+                             return_attn_probs, softcap, alibi_slopes, dropout_p, block_table)
 
 
 def flash_attn_varlen_qkvpacked_func(
