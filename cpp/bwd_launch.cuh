@@ -14,11 +14,10 @@ template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim>;
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
-  bwd_preprocess_kernel<Element, Traits::kDSplit><<<rows_grid, 128, 0, stream>>>(params);
+  bwd_preprocess_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
-  // kDSplit neighbouring CTAs per K/V tile (bwd_kernel.cuh).
-  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN * Traits::kDSplit,
-                  params.nheads_k, params.batch);
+  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
+                  params.batch);
   auto launch = [&](auto mods) {
     constexpr auto kernel = bwd_kernel<Traits, Element, decltype(mods)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_kernel, smem)");

@@ -367,14 +367,11 @@ int max_smem_per_block(int device) {
 
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
                                                  int headdim, int total_q) {
-  // The layouts of seqlen.cuh (ws_row0, ws_tile0): dense, or varlen when total_q >= 0;
-  // one set of query-tile counters per column split of the kernel (bwd_config.h).
+  // The layouts of seqlen.cuh (ws_row0, ws_tile0): dense, or varlen when total_q >= 0.
   const int64_t rows = total_q >= 0 ? int64_t(nheads) * total_q : int64_t(batch) * nheads * seqlen_q;
   const int64_t query_tiles = total_q >= 0 ? int64_t(nheads) * (total_q / 64 + batch)
                                            : int64_t(batch) * nheads * ((seqlen_q + 63) / 64);
-  const int kd = bwd_kernel_head_dim(headdim);
-  const int64_t counter_sets = kd > 0 ? bwd_tile(kd).d_split : 1;
-  return {rows * headdim, rows + counter_sets * query_tiles};
+  return {rows * headdim, rows + query_tiles};
 }
 
 void mha_bwd(const BwdParams& params, int device, void* stream) {

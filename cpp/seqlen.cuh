@@ -118,13 +118,6 @@ __device__ __forceinline__ int64_t ws_rows(const Params& p) {
   return p.cu_seqlens_q ? int64_t(p.nheads) * p.total_q
                         : int64_t(p.batch) * p.nheads * p.seqlen_q;
 }
-// Slots of one set of query-tile counters (all batch entries and heads), as ws_tile0 lays
-// them out.
-template <typename Params>
-__device__ __forceinline__ int64_t ws_tiles(const Params& p, int tile_rows) {
-  return p.cu_seqlens_q ? int64_t(p.nheads) * (p.total_q / tile_rows + p.batch)
-                        : int64_t(p.batch) * p.nheads * ((p.seqlen_q + tile_rows - 1) / tile_rows);
-}
 template <typename Params>
 __device__ __forceinline__ int64_t ws_tile0(const Params& p, const SeqInfo& seq, int batch,
                                             int head, int tile_rows) {

@@ -108,24 +108,6 @@ def test_bwd_workspace_floats(sizes):
     assert rows <= dsum <= 2 * padded_rows
 
 
-@pytest.mark.parametrize("total_q", [-1, 700], ids=["dense", "varlen"])
-def test_bwd_workspace_has_a_counter_set_per_column_split(total_q):
-    # Kernels above d128 split the output columns over 2 CTAs per K/V tile; in deterministic
-    # mode each split orders its dq adds with its own set of query-tile counters.
-    batch, nheads, seqlen_q = 3, 5, 130
-    if total_q < 0:
-        rows, tiles = batch * nheads * seqlen_q, batch * nheads * 3
-    else:
-        rows, tiles = nheads * total_q, nheads * (total_q // 64 + batch)
-    for headdim in (64, 128, 136, 192, 256):
-        kernel = _ext.KERNEL_HEAD_DIM[headdim]
-        if kernel < 0:
-            continue
-        sets = 2 if kernel > 128 else 1
-        got = _ext._C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim, total_q)
-        assert got == (rows * headdim, rows + sets * tiles), headdim
-
-
 def test_bwd_shared_memory_per_block():
     # sK, sV, sQ, sdO (64 rows x d), sdS (64 x 64) in 2-byte elements, LSE and dsum in f32:
     # up to d128 within the 99 KiB a block gets on sm_86 / sm_89, above within sm_80's 163 KiB.

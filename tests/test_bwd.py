@@ -40,8 +40,8 @@ ATOL = {torch.float16: 1e-3, torch.bfloat16: 4e-3}
 DTYPES = [torch.float16, torch.bfloat16]
 KERNEL_HEAD_DIMS = [32, 64, 96, 128]
 OTHER_HEAD_DIMS = [8, 40, 72]  # padded to a kernel head dim by the kernel
-# d > 128: two CTAs per K/V tile, each owning half of the kernel's output columns. 136 and
-# 200 leave the second CTA's columns partly past the head dim (kernels 192 / 256).
+# d > 128: two groups of 4 warps, each owning half of the kernel's output columns. 136 and
+# 200 leave the second group's columns partly past the head dim (kernels 192 / 256).
 LARGE_HEAD_DIMS = [136, 160, 192, 200, 256]
 SEQLENS = [(1, 1), (17, 113), (113, 17), (128, 128), (255, 257), (1023, 1025)]
 HEADS = [(4, 4), (6, 2), (4, 1)]
@@ -368,8 +368,8 @@ def test_deterministic_gradients_are_bitwise_reproducible(packing, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", [160, 256])
 def test_deterministic_large_head_dims(headdim, causal):
-    # Two CTAs per K/V tile add to disjoint dq columns, each split in its own fixed order
-    # (its own counters): three runs bitwise equal, and right.
+    # Two warp groups of a CTA add to disjoint dq columns between the same ordering
+    # barriers: three runs bitwise equal, and right.
     q, k, v, dout = make_inputs(2, 1025, 1025, 4, 2, headdim, torch.bfloat16)
 
     def grads(deterministic):
