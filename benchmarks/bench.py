@@ -449,7 +449,7 @@ def run_sweep(args):
                     continue
                 try:
                     ms = measure(impl, mode, q, k, v, dout, causal, timer, variant)
-                except BackwardMissing as e:   # may depend on the head dim (flashattn2: d > 128)
+                except BackwardMissing as e:   # per head dim (flashattn2: d > 128 on sm_86/89)
                     skipped.add((impl, mode, d))
                     note(f"note: {impl} {mode}: no backward for d{d} ({e}); skipping it for d{d}")
                     continue

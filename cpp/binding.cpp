@@ -424,6 +424,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("bwd_max_head_dim", &flashattn2::bwd_max_head_dim,
         "Largest head dim the backward supports in this build (0 if none).");
 
+  m.def("bwd_smem_per_block", &flashattn2::bwd_smem_per_block, py::arg("headdim"),
+        "Shared memory per block, in bytes, of the backward kernel for headdim (0 if none).");
+
+  m.def("max_smem_per_block", &flashattn2::max_smem_per_block, py::arg("device"),
+        "The most shared memory a block may use on GPU `device` (opt-in limit), in bytes.");
+
   m.def("kernel_head_dim", &flashattn2::kernel_head_dim, py::arg("headdim"),
         "Smallest compiled kernel head dim >= headdim, or -1 if none.");
 

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "built_config.h"
+#include "bwd_config.h"
 #include "fwd_config.h"
 #include "launch.h"
 
@@ -347,6 +348,35 @@ int bwd_max_head_dim() {
   return dims.empty() ? 0 : dims.back();
 }
 
+namespace {
+
+// Smallest backward kernel head dim >= headdim, or -1 if none.
+int bwd_kernel_head_dim(int headdim) {
+  for (int d : BwdHeadDims::vec()) {
+    if (d >= headdim) return d;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int bwd_smem_per_block(int headdim) {
+  const int kd = bwd_kernel_head_dim(headdim);
+  return kd > 0 ? bwd_smem_bytes(kd) : 0;
+}
+
+int max_smem_per_block(int device) {
+  require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
+  static std::array<std::atomic<int>, kMaxDevices> bytes{};
+  int n = bytes[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+               "cudaDeviceGetAttribute(maxSharedMemoryPerBlockOptin)");
+    bytes[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
                                                  int headdim, int total_q) {
   // The layouts of seqlen.cuh (ws_row0, ws_tile0): dense, or varlen when total_q >= 0.
@@ -371,17 +401,17 @@ void mha_bwd(const BwdParams& params, int device, void* stream) {
        params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride,
        params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride,
        params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride});
-  int kd = -1;
-  for (int d : BwdHeadDims::vec()) {
-    if (d >= p.headdim) {
-      kd = d;
-      break;
-    }
-  }
+  const int kd = bwd_kernel_head_dim(p.headdim);
   require(kd > 0, "the backward supports head dims up to " + std::to_string(bwd_max_head_dim()) +
                       " in this build; got " + std::to_string(p.headdim));
   DeviceGuard guard(device);
   require_supported_device(device);
+  const int smem = bwd_smem_bytes(kd), smem_max = max_smem_per_block(device);
+  require(smem <= smem_max,
+          "the backward for head dim " + std::to_string(p.headdim) + " needs " +
+              std::to_string(smem) + " bytes of shared memory per block; GPU " +
+              std::to_string(device) + " allows " + std::to_string(smem_max) +
+              " (head dims above 128 need an sm_80 or sm_90 class GPU, e.g. A100 or H100)");
   auto s = static_cast<cudaStream_t>(stream);
   const bool found = BwdHeadDims::dispatch(kd, [&](auto head_dim) {
     dispatch_dtype(p.dtype, [&](auto element) {

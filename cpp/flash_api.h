@@ -18,7 +18,8 @@ void mha_fwd(const FwdParams& params, int device, void* stream);
 
 // Backward pass: dq, dk, dv from dout and the forward's out and lse. Uses the two float32
 // workspaces of BwdParams (sizes from bwd_workspace_floats; no need to zero them).
-// Throws like mha_fwd; head dims above the largest backward kernel are invalid_argument.
+// Throws like mha_fwd; head dims above the largest backward kernel, or whose kernel needs
+// more shared memory than the GPU gives a block (bwd_smem_per_block), are invalid_argument.
 void mha_bwd(const BwdParams& params, int device, void* stream);
 
 // KV-cache append (+ rotary) before a KV-cache forward; throws like mha_fwd.
@@ -46,6 +47,15 @@ int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int 
 
 // Largest head dim the backward supports in this build (0 if none).
 int bwd_max_head_dim();
+
+// Dynamic shared memory per block, in bytes, of the backward kernel that runs head dim
+// `headdim` (0 if this build has none). Head dims above 128 need more than the 99 KiB a
+// block may use on sm_86 / sm_89; mha_bwd refuses them there.
+int bwd_smem_per_block(int headdim);
+
+// The most dynamic shared memory a block may use on `device` (opt-in limit), in bytes;
+// cached per device.
+int max_smem_per_block(int device);
 
 // Smallest compiled kernel head dim >= headdim, or -1 if none.
 int kernel_head_dim(int headdim);

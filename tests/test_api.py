@@ -80,8 +80,8 @@ def test_build_info_and_version():
     assert all(isinstance(a, int) and a >= 80 for a in info["archs"] + info["ptx_archs"])
     head_dims = info["head_dims"]
     assert head_dims == sorted(head_dims) and set(head_dims) <= {32, 64, 96, 128, 192, 256}
-    # The backward is built for the head dims up to 128 (no d > 128 backward yet).
-    assert info["bwd_head_dims"] == [d for d in head_dims if d <= 128]
+    # The backward is built for every kernel head dim.
+    assert info["bwd_head_dims"] == head_dims
     assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
         info["bwd_head_dims"], default=0
     )
@@ -106,6 +106,60 @@ def test_bwd_workspace_floats(sizes):
     padded_rows = batch * nheads * (seqlen_q + 256)
     assert rows * headdim <= dq_accum <= 2 * padded_rows * 256
     assert rows <= dsum <= 2 * padded_rows
+
+
+def test_bwd_shared_memory_per_block():
+    # sK, sV, sQ, sdO (64 rows x d), sdS (64 x 64) in 2-byte elements, LSE and dsum in f32:
+    # up to d128 within the 99 KiB a block gets on sm_86 / sm_89, above within sm_80's 163 KiB.
+    for d in _ext.build_info()["bwd_head_dims"]:
+        smem = _ext._C.bwd_smem_per_block(d)
+        assert smem == 2 * (4 * 64 * d + 64 * 64) + 2 * 64 * 4, d
+        assert (smem <= 99 * 1024) == (d <= 128) and smem <= 163 * 1024, d
+    assert _ext._C.bwd_smem_per_block(_ext.BWD_MAX_HEAD_DIM + 8) == 0
+
+
+def test_backward_refused_where_its_shared_memory_does_not_fit(monkeypatch):
+    # An sm_86 / sm_89 GPU gives a block 99 KiB: the d > 128 backward kernels do not fit.
+    # (No GPU needed: the device's limit is replaced.)
+    asked = []
+
+    def limit_99k(device_index):
+        asked.append(device_index)
+        return 99 * 1024
+
+    monkeypatch.setattr(_ext, "smem_per_block", limit_99k)
+    monkeypatch.setattr(_ext, "_bwd_smem", {})
+    device = torch.device("cuda", 0)
+    interface._check_backward(128, device)  # d <= 128 kernels fit every GPU: not even asked
+    interface._check_backward(20, device)
+    if _ext.KERNEL_HEAD_DIM[128] == 128:
+        assert asked == []
+    large = [d for d in (130, 200, 256) if _ext.KERNEL_HEAD_DIM[d + (-d % 8)] > 128]
+    if not large:
+        pytest.skip("this build has no head dim above 128")
+    for headdim in large:
+        need = _ext._C.bwd_smem_per_block(headdim + (-headdim % 8))
+        message = (rf"backward pass for head dim {headdim} needs {need} bytes .* of shared "
+                   rf"memory per block; GPU 0 allows {99 * 1024} \(99.0 KiB\)")  # fmt: skip
+        with pytest.raises(NotImplementedError, match=message):
+            interface._check_backward(headdim, device)
+    # Cached per (device, head dim): the limit is not asked again.
+    calls = len(asked)
+    with pytest.raises(NotImplementedError):
+        interface._check_backward(large[0], device)
+    assert len(asked) == calls
+    # An H100 gives 227 KiB: no error.
+    monkeypatch.setattr(_ext, "smem_per_block", lambda device_index: 227 * 1024)
+    monkeypatch.setattr(_ext, "_bwd_smem", {})
+    for headdim in large:
+        interface._check_backward(headdim, device)
+
+
+def test_unbuilt_backward_head_dim_is_named(monkeypatch):
+    monkeypatch.setattr(_ext, "BWD_MAX_HEAD_DIM", 128)
+    message = "the backward pass for head dim 136 is not built; this build supports head dims up to 128"
+    with pytest.raises(NotImplementedError, match=message):
+        interface._check_backward(136, torch.device("cuda", 0))
 
 
 def test_import_without_C_says_how_to_build():

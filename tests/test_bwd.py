@@ -40,6 +40,9 @@ ATOL = {torch.float16: 1e-3, torch.bfloat16: 4e-3}
 DTYPES = [torch.float16, torch.bfloat16]
 KERNEL_HEAD_DIMS = [32, 64, 96, 128]
 OTHER_HEAD_DIMS = [8, 40, 72]  # padded to a kernel head dim by the kernel
+# d > 128: two groups of 4 warps, each owning half of the kernel's output columns. 136 and
+# 200 leave the second group's columns partly past the head dim (kernels 192 / 256).
+LARGE_HEAD_DIMS = [136, 160, 192, 200, 256]
 SEQLENS = [(1, 1), (17, 113), (113, 17), (128, 128), (255, 257), (1023, 1025)]
 HEADS = [(4, 4), (6, 2), (4, 1)]
 
@@ -149,6 +152,38 @@ def test_seqlens_and_heads(dtype, headdim, causal, seqlens, heads):
     check_kernel(*inputs, causal=causal)
 
 
+@pytest.mark.parametrize("seqlens", [(113, 203), (257, 129)], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", LARGE_HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_large_head_dims(dtype, headdim, causal, seqlens):
+    seqlen_q, seqlen_k = seqlens
+    check_kernel(*make_inputs(2, seqlen_q, seqlen_k, 6, 2, headdim, dtype), causal=causal)
+
+
+@pytest.mark.parametrize(
+    "heads,causal,window_size",
+    [((4, 1), True, (-1, -1)), ((4, 2), False, (32, 8)), ((4, 4), False, (-1, 0))],
+    ids=["mqa-causal", "gqa-window", "mha-window-right0"],
+)  # fmt: skip
+@pytest.mark.parametrize("headdim", [192, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_large_head_dims_heads_and_windows(dtype, headdim, heads, causal, window_size):
+    q, k, v, dout = make_inputs(2, 203, 255, *heads, headdim, dtype)
+    check_kernel(q, k, v, dout, causal=causal, window_size=window_size)
+
+
+@pytest.mark.parametrize("headdim", [250, 192])  # 250: padded to 256 by a copy
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_large_head_dims_autograd(dtype, headdim):
+    q, k, v, dout = make_inputs(2, 77, 191, 6, 2, headdim, dtype)
+    grads = autograd_grads(flash_attn_func, (q, k, v), dout, causal=True)
+    check_grads(grads, q, k, v, dout, causal=True)
+    kernel = run_backward(q, k, v, dout, causal=True)
+    assert torch.equal(grads[1], kernel[1]) and torch.equal(grads[2], kernel[2])
+    torch.testing.assert_close(grads[0], kernel[0])
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_batch(dtype, causal):
@@ -212,7 +247,7 @@ def test_autograd_matches_kernel(dtype, headdim):
     torch.testing.assert_close(dq, kernel[0])
 
 
-@pytest.mark.parametrize("headdim", [64, 100])
+@pytest.mark.parametrize("headdim", [64, 100, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_qkvpacked(dtype, headdim):
     require_backward(headdim)
@@ -296,22 +331,7 @@ def test_low_level_forward_and_backward(dtype, headdim):
     check_grads(grads, q, k, v, dout, causal=True)
 
 
-# ---- what the backward refuses ------------------------------------------------------------
-
-
-@pytest.mark.parametrize("headdim", [136, 192, 256])
-def test_head_dims_without_backward_raise(headdim):
-    if _ext.KERNEL_HEAD_DIM[headdim] < 0:
-        pytest.skip(f"this build has no forward kernel for head dim {headdim}")
-    q, k, v = (torch.randn(2, 65, 4, headdim, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=True) for _ in range(3))  # fmt: skip
-    out = flash_attn_func(q, k, v, causal=True)  # the forward works
-    message = f"flashattn2: the backward pass for head dim {headdim} is not implemented yet"
-    with pytest.raises(NotImplementedError, match=message):
-        out.backward(torch.randn_like(out))
-    out, lse = forward_with_stats(q, k, v)
-    with pytest.raises(NotImplementedError, match=message):
-        backward(q, k, v, out, lse, torch.randn_like(out))
+# ---- deterministic mode ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("packing", ["none", "qkv", "kv"])
@@ -341,6 +361,27 @@ def test_deterministic_gradients_are_bitwise_reproducible(packing, causal):
         for a, b in zip(first, grads(True)):
             assert torch.equal(a, b)
     # Same result as the default (atomic) order up to float rounding of the sums.
+    for a, b in zip(first, grads(False)):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [160, 256])
+def test_deterministic_large_head_dims(headdim, causal):
+    # Two warp groups of a CTA add to disjoint dq columns between the same ordering
+    # barriers: three runs bitwise equal, and right.
+    q, k, v, dout = make_inputs(2, 1025, 1025, 4, 2, headdim, torch.bfloat16)
+
+    def grads(deterministic):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        flash_attn_func(*leaves, causal=causal, deterministic=deterministic).backward(dout)
+        return [t.grad for t in leaves]
+
+    first = grads(True)
+    check_grads(first, q, k, v, dout, causal=causal)
+    for _ in range(2):
+        for a, b in zip(first, grads(True)):
+            assert torch.equal(a, b)
     for a, b in zip(first, grads(False)):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 

@@ -170,7 +170,7 @@ def test_forward(dtype, headdim, case):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_backward(dtype, headdim, case):
     require_kernel(headdim, backward=True)
@@ -245,8 +245,11 @@ def test_dropout_mask_kernel_matches_twin_and_keep_rate(dropout_p):
     "headdim,causal,window,mods",
     [(64, False, (-1, -1), {}), (128, True, (-1, -1), dict(softcap=5.0)),
      (64, False, (40, 16), dict(alibi_slopes="bh")),
-     (128, True, (64, -1), dict(softcap=3.0, alibi_slopes="h"))],
-    ids=["d64", "d128-causal-softcap", "d64-window-alibi", "d128-all"],
+     (128, True, (64, -1), dict(softcap=3.0, alibi_slopes="h")),
+     (256, True, (-1, -1), dict(softcap=5.0)),
+     (160, False, (40, 16), dict(softcap=3.0, alibi_slopes="bh"))],
+    ids=["d64", "d128-causal-softcap", "d64-window-alibi", "d128-all", "d256-causal-softcap",
+         "d160-window-all"],
 )  # fmt: skip
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_dropout_kernels_match_reference_with_twin_mask(dtype, headdim, causal, window, mods):

@@ -65,3 +65,26 @@ def check_device(device_index):
             return
         _unsupported_reason[device_index] = reason
     raise RuntimeError(reason if reason.startswith("FlashAttention") else "flashattn2: " + reason)
+
+
+_smem_per_block = {}  # device index -> the most shared memory a block may use, bytes
+_bwd_smem = {}  # (device index, head dim) -> None, or (needed, limit) bytes if it does not fit
+
+
+def smem_per_block(device_index):
+    """The most shared memory a block may use on GPU ``device_index`` (opt-in limit; cached)."""
+    limit = _smem_per_block.get(device_index)
+    if limit is None:
+        limit = _smem_per_block[device_index] = _C.max_smem_per_block(device_index)
+    return limit
+
+
+def backward_smem_shortfall(device_index, headdim):
+    """None if the backward kernel for ``headdim`` (a multiple of 8) fits the shared memory a
+    block may use on GPU ``device_index``, else ``(needed, limit)`` in bytes (cached). The
+    d > 128 kernels need more than sm_86 / sm_89 GPUs give a block."""
+    key = (device_index, headdim)
+    if key not in _bwd_smem:
+        need, limit = _C.bwd_smem_per_block(headdim), smem_per_block(device_index)
+        _bwd_smem[key] = (need, limit) if need > limit else None
+    return _bwd_smem[key]

@@ -271,17 +271,30 @@ def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_ri
     return tuple(g[..., :headdim] for g in grads) if pad else grads
 
 
-def _check_backward(headdim):
-    """NotImplementedError for a backward this build cannot run (raised when it is asked for,
-    so the forward of such inputs still works)."""
-    if headdim + (-headdim % 8) > _ext.BWD_MAX_HEAD_DIM:
+def _check_backward(headdim, device):
+    """NotImplementedError for a backward this build or this GPU cannot run (raised when it
+    is asked for, so the forward of such inputs still works): a head dim above the build's
+    backward kernels, or a d > 128 kernel on a GPU with too little shared memory per block
+    (sm_86 / sm_89)."""
+    padded = headdim + (-headdim % 8)
+    if padded > _ext.BWD_MAX_HEAD_DIM:
         supported = (
             f"head dims up to {_ext.BWD_MAX_HEAD_DIM}" if _ext.BWD_MAX_HEAD_DIM else "no head dim"
         )
         raise NotImplementedError(
-            f"flashattn2: the backward pass for head dim {headdim} is not implemented yet; "
-            f"it supports {supported} in this build (the forward supports head dims up to "
-            f"{_MAX_HEADDIM})"
+            f"flashattn2: the backward pass for head dim {headdim} is not built; this build "
+            f"supports {supported} (the forward supports head dims up to {_MAX_HEADDIM})"
+        )
+    # Kernels up to d128 fit every sm_80+ GPU: no device query on their path.
+    shortfall = (_ext.backward_smem_shortfall(device.index, padded)
+                 if _ext.KERNEL_HEAD_DIM[padded] > 128 else None)  # fmt: skip
+    if shortfall is not None:
+        need, limit = shortfall
+        raise NotImplementedError(
+            f"flashattn2: the backward pass for head dim {headdim} needs {need} bytes "
+            f"({need / 1024:.1f} KiB) of shared memory per block; GPU {device.index} allows "
+            f"{limit} ({limit / 1024:.1f} KiB). Head dims above 128 need an sm_80 or sm_90 "
+            f"class GPU (e.g. A100, H100); the forward runs on this GPU"
         )
 
 
@@ -325,8 +338,8 @@ class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         headdim = ctx.headdim
-        _check_backward(headdim)
         q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
+        _check_backward(headdim, q.device)
         args = (dout, q, k, v, out, lse, ctx.softmax_scale, ctx.window_left, ctx.window_right,
                 ctx.deterministic)
         mods = dict(softcap=ctx.softcap, alibi_slopes=alibi_slopes, dropout_p=ctx.dropout_p,
@@ -577,10 +590,10 @@ def flash_attn_func(
         sign bit is the mask; computed with plain torch, O(b·h·sq·sk) memory). Rows that see
         no key give out = 0 and lse = +inf.
 
-    Autograd: differentiable in q, k and v (not through ``softmax_lse``). The backward runs
-    for head dims up to the largest of ``build_info()["bwd_head_dims"]`` (128 in the default
-    build) and raises NotImplementedError above it: head dims 129..256 have a forward only
-    for now.
+    Autograd: differentiable in q, k and v (not through ``softmax_lse``), for every head
+    dim up to 256 (``build_info()["bwd_head_dims"]``). The backward of head dims above 128
+    needs an sm_80 / sm_90 class GPU (A100, H100: 136.5 KiB of shared memory per block at
+    d256); on sm_86 / sm_89 it raises NotImplementedError (the forward works there).
     """
     dropout_p, softcap = _check_mod_values(dropout_p, softcap)
     window_left, window_right = _window(window_size, causal)
@@ -744,7 +757,8 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
 
     Raises:
         ValueError for inconsistent inputs; NotImplementedError for head dims above the
-        largest backward head dim of this build (``build_info()["bwd_head_dims"]``).
+        largest backward head dim of this build (``build_info()["bwd_head_dims"]``), or
+        above 128 on a GPU with too little shared memory per block (sm_86 / sm_89).
     """
     dropout_p, softcap, rng_state = _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p,
                                                     rng_state)  # fmt: skip
@@ -759,7 +773,7 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
     if lse.shape != (batch, nheads, seqlen_q):
         raise _shape_error("lse", f"(batch, nheads, seqlen_q) = {(batch, nheads, seqlen_q)}", lse)
     _devices(q, k, v, alibi_slopes, rng_state, (("o", o), ("lse", lse), ("dout", dout)))
-    _check_backward(headdim)
+    _check_backward(headdim, q.device)
     args = (dout, q, k, v, o, lse, _scale(q, softmax_scale), -1, 0 if causal else -1,
             bool(deterministic), softcap, alibi_slopes, dropout_p, rng_state)
     return torch.ops.flashattn2.bwd(*args) if _tracing() else _backward_any(*args)

@@ -262,8 +262,8 @@ class _VarlenFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         headdim = ctx.headdim
-        _check_backward(headdim)
         q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state = ctx.saved_tensors
+        _check_backward(headdim, q.device)
         args = (dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args, ctx.softcap, alibi_slopes,
                 ctx.dropout_p, rng_state)
         if _tracing():
