@@ -374,7 +374,7 @@ def _check_mod_values(dropout_p, softcap):
     return dropout_p, softcap
 
 
-def _check_alibi_shape(alibi_slopes, q):
+def _check_alibi_shape(alibi_slopes, batch, nheads):
     """dtype and shape of ``alibi_slopes`` (None passes): float32 ``(h,)`` or ``(b, h)``."""
     if alibi_slopes is None:
         return
@@ -382,7 +382,6 @@ def _check_alibi_shape(alibi_slopes, q):
         raise ValueError(f"alibi_slopes must be a tensor or None; got {type(alibi_slopes).__name__}")
     if alibi_slopes.dtype is not _FP32:
         raise ValueError(f"alibi_slopes must be float32; got {alibi_slopes.dtype}")
-    batch, nheads = q.shape[0], q.shape[2]
     if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
         raise ValueError(
             f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
@@ -489,7 +488,7 @@ def _kernel_ready(t, pad):
 def _check_inputs(q, k, v, alibi_slopes):
     """Shapes (alibi_slopes included), then devices: steps 2 and 3 of the module doc."""
     _check_qkv_shapes(q, k, v)
-    _check_alibi_shape(alibi_slopes, q)
+    _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     named = [("q", q), ("k", k), ("v", v)]
     if alibi_slopes is not None:
         named.append(("alibi_slopes", alibi_slopes))
@@ -703,7 +702,7 @@ def _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p, rng_state):
     rng_state)``, rng_state None without dropout."""
     dropout_p, softcap = _check_mod_values(dropout_p, softcap)
     _check_qkv_shapes(q, k, v)
-    _check_alibi_shape(alibi_slopes, q)
+    _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     _check_rng_state(rng_state, dropout_p)
     return dropout_p, softcap, (rng_state if dropout_p > 0 else None)
 

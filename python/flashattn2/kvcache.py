@@ -173,7 +173,7 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     if not 0 <= num_splits <= _C.MAX_SPLITS:
         raise ValueError(f"num_splits must be in [0, {_C.MAX_SPLITS}] (0 = heuristic); got "
                          f"{num_splits}")
-    _check_alibi_shape(alibi_slopes, q)
+    _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     if alibi_slopes is not None:
         named.append(("alibi_slopes", alibi_slopes))
     _cache_ready("k_cache", k_cache)

@@ -10,7 +10,6 @@ The kernels are the dense ones reading the packed tensors with a zero batch stri
 (``SeqLayout`` in ``cpp/flash.h``); the log-sum-exp is ``(nheads, total_q)`` float32.
 """
 import operator
-import types
 
 import torch
 import torch.nn.functional as F
@@ -105,9 +104,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         )
     max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    # (batch, -, nheads) as the dense check reads them from q
-    _check_alibi_shape(alibi_slopes, types.SimpleNamespace(
-        shape=(cu_seqlens_q.shape[0] - 1, None, nheads)))
+    _check_alibi_shape(alibi_slopes, cu_seqlens_q.shape[0] - 1, nheads)
     named = [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
              ("cu_seqlens_k", cu_seqlens_k)]
     if paged:
