@@ -467,6 +467,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   __syncthreads();
   const SeqInfo seq_out(p, batch);  // re-read, not kept live across the mainloop
   const int row0_out = kKv ? (gridDim.x - 1 - blockIdx.x) * kBlockM : row0;  // (the same)
+  // Row sums reduced over the quad, and the factor of O: 1 / sum (times 1 / (1 - p) with
+  // dropout); sum == 0: the row saw no key (O = 0). NaN inputs propagate to O and LSE.
+  float inv[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[mt][r];
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      row_sum[mt][r] = sum;
+      inv[mt][r] = sum == 0.f ? 0.f : (kDropout ? p.dropout_scale : 1.f) / sum;
+    }
   if (kKv && p.num_splits > 1) {
     // Split-KV: this split's O (normalised by its own sum) and LSE, float32, straight from
     // the accumulators, at (query head, position) of each row; a split that saw no key
@@ -476,10 +489,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float sum = row_sum[mt][r];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        const float inv = sum == 0.f ? 0.f : (kDropout ? p.dropout_scale : 1.f) / sum;
+        const float sum = row_sum[mt][r];
         const int row = row0_out + warp_row0 + 16 * mt + g + 8 * r;
         if (row < seq_out.seqlen_q * pack) {
           const int i = lane_pos(mt, r);
@@ -490,7 +500,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             const int col = dt * 8 + 2 * q;
             if (col < p.headdim) {
               *reinterpret_cast<float2*>(gO + col) =
-                  make_float2(acc_o[mt][dt][0 + 2 * r] * inv, acc_o[mt][dt][1 + 2 * r] * inv);
+                  make_float2(acc_o[mt][dt][0 + 2 * r] * inv[mt][r], acc_o[mt][dt][1 + 2 * r] * inv[mt][r]);
             }
           }
           if (q == 0) {
@@ -505,16 +515,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[mt][r];
-      sum += __shfl_xor_sync(0xffffffff, sum, 1);
-      sum += __shfl_xor_sync(0xffffffff, sum, 2);
-      // sum == 0: the row saw no key (O = 0, LSE = +inf). NaN inputs propagate to O and LSE.
-      const float inv = sum == 0.f ? 0.f : (kDropout ? p.dropout_scale : 1.f) / sum;
+      const float sum = row_sum[mt][r];  // 0: LSE = +inf
       const int row_local = warp_row0 + 16 * mt + g + 8 * r;
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {
         *reinterpret_cast<uint32_t*>(sQ + swizzle<kBlockM>(row_local, dt) + 2 * q) =
-            ptx::pack2<Element>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+            ptx::pack2<Element>(acc_o[mt][dt][2 * r] * inv[mt][r], acc_o[mt][dt][2 * r + 1] * inv[mt][r]);
       }
       const int row = row0_out + row_local;
       if (q == 0 && row < seq_out.seqlen_q * pack) {
