@@ -81,7 +81,7 @@ void set_layout(flashattn2::SeqLayout& layout, std::uintptr_t cu_seqlens_q,
                 std::uintptr_t cu_seqlens_k, std::uintptr_t seqused_k = 0,
                 std::uintptr_t leftpad_k = 0, std::uintptr_t kv_batch_idx = 0,
                 std::uintptr_t block_table = 0, int64_t block_table_batch_stride = 0,
-                int page_size = 0) {
+                int page_size = 0, int num_pages = 0) {
   layout.cu_seqlens_q = as_ptr<int>(cu_seqlens_q);
   layout.cu_seqlens_k = as_ptr<int>(cu_seqlens_k);
   layout.seqused_k = as_ptr<int>(seqused_k);
@@ -97,6 +97,11 @@ void set_layout(flashattn2::SeqLayout& layout, std::uintptr_t cu_seqlens_q,
     int log2 = 0;
     while ((1 << log2) < page_size) ++log2;
     layout.page_size_log2 = log2;
+    if (num_pages < 1) {
+      throw std::invalid_argument("a paged cache needs num_pages >= 1 (its first dimension), got " +
+                                  std::to_string(num_pages));
+    }
+    layout.num_pages = num_pages;
   }
 }
 
@@ -123,7 +128,7 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t stream, std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_k,
          std::uintptr_t seqused_k, std::uintptr_t leftpad_k, std::uintptr_t kv_batch_idx,
          std::uintptr_t block_table, int64_t block_table_batch_stride, int page_size,
-         int num_splits, std::uintptr_t o_accum, std::uintptr_t lse_accum, int total_q,
+         int num_pages, int num_splits, std::uintptr_t o_accum, std::uintptr_t lse_accum, int total_q,
          int total_k, int seqlen_k_new,
          float softcap, std::uintptr_t alibi_slopes,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack) {
@@ -154,7 +159,7 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   set_problem(params, lse_strides, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
               softmax_scale, window_left, window_right, dtype);
   set_layout(params, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, kv_batch_idx,
-             block_table, block_table_batch_stride, page_size);
+             block_table, block_table_batch_stride, page_size, num_pages);
   params.total_q = total_q;
   params.total_k = total_k;
   params.seqlen_k_new = seqlen_k_new;
@@ -238,7 +243,7 @@ void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cach
                const Strides& kc_strides, const Strides& vc_strides,
                std::uintptr_t cache_seqlens, std::uintptr_t leftpad_k,
                std::uintptr_t kv_batch_idx, std::uintptr_t block_table,
-               int64_t block_table_batch_stride, int page_size, int cache_capacity,
+               int64_t block_table_batch_stride, int page_size, int num_pages, int cache_capacity,
                std::uintptr_t rotary_cos, std::uintptr_t rotary_sin, int64_t rotary_row_stride,
                int rotary_dim, int seqlen_ro, bool interleaved, std::uintptr_t q,
                std::uintptr_t q_out, const Strides& q_strides, int seqlen_q, int nheads,
@@ -265,10 +270,11 @@ void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cach
   params.kv_batch_idx = as_ptr<int>(kv_batch_idx);
   // Reuse the SeqLayout page-size check.
   flashattn2::SeqLayout pages{};
-  set_layout(pages, 0, 0, 0, 0, 0, block_table, block_table_batch_stride, page_size);
+  set_layout(pages, 0, 0, 0, 0, 0, block_table, block_table_batch_stride, page_size, num_pages);
   params.block_table = pages.block_table;
   params.block_table_batch_stride = block_table_batch_stride;
   params.page_size_log2 = pages.page_size_log2;
+  params.num_pages = pages.num_pages;
   params.cache_capacity = cache_capacity;
   params.rotary_cos = as_ptr<void>(rotary_cos);
   params.rotary_sin = as_ptr<void>(rotary_sin);
@@ -343,7 +349,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("cu_seqlens_k") = 0, py::arg("seqused_k") = 0, py::arg("leftpad_k") = 0,
         py::arg("kv_batch_idx") = 0, py::arg("block_table") = 0,
         py::arg("block_table_batch_stride") = 0, py::arg("page_size") = 0,
-        py::arg("num_splits") = 1, py::arg("o_accum") = 0, py::arg("lse_accum") = 0,
+        py::arg("num_pages") = 0, py::arg("num_splits") = 1, py::arg("o_accum") = 0, py::arg("lse_accum") = 0,
         py::arg("total_q") = 0, py::arg("total_k") = 0, py::arg("seqlen_k_new") = 0,
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
@@ -355,8 +361,8 @@ PYBIND11_MODULE(_C, m) {
         "device vectors give the sequence layout (flash.h SeqLayout): cu_seqlens_q/k "
         "(varlen, batch + 1 entries, with total_q/k the rows of q/k; seqlen_q/k are then "
         "the maxima), seqused_k (+ seqlen_k_new), leftpad_k, "
-        "kv_batch_idx (KV cache), block_table with its batch stride and page_size (paged "
-        "K/V; k/v batch strides are then page strides). num_splits > 1 runs split-KV with "
+        "kv_batch_idx (KV cache), block_table with its batch stride, page_size and num_pages (paged "
+        "K/V; k/v batch strides are then page strides; entries are clamped to [0, num_pages)). num_splits > 1 runs split-KV with "
         "float32 workspaces o_accum (num_splits*batch*nheads*seqlen_q*headdim) and "
         "lse_accum (num_splits*batch*nheads*seqlen_q). "
         "Score modifiers: softcap > 0 "
@@ -392,7 +398,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),
         py::arg("kc_strides"), py::arg("vc_strides"), py::arg("cache_seqlens"),
         py::arg("leftpad_k"), py::arg("kv_batch_idx"), py::arg("block_table"),
-        py::arg("block_table_batch_stride"), py::arg("page_size"), py::arg("cache_capacity"),
+        py::arg("block_table_batch_stride"), py::arg("page_size"), py::arg("num_pages"),
+        py::arg("cache_capacity"),
         py::arg("rotary_cos"), py::arg("rotary_sin"), py::arg("rotary_row_stride"),
         py::arg("rotary_dim"), py::arg("seqlen_ro"), py::arg("interleaved"), py::arg("q"),
         py::arg("q_out"), py::arg("q_strides"), py::arg("seqlen_q"), py::arg("nheads"),

@@ -26,10 +26,13 @@ struct SeqLayout {
   const int* kv_batch_idx = nullptr;
   // Paged K/V: key row r of batch b is row r % page_size of page
   // block_table[b * block_table_batch_stride + r / page_size]; k/v batch strides are then the
-  // page strides. page_size is a power of two (log2 kept for the kernels).
+  // page strides. page_size is a power of two (log2 kept for the kernels). Entries are
+  // clamped to [0, num_pages) (the cache's first dimension), so a bad table reads (and
+  // append_kv writes) a wrong page, never outside the cache.
   const int* block_table = nullptr;
   int64_t block_table_batch_stride = 0;
   int page_size_log2 = 0;
+  int num_pages = 0;
   // Keys appended after seqused_k[b] (a KV-cache call with new keys): batch b then has
   // seqused_k[b] + seqlen_k_new keys. Visible keys are clamped to [0, seqlen_k].
   int seqlen_k_new = 0;
@@ -147,6 +150,7 @@ struct AppendKvParams {
   const int* block_table;    // (batch, max_pages) or null
   int64_t block_table_batch_stride;
   int page_size_log2;
+  int num_pages;       // entries clamped to [0, num_pages) as in SeqLayout
   int cache_capacity;  // rows per cache batch entry (max_pages * page_size when paged)
 
   // Rotary (rotary_dim == 0: none). cos/sin (seqlen_ro, rotary_dim / 2), q's dtype.

@@ -13,6 +13,7 @@
 
 #include "flash.h"
 #include "ptx.cuh"
+#include "seqlen.cuh"
 
 namespace flashattn2 {
 
@@ -59,7 +60,9 @@ __global__ void __launch_bounds__(256) append_kv_kernel(const AppendKvParams p) 
     if (dst_row < 0 || dst_row >= p.cache_capacity) return;
     int64_t kc, vc;  // element offsets of the destination rows
     if (p.block_table) {
-      const int page = p.block_table[batch * p.block_table_batch_stride + (dst_row >> p.page_size_log2)];
+      const int page = clamp_page(
+          p.block_table[batch * p.block_table_batch_stride + (dst_row >> p.page_size_log2)],
+          p.num_pages);
       const int r = dst_row & ((1 << p.page_size_log2) - 1);
       kc = page * p.kc_batch_stride + r * p.kc_row_stride;
       vc = page * p.vc_batch_stride + r * p.vc_row_stride;

@@ -77,6 +77,11 @@ struct KvRows {
   }
 };
 
+// A block-table entry clamped to [0, num_pages) (the host checks num_pages >= 1).
+__device__ __forceinline__ int clamp_page(int entry, int num_pages) {
+  return min(max(entry, 0), num_pages - 1);
+}
+
 // The KV-cache kernel's addressing: paged when the params have a block table, else dense.
 // A thread looks up the pages of its rows of a K/V tile once (fetch_pages: one block-table
 // read per row slot of the tile copy, TileThreadRows), for K and V alike.
@@ -103,7 +108,7 @@ struct KvRows<true> {
 #pragma unroll
     for (int s = 0; s < TileRows::kSlots; ++s) {
       const int row = n0 + TileRows::row(s, tid);
-      if (row < seqlen_k) page[s] = pages[(row0 + row) >> p.page_size_log2];
+      if (row < seqlen_k) page[s] = clamp_page(pages[(row0 + row) >> p.page_size_log2], p.num_pages);
     }
   }
   // Branch-free (dense: page 0, no wrap), so the tile copy needs no branch per chunk.

@@ -265,7 +265,8 @@ def kvcache_kernel(q, k_cache, v_cache, cache_seqlens, block_table=None, causal=
     if block_table is not None:
         capacity = block_table.shape[1] * k_cache.shape[1]
         layout.update(block_table=block_table.data_ptr(),
-                      block_table_batch_stride=block_table.stride(0), page_size=k_cache.shape[1])
+                      block_table_batch_stride=block_table.stride(0), page_size=k_cache.shape[1],
+                      num_pages=k_cache.shape[0])
     window_left, window_right = window_size
     if causal:
         window_right = 0
@@ -377,6 +378,41 @@ def test_gqa_packing_writes_each_head_and_position(seqlen_q, heads, paged, num_s
     torch.testing.assert_close(lse, torch.full_like(lse, 30.0), atol=1e-4, rtol=0)
 
 
+@gpu
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_out_of_range_block_table_entries_are_clamped(num_splits):
+    """Block-table entries outside [0, num_pages) (not checked on the host: that would need a
+    sync) are clamped: the attention and the appended rows go to the clamped pages, bitwise
+    as with the clamped table, and the pages around the cache are never touched."""
+    gen = torch.Generator().manual_seed(11)
+    batch, page, num_pages, heads, heads_k, d = 2, 16, 6, 4, 2, 64
+    dt = torch.bfloat16
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to("cuda", dt)
+
+    # The cache is k_full[1:-1]: one guard page on each side.
+    k_full, v_full = randn(num_pages + 2, page, heads_k, d), randn(num_pages + 2, page, heads_k, d)
+    q, k_new, v_new = randn(batch, 2, heads, d), randn(batch, 2, heads_k, d), randn(batch, 2, heads_k, d)
+    cache_seqlens = torch.tensor([40, 57], dtype=torch.int32, device="cuda")
+    # The appends land in slot 2 (batch 0) and slot 3 (batch 1): both out of range.
+    table = torch.tensor([[1, -1, num_pages + 5, 4], [2, 3, 1 << 30, -7]], dtype=torch.int32,
+                         device="cuda")
+    runs = []
+    for t in (table, table.clamp(0, num_pages - 1)):
+        kf, vf = k_full.clone(), v_full.clone()
+        out = flash_attn_with_kvcache(q, kf[1:-1], vf[1:-1], k=k_new, v=v_new,
+                                      cache_seqlens=cache_seqlens, block_table=t, causal=True,
+                                      num_splits=num_splits)
+        runs.append((out, kf, vf))
+    (out, kf, vf), (out_c, kf_c, vf_c) = runs
+    assert not out.isnan().any()
+    assert torch.equal(out, out_c)
+    assert torch.equal(kf, kf_c) and torch.equal(vf, vf_c)
+    for guard in (0, -1):
+        assert torch.equal(kf[guard], k_full[guard]) and torch.equal(vf[guard], v_full[guard])
+
+
 # ---- CPU: argument checks ------------------------------------------------------------------
 
 
@@ -399,6 +435,8 @@ def _cpu(*shape, dtype=torch.float16):
         (dict(block_table=_cpu(1, 2, dtype=torch.int32), k_cache=_cpu(4, 16, 2, 64),
               v_cache=_cpu(4, 16, 2, 64), cache_batch_idx=_cpu(1, dtype=torch.int32)),
          "cache_batch_idx"),
+        (dict(block_table=_cpu(1, 2, dtype=torch.int32), k_cache=_cpu(0, 16, 2, 64),
+              v_cache=_cpu(0, 16, 2, 64)), "no pages"),
         (dict(rotary_cos=_cpu(64, 16)), "together"),
         (dict(rotary_cos=_cpu(64, 16), rotary_sin=_cpu(64, 16)), "need the new k"),
         (dict(k=_cpu(1, 1, 2, 64), v=_cpu(1, 1, 2, 64), rotary_cos=_cpu(32, 16),

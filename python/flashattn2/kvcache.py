@@ -106,6 +106,9 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx is not supported with a paged KV cache")
         capacity = block_table.shape[1] * page_size
+        if capacity > 0 and k_cache.shape[0] == 0:
+            raise ValueError("k_cache and v_cache have no pages (num_pages = 0) but block_table "
+                             "has entries")
         named.append(("block_table", block_table))
     else:
         page_size = 0
@@ -216,7 +219,7 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
             k.stride()[:3], v.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3],
             cache_seqlens.data_ptr(), ptr(cache_leftpad), ptr(cache_batch_idx),
             ptr(block_table), 0 if block_table is None else block_table.stride(0), page_size,
-            capacity, ptr(rotary_cos), ptr(rotary_sin),
+            k_cache.shape[0], capacity, ptr(rotary_cos), ptr(rotary_sin),
             0 if rotary_cos is None else rotary_cos.stride(0), rotary_dim,
             0 if rotary_cos is None else rotary_cos.shape[0], bool(rotary_interleaved),
             q.data_ptr(), ptr(q_rot), q.stride()[:3], seqlen_q, nheads,
@@ -239,7 +242,8 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         layout["kv_batch_idx"] = cache_batch_idx.data_ptr()
     if block_table is not None:
         layout.update(block_table=block_table.data_ptr(),
-                      block_table_batch_stride=block_table.stride(0), page_size=page_size)
+                      block_table_batch_stride=block_table.stride(0), page_size=page_size,
+                      num_pages=k_cache.shape[0])
     _launch_fwd(q, k_cache, v_cache, out, lse, q.stride()[:3], k_cache.stride()[:3],
                 v_cache.stride()[:3], out.stride()[:3], lse.stride()[:2], batch, seqlen_q,
                 capacity, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
@@ -292,6 +296,9 @@ def flash_attn_with_kvcache(
         cache_leftpad: int32 ``(batch,)``: the cache of entry b starts at this position (keys
             before it are invisible).
         block_table: int32 ``(batch, max_pages)``: page indices of each entry's cache.
+            Entries are not checked on the host (that would need a sync): an entry outside
+            ``[0, num_pages)`` is clamped into it, so it reads (and appends to) a wrong
+            page but never memory outside the cache.
         causal, window_size, softmax_scale, softcap, alibi_slopes: as ``flash_attn_func``
             (bottom-right aligned on each entry's keys).
         num_splits: split-KV count; 0 picks one that fills the GPU, 1 never splits (the

@@ -169,7 +169,8 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     else:
         seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         layout.update(seqused_k=seqused_k.data_ptr(), block_table=block_table.data_ptr(),
-                      block_table_batch_stride=block_table.stride(0), page_size=k.shape[1])
+                      block_table_batch_stride=block_table.stride(0), page_size=k.shape[1],
+                      num_pages=k.shape[0])
         k_strides, v_strides = k.stride()[:3], v.stride()[:3]
     _launch_fwd(q, k, v, out, lse, (0,) + q.stride()[:2], k_strides, v_strides,
                 (0,) + out.stride()[:2], (0, lse.stride(0)), batch, max_seqlen_q, max_seqlen_k,
