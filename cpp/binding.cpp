@@ -184,7 +184,7 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
          std::uintptr_t stream, bool deterministic, std::uintptr_t cu_seqlens_q,
          std::uintptr_t cu_seqlens_k, int total_q, int total_k,
          float softcap, std::uintptr_t alibi_slopes,
-         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p) {
+         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -229,6 +229,7 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
   set_problem(params, lse_strides, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
               softmax_scale, window_left, window_right, dtype);
   params.deterministic = deterministic;
+  params.dq_chains = dq_chains;
   set_layout(params, cu_seqlens_q, cu_seqlens_k);
   params.total_q = total_q;
   params.total_k = total_k;
@@ -385,12 +386,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("cu_seqlens_k") = 0, py::arg("total_q") = 0, py::arg("total_k") = 0,
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
-        py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0,
+        py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("dq_chains") = 1,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
-        "workspaces of bwd_workspace_floats(...) floats (no need to zero them). "
-        "deterministic=True makes dq bitwise reproducible (ordered accumulation). "
+        "workspaces of bwd_workspace_floats(..., dq_chains) floats (no need to zero them). "
+        "deterministic=True makes dq bitwise reproducible (ordered accumulation; dq_chains "
+        "from bwd_dq_chains makes it faster). "
         "cu_seqlens_q/k: varlen as in fwd, with total_q/k the rows of q/k. Score modifiers "
         "as in fwd, with the forward's values (the same rng_state for dropout).");
 
@@ -419,8 +421,15 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("bwd_workspace_floats", &flashattn2::bwd_workspace_floats, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("headdim"), py::arg("total_q") = -1,
+        py::arg("dq_chains") = 1,
         "(dq_accum, dsum) float32 workspace sizes, in floats, for a backward of these sizes "
-        "(total_q >= 0: varlen with total_q query rows, seqlen_q the longest).");
+        "(total_q >= 0: varlen with total_q query rows, seqlen_q the longest) with dq_chains "
+        "dQ accumulators (bwd's dq_chains).");
+  m.def("bwd_dq_chains", &flashattn2::bwd_dq_chains, py::arg("seqlen_k"),
+        py::arg("deterministic"), py::arg("window_right"),
+        "The dq_chains a backward with these arguments should use (pass the same value to "
+        "bwd_workspace_floats and bwd): > 1 only for deterministic runs without a right "
+        "window bound, where the K/V tiles add into that many dQ accumulators in turn.");
 
   m.def("num_splits_heuristic", &flashattn2::num_splits_heuristic, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("headdim"),

@@ -99,9 +99,10 @@ struct BwdParams : SeqLayout {
   void* dq;          // (batch, seqlen_q, nheads, headdim)
   void* dk;          // (batch, seqlen_k, nheads_k, headdim)
   void* dv;          // (batch, seqlen_k, nheads_k, headdim)
-  float* dq_accum;   // workspace, bwd_workspace_floats(...).first floats
+  float* dq_accum;   // workspace, bwd_workspace_floats(...).first floats: dq_chains
+                     // f32 dQ accumulators
   float* dsum;       // workspace, bwd_workspace_floats(...).second floats: rowsum(dO * O),
-                     // then one int counter per (batch, head, 64-row query tile)
+                     // then per chain one int counter per (batch, head, 64-row query tile)
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
@@ -118,8 +119,12 @@ struct BwdParams : SeqLayout {
   int window_left, window_right;
   DType dtype;
   // Bitwise-reproducible dq: the CTAs that add into one query tile's dQ do so in a fixed
-  // order (a counter per tile), instead of racing.
+  // order (a counter per tile), instead of racing: ascending K/V tile index, or descending
+  // with a right window bound (causal), where the CTAs are then launched last tile first.
   bool deterministic;
+  // K/V tile n adds its dQ into accumulator n % dq_chains (a power of two, bwd_dq_chains;
+  // the workspace sizes depend on it); the convert kernel sums the chains in order.
+  int dq_chains = 1;
 
   // Score modifiers as in FwdParams; all zero / null = plain attention.
   float softcap;               // > 0: logit = softcap * tanh(softmax_scale * q.k / softcap)

@@ -377,13 +377,32 @@ int max_smem_per_block(int device) {
   return n;
 }
 
+namespace {
+bool valid_dq_chains(int chains) {
+  return chains >= 1 && chains <= kBwdMaxDqChains && (chains & (chains - 1)) == 0;
+}
+}  // namespace
+
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
-                                                 int headdim, int total_q) {
-  // The layouts of seqlen.cuh (ws_row0, ws_tile0): dense, or varlen when total_q >= 0.
+                                                 int headdim, int total_q, int dq_chains) {
+  // The layouts of seqlen.cuh (ws_rows, ws_tiles): dense, or varlen when total_q >= 0.
+  if (!valid_dq_chains(dq_chains)) {
+    throw std::invalid_argument("dq_chains must be a power of two in [1, " +
+                                std::to_string(kBwdMaxDqChains) + "], got " +
+                                std::to_string(dq_chains));
+  }
   const int64_t rows = total_q >= 0 ? int64_t(nheads) * total_q : int64_t(batch) * nheads * seqlen_q;
   const int64_t query_tiles = total_q >= 0 ? int64_t(nheads) * (total_q / 64 + batch)
                                            : int64_t(batch) * nheads * ((seqlen_q + 63) / 64);
-  return {rows * headdim, rows + query_tiles};
+  return {dq_chains * rows * headdim, rows + dq_chains * query_tiles};
+}
+
+int bwd_dq_chains(int seqlen_k, bool deterministic, int window_right) {
+  // Chains only help the ascending order, where every K/V tile starts at query tile 0,
+  // and only with enough tiles: at seqlen_k 512 (8 tiles) the extra accumulators cost as
+  // much memory traffic as the stagger they save (H100, benchmarks/NOTES.md).
+  if (!deterministic || window_right >= 0 || seqlen_k < 1024) return 1;
+  return kBwdMaxDqChains;
 }
 
 void mha_bwd(const BwdParams& params, int device, void* stream) {
@@ -406,6 +425,8 @@ void mha_bwd(const BwdParams& params, int device, void* stream) {
                       " in this build; got " + std::to_string(p.headdim));
   DeviceGuard guard(device);
   require_supported_device(device);
+  require(valid_dq_chains(p.dq_chains),
+          "dq_chains must be a power of two in [1, " + std::to_string(kBwdMaxDqChains) + "]");
   const int smem = bwd_smem_bytes(kd), smem_max = max_smem_per_block(device);
   require(smem <= smem_max,
           "the backward for head dim " + std::to_string(p.headdim) + " needs " +

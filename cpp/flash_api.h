@@ -30,9 +30,15 @@ void mha_append_kv(const AppendKvParams& params, int device, void* stream);
 void dropout_mask(const DropoutMaskParams& params, int device, void* stream);
 
 // (dq_accum, dsum) workspace sizes in floats for a backward of these sizes; total_q >= 0
-// for varlen (cu_seqlens_q; seqlen_q is then the maximum), -1 for the dense layout.
+// for varlen (cu_seqlens_q; seqlen_q is then the maximum), -1 for the dense layout;
+// dq_chains as BwdParams::dq_chains (1 to kBwdMaxDqChains).
 std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
-                                                 int headdim, int total_q = -1);
+                                                 int headdim, int total_q = -1,
+                                                 int dq_chains = 1);
+
+// The dQ accumulator chains (BwdParams::dq_chains) a backward of these arguments should
+// use: more than one only for deterministic runs without a right window bound.
+int bwd_dq_chains(int seqlen_k, bool deterministic, int window_right);
 
 // Most splits FwdParams::num_splits may take.
 constexpr int kMaxSplits = 128;

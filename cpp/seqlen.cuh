@@ -127,6 +127,8 @@ struct KvRows<true> {
 //   varlen  row index (head * total_q + q_row0 + row); the counters of a head get
 //           total_q / 64 + batch slots, sequence b's tiles starting at q_row0 / 64 + b, so
 //           tiles of different sequences never share a slot.
+// Deterministic chains (BwdParams::dq_chains): chain c's accumulator rows start at
+// c * ws_rows * headdim floats, its counters at c * ws_tiles.
 template <typename Params>
 __device__ __forceinline__ int64_t ws_row0(const Params& p, const SeqInfo& seq, int batch,
                                            int head) {
@@ -137,6 +139,11 @@ template <typename Params>
 __device__ __forceinline__ int64_t ws_rows(const Params& p) {
   return p.cu_seqlens_q ? int64_t(p.nheads) * p.total_q
                         : int64_t(p.batch) * p.nheads * p.seqlen_q;
+}
+template <typename Params>
+__device__ __forceinline__ int64_t ws_tiles(const Params& p, int tile_rows) {
+  return p.cu_seqlens_q ? int64_t(p.nheads) * (p.total_q / tile_rows + p.batch)
+                        : int64_t(p.batch) * p.nheads * ((p.seqlen_q + tile_rows - 1) / tile_rows);
 }
 template <typename Params>
 __device__ __forceinline__ int64_t ws_tile0(const Params& p, const SeqInfo& seq, int batch,

@@ -95,17 +95,31 @@ def test_build_info_and_version():
     "sizes",
     [(1, 1, 1, 8), (2, 6, 113, 72), (3, 4, 1025, 128), (1, 32, 2**20, 128), (65535, 16, 4096, 128)],
 )
-def test_bwd_workspace_floats(sizes):
+@pytest.mark.parametrize("chains", [1, 4])
+def test_bwd_workspace_floats(sizes, chains):
     batch, nheads, seqlen_q, headdim = sizes
-    dq_accum, dsum = _ext._C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim)
+    dq_accum, dsum = _ext._C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim,
+                                                  dq_chains=chains)
     assert type(dq_accum) is int and type(dsum) is int
-    # At least one float per element of dq (the f32 dQ accumulator) and per query row
-    # (rowsum(dO * O)); at most that for rows padded to a tile of 256 and head dims padded
-    # to 256, twice over. Exact ints: the large sizes overflow 32 bits.
+    # At least one float per element of dq (the f32 dQ accumulator, once per chain) and per
+    # query row (rowsum(dO * O)); at most that for rows padded to a tile of 256 and head dims
+    # padded to 256, twice over. Exact ints: the large sizes overflow 32 bits.
     rows = batch * nheads * seqlen_q
     padded_rows = batch * nheads * (seqlen_q + 256)
-    assert rows * headdim <= dq_accum <= 2 * padded_rows * 256
-    assert rows <= dsum <= 2 * padded_rows
+    assert chains * rows * headdim <= dq_accum <= 2 * chains * padded_rows * 256
+    assert rows <= dsum <= 2 * chains * padded_rows
+
+
+def test_bwd_dq_chains():
+    # More than one chain (4) only for deterministic runs without a right window bound and
+    # at least 1024 keys; a power of two up to 4 otherwise refused.
+    chains = _ext._C.bwd_dq_chains
+    assert chains(4096, False, -1) == 1 and chains(4096, True, 0) == 1
+    assert chains(4096, True, -1) == 4 and chains(1024, True, -1) == 4
+    assert chains(1023, True, -1) == 1 and chains(0, True, -1) == 1
+    for bad in (0, 3, 8):
+        with pytest.raises(ValueError, match="dq_chains"):
+            _ext._C.bwd_workspace_floats(1, 1, 64, 64, dq_chains=bad)
 
 
 def test_bwd_shared_memory_per_block():

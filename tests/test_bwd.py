@@ -365,6 +365,38 @@ def test_deterministic_gradients_are_bitwise_reproducible(packing, causal):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize(
+    "seqlens,causal,window_size",
+    [((1025, 1025), True, (-1, -1)),  # descending order, reversed launch
+     ((700, 1500), True, (-1, -1)),  # sq < sk
+     ((1500, 700), True, (-1, -1)),  # sq > sk: the first query tiles see no key
+     ((1025, 1025), False, (256, 64)),  # band: descending
+     ((1025, 1025), False, (-1, 300)),  # right bound only: descending, every tile from m 0
+     ((1025, 1025), False, (256, -1)),  # left bound only: ascending, 4 chains
+     ((300, 1025), False, (-1, -1)),  # ascending, 4 chains, few query tiles
+     ((129, 1100), False, (-1, -1))],  # ascending, 4 chains, 3 query tiles
+    ids=["causal", "causal-sq<sk", "causal-sq>sk", "band", "right", "left", "full-sq<sk",
+         "full-sq<<sk"],
+)  # fmt: skip
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_deterministic_orders(headdim, seqlens, causal, window_size):
+    # Each order (descending for a right window bound, else ascending in dq_chains chains):
+    # gradients right by the error rule, and three runs bitwise equal.
+    q, k, v, dout = make_inputs(2, *seqlens, 4, 2, headdim, torch.bfloat16)
+
+    def grads():
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = flash_attn_func(*leaves, causal=causal, window_size=window_size, deterministic=True)
+        out.backward(dout)
+        return [t.grad for t in leaves]
+
+    first = grads()
+    check_grads(first, q, k, v, dout, causal=causal, window_size=window_size)
+    for _ in range(2):
+        for a, b in zip(first, grads()):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", [160, 256])
 def test_deterministic_large_head_dims(headdim, causal):

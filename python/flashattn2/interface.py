@@ -200,8 +200,9 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         total_q = q.shape[0]
         varlen = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
                       total_q=total_q, total_k=k.shape[0])
+    dq_chains = _C.bwd_dq_chains(seqlen_k, deterministic, window_right)
     dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim,
-                                                           total_q)
+                                                           total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
     device = q.get_device()
@@ -213,6 +214,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         softmax_scale, window_left, window_right,
         1 if q.dtype is _BF16 else 0,
         device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}),
+        dq_chains=dq_chains,
     )  # fmt: skip
 
 
@@ -577,7 +579,8 @@ def flash_attn_func(
             adds ``-slope * |i + seqlen_k - seqlen_q - j|`` to the (capped) logit of query i,
             key j (bottom-right aligned like causal). No gradient flows to the slopes.
         deterministic: make the backward's dq bitwise reproducible (ordered accumulation;
-            a little slower). The forward is always deterministic.
+            a little slower; without a right window bound, i.e. not causal, it uses up to 4
+            float32 dq accumulators instead of one). The forward is always deterministic.
         return_attn_probs: also return the log-sum-exp of each row and, with dropout, the
             probabilities (for testing).
 
