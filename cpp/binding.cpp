@@ -184,7 +184,8 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
          std::uintptr_t stream, bool deterministic, std::uintptr_t cu_seqlens_q,
          std::uintptr_t cu_seqlens_k, int total_q, int total_k,
          float softcap, std::uintptr_t alibi_slopes,
-         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains) {
+         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains,
+         int smem_limit) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -236,7 +237,7 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
 
   py::gil_scoped_release no_gil;  // as in fwd
-  flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream));
+  flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream), smem_limit);
 }
 
 void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cache,
@@ -387,6 +388,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("dq_chains") = 1,
+        py::arg("smem_limit") = 0,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
@@ -394,7 +396,9 @@ PYBIND11_MODULE(_C, m) {
         "deterministic=True makes dq bitwise reproducible (ordered accumulation; dq_chains "
         "from bwd_dq_chains makes it faster). "
         "cu_seqlens_q/k: varlen as in fwd, with total_q/k the rows of q/k. Score modifiers "
-        "as in fwd, with the forward's values (the same rng_state for dropout).");
+        "as in fwd, with the forward's values (the same rng_state for dropout). "
+        "smem_limit > 0 caps the shared memory per block below the GPU's (a test hook: "
+        "the tiles an sm_86 / sm_89 GPU gets).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),

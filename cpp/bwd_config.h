@@ -4,31 +4,44 @@
 
 namespace flashattn2 {
 
-// dK and dV of a warp's 16 key rows stay in f32 registers over the warp's output columns:
-// 2 * 4 registers per thread per 8 columns, so 128 columns take 128 registers per thread,
-// about what fits next to S^T, dP^T and the addresses (d128 is at the 255-register limit
-// already). Wider head dims split their output columns between two groups of 4 warps.
-constexpr int kBwdMaxColsPerWarp = 128;
-
+// One CTA owns block_n key rows; each step walks block_m query rows. The warps tile the
+// three products (bwd_kernel.cuh): S^T / dP^T and dK / dV as (block_n / 32 warps along the
+// keys, 32 keys each) x (the rest along queries resp. head-dim columns); dQ as dq_warps_m
+// warps along queries x the rest along columns.
 struct BwdTile {
-  int block_m;     // query rows per step (16 per warp of a group)
-  int block_n;     // key rows per CTA (16 per warp of a group)
-  int n_warps;     // 4 * d_split
-  int d_split;     // warp groups, each owning head_dim / d_split output columns
+  int block_m;     // query rows per step
+  int block_n;     // key rows per CTA
+  int n_warps;
   int min_blocks;  // CTAs per SM the register allocation must allow (__launch_bounds__)
+  int dq_warps_m;  // warps along the query rows of dQ
+  int q_stages;    // buffers of the query tile (Q, dO, LSE, dsum): 2 prefetch a step ahead
 };
 
-constexpr BwdTile bwd_tile(int head_dim) {
-  return head_dim <= kBwdMaxColsPerWarp ? BwdTile{64, 64, 4, 1, 2} : BwdTile{64, 64, 8, 2, 1};
+// The tile of head dim d. `small_smem`: the variant for GPUs whose blocks get at most 99 KiB
+// (sm_86 / sm_89); it differs only where the full tile needs more (d128). H100 bf16 figures
+// in benchmarks/NOTES.md.
+//  - d <= 64, d128: 128 keys x 64 queries, 8 warps, two query-tile stages. 128 keys halve
+//    the dQ atomics and the Q / dO reads from L2 per key against 64-key tiles (d128
+//    +10-18 %); the second stage lets the next tile's copy start at the top of a step and
+//    saves a barrier (+2-4 %). 16 warps (d64, 128 registers) lose 15 %.
+//  - d96, and d128 on small-smem GPUs: 64 x 64, 4 warps, 2 CTAs per SM, one stage (a
+//    128-key tile would take 104.5 KiB at d96; the d128 one 161 KiB).
+//  - d192, d256: 64 x 64, 8 warps, one stage (each warp's dK + dV: 32 keys x d / 4 columns).
+constexpr BwdTile bwd_tile(int head_dim, bool small_smem = false) {
+  return head_dim <= 64                       ? BwdTile{64, 128, 8, 1, head_dim <= 32 ? 4 : 2, 2}
+         : head_dim == 128 && !small_smem     ? BwdTile{64, 128, 8, 1, 2, 2}
+         : head_dim <= 128                    ? BwdTile{64, 64, 4, 2, 2, 1}
+                                              : BwdTile{64, 64, 8, 1, 2, 1};
 }
 
-// sK, sV [block_n x d], sQ, sdO [block_m x d], sdS [block_n x block_m] (2-byte elements),
-// LSE and dsum of the query tile [block_m] f32: d192 104.5 KiB, d256 136.5 KiB, more than
-// the 99 KiB a block may use on sm_86 / sm_89 (the host refuses there).
-constexpr int bwd_smem_bytes(int head_dim) {
-  return 2 * (2 * bwd_tile(head_dim).block_n * head_dim + 2 * bwd_tile(head_dim).block_m * head_dim +
-              bwd_tile(head_dim).block_n * bwd_tile(head_dim).block_m) +
-         2 * bwd_tile(head_dim).block_m * int(sizeof(float));
+// sK, sV [block_n x d], sP, sdS [block_n x block_m] (2-byte elements), and per query-tile
+// stage sQ, sdO [block_m x d] and LSE, dsum [block_m] f32: d64 97 KiB, d128 161 KiB
+// (small-smem variant 80.5 KiB), d192 112.5 KiB, d256 144.5 KiB.
+constexpr int bwd_smem_bytes(int head_dim, bool small_smem = false) {
+  return 2 * (2 * bwd_tile(head_dim, small_smem).block_n * head_dim +
+              2 * bwd_tile(head_dim, small_smem).block_n * bwd_tile(head_dim, small_smem).block_m) +
+         bwd_tile(head_dim, small_smem).q_stages * bwd_tile(head_dim, small_smem).block_m *
+             (4 * head_dim + 2 * int(sizeof(float)));
 }
 
 // Deterministic mode orders the dQ adds of the K/V tiles that visit a query tile. Without a

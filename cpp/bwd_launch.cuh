@@ -11,23 +11,35 @@
 namespace flashattn2 {
 
 template <typename Element, int kHeadDim>
-void run_bwd(const BwdParams& params, cudaStream_t stream) {
-  using Traits = BwdTraits<kHeadDim>;
+void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
   bwd_preprocess_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
-  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
-                  params.batch);
-  auto launch = [&](auto mods) {
+  auto launch = [&](auto traits, auto mods) {
+    using Traits = decltype(traits);
     constexpr auto kernel = bwd_kernel<Traits, Element, decltype(mods)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_kernel, smem)");
+    const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
+                    params.batch);
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   };
-  // Score modifiers in their own instance, as in run_fwd.
-  if (has_score_mods(params)) {
-    launch(std::true_type{});
+  // Score modifiers in their own instance, as in run_fwd; the small-smem tile where the
+  // full one does not fit the GPU's blocks (bwd_config.h; the host checked that one fits).
+  auto launch_mods = [&](auto traits) {
+    if (has_score_mods(params)) {
+      launch(traits, std::true_type{});
+    } else {
+      launch(traits, std::false_type{});
+    }
+  };
+  if constexpr (bwd_smem_bytes(kHeadDim, true) < bwd_smem_bytes(kHeadDim, false)) {
+    if (smem_per_block < bwd_smem_bytes(kHeadDim, false)) {
+      launch_mods(BwdTraits<kHeadDim, true>{});
+    } else {
+      launch_mods(BwdTraits<kHeadDim, false>{});
+    }
   } else {
-    launch(std::false_type{});
+    launch_mods(BwdTraits<kHeadDim, false>{});
   }
   check_cuda(cudaGetLastError(), "bwd_kernel launch");
   bwd_convert_dq_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
@@ -37,4 +49,5 @@ void run_bwd(const BwdParams& params, cudaStream_t stream) {
 }  // namespace flashattn2
 
 #define FLASHATTN2_INSTANTIATE_BWD(Element, kHeadDim) \
-  template void flashattn2::run_bwd<Element, kHeadDim>(const flashattn2::BwdParams&, cudaStream_t);
+  template void flashattn2::run_bwd<Element, kHeadDim>(const flashattn2::BwdParams&, int, \
+                                                        cudaStream_t);

@@ -362,7 +362,7 @@ int bwd_kernel_head_dim(int headdim) {
 
 int bwd_smem_per_block(int headdim) {
   const int kd = bwd_kernel_head_dim(headdim);
-  return kd > 0 ? bwd_smem_bytes(kd) : 0;
+  return kd > 0 ? std::min(bwd_smem_bytes(kd, false), bwd_smem_bytes(kd, true)) : 0;
 }
 
 int max_smem_per_block(int device) {
@@ -405,7 +405,7 @@ int bwd_dq_chains(int seqlen_k, bool deterministic, int window_right) {
   return kBwdMaxDqChains;
 }
 
-void mha_bwd(const BwdParams& params, int device, void* stream) {
+void mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit) {
   require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
           "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
 
@@ -427,7 +427,9 @@ void mha_bwd(const BwdParams& params, int device, void* stream) {
   require_supported_device(device);
   require(valid_dq_chains(p.dq_chains),
           "dq_chains must be a power of two in [1, " + std::to_string(kBwdMaxDqChains) + "]");
-  const int smem = bwd_smem_bytes(kd), smem_max = max_smem_per_block(device);
+  const int smem = bwd_smem_per_block(kd);
+  const int smem_max = smem_limit > 0 ? std::min(smem_limit, max_smem_per_block(device))
+                                      : max_smem_per_block(device);
   require(smem <= smem_max,
           "the backward for head dim " + std::to_string(p.headdim) + " needs " +
               std::to_string(smem) + " bytes of shared memory per block; GPU " +
@@ -436,7 +438,7 @@ void mha_bwd(const BwdParams& params, int device, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const bool found = BwdHeadDims::dispatch(kd, [&](auto head_dim) {
     dispatch_dtype(p.dtype, [&](auto element) {
-      run_bwd<decltype(element), decltype(head_dim)::value>(p, s);
+      run_bwd<decltype(element), decltype(head_dim)::value>(p, smem_max, s);
     });
   });
   if (!found) throw std::logic_error("flashattn2: no backward kernel for head dim " + std::to_string(kd));

@@ -20,7 +20,9 @@ void mha_fwd(const FwdParams& params, int device, void* stream);
 // workspaces of BwdParams (sizes from bwd_workspace_floats; no need to zero them).
 // Throws like mha_fwd; head dims above the largest backward kernel, or whose kernel needs
 // more shared memory than the GPU gives a block (bwd_smem_per_block), are invalid_argument.
-void mha_bwd(const BwdParams& params, int device, void* stream);
+// smem_limit > 0 caps the shared memory per block the kernels may use below the GPU's (a
+// test hook: it selects the tiles of a 99 KiB sm_86 / sm_89 block on any GPU).
+void mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit = 0);
 
 // KV-cache append (+ rotary) before a KV-cache forward; throws like mha_fwd.
 void mha_append_kv(const AppendKvParams& params, int device, void* stream);

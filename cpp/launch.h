@@ -42,8 +42,9 @@ void raise_smem_limit(int bytes, const char* name) {
 // generated units.
 template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
+// run_bwd picks the backward tile that fits smem_per_block (bwd_config.h).
 template <typename Element, int kHeadDim>
-void run_bwd(const BwdParams& params, cudaStream_t stream);
+void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream);
 // kvcache.cu
 void run_append_kv_any(const AppendKvParams& params, cudaStream_t stream);
 // Defined in dropout_mask.cu.

@@ -19,6 +19,79 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return (chunk >> 2) * (kRows * 32) + row * 32 + (((chunk & 3) ^ ((row >> 1) & 3)) << 3);
 }
 
+// ldmatrix lane addresses for the 16x16 blocks of a region of a swizzled tile of kRows rows
+// whose first row is a multiple of 8 and first column a multiple of 16. Two lane patterns,
+// by what the 4 matrices of an x4 load are:
+//  - kKMajor false: rows lane % 16, chunk lane / 16 -- the A operand (m16 x k16) from
+//    m-major rows, or the B operand (two n8 x k16) from k-major rows with .trans;
+//  - kKMajor true: rows 8 (lane / 16) + lane % 8, chunk (lane / 8) % 2 -- the B operand from
+//    n-major rows, or the A operand from k-major rows with .trans.
+// Block (i, cb), i.e. rows row0 + 16 i and columns col0 + 16 cb, is at base[cb % 2] +
+// (cb / 2) segments + 16 i rows: one add of a compile-time offset once the loops unroll.
+template <int kRows>
+struct LdsmTile {
+  uint32_t base[2];
+  __device__ __forceinline__ LdsmTile(uint32_t tile_addr, int row0, int col0, int lane,
+                                      bool k_major) {
+    const int r = k_major ? ((lane >> 4) << 3) + (lane & 7) : lane & 15;
+    const int c = k_major ? (lane >> 3) & 1 : lane >> 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int blk = col0 / 16 + j;  // 16-column block of parity j
+      base[j] = tile_addr + (blk >> 1) * (kRows * 64) +
+                2 * swizzle<kRows>(row0 + r, 2 * (blk & 1) + c);
+    }
+  }
+  // The same region `bytes` further on (another stage of a multi-stage buffer).
+  __device__ __forceinline__ LdsmTile plus(uint32_t bytes) const {
+    LdsmTile t = *this;
+    t.base[0] += bytes;
+    t.base[1] += bytes;
+    return t;
+  }
+  __device__ __forceinline__ uint32_t operator()(int i, int cb) const {
+    return base[cb & 1] + (cb >> 1) * (kRows * 64) + i * (16 * 64);
+  }
+};
+
+// acc[kMT][2 kNB] (m16n8 tiles) += A (kMT m16 tiles) B (kNB n16 blocks) over kKS k16 steps,
+// both from shared memory. A: block (m tile, k step) of `a`, or with kTransA (k-major
+// rows, .trans) block (k step, m tile); B: block (n block, k step) of `b`, or with kTransB
+// (k-major rows, .trans) block (k step, n block). The LdsmTiles must use the matching
+// lane pattern (k_major = !kTransA for A, k_major = !kTransB for B).
+template <typename Element, bool kTransA, bool kTransB, int kMT, int kNB, int kKS, int kRowsA,
+          int kRowsB>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kMT][2 * kNB][4], const LdsmTile<kRowsA>& a,
+                                          const LdsmTile<kRowsB>& b) {
+#pragma unroll
+  for (int kk = 0; kk < kKS; ++kk) {
+    uint32_t af[kMT][4], bf[kNB][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      if constexpr (kTransA) {
+        ptx::ldmatrix_x4_trans(af[mt], a(kk, mt));
+      } else {
+        ptx::ldmatrix_x4(af[mt], a(mt, kk));
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) {
+      if constexpr (kTransB) {
+        ptx::ldmatrix_x4_trans(bf[nb], b(kk, nb));
+      } else {
+        ptx::ldmatrix_x4(bf[nb], b(nb, kk));
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+        ptx::mma_16816<Element>(acc[mt][2 * nb], af[mt], bf[nb][0], bf[nb][1]);
+        ptx::mma_16816<Element>(acc[mt][2 * nb + 1], af[mt], bf[nb][2], bf[nb][3]);
+      }
+  }
+}
+
 // Row and 16-byte chunk that thread `tid` copies in iteration i of a tile copy. Unsigned
 // power-of-two arithmetic: cheap enough that the compiler recomputes it in the epilogue
 // instead of keeping the prologue's values live (and spilled) across the mainloop.

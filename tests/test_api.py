@@ -123,11 +123,15 @@ def test_bwd_dq_chains():
 
 
 def test_bwd_shared_memory_per_block():
-    # sK, sV, sQ, sdO (64 rows x d), sdS (64 x 64) in 2-byte elements, LSE and dsum in f32:
-    # up to d128 within the 99 KiB a block gets on sm_86 / sm_89, above within sm_80's 163 KiB.
+    # sK, sV (n keys x d), sP, sdS (n x 64) in 2-byte elements, and per query-tile stage sQ,
+    # sdO (64 x d) and LSE, dsum (64 f32), for the smallest tile of the head dim: n = 128 keys
+    # and 2 stages up to d64, else 64 keys and 1 stage (d128 also has a 128-key 2-stage tile,
+    # used where it fits). Up to d128 within the 99 KiB a block gets on sm_86 / sm_89, above
+    # within sm_80's 163 KiB.
     for d in _ext.build_info()["bwd_head_dims"]:
         smem = _ext._C.bwd_smem_per_block(d)
-        assert smem == 2 * (4 * 64 * d + 64 * 64) + 2 * 64 * 4, d
+        n, stages = (128, 2) if d <= 64 else (64, 1)
+        assert smem == 2 * (2 * n * d + 2 * n * 64) + stages * 64 * (4 * d + 8), d
         assert (smem <= 99 * 1024) == (d <= 128) and smem <= 163 * 1024, d
     assert _ext._C.bwd_smem_per_block(_ext.BWD_MAX_HEAD_DIM + 8) == 0
 

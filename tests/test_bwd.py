@@ -40,8 +40,8 @@ ATOL = {torch.float16: 1e-3, torch.bfloat16: 4e-3}
 DTYPES = [torch.float16, torch.bfloat16]
 KERNEL_HEAD_DIMS = [32, 64, 96, 128]
 OTHER_HEAD_DIMS = [8, 40, 72]  # padded to a kernel head dim by the kernel
-# d > 128: two groups of 4 warps, each owning half of the kernel's output columns. 136 and
-# 200 leave the second group's columns partly past the head dim (kernels 192 / 256).
+# d > 128: 64-key tiles whose 4 column groups of warps own d / 4 columns of dK, dV each. 136
+# and 200 leave the last groups' columns partly past the head dim (kernels 192 / 256).
 LARGE_HEAD_DIMS = [136, 160, 192, 200, 256]
 SEQLENS = [(1, 1), (17, 113), (113, 17), (128, 128), (255, 257), (1023, 1025)]
 HEADS = [(4, 4), (6, 2), (4, 1)]
@@ -416,6 +416,34 @@ def test_deterministic_large_head_dims(headdim, causal):
             assert torch.equal(a, b)
     for a, b in zip(first, grads(False)):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_small_smem_tiles(monkeypatch, causal, deterministic):
+    # GPUs whose blocks get 99 KiB (sm_86 / sm_89) run d128 on 64-key tiles of 4 warps instead
+    # of 128-key tiles of 8 (bwd_config.h); the binding's smem_limit selects them on any GPU.
+    require_backward(128)
+    bwd = _ext._C.bwd
+    limit = [99 * 1024]
+    monkeypatch.setattr(_ext._C, "bwd", lambda *a, **kw: bwd(*a, **kw, smem_limit=limit[0]))
+    q, k, v, dout = make_inputs(2, 300, 1025, 4, 2, 128, torch.bfloat16)
+    if not deterministic:
+        check_kernel(q, k, v, dout, causal)
+    else:
+        def grads():
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            flash_attn_func(*leaves, causal=causal, deterministic=True).backward(dout)
+            return [t.grad for t in leaves]
+
+        first = grads()
+        check_grads(first, q, k, v, dout, causal=causal)
+        for a, b in zip(first, grads()):
+            assert torch.equal(a, b)
+    # The hook reaches the kernel choice: below the small tile's need nothing fits.
+    limit[0] = _ext._C.bwd_smem_per_block(128) - 16
+    with pytest.raises(ValueError, match="shared memory per block"):
+        run_backward(q, k, v, dout, causal)
 
 
 # ---- properties of the launch -----------------------------------------------------------------
