@@ -337,8 +337,8 @@ def test_low_level_forward_and_backward(dtype, headdim):
 @pytest.mark.parametrize("packing", ["none", "qkv", "kv"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_gradients_are_bitwise_reproducible(packing, causal):
-    # Enough key tiles (1025 / 64) that many CTAs add into each query tile's dQ: without
-    # ordering, float atomics make dq differ in the last bits from run to run.
+    # Enough key tiles (1025 keys, 128 per tile: 9) that many CTAs add into each query tile's
+    # dQ: without ordering, float atomics make dq differ in the last bits from run to run.
     q, k, v, dout = make_inputs(2, 1025, 1025, 4, 2, 128, torch.bfloat16)
 
     def grads(deterministic):
@@ -400,7 +400,7 @@ def test_deterministic_orders(headdim, seqlens, causal, window_size):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", [160, 256])
 def test_deterministic_large_head_dims(headdim, causal):
-    # Two warp groups of a CTA add to disjoint dq columns between the same ordering
+    # The 8 warps of a CTA add to disjoint dq blocks between the same ordering
     # barriers: three runs bitwise equal, and right.
     q, k, v, dout = make_inputs(2, 1025, 1025, 4, 2, headdim, torch.bfloat16)
 
