@@ -594,7 +594,7 @@ def flash_attn_func(
 
     Autograd: differentiable in q, k and v (not through ``softmax_lse``), for every head
     dim up to 256 (``build_info()["bwd_head_dims"]``). The backward of head dims above 128
-    needs an sm_80 / sm_90 class GPU (A100, H100: 136.5 KiB of shared memory per block at
+    needs an sm_80 / sm_90 class GPU (A100, H100: 144.5 KiB of shared memory per block at
     d256); on sm_86 / sm_89 it raises NotImplementedError (the forward works there).
     """
     dropout_p, softcap = _check_mod_values(dropout_p, softcap)
