@@ -18,25 +18,30 @@ struct BwdTile {
 };
 
 // The tile of head dim d. `small_smem`: the variant for GPUs whose blocks get at most 99 KiB
-// (sm_86 / sm_89); it differs only where the full tile needs more (d128). H100 bf16 figures
-// in benchmarks/NOTES.md.
-//  - d <= 64, d128: 128 keys x 64 queries, 8 warps, two query-tile stages. 128 keys halve
-//    the dQ atomics and the Q / dO reads from L2 per key against 64-key tiles (d128
-//    +10-18 %); the second stage lets the next tile's copy start at the top of a step and
-//    saves a barrier (+2-4 %). 16 warps (d64, 128 registers) lose 15 %.
+// (sm_86 / sm_89); it differs only where the full tile needs more (d <= 64, d128). H100
+// bf16 figures in benchmarks/NOTES.md.
+//  - d <= 64: 128 keys x 128 queries, 8 warps (32 x 64 blocks of S^T / dP^T per warp), two
+//    query-tile stages: twice the MMAs per step of a 64-query step for the same per-step
+//    overhead (+5 %, deterministic mode 1.05-1.29x instead of 1.14-1.38x). Small-smem
+//    variant: 64-query steps.
+//  - d128: 128 keys x 64 queries, 8 warps, two stages. 128 keys halve the dQ atomics and
+//    the Q / dO reads from L2 per key against 64-key tiles (+10-18 %); the second stage
+//    lets the next tile's copy start at the top of a step and saves a barrier (+2-4 %).
 //  - d96, and d128 on small-smem GPUs: 64 x 64, 4 warps, 2 CTAs per SM, one stage (a
 //    128-key tile would take 104.5 KiB at d96; the d128 one 161 KiB).
 //  - d192, d256: 64 x 64, 8 warps, one stage (each warp's dK + dV: 32 keys x d / 4 columns).
+// Tried and slower at d64: 16 warps (128 registers), 64-key tiles with 2 CTAs per SM.
 constexpr BwdTile bwd_tile(int head_dim, bool small_smem = false) {
-  return head_dim <= 64                       ? BwdTile{64, 128, 8, 1, head_dim <= 32 ? 4 : 2, 2}
+  return head_dim <= 64 && !small_smem      ? BwdTile{128, 128, 8, 1, 4, 2}
+         : head_dim <= 64                     ? BwdTile{64, 128, 8, 1, head_dim <= 32 ? 4 : 2, 2}
          : head_dim == 128 && !small_smem     ? BwdTile{64, 128, 8, 1, 2, 2}
          : head_dim <= 128                    ? BwdTile{64, 64, 4, 2, 2, 1}
                                               : BwdTile{64, 64, 8, 1, 2, 1};
 }
 
 // sK, sV [block_n x d], sP, sdS [block_n x block_m] (2-byte elements), and per query-tile
-// stage sQ, sdO [block_m x d] and LSE, dsum [block_m] f32: d64 97 KiB, d128 161 KiB
-// (small-smem variant 80.5 KiB), d192 112.5 KiB, d256 144.5 KiB.
+// stage sQ, sdO [block_m x d] and LSE, dsum [block_m] f32: d64 162 KiB, d128 161 KiB
+// (small-smem variants 97 KiB, 80.5 KiB), d192 112.5 KiB, d256 144.5 KiB.
 constexpr int bwd_smem_bytes(int head_dim, bool small_smem = false) {
   return 2 * (2 * bwd_tile(head_dim, small_smem).block_n * head_dim +
               2 * bwd_tile(head_dim, small_smem).block_n * bwd_tile(head_dim, small_smem).block_m) +

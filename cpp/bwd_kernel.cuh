@@ -44,7 +44,7 @@
 //
 // Masks, tails and windows follow the forward: key j is visible to query i iff i < seqlen_q,
 // j < seqlen_k and the window bounds of FwdParams hold. Limits: d <= 256 (each warp's dK and
-// dV take kKvCols / 2 f32 registers per thread each), d multiple of 8, 16-byte aligned
+// dV take kKvCols f32 registers per thread each), d multiple of 8, 16-byte aligned
 // pointers, strides multiples of 8; d > 128 needs more shared memory than sm_86 / sm_89 give
 // a block.
 #pragma once
@@ -85,13 +85,15 @@ struct BwdTraits {
   static constexpr int kQStages = kTile.q_stages;
   static constexpr int kStageBytes = kBlockM * (4 * kHeadDim + 8);  // sQ, sdO, LSE, dsum
   static constexpr int kSmemBytes = bwd_smem_bytes(kHeadDim, kSmallSmem);
-  static_assert(kBlockM == 64, "the dQ-order counters and the workspace use 64-row query tiles");
+  static_assert(kBlockM % 64 == 0, "the dQ-order counters are those of 64-row query tiles");
   static_assert(kBlockN % 32 == 0 && kNWarps % kWarpsN == 0 && kNWarps % kDqWarpsM == 0,
                 "backward warp grid");
   static_assert(kSCols % 16 == 0 && kKvCols % 16 == 0 && kDqRows % 16 == 0 && kDqCols % 16 == 0,
                 "backward warp tiles: whole m16 x n16 blocks");
   // Registers per thread: dK + dV 2 kKvCols, S^T + dP^T kSCols / 2 (32 keys per warp).
-  static_assert(kKvCols <= 64 && kSCols <= 32, "backward warp tiles: register budget");
+  // (S^T + dP^T: 2 kSCols, dK + dV: 2 kKvCols f32 registers per thread.)
+  static_assert(kKvCols <= 64 && kSCols <= 64 && kSCols + kKvCols <= 96,
+                "backward warp tiles: register budget");
 };
 
 // The dQ-order counters (deterministic mode) follow the dsum rows in the same workspace;
@@ -253,18 +255,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
                       head_k * p.v_head_stride + (seq.k_row0 + n0) * p.v_row_stride;
   // The CTA's work: query tiles m_block_min .. m_block_max - 1 of each query head of the
-  // group, as one sequence t = head_in_group * n_query_tiles + (m_block - m_block_min).
-  const int n_query_tiles = m_block_max - m_block_min;
-  const int n_steps = group * n_query_tiles;
-  auto head_of = [&](int t) { return head_k * group + t / n_query_tiles; };
-  auto m_block_of = [&](int t) { return m_block_min + t % n_query_tiles; };
+  // group, one step each, query tiles first; next_step advances (head, m_block) to the next
+  // step (counting, not dividing: this runs in the mainloop).
+  const int n_steps = group * (m_block_max - m_block_min);
+  auto next_step = [&](int& head, int& m_block) {
+    if (++m_block == m_block_max) {
+      m_block = m_block_min;
+      ++head;
+    }
+  };
 
   load_tile<kBlockN, kHeadDim, kNThreads>(sK, gK, p.k_row_stride, seqlen_k - n0, p.headdim, tid);
   load_tile<kBlockN, kHeadDim, kNThreads>(sV, gV, p.v_row_stride, seqlen_k - n0, p.headdim, tid);
   // Byte offset of stage t % kQStages.
   auto stage_bytes = [&](int t) { return uint32_t(t % kQStages) * Traits::kStageBytes; };
-  auto load_query_tile = [&](int t) {
-    const int head = head_of(t), m0 = m_block_of(t) * kBlockM;
+  auto load_query_tile = [&](int head, int m_block, int t) {  // step t's tile
+    const int m0 = m_block * kBlockM;
     Element* sQ_t = reinterpret_cast<Element*>(reinterpret_cast<unsigned char*>(sQ) + stage_bytes(t));
     Element* sdO_t = sQ_t + kBlockM * kHeadDim;
     float* sLse_t = reinterpret_cast<float*>(sdO_t + kBlockM * kHeadDim);
@@ -286,7 +292,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       ptx::cp_async_4(ptx::smem_addr(sLse_t + kBlockM + tid), gDsum + row, valid);
     }
   };
-  if (n_steps > 0) load_query_tile(0);
+  if (n_steps > 0) load_query_tile(head_k * group, m_block_min, 0);
   ptx::cp_async_commit();
 
   // ldmatrix operands (tile.cuh LdsmTile), one per GEMM operand:
@@ -358,7 +364,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       // Dropout keep bits, bit 4 (kSTiles mt + nt) + e for acc_s[mt][nt][e]: Philox group
       // {i, i+8} x {k, k+8} (query i, key k) is [mt][2mm][e01] (.x), [mt][2mm][e01+2] (.y),
       // [mt][2mm+1][e01] (.z), [mt][2mm+1][e01+2] (.w).
-      uint32_t keep = ~0u;
+      using Bits = std::conditional_t<(kSTiles > 4), uint64_t, uint32_t>;
+      Bits keep = ~Bits(0);
       if (mod.threshold) {
         keep = 0;
 #pragma unroll
@@ -370,10 +377,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
               const uint4 w = mod.dropout_words(m0 + sc + 16 * mm + 2 * q + e01,
                                                 n0 + kr + 16 * mt + g);
               const int b = 4 * (kSTiles * mt + 2 * mm) + e01;
-              keep |= uint32_t(w.x >= mod.threshold) << b;
-              keep |= uint32_t(w.y >= mod.threshold) << (b + 2);
-              keep |= uint32_t(w.z >= mod.threshold) << (b + 4);
-              keep |= uint32_t(w.w >= mod.threshold) << (b + 6);
+              keep |= Bits(w.x >= mod.threshold) << b;
+              keep |= Bits(w.y >= mod.threshold) << (b + 2);
+              keep |= Bits(w.z >= mod.threshold) << (b + 4);
+              keep |= Bits(w.w >= mod.threshold) << (b + 6);
             }
       }
       const float dist0 = float(m0 + sc + 2 * q + offset - n0 - kr - g);
@@ -391,7 +398,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
                                  dist0 + float(8 * nt + (e & 1) - 16 * mt - 8 * (e >> 1)), &dlogit);
             if (kMask && acc_s[mt][nt][e] == -INFINITY) x = -INFINITY;
             const float prob = ptx::exp2_approx(x - sLse_t[col] * kLog2e);
-            const bool kept = (keep >> (4 * (kSTiles * mt + nt) + e)) & 1u;
+            const bool kept = (keep >> (4 * (kSTiles * mt + nt) + e)) & 1;
             const float dp = kept ? acc_dp[mt][nt][e] * p.dropout_scale : 0.f;
             acc_dp[mt][nt][e] = prob * (dp - sDsum_t[col]) * dlogit;
             acc_s[mt][nt][e] = kept ? prob * p.dropout_scale : 0.f;
@@ -433,13 +440,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // Deterministic: the order counter of (head, query tile) in this CTA's chain (dq_chains is
   // a power of two: no integer division in the loop; recomputed where needed rather than
   // kept live across the step).
-  auto dq_counter = [&](int head, int m_block) {
-    return dq_counters(p) + (n_block & (p.dq_chains - 1)) * ws_tiles(p, kBlockM) +
-           ws_tile0(p, seq, batch, head, kBlockM) + m_block;
+  auto dq_counter = [&](int head, int m_block) {  // that of the tile's first 64 rows
+    return dq_counters(p) + (n_block & (p.dq_chains - 1)) * ws_tiles(p, 64) +
+           ws_tile0(p, seq, batch, head, 64) + m_block * (kBlockM / 64);
   };
+  int head = head_k * group, m_block = m_block_min;  // step t's
   for (int t = 0; t < n_steps; ++t) {
-    const int m_block = m_block_of(t);
-    const int head = head_of(t);
+    int next_head = head, next_m_block = m_block;
+    next_step(next_head, next_m_block);
     ScoreMod mod;
     if constexpr (kMods) mod = ScoreMod(p, batch, head);
     // Q, dO, LSE, dsum of step t have landed; sP, sdS are free (previous step done), and
@@ -448,7 +456,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     __syncthreads();
     const uint32_t stage = stage_bytes(t);
     if constexpr (kQStages == 2) {
-      if (t + 1 < n_steps) load_query_tile(t + 1);
+      if (t + 1 < n_steps) load_query_tile(next_head, next_m_block, t + 1);
       ptx::cp_async_commit();
     }
     const int m0 = m_block * kBlockM;
@@ -488,7 +496,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     if constexpr (kQStages == 1) {
       // Every warp is done with sQ / sdO: prefetch the next query tile (overlaps the dQ GEMM).
       __syncthreads();
-      if (t + 1 < n_steps) load_query_tile(t + 1);
+      if (t + 1 < n_steps) load_query_tile(next_head, next_m_block, t + 1);
       ptx::cp_async_commit();
     } else {
       if (p.deterministic) __syncthreads();
@@ -534,6 +542,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       __syncthreads();
       if (tid == 0) ptx::red_release_add(dq_counter(head, m_block), 1);
     }
+    head = next_head;
+    m_block = next_m_block;
   }
 
   // Epilogue: dK * scale and dV through sK / sV (every warp is done reading them, and the

@@ -420,14 +420,16 @@ def test_deterministic_large_head_dims(headdim, causal):
 
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_small_smem_tiles(monkeypatch, causal, deterministic):
-    # GPUs whose blocks get 99 KiB (sm_86 / sm_89) run d128 on 64-key tiles of 4 warps instead
-    # of 128-key tiles of 8 (bwd_config.h); the binding's smem_limit selects them on any GPU.
-    require_backward(128)
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_small_smem_tiles(monkeypatch, headdim, causal, deterministic):
+    # GPUs whose blocks get 99 KiB (sm_86 / sm_89) run d64 on 64-query steps instead of 128,
+    # and d128 on 64-key tiles of 4 warps instead of 128-key tiles of 8 (bwd_config.h); the
+    # binding's smem_limit selects these tiles on any GPU.
+    require_backward(headdim)
     bwd = _ext._C.bwd
     limit = [99 * 1024]
     monkeypatch.setattr(_ext._C, "bwd", lambda *a, **kw: bwd(*a, **kw, smem_limit=limit[0]))
-    q, k, v, dout = make_inputs(2, 300, 1025, 4, 2, 128, torch.bfloat16)
+    q, k, v, dout = make_inputs(2, 300, 1025, 4, 2, headdim, torch.bfloat16)
     if not deterministic:
         check_kernel(q, k, v, dout, causal)
     else:
@@ -441,7 +443,7 @@ def test_small_smem_tiles(monkeypatch, causal, deterministic):
         for a, b in zip(first, grads()):
             assert torch.equal(a, b)
     # The hook reaches the kernel choice: below the small tile's need nothing fits.
-    limit[0] = _ext._C.bwd_smem_per_block(128) - 16
+    limit[0] = _ext._C.bwd_smem_per_block(headdim) - 16
     with pytest.raises(ValueError, match="shared memory per block"):
         run_backward(q, k, v, dout, causal)
 
