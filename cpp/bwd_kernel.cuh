@@ -21,8 +21,8 @@
 //            P^T -> sP, dS^T -> sdS ; __syncthreads
 //            dV += P^T dO, dK += dS^T Q
 //            (1 stage: __syncthreads ; issue cp.async of tile m + 1, overlapping the dQ GEMM)
-//            dQ_m += dS K, f32 atomics into the accumulator (deterministic: after the
-//              tile's counter says it is this CTA's turn)
+//            dQ_m += dS K, f32 8-byte vector reductions into the accumulator (deterministic:
+//              after the tile's counter says it is this CTA's turn)
 //   epilogue  dK * scale and dV staged through sK / sV, 16-byte stores.
 //   mods   kMods instance only (score_mod.cuh), per query head: P^T is recomputed from the
 //          same base-2 logits as the forward's (ScoreMod::logit2) and the forward's
@@ -512,31 +512,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc_dq[mt][i][e] = 0.f;
       warp_gemm<Element, true, true, kDqRows / 16, kDqCols / 16, kBlockN / 16>(acc_dq, at_ds, bt_k);
-      // Lanes q and q ^ 1 swap a row pair, so each holds 4 consecutive columns of one row
-      // (even q: row g, odd q: row g + 8) and adds them with one 16-byte reduction: the
-      // L2 atomic traffic is cut by 4. The lane's row address is computed once.
-      const bool even = (q & 1) == 0;
-      const int row = m0 + dqr + g + (even ? 0 : 8);
+      // Each lane adds its two column pairs (rows g and g + 8) with one 8-byte reduction
+      // each: the 4 lanes of a row fill whole 32-byte sectors, so L2 sees as many requests
+      // as with 16-byte reductions, without their lane-pair shuffles and parity branch (which
+      // split every warp). Only a query tile past the end of the sequence, or a head dim
+      // below the kernel's, needs bounds checks (ptxas branches around each checked add):
+      // the other tiles take the unchecked copy of the loop.
+      const int row = m0 + dqr + g;
       float* const dq_row = dq_chain(p, n_block & (p.dq_chains - 1)) +
-                            (ws_row0(p, seq, batch, head) + row) * p.headdim + dqc + 4 * (q >> 1);
+                            (ws_row0(p, seq, batch, head) + row) * p.headdim + dqc + 2 * q;
+      auto add_dq = [&](auto check_tag) {
 #pragma unroll
-      for (int mt = 0; mt < kDqRows / 16; ++mt)
+        for (int mt = 0; mt < kDqRows / 16; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < kDqCols / 8; ++dt) {
-          const float send0 = even ? acc_dq[mt][dt][2] : acc_dq[mt][dt][0];
-          const float send1 = even ? acc_dq[mt][dt][3] : acc_dq[mt][dt][1];
-          const float recv0 = __shfl_xor_sync(0xffffffff, send0, 1);
-          const float recv1 = __shfl_xor_sync(0xffffffff, send1, 1);
-          const int col = dqc + dt * 8 + 4 * (q >> 1);
-          if (row + 16 * mt < seqlen_q && col < p.headdim) {
-            float* dst = dq_row + 16 * mt * p.headdim + dt * 8;
-            if (even) {
-              ptx::red_add_v4(dst, acc_dq[mt][dt][0], acc_dq[mt][dt][1], recv0, recv1);
-            } else {
-              ptx::red_add_v4(dst, recv0, recv1, acc_dq[mt][dt][2], acc_dq[mt][dt][3]);
+          for (int r = 0; r < 2; ++r) {
+            float* const dst_row = dq_row + (16 * mt + 8 * r) * p.headdim;
+#pragma unroll
+            for (int dt = 0; dt < kDqCols / 8; ++dt) {
+              if (decltype(check_tag)::value &&
+                  (row + 16 * mt + 8 * r >= seqlen_q || dqc + dt * 8 >= p.headdim)) {
+                continue;
+              }
+              ptx::red_add_v2(dst_row + dt * 8, acc_dq[mt][dt][2 * r], acc_dq[mt][dt][2 * r + 1]);
             }
           }
-        }
+      };
+      if (m0 + kBlockM <= seqlen_q && p.headdim == kHeadDim) {
+        add_dq(std::false_type{});
+      } else {
+        add_dq(std::true_type{});
+      }
     }
     if (p.deterministic && t == n_steps - 1) {  // the last step's adds: release now
       __syncthreads();
