@@ -18,8 +18,9 @@
 //            (2 stages: issue cp.async of tile m + 1 into the other stage)
 //            S^T = K Q^T and dP^T = V dO^T ; mask (boundary tiles only)
 //            P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T o (dP^T - dsum)
-//            P^T -> sP, dS^T -> sdS ; __syncthreads
-//            dV += P^T dO, dK += dS^T Q
+//            P^T -> sP, dS^T -> sdS (the warp keeps its own part in registers) ; __syncthreads
+//            dV += P^T dO, dK += dS^T Q (d <= 128: the warp's own query columns of P^T, dS^T
+//              from its registers, the rest from sP, sdS)
 //            (1 stage: __syncthreads ; issue cp.async of tile m + 1, overlapping the dQ GEMM)
 //            dQ_m += dS K, f32 8-byte vector reductions into the accumulator (deterministic:
 //              after the tile's counter says it is this CTA's turn)
@@ -297,7 +298,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
   // ldmatrix operands (tile.cuh LdsmTile), one per GEMM operand:
   //   S^T = K Q^T, dP^T = V dO^T: A = K / V rows [kr, +32), B = Q / dO rows [sc, +kSCols)
-  //   dV += P^T dO, dK += dS^T Q: A = P^T / dS^T rows [kr, +32) over all queries,
+  //   dV += P^T dO, dK += dS^T Q: A = P^T / dS^T rows [kr, +32) over all queries (the
+  //                               warp's own kSCols from registers, the rest from sP / sdS),
   //                               B = dO / Q (k-major) columns [kvc, +kKvCols)
   //   dQ += dS K: A = dS, read transposed from dS^T: query columns [dqr, +kDqRows),
   //               B = K (k-major) columns [dqc, +kDqCols)
@@ -306,7 +308,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const uint32_t sP_addr = ptx::smem_addr(sP), sdS_addr = ptx::smem_addr(sdS);
   const LdsmTile<kBlockN> a_k(sK_addr, kr, 0, lane, false), a_v(sV_addr, kr, 0, lane, false);
   const LdsmTile<kBlockM> b_q(sQ_addr, sc, 0, lane, true), b_do(sdO_addr, sc, 0, lane, true);
-  const LdsmTile<kBlockN> a_p(sP_addr, kr, 0, lane, false), a_ds(sdS_addr, kr, 0, lane, false);
   const LdsmTile<kBlockM> bt_do(sdO_addr, 0, kvc, lane, false), bt_q(sQ_addr, 0, kvc, lane, false);
   const LdsmTile<kBlockN> at_ds(sdS_addr, 0, dqr, lane, true), bt_k(sK_addr, 0, dqc, lane, false);
 
@@ -323,6 +324,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
   // S^T and dP^T of the warp's 32 keys x kSCols queries, then P^T -> sP and dS^T -> sdS.
   // Element [mt][nt][e]: key kr + 16 mt + g + 8 (e / 2), query column sc + 8 nt + 2 q + e % 2.
+  // The warp's P^T, dS^T also stay in registers as mma A fragments [m tile][k step] (its own
+  // query columns of the dV / dK GEMMs).
+  uint32_t p_frag[2][kSTiles / 2][4], ds_frag[2][kSTiles / 2][4];
   auto scores = [&](auto mask_tag, int m_block, const ScoreMod& mod, uint32_t stage) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const int m0 = m_block * kBlockM;
@@ -420,7 +424,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         }
     }
 
-    // P^T -> sP, dS^T -> sdS (key rows x query columns, 2 elements per store).
+    // P^T -> sP, dS^T -> sdS (key rows x query columns, 2 elements per store), and into
+    // p_frag / ds_frag: n8 tiles 2j, 2j + 1 of m tile mt are A fragment [mt][j].
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -429,10 +434,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
         for (int nt = 0; nt < kSTiles; ++nt) {
           const int at = swizzle<kBlockN>(key_row, (sc + 8 * nt) / 8) + 2 * q;
-          *reinterpret_cast<uint32_t*>(sP + at) =
-              ptx::pack2<Element>(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(sdS + at) =
+          const uint32_t pv = ptx::pack2<Element>(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
+          const uint32_t dsv =
               ptx::pack2<Element>(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(sP + at) = pv;
+          *reinterpret_cast<uint32_t*>(sdS + at) = dsv;
+          p_frag[mt][nt / 2][(nt & 1) * 2 + r] = pv;
+          ds_frag[mt][nt / 2][(nt & 1) * 2 + r] = dsv;
         }
       }
   };
@@ -491,8 +499,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     }
 
     // dV += P^T dO, dK += dS^T Q: the warp's 32 keys x kKvCols columns over all queries.
-    warp_gemm<Element, false, true, 2, kKvCols / 16, kBlockM / 16>(acc_dv, a_p, bt_do.plus(stage));
-    warp_gemm<Element, false, true, 2, kKvCols / 16, kBlockM / 16>(acc_dk, a_ds, bt_q.plus(stage));
+    // The warp's own query columns [sc, sc + kSCols) of P^T / dS^T come from its registers
+    // (p_frag, ds_frag), the other warps' columns from shared memory: half of the A loads
+    // with two warps along the queries (d <= 128). With four (d > 128) the quarter saved
+    // does not pay for the extra address setup: all from shared memory there (H100 d256,
+    // benchmarks/NOTES.md).
+    if constexpr (Traits::kWarpsM <= 2) {
+      warp_gemm_areg<Element, true, 2, kKvCols / 16, kSCols / 16>(acc_dv, p_frag,
+                                                                 bt_do.plus(stage + sc * 64));
+      warp_gemm_areg<Element, true, 2, kKvCols / 16, kSCols / 16>(acc_dk, ds_frag,
+                                                                 bt_q.plus(stage + sc * 64));
+#pragma unroll
+      for (int o = 1; o < Traits::kWarpsM; ++o) {
+        const int c = (sc + o * kSCols) & (kBlockM - 1);  // another warp's query columns
+        const LdsmTile<kBlockN> a_p_c(sP_addr, kr, c, lane, false);
+        const LdsmTile<kBlockN> a_ds_c(sdS_addr, kr, c, lane, false);
+        warp_gemm<Element, false, true, 2, kKvCols / 16, kSCols / 16>(acc_dv, a_p_c,
+                                                                     bt_do.plus(stage + c * 64));
+        warp_gemm<Element, false, true, 2, kKvCols / 16, kSCols / 16>(acc_dk, a_ds_c,
+                                                                     bt_q.plus(stage + c * 64));
+      }
+    } else {
+      const LdsmTile<kBlockN> a_p(sP_addr, kr, 0, lane, false);
+      const LdsmTile<kBlockN> a_ds(sdS_addr, kr, 0, lane, false);
+      warp_gemm<Element, false, true, 2, kKvCols / 16, kBlockM / 16>(acc_dv, a_p,
+                                                                     bt_do.plus(stage));
+      warp_gemm<Element, false, true, 2, kKvCols / 16, kBlockM / 16>(acc_dk, a_ds,
+                                                                     bt_q.plus(stage));
+    }
     if constexpr (kQStages == 1) {
       // Every warp is done with sQ / sdO: prefetch the next query tile (overlaps the dQ GEMM).
       __syncthreads();

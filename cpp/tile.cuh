@@ -92,6 +92,33 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMT][2 * kNB][4], const L
   }
 }
 
+// warp_gemm with the A operand already in registers: af[m tile][k step] holds the m16 x k16
+// fragment (mma A layout), e.g. a warp's own products converted from accumulator layout.
+template <typename Element, bool kTransB, int kMT, int kNB, int kKS, int kRowsB>
+__device__ __forceinline__ void warp_gemm_areg(float (&acc)[kMT][2 * kNB][4],
+                                               const uint32_t (&af)[kMT][kKS][4],
+                                               const LdsmTile<kRowsB>& b) {
+#pragma unroll
+  for (int kk = 0; kk < kKS; ++kk) {
+    uint32_t bf[kNB][4];
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) {
+      if constexpr (kTransB) {
+        ptx::ldmatrix_x4_trans(bf[nb], b(kk, nb));
+      } else {
+        ptx::ldmatrix_x4(bf[nb], b(nb, kk));
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+        ptx::mma_16816<Element>(acc[mt][2 * nb], af[mt][kk], bf[nb][0], bf[nb][1]);
+        ptx::mma_16816<Element>(acc[mt][2 * nb + 1], af[mt][kk], bf[nb][2], bf[nb][3]);
+      }
+  }
+}
+
 // Row and 16-byte chunk that thread `tid` copies in iteration i of a tile copy. Unsigned
 // power-of-two arithmetic: cheap enough that the compiler recomputes it in the epilogue
 // instead of keeping the prologue's values live (and spilled) across the mainloop.
