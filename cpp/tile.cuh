@@ -59,21 +59,17 @@ struct LdsmTile {
 // rows, .trans) block (k step, m tile); B: block (n block, k step) of `b`, or with kTransB
 // (k-major rows, .trans) block (k step, n block). The LdsmTiles must use the matching
 // lane pattern (k_major = !kTransA for A, k_major = !kTransB for B).
-template <typename Element, bool kTransA, bool kTransB, int kMT, int kNB, int kKS, int kRowsA,
-          int kRowsB>
-__device__ __forceinline__ void warp_gemm(float (&acc)[kMT][2 * kNB][4], const LdsmTile<kRowsA>& a,
-                                          const LdsmTile<kRowsB>& b) {
+//
+// warp_gemm_a is the shared k loop, with the A fragments of k step kk (one per m tile, mma
+// A layout) supplied by load_a(kk, af); warp_gemm_areg takes them from registers, areg[m
+// tile][k step] (e.g. a warp's own products, converted from accumulator layout).
+template <typename Element, bool kTransB, int kMT, int kNB, int kKS, int kRowsB, typename LoadA>
+__device__ __forceinline__ void warp_gemm_a(float (&acc)[kMT][2 * kNB][4], LoadA&& load_a,
+                                            const LdsmTile<kRowsB>& b) {
 #pragma unroll
   for (int kk = 0; kk < kKS; ++kk) {
     uint32_t af[kMT][4], bf[kNB][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      if constexpr (kTransA) {
-        ptx::ldmatrix_x4_trans(af[mt], a(kk, mt));
-      } else {
-        ptx::ldmatrix_x4(af[mt], a(mt, kk));
-      }
-    }
+    load_a(kk, af);
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
       if constexpr (kTransB) {
@@ -91,32 +87,37 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMT][2 * kNB][4], const L
       }
   }
 }
-
-// warp_gemm with the A operand already in registers: af[m tile][k step] holds the m16 x k16
-// fragment (mma A layout), e.g. a warp's own products converted from accumulator layout.
+template <typename Element, bool kTransA, bool kTransB, int kMT, int kNB, int kKS, int kRowsA,
+          int kRowsB>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kMT][2 * kNB][4], const LdsmTile<kRowsA>& a,
+                                          const LdsmTile<kRowsB>& b) {
+  warp_gemm_a<Element, kTransB, kMT, kNB, kKS>(
+      acc,
+      [&](int kk, uint32_t(&af)[kMT][4]) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          if constexpr (kTransA) {
+            ptx::ldmatrix_x4_trans(af[mt], a(kk, mt));
+          } else {
+            ptx::ldmatrix_x4(af[mt], a(mt, kk));
+          }
+        }
+      },
+      b);
+}
 template <typename Element, bool kTransB, int kMT, int kNB, int kKS, int kRowsB>
 __device__ __forceinline__ void warp_gemm_areg(float (&acc)[kMT][2 * kNB][4],
-                                               const uint32_t (&af)[kMT][kKS][4],
+                                               const uint32_t (&areg)[kMT][kKS][4],
                                                const LdsmTile<kRowsB>& b) {
+  warp_gemm_a<Element, kTransB, kMT, kNB, kKS>(
+      acc,
+      [&](int kk, uint32_t(&af)[kMT][4]) {
 #pragma unroll
-  for (int kk = 0; kk < kKS; ++kk) {
-    uint32_t bf[kNB][4];
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
-      if constexpr (kTransB) {
-        ptx::ldmatrix_x4_trans(bf[nb], b(kk, nb));
-      } else {
-        ptx::ldmatrix_x4(bf[nb], b(nb, kk));
-      }
-    }
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) {
-        ptx::mma_16816<Element>(acc[mt][2 * nb], af[mt][kk], bf[nb][0], bf[nb][1]);
-        ptx::mma_16816<Element>(acc[mt][2 * nb + 1], af[mt][kk], bf[nb][2], bf[nb][3]);
-      }
-  }
+          for (int i = 0; i < 4; ++i) af[mt][i] = areg[mt][kk][i];
+      },
+      b);
 }
 
 // Row and 16-byte chunk that thread `tid` copies in iteration i of a tile copy. Unsigned
