@@ -429,11 +429,13 @@ PYBIND11_MODULE(_C, m) {
         "(dq_accum, dsum) float32 workspace sizes, in floats, for a backward of these sizes "
         "(total_q >= 0: varlen with total_q query rows, seqlen_q the longest) with dq_chains "
         "dQ accumulators (bwd's dq_chains).");
-  m.def("bwd_dq_chains", &flashattn2::bwd_dq_chains, py::arg("seqlen_k"),
-        py::arg("deterministic"), py::arg("window_right"),
-        "The dq_chains a backward with these arguments should use (pass the same value to "
-        "bwd_workspace_floats and bwd): > 1 only for deterministic runs without a right "
-        "window bound, where the K/V tiles add into that many dQ accumulators in turn.");
+  m.def("bwd_dq_chains", &flashattn2::bwd_dq_chains, py::arg("seqlen_q"), py::arg("seqlen_k"),
+        py::arg("headdim"), py::arg("deterministic"), py::arg("window_left"),
+        py::arg("window_right"), py::arg("num_sms"),
+        "The dq_chains a backward with these arguments should use on a GPU with num_sms SMs "
+        "(pass the same value to bwd_workspace_floats and bwd): > 1 only for deterministic "
+        "runs without a right window bound that the kernel cannot walk in rotated order, "
+        "where the K/V tiles add into that many dQ accumulators in turn.");
 
   m.def("num_splits_heuristic", &flashattn2::num_splits_heuristic, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("headdim"),

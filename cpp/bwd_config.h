@@ -49,9 +49,10 @@ constexpr int bwd_smem_bytes(int head_dim, bool small_smem = false) {
              (4 * head_dim + 2 * int(sizeof(float)));
 }
 
-// Deterministic mode orders the dQ adds of the K/V tiles that visit a query tile. Without a
-// right window bound every K/V tile starts at query tile 0, so each CTA of a head runs one
-// step behind the one before it in the order (bwd_kernel.cuh). There the tiles are dealt
+// Deterministic mode orders the dQ adds of the K/V tiles that visit a query tile. In the
+// ascending order (no right window bound, and no rotated walk: bwd_kernel.cuh) every K/V
+// tile starts at the same query tile, so each CTA of a head runs one step behind the one
+// before it in the order. There the tiles are dealt
 // round-robin to up to this many chains (a power of two, as is the count used), each
 // adding into its own f32 dQ accumulator in its own order (summed in a fixed order at the
 // end): the stagger shrinks by that factor, for as many times the accumulator memory.

@@ -34,14 +34,19 @@
 //
 // Deterministic mode: the K/V tiles that visit query tile m (a contiguous range n_first ..
 // n_last) add their dQ in a fixed order, each CTA waiting for the tile's counter to reach
-// its turn; a CTA only ever waits for CTAs launched before it (launch order: blockIdx.x
-// fastest, so a head's tiles launch together and share its Q / dO in L2; a key-tile-major
-// grid was tried and lost that: 1.5-1.8x). With a right window bound (causal) tile n + 1
-// reaches m one step before tile n: the order is descending and the tiles launch last
-// first, so CTAs running in step never wait. Without one every tile starts at query tile 0
-// and each CTA runs one step behind the one before it in the order; there the tiles are
-// dealt to BwdParams::dq_chains accumulators in turn (tile n to chain n % chains, ordered
-// within its chain), which divides that stagger by the chains.
+// its turn (launch order: blockIdx.x fastest, so a head's tiles launch together and share
+// its Q / dO in L2; a key-tile-major grid was tried and lost that: 1.5-1.8x). Three orders:
+//  - right window bound (causal): tile n + 1 reaches m one step before tile n; the order is
+//    descending and the tiles launch last first, so CTAs running in step never wait, and a
+//    CTA only ever waits for CTAs launched before it;
+//  - full attention with at most as many K/V tiles as query tiles, all of them fitting on
+//    the GPU at once: tile n starts its walk at query tile n (rotated), so each query tile
+//    has one visitor per step and the order is that of the steps: no stagger either (a
+//    CTA may wait for one launched after it, hence the fit: BwdParams::dq_rotate_tiles);
+//  - otherwise ascending: every tile starts at the first query tile it sees and each CTA
+//    runs one step behind the one before it in the order; the tiles are dealt to
+//    BwdParams::dq_chains accumulators in turn (tile n to chain n % chains, ordered within
+//    its chain), which divides that stagger by the chains.
 //
 // Masks, tails and windows follow the forward: key j is visible to query i iff i < seqlen_q,
 // j < seqlen_k and the window bounds of FwdParams hold. Limits: d <= 256 (each warp's dK and
@@ -256,14 +261,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
                       head_k * p.v_head_stride + (seq.k_row0 + n0) * p.v_row_stride;
   // The CTA's work: query tiles m_block_min .. m_block_max - 1 of each query head of the
-  // group, one step each, query tiles first; next_step advances (head, m_block) to the next
-  // step (counting, not dividing: this runs in the mainloop).
+  // group, one step each, query tiles first, from m_start on, wrapping around; next_step
+  // advances (head, m_block) to the next step (counting, not dividing: this runs in the
+  // mainloop).
+  // Full attention (no window bound) with at most as many K/V tiles as query tiles: K/V
+  // tile n starts at query tile n, so at any step the CTAs of a head work on distinct query
+  // tiles. Their dQ reductions then never hit the same rows at once, and in deterministic
+  // mode (one accumulator, bwd_dq_chains) each query tile has one visitor per step, in the
+  // order of the steps, so nobody waits for a CTA running in step. Such a wait can be for a
+  // CTA launched later: deterministic mode rotates only while all of a head's K/V tiles fit
+  // on the GPU at once (dq_rotate_tiles).
+  const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
+  const bool rotate = p.window_left < 0 && p.window_right < 0 && n_tiles <= m_block_max &&
+                      (!p.deterministic || (p.dq_chains == 1 && n_tiles <= p.dq_rotate_tiles));
+  const int m_start = rotate ? n_block : m_block_min;
   const int n_steps = group * (m_block_max - m_block_min);
   auto next_step = [&](int& head, int& m_block) {
-    if (++m_block == m_block_max) {
-      m_block = m_block_min;
-      ++head;
-    }
+    if (++m_block == m_block_max) m_block = m_block_min;
+    if (m_block == m_start) ++head;
   };
 
   load_tile<kBlockN, kHeadDim, kNThreads>(sK, gK, p.k_row_stride, seqlen_k - n0, p.headdim, tid);
@@ -293,7 +308,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       ptx::cp_async_4(ptx::smem_addr(sLse_t + kBlockM + tid), gDsum + row, valid);
     }
   };
-  if (n_steps > 0) load_query_tile(head_k * group, m_block_min, 0);
+  if (n_steps > 0) load_query_tile(head_k * group, m_start, 0);
   ptx::cp_async_commit();
 
   // ldmatrix operands (tile.cuh LdsmTile), one per GEMM operand:
@@ -452,7 +467,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     return dq_counters(p) + (n_block & (p.dq_chains - 1)) * ws_tiles(p, 64) +
            ws_tile0(p, seq, batch, head, 64) + m_block * (kBlockM / 64);
   };
-  int head = head_k * group, m_block = m_block_min;  // step t's
+  int head = head_k * group, m_block = m_start;  // step t's
   for (int t = 0; t < n_steps; ++t) {
     int next_head = head, next_m_block = m_block;
     next_step(next_head, next_m_block);
@@ -490,11 +505,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     // after the GEMMs passes the acquire on to every thread before its dQ adds.
     if (p.deterministic && tid == 0) {
       // step t - 1: the previous query tile, or the previous head's last
-      const bool wrap = m_block == m_block_min;
+      const bool wrap = m_block == m_start;
+      const int prev_m_block = (m_block == m_block_min ? m_block_max : m_block) - 1;
+      // This CTA's place among the visitors of the query tile: by K/V tile, or (rotating)
+      // by the step of the visit, (m_block - n) mod m_block_max for tile n.
       const int rank = descending ? dq_last_n_block(m_block) - n_block
+                       : rotate   ? (n_block <= m_block ? min(m_block, n_tiles - 1) - n_block
+                                                        : m_block + n_tiles - n_block)
                                   : n_block - dq_first_n_block(m_block);
-      dq_order_step(t > 0 ? dq_counter(wrap ? head - 1 : head, wrap ? m_block_max - 1 : m_block - 1)
-                          : nullptr,
+      dq_order_step(t > 0 ? dq_counter(wrap ? head - 1 : head, prev_m_block) : nullptr,
                     dq_counter(head, m_block), rank >> (31 - __clz(p.dq_chains)));
     }
 

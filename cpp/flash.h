@@ -119,12 +119,17 @@ struct BwdParams : SeqLayout {
   int window_left, window_right;
   DType dtype;
   // Bitwise-reproducible dq: the CTAs that add into one query tile's dQ do so in a fixed
-  // order (a counter per tile), instead of racing: ascending K/V tile index, or descending
-  // with a right window bound (causal), where the CTAs are then launched last tile first.
+  // order (a counter per tile), instead of racing: descending K/V tile index with a right
+  // window bound (causal), where the CTAs are then launched last tile first; the order of
+  // the steps in the rotated walk of full attention; else ascending (bwd_kernel.cuh).
   bool deterministic;
   // K/V tile n adds its dQ into accumulator n % dq_chains (a power of two, bwd_dq_chains;
   // the workspace sizes depend on it); the convert kernel sums the chains in order.
   int dq_chains = 1;
+  // Deterministic full attention walks the query tiles in rotated order (bwd_kernel.cuh)
+  // only with at most this many K/V tiles per (batch, head), so that they all fit on the GPU
+  // at once (set by mha_bwd: the SM count).
+  int dq_rotate_tiles = 0;
 
   // Score modifiers as in FwdParams; all zero / null = plain attention.
   float softcap;               // > 0: logit = softcap * tanh(softmax_scale * q.k / softcap)

@@ -397,19 +397,34 @@ std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seql
   return {dq_chains * rows * headdim, rows + dq_chains * query_tiles};
 }
 
-int bwd_dq_chains(int seqlen_k, bool deterministic, int window_right) {
-  // Chains only help the ascending order, where every K/V tile starts at query tile 0,
+int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, int window_left,
+                  int window_right, int num_sms) {
+  if (!deterministic || window_right >= 0) return 1;
+  // Full attention: one accumulator, so that the kernel walks the query tiles in rotated
+  // order (stagger-free, bwd_kernel.cuh), if it will with either tile of the head dim (at
+  // most as many K/V tiles as query tiles, and no more than the SMs).
+  const int kd = bwd_kernel_head_dim(headdim);
+  if (window_left < 0 && kd > 0) {
+    bool rotates = true;
+    for (const bool small_smem : {false, true}) {
+      const BwdTile tile = bwd_tile(kd, small_smem);
+      const int n_tiles = (seqlen_k + tile.block_n - 1) / tile.block_n;
+      rotates = rotates && n_tiles <= (seqlen_q + tile.block_m - 1) / tile.block_m &&
+                n_tiles <= num_sms;
+    }
+    if (rotates) return 1;
+  }
+  // Otherwise chains help the ascending order, where every K/V tile starts at query tile 0,
   // and only with enough tiles: at seqlen_k 512 (8 tiles) the extra accumulators cost as
   // much memory traffic as the stagger they save (H100, benchmarks/NOTES.md).
-  if (!deterministic || window_right >= 0 || seqlen_k < 1024) return 1;
-  return kBwdMaxDqChains;
+  return seqlen_k < 1024 ? 1 : kBwdMaxDqChains;
 }
 
 void mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit) {
   require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
           "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
 
-  const BwdParams p = checked(
+  BwdParams p = checked(
       params,
       {params.q, params.k, params.v, params.o, params.dout, params.lse, params.dq, params.dk,
        params.dv, params.dq_accum, params.dsum},
@@ -427,6 +442,7 @@ void mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit) 
   require_supported_device(device);
   require(valid_dq_chains(p.dq_chains),
           "dq_chains must be a power of two in [1, " + std::to_string(kBwdMaxDqChains) + "]");
+  p.dq_rotate_tiles = sm_count(device);
   const int smem = bwd_smem_per_block(kd);
   const int smem_max = smem_limit > 0 ? std::min(smem_limit, max_smem_per_block(device))
                                       : max_smem_per_block(device);

@@ -39,8 +39,10 @@ std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seql
                                                  int dq_chains = 1);
 
 // The dQ accumulator chains (BwdParams::dq_chains) a backward of these arguments should
-// use: more than one only for deterministic runs without a right window bound.
-int bwd_dq_chains(int seqlen_k, bool deterministic, int window_right);
+// use on a GPU of num_sms SMs: more than one only for deterministic runs without a right
+// window bound that the kernel does not walk in rotated order.
+int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, int window_left,
+                  int window_right, int num_sms);
 
 // Most splits FwdParams::num_splits may take.
 constexpr int kMaxSplits = 128;

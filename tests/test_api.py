@@ -111,12 +111,22 @@ def test_bwd_workspace_floats(sizes, chains):
 
 
 def test_bwd_dq_chains():
-    # More than one chain (4) only for deterministic runs without a right window bound and
-    # at least 1024 keys; a power of two up to 4 otherwise refused.
+    # One chain unless deterministic without a right window bound. Full attention keeps one
+    # (the kernel walks the query tiles in rotated order) while both tiles of the head dim
+    # have at most as many K/V tiles as query tiles and no more than the SMs; otherwise, and
+    # with a left window only, 4 chains from 1024 keys on. Powers of two up to 4 accepted.
     chains = _ext._C.bwd_dq_chains
-    assert chains(4096, False, -1) == 1 and chains(4096, True, 0) == 1
-    assert chains(4096, True, -1) == 4 and chains(1024, True, -1) == 4
-    assert chains(1023, True, -1) == 1 and chains(0, True, -1) == 1
+    for d in _ext.build_info()["bwd_head_dims"]:
+        assert chains(4096, 4096, d, False, -1, -1, 132) == 1
+        assert chains(4096, 4096, d, True, -1, 0, 132) == 1
+        assert chains(4096, 4096, d, True, -1, -1, 132) == 1  # rotated
+        assert chains(4096, 4096, d, True, -1, -1, 16) == 4  # more K/V tiles than SMs
+        assert chains(512, 4096, d, True, -1, -1, 132) == 4  # more K/V than query tiles
+        assert chains(65536, 65536, d, True, -1, -1, 132) == 4
+        assert chains(4096, 4096, d, True, 256, -1, 132) == 4  # left window: no rotation
+        assert chains(4096, 1024, d, True, 256, -1, 132) == 4
+        assert chains(4096, 1023, d, True, 256, -1, 132) == 1
+        assert chains(0, 0, d, True, -1, -1, 132) == 1
     for bad in (0, 3, 8):
         with pytest.raises(ValueError, match="dq_chains"):
             _ext._C.bwd_workspace_floats(1, 1, 64, 64, dq_chains=bad)
