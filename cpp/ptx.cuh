@@ -91,14 +91,18 @@ __device__ __forceinline__ void red_release_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
-// red.add.global.v2.f32 (sm_90): two consecutive floats at an 8-byte aligned address added
-// atomically in one request (two scalar atomics before sm_90).
-__device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
+// red.add.global.v4.f32 (sm_90): four consecutive floats at a 16-byte aligned address added
+// atomically in one request (four scalar atomics before sm_90).
+__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.add.global.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+  asm volatile("red.add.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
 #else
   atomicAdd(p, a);
   atomicAdd(p + 1, b);
+  atomicAdd(p + 2, c);
+  atomicAdd(p + 3, d);
 #endif
 }
 

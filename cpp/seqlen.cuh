@@ -122,23 +122,40 @@ struct KvRows<true> {
   }
 };
 
-// Backward workspaces (dsum, dq_accum rows, dQ-order counters), laid out per (head, row):
-//   dense   row index ((batch * nheads + head) * seqlen_q + row), counters per 64-row tile
-//   varlen  row index (head * total_q + q_row0 + row); the counters of a head get
-//           total_q / 64 + batch slots, sequence b's tiles starting at q_row0 / 64 + b, so
-//           tiles of different sequences never share a slot.
+// Backward workspaces (dsum, dq_accum rows, dQ-order counters), laid out per (head, row),
+// each sequence's rows starting at a multiple of 16 (dq_accum is stored in 16-row blocks,
+// ws_dq_index):
+//   dense   row index ((batch * nheads + head) * round16(seqlen_q) + row), counters per
+//           64-row tile
+//   varlen  row index (head * round16(total_q + 16 batch) + round16(q_row0 + 15 batch) +
+//           row): sequence b starts at a multiple of 16 at least round16(its predecessor's
+//           length) after it; the counters of a head get total_q / 64 + batch slots,
+//           sequence b's tiles starting at q_row0 / 64 + b, so tiles of different sequences
+//           never share a slot.
 // Deterministic chains (BwdParams::dq_chains): chain c's accumulator rows start at
 // c * ws_rows * headdim floats, its counters at c * ws_tiles.
+__device__ __forceinline__ int64_t round16(int64_t x) { return (x + 15) & ~int64_t(15); }
 template <typename Params>
 __device__ __forceinline__ int64_t ws_row0(const Params& p, const SeqInfo& seq, int batch,
                                            int head) {
-  return p.cu_seqlens_q ? int64_t(head) * p.total_q + seq.q_row0
-                        : (int64_t(batch) * p.nheads + head) * p.seqlen_q;
+  return p.cu_seqlens_q
+             ? int64_t(head) * round16(int64_t(p.total_q) + 16 * p.batch) +
+                   round16(seq.q_row0 + 15 * int64_t(batch))
+             : (int64_t(batch) * p.nheads + head) * round16(p.seqlen_q);
 }
 template <typename Params>
 __device__ __forceinline__ int64_t ws_rows(const Params& p) {
-  return p.cu_seqlens_q ? int64_t(p.nheads) * p.total_q
-                        : int64_t(p.batch) * p.nheads * p.seqlen_q;
+  return p.cu_seqlens_q ? int64_t(p.nheads) * round16(int64_t(p.total_q) + 16 * p.batch)
+                        : int64_t(p.batch) * p.nheads * round16(p.seqlen_q);
+}
+// Index of dq_accum element (row, col), row a workspace row (ws_row0 + row in sequence):
+// each 16-row x 8-column block is 128 consecutive floats in the order of an m16n8 mma
+// accumulator, lane 4 g + q holding rows g, g + 8 x columns 2 q, 2 q + 1 as 4 consecutive
+// floats. So a warp adds one such block with one coalesced 16-byte reduction per lane
+// (512 contiguous bytes), and 16 rows x headdim are contiguous: zeroing is row-block-wise.
+__device__ __forceinline__ int64_t ws_dq_index(int64_t row, int col, int headdim) {
+  return (row >> 4) * (16 * int64_t(headdim)) + (col >> 3) * 128 +
+         (((row & 7) * 4 + ((col & 7) >> 1)) * 4) + ((row >> 3) & 1) * 2 + (col & 1);
 }
 template <typename Params>
 __device__ __forceinline__ int64_t ws_tiles(const Params& p, int tile_rows) {
