@@ -1,6 +1,7 @@
 // Backward tile sizes: constexpr functions read by the host (launch, the shared-memory
 // check) and by the kernel (BwdTraits, bwd_kernel.cuh), so the two agree.
 #pragma once
+#include <cstdint>
 
 namespace flashattn2 {
 
@@ -47,6 +48,15 @@ constexpr int bwd_smem_bytes(int head_dim, bool small_smem = false) {
               2 * bwd_tile(head_dim, small_smem).block_n * bwd_tile(head_dim, small_smem).block_m) +
          bwd_tile(head_dim, small_smem).q_stages * bwd_tile(head_dim, small_smem).block_m *
              (4 * head_dim + 2 * int(sizeof(float)));
+}
+
+// Backward workspace rows per chain (seqlen.cuh ws_rows): every sequence's rows start at a
+// multiple of 16 (dense: round16(seqlen_q) per (batch, head); varlen, total_q >= 0: at most
+// 15 rows of padding before each sequence, so round16(total_q + 16 batch) per head).
+constexpr int64_t round16(int64_t x) { return (x + 15) & ~int64_t(15); }
+constexpr int64_t bwd_ws_rows(int batch, int nheads, int seqlen_q, int total_q) {
+  return total_q >= 0 ? int64_t(nheads) * round16(int64_t(total_q) + 16 * int64_t(batch))
+                      : int64_t(batch) * nheads * round16(seqlen_q);
 }
 
 // Deterministic mode orders the dQ adds of the K/V tiles that visit a query tile. In the

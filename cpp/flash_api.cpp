@@ -391,9 +391,7 @@ std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seql
                                 std::to_string(kBwdMaxDqChains) + "], got " +
                                 std::to_string(dq_chains));
   }
-  auto round16 = [](int64_t x) { return (x + 15) / 16 * 16; };
-  const int64_t rows = total_q >= 0 ? int64_t(nheads) * round16(int64_t(total_q) + 16 * batch)
-                                    : int64_t(batch) * nheads * round16(seqlen_q);
+  const int64_t rows = bwd_ws_rows(batch, nheads, seqlen_q, total_q);
   const int64_t query_tiles = total_q >= 0 ? int64_t(nheads) * (total_q / 64 + batch)
                                            : int64_t(batch) * nheads * ((seqlen_q + 63) / 64);
   return {dq_chains * rows * headdim, rows + dq_chains * query_tiles};

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "bwd_config.h"
 #include "flash.h"
 
 namespace flashattn2 {
@@ -134,7 +135,6 @@ struct KvRows<true> {
 //           never share a slot.
 // Deterministic chains (BwdParams::dq_chains): chain c's accumulator rows start at
 // c * ws_rows * headdim floats, its counters at c * ws_tiles.
-__device__ __forceinline__ int64_t round16(int64_t x) { return (x + 15) & ~int64_t(15); }
 template <typename Params>
 __device__ __forceinline__ int64_t ws_row0(const Params& p, const SeqInfo& seq, int batch,
                                            int head) {
@@ -145,8 +145,7 @@ __device__ __forceinline__ int64_t ws_row0(const Params& p, const SeqInfo& seq, 
 }
 template <typename Params>
 __device__ __forceinline__ int64_t ws_rows(const Params& p) {
-  return p.cu_seqlens_q ? int64_t(p.nheads) * round16(int64_t(p.total_q) + 16 * p.batch)
-                        : int64_t(p.batch) * p.nheads * round16(p.seqlen_q);
+  return bwd_ws_rows(p.batch, p.nheads, p.seqlen_q, p.cu_seqlens_q ? p.total_q : -1);
 }
 // Index of dq_accum element (row, col), row a workspace row (ws_row0 + row in sequence):
 // each 16-row x 8-column block is 128 consecutive floats in the order of an m16n8 mma
