@@ -449,11 +449,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
           }
     } else {
 #pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt)
+      for (int nt = 0; nt < kSTiles; ++nt) {
+        // The lane's two query columns 2 q, 2 q + 1: one 8-byte load each for LSE and dsum.
+        const int col = sc + nt * 8 + 2 * q;
+        const float2 lse2 = *reinterpret_cast<const float2*>(sLse_t + col);
+        const float2 dsum2 = *reinterpret_cast<const float2*>(sDsum_t + col);
 #pragma unroll
         for (int e01 = 0; e01 < 2; ++e01) {
-          const int col = sc + nt * 8 + 2 * q + e01;
-          const float lse_log2 = sLse_t[col] * kLog2e, dsum = sDsum_t[col];
+          const float lse_log2 = (e01 ? lse2.y : lse2.x) * kLog2e, dsum = e01 ? dsum2.y : dsum2.x;
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -462,6 +465,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
               acc_dp[mt][nt][e] = acc_s[mt][nt][e] * (acc_dp[mt][nt][e] - dsum);
             }
         }
+      }
     }
 
     // P^T -> sP, dS^T -> sdS (key rows x query columns, 2 elements per store), and into

@@ -178,8 +178,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         },
         rows_q - row0, p.headdim, tid);
   } else {
-    load_tile<kBlockM, kHeadDim, kNThreads>(sQ, gQ, p.q_row_stride, seqlen_q - row0, p.headdim,
-                                            tid);
+    // (Not load_tile: its one-base copy, made for the backward's per-step copies, costs the
+    // d128 forward 148 B of spills through the register allocation of this one-off copy.)
+    load_tile_rows<kBlockM, kHeadDim, kNThreads>(
+        sQ, [&](int r, int) { return gQ + r * p.q_row_stride; }, seqlen_q - row0, p.headdim, tid);
   }
   if (n_block_max > n_block_min) {
     load_kv(n_block_max - 1, 0);

@@ -171,12 +171,42 @@ __device__ __forceinline__ void load_tile_rows(Element* smem, RowPtr&& row_ptr, 
   }
 }
 
-// load_tile_rows for rows at a fixed stride from gmem.
+// load_tile_rows for rows at a fixed stride from gmem. When the thread's rows are those of
+// TileThreadRows (kRows a multiple of kNThreads / 4), each of its chunks sits at a
+// compile-time offset from its first one, in shared memory (the swizzle of a row repeats
+// every 8 rows) and in gmem (slot s is s * kStep rows further, chunk group j is 32 columns
+// further): one base address per thread instead of a row, chunk and 64-bit address per
+// chunk. (The backward copies a query tile every step: this cut its loop by ~100
+// instructions and the registers the compiler kept for it; benchmarks/NOTES.md.)
 template <int kRows, int kHeadDim, int kNThreads, typename Element>
 __device__ __forceinline__ void load_tile(Element* smem, const Element* gmem, int64_t row_stride,
                                           int rows_valid, int headdim, int tid) {
-  load_tile_rows<kRows, kHeadDim, kNThreads>(
-      smem, [&](int row, int) { return gmem + row * row_stride; }, rows_valid, headdim, tid);
+  using Rows = TileThreadRows<kRows, kNThreads>;
+  if constexpr (kRows >= Rows::kStep) {
+    constexpr int kChunks = kRows * kHeadDim / 8;
+    static_assert(kChunks % kNThreads == 0 && Rows::kStep % 8 == 0, "tile copy shape");
+    const int row0 = Rows::row(0, tid), chunk0 = tid & 3;
+    const uint32_t dst = ptx::smem_addr(smem + swizzle<kRows>(row0, chunk0));
+    // Byte addresses: slot s of the thread's rows at src[s], chunk group j 64 bytes on.
+    const int64_t row_bytes = row_stride * int64_t(sizeof(Element));
+    const int64_t offset = int64_t(unsigned(row0)) * row_bytes + chunk0 * 16;
+    const char* src[Rows::kSlots];
+#pragma unroll
+    for (int slot = 0; slot < Rows::kSlots; ++slot) {
+      src[slot] = reinterpret_cast<const char*>(gmem) + offset + slot * Rows::kStep * row_bytes;
+    }
+#pragma unroll
+    for (int i = 0; i < kChunks / kNThreads; ++i) {
+      const int slot = i % Rows::kSlots, group = i / Rows::kSlots;  // chunk 4 group + chunk0
+      const bool pred = row0 + Rows::kStep * slot < rows_valid && (4 * group + chunk0) * 8 < headdim;
+      // (Not read when !pred: src-size 0.)
+      ptx::cp_async_16(dst + 2 * (group * kRows * 32 + slot * Rows::kStep * 32), src[slot] + 64 * group,
+                       pred);
+    }
+  } else {
+    load_tile_rows<kRows, kHeadDim, kNThreads>(
+        smem, [&](int row, int) { return gmem + row * row_stride; }, rows_valid, headdim, tid);
+  }
 }
 
 // Shared -> global copy of a [kRows x kHeadDim] tile with 16-byte stores (rows < rows_valid,
