@@ -16,6 +16,7 @@ struct BwdTile {
   int min_blocks;  // CTAs per SM the register allocation must allow (__launch_bounds__)
   int dq_warps_m;  // warps along the query rows of dQ
   int q_stages;    // buffers of the query tile (Q, dO, LSE, dsum): 2 prefetch a step ahead
+  bool stmatrix;   // sm_90: P^T / dS^T to shared memory by stmatrix.x4 (else 4-byte stores)
 };
 
 // The tile of head dim d. `small_smem`: the variant for GPUs whose blocks get at most 99 KiB
@@ -32,12 +33,14 @@ struct BwdTile {
 //    128-key tile would take 104.5 KiB at d96; the d128 one 161 KiB).
 //  - d192, d256: 64 x 64, 8 warps, one stage (each warp's dK + dV: 32 keys x d / 4 columns).
 // Tried and slower at d64: 16 warps (128 registers), 64-key tiles with 2 CTAs per SM.
+// stmatrix (H100 A/B): d64 -5.5 % backward time (16 stmatrix instead of 64 stores per
+// warp-step, spills 56 -> 28 B), d128 +2.7 % (8 instead of 32), d256 +-0: d <= 64 only.
 constexpr BwdTile bwd_tile(int head_dim, bool small_smem = false) {
-  return head_dim <= 64 && !small_smem      ? BwdTile{128, 128, 8, 1, 4, 2}
-         : head_dim <= 64                     ? BwdTile{64, 128, 8, 1, head_dim <= 32 ? 4 : 2, 2}
-         : head_dim == 128 && !small_smem     ? BwdTile{64, 128, 8, 1, 2, 2}
-         : head_dim <= 128                    ? BwdTile{64, 64, 4, 2, 2, 1}
-                                              : BwdTile{64, 64, 8, 1, 2, 1};
+  return head_dim <= 64 && !small_smem  ? BwdTile{128, 128, 8, 1, 4, 2, true}
+         : head_dim <= 64                 ? BwdTile{64, 128, 8, 1, head_dim <= 32 ? 4 : 2, 2, true}
+         : head_dim == 128 && !small_smem ? BwdTile{64, 128, 8, 1, 2, 2, false}
+         : head_dim <= 128                ? BwdTile{64, 64, 4, 2, 2, 1, false}
+                                          : BwdTile{64, 64, 8, 1, 2, 1, false};
 }
 
 // sK, sV [block_n x d], sP, sdS [block_n x block_m] (2-byte elements), and per query-tile

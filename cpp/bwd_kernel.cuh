@@ -468,8 +468,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       }
     }
 
-    // P^T -> sP, dS^T -> sdS (key rows x query columns, 2 elements per store), and into
-    // p_frag / ds_frag: n8 tiles 2j, 2j + 1 of m tile mt are A fragment [mt][j].
+    // P^T, dS^T into p_frag / ds_frag (n8 tiles 2j, 2j + 1 of m tile mt are A fragment
+    // [mt][j]: rows g, g + 8 x columns 2q, 2q + 1 of each 8 x 8 quarter) and to sP, sdS (key
+    // rows x query columns): each fragment with one stmatrix.x4 (the lane addresses of an
+    // A-operand ldmatrix of the same 16 x 16 block; sm_90, where the tile asks for it:
+    // bwd_config.h), or with 4-byte stores of the lane's own elements.
+    constexpr bool kStmatrix = Traits::kTile.stmatrix && ptx::kHasStmatrix;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -481,12 +485,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
           const uint32_t pv = ptx::pack2<Element>(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
           const uint32_t dsv =
               ptx::pack2<Element>(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(sP + at) = pv;
-          *reinterpret_cast<uint32_t*>(sdS + at) = dsv;
+          if constexpr (!kStmatrix) {
+            *reinterpret_cast<uint32_t*>(sP + at) = pv;
+            *reinterpret_cast<uint32_t*>(sdS + at) = dsv;
+          }
           p_frag[mt][nt / 2][(nt & 1) * 2 + r] = pv;
           ds_frag[mt][nt / 2][(nt & 1) * 2 + r] = dsv;
         }
       }
+    if constexpr (kStmatrix) {
+      const LdsmTile<kBlockN> st(sP_addr, kr, sc, lane, false);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < kSTiles / 2; ++j) {
+          ptx::stmatrix_x4(st(mt, j), p_frag[mt][j]);
+          ptx::stmatrix_x4(st(mt, j) + 2 * kBlockN * kBlockM, ds_frag[mt][j]);  // sdS
+        }
+    }
   };
 
   // Deterministic: the order counter of (head, query tile) in this CTA's chain (dq_chains is

@@ -47,6 +47,23 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
+// stmatrix.sync.aligned.m8n8.x4 (sm_90+): the inverse of ldmatrix_x4. Lane t supplies the
+// address of row t % 8 of matrix t / 8; r[i] of lane t holds row t / 4, columns 2(t%4)..+1
+// of matrix i (the mma accumulator layout, packed to 16 bits).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
+#else
+  __trap();  // callers check kHasStmatrix
+#endif
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kHasStmatrix = true;
+#else
+constexpr bool kHasStmatrix = false;
+#endif
+
 // ldmatrix ... .trans: as above, but r[i] of lane t holds column t/4, rows 2(t%4)..+1.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
