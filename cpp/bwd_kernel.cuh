@@ -116,10 +116,16 @@ __device__ __forceinline__ float* dq_chain(const BwdParams& p, int c) {
 
 // dsum[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; zero dq_accum[b, h, i, :] (with the
 // padding of the last 16-row block) and the counter of each 64-row query tile, in every chain.
-// grid (ceil(seqlen_q / 64), nheads, batch), 128 threads; warp w takes rows w, w + 4, ...
-template <typename Element>
+// grid (ceil(seqlen_q / 64), nheads, batch), 128 threads. A row's 16-byte chunks are read by
+// kLanes consecutive lanes (one chunk each up to d128), so a pass covers 128 / kLanes rows and
+// the unrolled passes keep all of the tile's loads in flight (one row per warp, as before, left
+// 24 of 32 lanes idle at d64 and ran 26 us behind FA2's kernel at b s h d = 16k x 2048).
+template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row of the kernel's head dim
+  constexpr int kLanes = kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : 4;
+  constexpr int kRowsPerPass = 128 / kLanes;
+  const int sub = threadIdx.x % kLanes, r = threadIdx.x / kLanes;
   const int head = blockIdx.y, batch = blockIdx.z;
   const SeqInfo seq(p, batch);
   if (int(blockIdx.x) * 64 >= seq.seqlen_q) return;
@@ -127,26 +133,45 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) 
   if (threadIdx.x < p.dq_chains) {
     dq_counters(p)[threadIdx.x * ws_tiles(p, 64) + ws_tile0(p, seq, batch, head, 64) + blockIdx.x] = 0;
   }
-  for (int row = blockIdx.x * 64 + warp; row < min(seq.seqlen_q, blockIdx.x * 64 + 64); row += 4) {
-    const int64_t grow = seq.q_row0 + row;
-    const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
-                       grow * p.o_row_stride + head * p.o_head_stride;
-    const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
-                          grow * p.do_row_stride + head * p.do_head_stride;
-    float acc = 0.f;
-    for (int c = lane; c < p.headdim / 8; c += 32) {
-      const uint4 a = *reinterpret_cast<const uint4*>(o + c * 8);
-      const uint4 b = *reinterpret_cast<const uint4*>(dout + c * 8);
+  const Element* const o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
+                           head * p.o_head_stride;
+  const Element* const dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
+                              head * p.do_head_stride;
+  // All passes' loads first, unconditional (an invalid row or chunk reads the tile's first
+  // one and adds nothing), so that they are all in flight at once; then the reductions and
+  // the dsum stores.
+  constexpr int kPasses = 64 / kRowsPerPass;
+  float acc[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int row = blockIdx.x * 64 + pass * kRowsPerPass + r;
+    acc[pass] = 0.f;
+#pragma unroll
+    for (int k = 0; k < (kChunks + kLanes - 1) / kLanes; ++k) {
+      const int c = sub + k * kLanes;
+      const bool valid = row < seq.seqlen_q && c < kChunks && c * 8 < p.headdim;
+      const int64_t grow = seq.q_row0 + (valid ? row : blockIdx.x * 64);
+      const int col = valid ? c * 8 : 0;
+      const uint4 a = *reinterpret_cast<const uint4*>(o + grow * p.o_row_stride + col);
+      const uint4 b = *reinterpret_cast<const uint4*>(dout + grow * p.do_row_stride + col);
       const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+      float dot = 0.f;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float2 x = ptx::unpack2<Element>(av[i]), y = ptx::unpack2<Element>(bv[i]);
-        acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+        dot = fmaf(x.x, y.x, fmaf(x.y, y.y, dot));
       }
+      acc[pass] += valid ? dot : 0.f;
     }
+  }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffff, acc, offset);
-    if (lane == 0) p.dsum[ws0 + row] = acc;
+  for (int pass = 0; pass < kPasses; ++pass) {
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+      acc[pass] += __shfl_xor_sync(0xffffffff, acc[pass], offset);
+    }
+    const int row = blockIdx.x * 64 + pass * kRowsPerPass + r;
+    if (sub == 0 && row < seq.seqlen_q) p.dsum[ws0 + row] = acc[pass];
   }
   // Zero the tile's dq_accum rows in every chain: whole 16-row blocks (ws_dq_index), which
   // are contiguous; the rows past seqlen_q of the last block are the sequence's padding.

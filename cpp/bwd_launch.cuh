@@ -13,7 +13,7 @@ namespace flashattn2 {
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
-  bwd_preprocess_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
+  bwd_preprocess_kernel<Element, kHeadDim><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
   auto launch = [&](auto traits, auto mods) {
     using Traits = decltype(traits);
