@@ -2,8 +2,13 @@
 // o_accum / lse_accum, each split normalised by its own softmax sum) into o and lse:
 //   lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s
 // A row that no split saw (every lse_s = -inf) gets o = 0, lse = +inf, as the forward.
-// grid ceil(batch * nheads * seqlen_q / 4), 128 threads: one warp per (batch, head, row);
-// lanes take the splits for the weights, then 4-column groups of the row.
+// 128 threads combine 4 / W rows (W = combine_warps_per_row(num_splits): 1, 2 or 4 warps
+// per row); grid ceil(batch * nheads * seqlen_q * W / 4). Warp j of a row takes splits j,
+// j + W, ... (at most 8: one batch of loads in flight) and lane l columns 4 l + 128 i; the
+// warps' sums meet in shared memory. Each warp issues the loads of its partial rows before
+// it reads the LSEs (lane per split) for the weights, so the two L2 round trips overlap.
+// (One warp per row walking all splits in batches of 8 took 4.2 us at b=1: 32 rows, 32
+// splits, 8 CTAs.)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,30 +23,79 @@ namespace flashattn2 {
 
 template <typename Element>
 __global__ void __launch_bounds__(128) combine_kernel(const FwdParams p) {
+  constexpr int kUnroll = 8;          // splits per warp, loads in flight at once
+  constexpr int kPasses = 256 / 128;  // 128 columns per pass (head dims up to 256)
+  __shared__ float4 s_acc[4][kPasses][32];
   __shared__ float s_weight[4][kMaxSplits];
+  const int warps_per_row = combine_warps_per_row(p.num_splits);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t idx = int64_t(blockIdx.x) * 4 + warp;  // ((batch * nheads) + head) * sq + row
-  if (idx >= int64_t(p.batch) * p.nheads * p.seqlen_q) return;
-  const int row = int(idx % p.seqlen_q);
-  const int head = int(idx / p.seqlen_q % p.nheads);
-  const int batch = int(idx / p.seqlen_q / p.nheads);
+  const int slot = warp / warps_per_row, part = warp % warps_per_row;  // row of the block
+  // ((batch * nheads) + head) * seqlen_q + row; 32 bits (the host checks the row count:
+  // 64-bit divisions cost this short kernel ~300 instructions before its first load).
+  const int idx = int(blockIdx.x) * (4 / warps_per_row) + slot;
+  const int row = idx % p.seqlen_q;
+  const int head = idx / p.seqlen_q % p.nheads;
+  const int batch = min(idx / p.seqlen_q / p.nheads, p.batch - 1);
   const SeqInfo seq(p, batch);
-  if (row >= seq.seqlen_q) return;  // varlen: past this sequence
+  // (Not a return: the block's barriers need every warp.)
+  const bool valid = idx < p.batch * p.nheads * p.seqlen_q && row < seq.seqlen_q;
 
   const int64_t split_stride = int64_t(p.batch) * p.nheads * p.seqlen_q;  // rows per split
-  float lse_max = -INFINITY;
-  for (int s = lane; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, p.lse_accum[s * split_stride + idx]);
+  const int64_t step = split_stride * p.headdim;                           // floats per split
+  const float* const src = p.o_accum + int64_t(idx) * p.headdim + lane * 4;
+  const int n_mine = valid ? (p.num_splits - part + warps_per_row - 1) / warps_per_row : 0;
+  float4 x[kPasses][kUnroll];
+  auto load = [&](int j0) {  // this warp's splits part + W (j0 + u); zeros past its last
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        x[i][u] = j0 + u < n_mine && 128 * i + 4 * lane < p.headdim
+                      ? *reinterpret_cast<const float4*>(
+                            src + (part + warps_per_row * (j0 + u)) * step + 128 * i)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+  };
+  load(0);
+
+  // Weights exp(lse_s - max): every warp of the row computes them all (the lanes take the
+  // splits); its first warp keeps them for the others.
+  float lse_max = -INFINITY, sum = 0.f;
+  if (valid) {
+    for (int s = lane; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, p.lse_accum[s * split_stride + idx]);
+  }
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffff, lse_max, o));
-  float sum = 0.f;
-  for (int s = lane; s < p.num_splits; s += 32) {
-    const float w = lse_max == -INFINITY ? 0.f : expf(p.lse_accum[s * split_stride + idx] - lse_max);
-    s_weight[warp][s] = w;
-    sum += w;
+  if (valid) {
+    for (int s = lane; s < p.num_splits; s += 32) {
+      const float w = lse_max == -INFINITY ? 0.f : expf(p.lse_accum[s * split_stride + idx] - lse_max);
+      if (part == 0) s_weight[slot][s] = w;
+      sum += w;
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-  __syncwarp();
+  __syncthreads();  // s_weight
+
+  float4 acc[kPasses];
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j0 = 0; j0 < n_mine; j0 += kUnroll) {
+    if (j0 > 0) load(j0);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const float w = j0 + u < n_mine ? s_weight[slot][part + warps_per_row * (j0 + u)] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i)
+        acc[i] = make_float4(fmaf(w, x[i][u].x, acc[i].x), fmaf(w, x[i][u].y, acc[i].y),
+                             fmaf(w, x[i][u].z, acc[i].z), fmaf(w, x[i][u].w, acc[i].w));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) s_acc[warp][i][lane] = acc[i];
+  __syncthreads();
+  if (part > 0 || !valid) return;
+
   const float inv = sum == 0.f ? 0.f : 1.f / sum;
   if (lane == 0) {
     p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_row0 + row] =
@@ -49,32 +103,18 @@ __global__ void __launch_bounds__(128) combine_kernel(const FwdParams p) {
   }
   Element* out = static_cast<Element*>(p.o) + batch * p.o_batch_stride +
                  head * p.o_head_stride + (seq.q_row0 + row) * p.o_row_stride;
-  // The split loop is unrolled with independent loads (no branch on the weight): a serial
-  // loop waits one L2 round trip per split (measured: 10 us for 32 splits at b=1).
-  for (int c = lane * 4; c < p.headdim; c += 128) {
-    const float* src = p.o_accum + idx * p.headdim + c;
-    const int64_t step = split_stride * p.headdim;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    int s = 0;
-    for (; s + 8 <= p.num_splits; s += 8) {
-      float4 x[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) x[u] = *reinterpret_cast<const float4*>(src + (s + u) * step);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const float w = s_weight[warp][s + u];
-        acc = make_float4(fmaf(w, x[u].x, acc.x), fmaf(w, x[u].y, acc.y), fmaf(w, x[u].z, acc.z),
-                          fmaf(w, x[u].w, acc.w));
+  for (int i = 0; i < kPasses; ++i) {
+    const int c = 128 * i + 4 * lane;
+    if (c < p.headdim) {
+      float4 a = s_acc[warp][i][lane];
+      for (int w = 1; w < warps_per_row; ++w) {
+        const float4 b = s_acc[warp + w][i][lane];
+        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
       }
+      *reinterpret_cast<uint2*>(out + c) = make_uint2(ptx::pack2<Element>(a.x * inv, a.y * inv),
+                                                      ptx::pack2<Element>(a.z * inv, a.w * inv));
     }
-    for (; s < p.num_splits; ++s) {
-      const float4 x = *reinterpret_cast<const float4*>(src + s * step);
-      const float w = s_weight[warp][s];
-      acc = make_float4(fmaf(w, x.x, acc.x), fmaf(w, x.y, acc.y), fmaf(w, x.z, acc.z),
-                        fmaf(w, x.w, acc.w));
-    }
-    *reinterpret_cast<uint2*>(out + c) = make_uint2(ptx::pack2<Element>(acc.x * inv, acc.y * inv),
-                                                    ptx::pack2<Element>(acc.z * inv, acc.w * inv));
   }
 }
 

@@ -212,6 +212,8 @@ void mha_fwd(const FwdParams& params, int device, void* stream) {
   if (params.num_splits > 1) {
     require(params.o_accum && params.lse_accum && aligned16(params.o_accum) && aligned16(params.lse_accum),
             "split-KV needs 16-byte aligned o_accum and lse_accum workspaces");
+    require(int64_t(params.batch) * params.nheads * params.seqlen_q <= (int64_t(1) << 30),
+            "split-KV needs batch * nheads * seqlen_q <= 2^30 (the combine kernel's row index)");
   }
   if (params.q_pack != 1) {
     require(params.nheads_k > 0 && params.nheads % params.nheads_k == 0 &&

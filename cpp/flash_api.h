@@ -47,6 +47,13 @@ int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, i
 // Most splits FwdParams::num_splits may take.
 constexpr int kMaxSplits = 128;
 
+// Split-KV combine (combine_kernel.cuh): warps per output row, so that each warp reads at
+// most 8 splits' partial rows (one batch of loads in flight) -- 1, 2 or 4; a 128-thread
+// block combines 4 / that many rows.
+constexpr int combine_warps_per_row(int num_splits) {
+  return num_splits > 16 ? 4 : num_splits > 8 ? 2 : 1;
+}
+
 // The split-KV count that fills `device` for a forward of these sizes (1 = no split): the
 // fewest splits whose CTAs fill the SMs' resident slots in whole waves within 85 % of the
 // best; 1 when the unsplit grid already fills 80 % of them. nheads and seqlen_q are the

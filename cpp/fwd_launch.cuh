@@ -51,7 +51,8 @@ void run_fwd(const FwdParams& params, cudaStream_t stream) {
   launch_fwd<FwdTraits<kHeadDim, true>, Element>(params, stream);
   if (params.num_splits > 1) {
     const int64_t rows = int64_t(params.batch) * params.nheads * params.seqlen_q;
-    combine_kernel<Element><<<unsigned((rows + 3) / 4), 128, 0, stream>>>(params);
+    const int rows_per_block = 4 / combine_warps_per_row(params.num_splits);
+    combine_kernel<Element><<<unsigned((rows + rows_per_block - 1) / rows_per_block), 128, 0, stream>>>(params);
     check_cuda(cudaGetLastError(), "combine_kernel launch");
   }
 }
