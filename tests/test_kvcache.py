@@ -165,6 +165,15 @@ def test_forced_splits(headdim, num_splits):
 
 
 @gpu
+@pytest.mark.parametrize("num_splits", [12, 40, 128])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_many_splits(headdim, num_splits):
+    """The combine kernel with 2 and 4 warps per row (combine_warps_per_row), more than one
+    batch of loads per warp, and the largest split count."""
+    run_case(headdim=headdim, cache_len=8192, num_splits=num_splits, batch=2, seqlen_q=2, new=2)
+
+
+@gpu
 @pytest.mark.parametrize("case", ["leftpad", "batch_idx", "window", "mha", "prefill"])
 def test_cache_options(case):
     kwargs = {
