@@ -216,14 +216,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     return q_base[kk % 2] + (kk / 2) * kQSegBytes + mt * kRow16Bytes;
   };
 
-  // With score mods, S holds base-2 logits already (ScoreMod), so the softmax scale is 1:
-  // scale_log2 = 1 and LSE = max * ln(2) + ln(sum).
+  // With score mods, S holds the base-2 logits x = fmaf(capped(s), mult, bias) (ScoreMod)
+  // where there is an ALiBi bias: softmax scale 1 and LSE = max * ln(2) + ln(sum). Without
+  // one, S holds capped(s) and mult is the softmax scale (exp2(mult (t - max)), the row max
+  // of t): one FMUL per score less (a softcap costs FMUL + tanh per score then).
   constexpr float kLog2e = 1.4426950408889634f;
-  const float scale_log2 = kMods ? 1.f : p.softmax_scale * kLog2e;
-  const float lse_scale = kMods ? 0.6931471805599453f : p.softmax_scale;
-  constexpr bool kDropout = kMods == kModDropout;
   ScoreMod mod;  // (ALiBi and dropout run with pack = 1: head0 is the head)
   if constexpr (kMods) mod = ScoreMod(p, batch, head0);
+  float scale_log2 = p.softmax_scale * kLog2e, lse_scale = p.softmax_scale;
+  if constexpr (kMods) {
+    scale_log2 = mod.slope_log2 != 0.f ? 1.f : mod.mult();
+    lse_scale = scale_log2 * 0.6931471805599453f;
+  }
+  constexpr bool kDropout = kMods == kModDropout;
   // Query position of the lane's row r of m16 tile mt. Packed: one division per row and CTA,
   // kept in registers; plain: the row itself, recomputed where used.
   int lane_pos_kv[kKv ? kMTiles : 1][2];
@@ -302,8 +307,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = mod.capped(acc_s[mt][nt][e]);
       }
-      const float mult = mod.mult();
       if (mod.slope_log2 != 0.f) {
+        const float mult = mod.mult();
         // dist = row + offset - col = dist0 + 16 mt + 8 r - 8 nt - (e & 1).
         const float dist0 = float(row0 + warp_row0 + g + offset - n_block * kBlockN - 2 * q);
 #pragma unroll
@@ -314,14 +319,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             for (int e = 0; e < 4; ++e)
               acc_s[mt][nt][e] = fmaf(acc_s[mt][nt][e], mult,
                                       mod.bias(dist0 + float(16 * mt + 8 * (e >> 1) - 8 * nt - (e & 1))));
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < kNTilesN; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] *= mult;
-      }
+      }  // (else: mult is scale_log2)
     }
 
     if constexpr (kMask) {
