@@ -62,13 +62,16 @@ __global__ void __launch_bounds__(128) combine_kernel(const FwdParams p) {
   // splits); its first warp keeps them for the others.
   float lse_max = -INFINITY, sum = 0.f;
   if (valid) {
-    for (int s = lane; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, p.lse_accum[s * split_stride + idx]);
+    for (int s = lane; s < p.num_splits; s += 32) {
+      lse_max = fmaxf(lse_max, p.lse_accum[s * split_stride + idx]);
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffff, lse_max, o));
   if (valid) {
     for (int s = lane; s < p.num_splits; s += 32) {
-      const float w = lse_max == -INFINITY ? 0.f : expf(p.lse_accum[s * split_stride + idx] - lse_max);
+      const float lse = p.lse_accum[s * split_stride + idx];
+      const float w = lse_max == -INFINITY ? 0.f : expf(lse - lse_max);
       if (part == 0) s_weight[slot][s] = w;
       sum += w;
     }

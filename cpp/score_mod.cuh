@@ -53,10 +53,11 @@ __host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint2 key) {
 // (backward). Params is FwdParams or BwdParams (same field names).
 //
 // The kernels work with logits in base-2 units, x = log2(e) * logit, so the softmax is
-// exp2(x - max) with no further scale. Per score, the forward spends (beyond plain attention):
-//   softcap   FMUL, tanh.approx (one MUFU), FMUL       (cap2)
-//   ALiBi     FADD, FFMA                               (alibi2; dist from a per-tile base
-//                                                      plus a compile-time constant, exact)
+// exp2(x - max) with no further scale (the forward without ALiBi keeps capped(s) instead and
+// folds mult() into the softmax scale). Per score, the forward spends (beyond plain attention):
+//   softcap   FMUL, tanh.approx (one MUFU); + FMUL with ALiBi
+//   ALiBi     FADD, FFMA                               (dist from a per-tile base plus a
+//                                                      compile-time constant, exact)
 // tanh.approx.f32 has a maximum relative error of 2^-10.99 (PTX ISA), i.e. about
 // softcap * 5e-4 on a logit near the cap: below the bf16 rounding of the scores that the
 // reference computes in the same dtype (tests/test_variants.py checks the 2x rule).

@@ -198,10 +198,11 @@ __device__ __forceinline__ void load_tile(Element* smem, const Element* gmem, in
 #pragma unroll
     for (int i = 0; i < kChunks / kNThreads; ++i) {
       const int slot = i % Rows::kSlots, group = i / Rows::kSlots;  // chunk 4 group + chunk0
-      const bool pred = row0 + Rows::kStep * slot < rows_valid && (4 * group + chunk0) * 8 < headdim;
+      const bool pred =
+          row0 + Rows::kStep * slot < rows_valid && (4 * group + chunk0) * 8 < headdim;
       // (Not read when !pred: src-size 0.)
-      ptx::cp_async_16(dst + 2 * (group * kRows * 32 + slot * Rows::kStep * 32), src[slot] + 64 * group,
-                       pred);
+      ptx::cp_async_16(dst + 2 * (group * kRows * 32 + slot * Rows::kStep * 32),
+                       src[slot] + 64 * group, pred);
     }
   } else {
     load_tile_rows<kRows, kHeadDim, kNThreads>(
