@@ -152,6 +152,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     const int n0 = n_block * kBlockN;
     const int rows = seqlen_k - n0;
     Element* const sK = stage ? sKV1 : sKV0;
+    if constexpr (!kKv) {  // dense rows: the one-base copy (tile.cuh load_tile)
+      load_tile<kBlockN, kHeadDim, kNThreads>(sK, gK + int64_t(n0) * p.k_row_stride,
+                                              p.k_row_stride, rows, p.headdim, tid);
+      load_tile<kBlockN, kHeadDim, kNThreads>(sK + kKVTile, gV + int64_t(n0) * p.v_row_stride,
+                                              p.v_row_stride, rows, p.headdim, tid);
+      return;
+    }
     load_tile_rows<kBlockN, kHeadDim, kNThreads>(
         sK,
         [&](int r, int slot) {
