@@ -188,8 +188,9 @@ struct DropoutMaskParams {
   uint32_t dropout_threshold;
 };
 
-// The forward's kernel instances by score modifier (fwd_kernel's kMods).
-enum FwdMods : int { kModNone = 0, kModLogits = 1, kModDropout = 2 };
+// The forward's kernel instances by score modifier (fwd_kernel's kMods): kModSoftcap is
+// softcap alone (no ALiBi, no dropout), only where fwd_softcap_instance() (fwd_config.h).
+enum FwdMods : int { kModNone = 0, kModLogits = 1, kModDropout = 2, kModSoftcap = 3 };
 
 // True when any score modifier is on (the kernels then run their kMods instance).
 template <typename Params>

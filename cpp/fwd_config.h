@@ -38,6 +38,14 @@ constexpr FwdTile fwd_tile(int head_dim, bool kv = false) {
                            : FwdTile{128, 32, 8, 1, true, 1};
 }
 
+// Softcap alone gets its own forward instance (kModSoftcap) on the d <= 64 plain tile: there
+// it costs a tanh (MUFU) per score besides the ex2 (64 tanh + 68 ex2 per warp and K/V tile
+// against 128 HMMA at d64), and with the softcap known at compile time no branch splits the
+// step: the S MMAs run column tiles outermost, so the tanh of finished S tiles overlaps the
+// MMAs of the next ones. (Step specialisations inside the kModLogits instance cost ALiBi
+// 4-6 %.) Measured: benchmarks/NOTES.md.
+constexpr bool fwd_softcap_instance(int head_dim, bool kv = false) { return !kv && head_dim <= 64; }
+
 // With Q in registers, sQ is idle during the mainloop, so K/V stage 1 lives inside it when
 // it fits (sQ is still the O staging area in the epilogue, after the last K/V read).
 constexpr bool fwd_stage1_in_q(int head_dim, bool kv = false) {

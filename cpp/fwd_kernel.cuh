@@ -70,7 +70,8 @@ struct FwdTraits {
 };
 
 // kMods (FwdMods): kModNone plain attention; kModLogits softcap / ALiBi; kModDropout those
-// and dropout (its own instance: the Philox state spills the d128 tile's registers).
+// and dropout (its own instance: the Philox state spills the d128 tile's registers);
+// kModSoftcap softcap alone (fwd_config.h fwd_softcap_instance).
 template <typename Traits, typename Element, int kMods>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     fwd_kernel(const FwdParams p) {
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   if constexpr (kMods) mod = ScoreMod(p, batch, head0);
   float scale_log2 = p.softmax_scale * kLog2e, lse_scale = p.softmax_scale;
   if constexpr (kMods) {
-    scale_log2 = mod.slope_log2 != 0.f ? 1.f : mod.mult();
+    scale_log2 = kMods != kModSoftcap && mod.slope_log2 != 0.f ? 1.f : mod.mult();
     lse_scale = scale_log2 * 0.6931471805599453f;
   }
   constexpr bool kDropout = kMods == kModDropout;
@@ -279,34 +280,53 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int i = 0; i < kNTilesN; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_s[mt][i][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kKStepsD; ++kk) {
-      uint32_t a[kMTiles][4];
+    // One k16 step of column tiles 2nn, 2nn+1 for the kMTiles m16 tiles (A fragments a).
+    auto qk = [&](int kk, int nn, const uint32_t (&a)[kMTiles][4]) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4(b, stage_addr + k_base[kk % 2] + (kk / 2) * kKVSegBytes + nn * kRow16Bytes);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        if constexpr (Traits::kQInRegs) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[mt][e] = rQ[mt][kk][e];
-        } else {
-          ptx::ldmatrix_x4(a[mt], q_addr(mt, kk));
-        }
+        ptx::mma_16816<Element>(acc_s[mt][2 * nn], a[mt], b[0], b[1]);
+        ptx::mma_16816<Element>(acc_s[mt][2 * nn + 1], a[mt], b[2], b[3]);
       }
+    };
+    if constexpr (kMods == kModSoftcap) {
+      // Column tiles outermost (Q is in registers there): S tiles 2nn, 2nn+1 are final after
+      // iteration nn, so their tanh overlaps the MMAs of the later ones.
+      static_assert(Traits::kQInRegs, "kModSoftcap reads Q fragments from registers");
 #pragma unroll
-      for (int nn = 0; nn < kNTilesN / 2; ++nn) {
-        uint32_t b[4];
-        ptx::ldmatrix_x4(b, stage_addr + k_base[kk % 2] + (kk / 2) * kKVSegBytes + nn * kRow16Bytes);
+      for (int nn = 0; nn < kNTilesN / 2; ++nn)
+#pragma unroll
+        for (int kk = 0; kk < kKStepsD; ++kk) {
+          uint32_t a[kMTiles][4];
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[mt][e] = rQ[mt][kk][e];
+          qk(kk, nn, a);
+        }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kKStepsD; ++kk) {
+        uint32_t a[kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          ptx::mma_16816<Element>(acc_s[mt][2 * nn], a[mt], b[0], b[1]);
-          ptx::mma_16816<Element>(acc_s[mt][2 * nn + 1], a[mt], b[2], b[3]);
+          if constexpr (Traits::kQInRegs) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[mt][e] = rQ[mt][kk][e];
+          } else {
+            ptx::ldmatrix_x4(a[mt], q_addr(mt, kk));
+          }
         }
+#pragma unroll
+        for (int nn = 0; nn < kNTilesN / 2; ++nn) qk(kk, nn, a);
       }
     }
 
     if constexpr (kMods) {
       // S -> base-2 logits (ScoreMod::logit2 as passes over the tile, so that the uniform
       // branches stay outside the loops); before the mask, which then sets -inf.
-      if (mod.softcap > 0.f) {
+      if (kMods == kModSoftcap || mod.softcap > 0.f) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -314,7 +334,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = mod.capped(acc_s[mt][nt][e]);
       }
-      if (mod.slope_log2 != 0.f) {
+      if (kMods != kModSoftcap && mod.slope_log2 != 0.f) {
         const float mult = mod.mult();
         // dist = row + offset - col = dist0 + 16 mt + 8 r - 8 nt - (e & 1).
         const float dist0 = float(row0 + warp_row0 + g + offset - n_block * kBlockN - 2 * q);

@@ -28,7 +28,12 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if (!has_score_mods(params)) {
     launch(std::integral_constant<int, kModNone>{});
   } else if (params.dropout_threshold == 0) {
-    launch(Mods{});
+    constexpr bool kSoftcapInstance = fwd_softcap_instance(Traits::kHeadDim, Traits::kKv);
+    if (kSoftcapInstance && params.softcap > 0.f && params.alibi_slopes == nullptr) {
+      if constexpr (kSoftcapInstance) launch(std::integral_constant<int, kModSoftcap>{});
+    } else {
+      launch(Mods{});
+    }
   } else if constexpr (!Traits::kKv) {  // (mha_fwd refuses dropout with splits or pages)
     launch(std::integral_constant<int, kModDropout>{});
   }
