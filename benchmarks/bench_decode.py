@@ -6,7 +6,10 @@ every cache_seqlens = the full cache, sq 1 and 4. flash_attn_with_kvcache runs o
 cache (b, s, h_k, d) and on the same memory as pages in a shuffled block table (--page-sizes),
 num_splits=0 (its heuristic) plus any --splits. Baselines in the same run: SDPA's flash and
 cuDNN backends on (b, h, s, d) copies made before timing, GQA via enable_gqa=True or, where a
-backend refuses it, K/V heads expanded before timing (column `gqa`). sq = 4 is non-causal for
+backend refuses it, K/V heads expanded before timing (column `gqa`). And a floor: `read_floor`
+is one Triton kernel that only reads K and V once (no attention), timed the same way, so it is
+the least time any decode kernel can take here (launch included); the summary says what
+speedup over SDPA it would allow. sq = 4 is non-causal for
 every impl: SDPA's is_causal is top-left aligned, flash-attn's bottom-right, and a causal mask
 over 4 new tokens hides 6 of 4*s scores, so the work is the same. A config whose tensors (cache
 plus SDPA copies) exceed --mem-budget-gib is skipped.
@@ -45,7 +48,7 @@ import sys
 COLUMNS = ["gpu", "bench", "impl", "layout", "page_size", "num_splits", "batch", "seqlen_q",
            "seqlen_k", "tokens", "nheads", "nheads_k", "headdim", "causal", "us", "gbps",
            "frac_copy", "tflops", "gqa", "timer", "error"]
-IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn")
+IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "read_floor")
 PARTS = ("decode", "varlen")
 GiB = 1 << 30
 # Targets: b=1 cache 8k >= 2x sdpa_flash throughput; configs with >= 1 GiB of K+V at >= 90% of
@@ -87,7 +90,7 @@ def parse_args(argv=None):
     p.add_argument("--splits", type=csv_list(int), default=[],
                    help="num_splits values to force, timed besides the heuristic (0)")
     p.add_argument("--impls", type=csv_list(str), default=list(IMPLS),
-                   help="flashattn2,sdpa_flash,sdpa_cudnn (default all)")
+                   help="flashattn2,sdpa_flash,sdpa_cudnn,read_floor (default all)")
     p.add_argument("--parts", type=csv_list(str), default=list(PARTS), help="decode,varlen")
     p.add_argument("--mem-budget-gib", type=float, default=40.0,
                    help="skip decode configs whose tensors, SDPA copies included, exceed it")
@@ -173,8 +176,14 @@ def print_summary(rows, meta):
     b1 = [(sdpa[(impl,) + k]["us"] / r["us"], impl, k[1]) for k, r in sorted(contig.items())
           for impl in ("sdpa_flash", "sdpa_cudnn")
           if k[0] == 1 and k[2] == 8192 and (impl,) + k in sdpa]
-    report(f"b=1 cache 8k >= {T_B1_SPEEDUP:g}x sdpa_flash throughput",
-           ", ".join(f"sq{sq} {x:.2f}x {impl}" for x, impl, sq in b1),
+    text = ", ".join(f"sq{sq} {x:.2f}x {impl}" for x, impl, sq in b1)
+    floor = sdpa.get(("read_floor", 1, 0, 8192))
+    if floor:  # the most that a kernel which reads K and V once could show
+        text += (f"; reading K+V alone takes {floor['us']:.1f} us = " + ", ".join(
+            f"sq{k[1]} {sdpa[('sdpa_flash',) + k]['us'] / floor['us']:.2f}x"
+            for k in sorted(contig) if k[0] == 1 and k[2] == 8192
+            and ("sdpa_flash",) + k in sdpa) + " sdpa_flash")
+    report(f"b=1 cache 8k >= {T_B1_SPEEDUP:g}x sdpa_flash throughput", text,
            [x for x, impl, _ in b1 if impl == "sdpa_flash"], lambda x: x >= T_B1_SPEEDUP)
     big = sorted((r["frac_copy"], cfg(r)) for r in contig.values()
                  if kv_bytes(r) >= LARGE_KV_GIB * GiB)
@@ -253,6 +262,39 @@ def sdpa_call(impl, q, k, v, enable_gqa):
             return F.scaled_dot_product_attention(q, k, v, **extra)
     extra = {"enable_gqa": True} if enable_gqa else {}
     return call
+
+
+try:  # the read_floor baseline; without Triton its rows carry the error
+    import triton
+    import triton.language as tl
+except ImportError as e:
+    triton, TRITON_ERROR = None, first_line(e)
+else:
+    @triton.jit
+    def _read_kv_kernel(k_ptr, v_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        """Program p reads block p of K (p < blocks) or block p - blocks of V: K and V once."""
+        pid = tl.program_id(0)
+        blocks = tl.cdiv(n, BLOCK)
+        offs = (pid % blocks) * BLOCK + tl.arange(0, BLOCK)
+        if pid < blocks:
+            x = tl.load(k_ptr + offs, mask=offs < n, other=0.0)
+        else:
+            x = tl.load(v_ptr + offs, mask=offs < n, other=0.0)
+        tl.store(out_ptr + pid, tl.sum(x.to(tl.float32)))
+
+
+def read_floor_call(k, v):
+    """One kernel reading the contiguous K and V once (a sum per 4 KiB block; the fastest of
+    the block shapes tried on an H100: 2048 elements, 4 warps, one wave of loads per program)."""
+    import torch
+    if triton is None:
+        def call():
+            raise RuntimeError(f"read_floor needs Triton ({TRITON_ERROR})")
+        return call
+    block = 2048
+    grid = 2 * triton.cdiv(k.numel(), block)
+    out = torch.empty(grid, device="cuda")
+    return lambda: _read_kv_kernel[(grid,)](k, v, out, k.numel(), BLOCK=block, num_warps=4)
 
 
 def over_budget():
@@ -371,7 +413,7 @@ def run_decode(run, b, s):
     import torch
     a = run.args
     (h, h_k), d = a.heads, a.headdim
-    sdpa = [i for i in a.impls if i != "flashattn2"]
+    sdpa = [i for i in a.impls if i.startswith("sdpa")]
     kv = 2 * b * s * h_k * d * 2
     if kv * (2 if sdpa else 1) > run.budget:
         return None
@@ -383,6 +425,9 @@ def run_decode(run, b, s):
     rows = []
     if "flashattn2" in a.impls:
         rows += decode_flashattn2(run, base, qs, k_cache, v_cache)
+    if "read_floor" in a.impls:  # (no query: one row, seqlen_q 0)
+        rows.append(run.measure(dict(base, impl="read_floor", layout="contiguous", seqlen_q=0,
+                                     gqa="-"), read_floor_call(k_cache, v_cache)))
     if not sdpa:
         return rows
     qs = {sq: q.transpose(1, 2).contiguous() for sq, q in qs.items()}          # (b, h, sq, d)
