@@ -6,7 +6,8 @@
 
 Covers fp16 and bf16, head dims 64, 128 and a padded 40, causal (bottom-right aligned,
 also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
-sq = 1, and strided q/k/v views of one packed qkv tensor; then varlen (empty and
+sq = 1, strided q/k/v views of one packed qkv tensor, and softcap alone at d64 (its own
+kernel instance); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
 16-row pages, appended tokens, split-KV and its combine kernel). Inputs are made on the CPU
 and copied over, and the float32 reference runs on the CPU, so the kernels the
@@ -23,7 +24,7 @@ import torch
 
 import flashattn2
 
-# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype, packed_qkv)
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype, packed_qkv[, softcap])
 CASES = [
     (2, 128, 128, 4, 4, 64, False, torch.bfloat16, False),
     (2, 128, 128, 4, 4, 64, True, torch.float16, True),
@@ -32,17 +33,21 @@ CASES = [
     (1, 113, 113, 2, 1, 40, False, torch.bfloat16, False),
     (3, 1, 113, 8, 2, 128, False, torch.float16, False),
     (1, 200, 333, 2, 2, 128, True, torch.bfloat16, False),
+    (2, 200, 333, 4, 2, 64, False, torch.bfloat16, False, 5.0),
+    (1, 130, 130, 2, 2, 64, True, torch.float16, False, 30.0),
 ]
 ATOL = {torch.float16: 1e-2, torch.bfloat16: 4e-2}   # loose: this is a sanitizer harness
 
 
-def reference(q, k, v, causal):
-    """float32 SDPA math on the CPU, flash-attn semantics: bottom-right causal, GQA,
+def reference(q, k, v, causal, softcap=0.0):
+    """float32 SDPA math on the CPU, flash-attn semantics: bottom-right causal, GQA, softcap,
     fully masked rows give out = 0 and lse = +inf. Returns out (b, sq, h, d), lse (b, h, sq)."""
     qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))    # (b, h, s, d)
     group = qf.shape[1] // kf.shape[1]
     kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
     scores = qf @ kf.transpose(-1, -2) / math.sqrt(qf.shape[-1])
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     if causal:
         sq, sk = scores.shape[-2:]
         visible = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
@@ -55,7 +60,8 @@ def reference(q, k, v, causal):
 def run_case(case, gen):
     """Inputs are made on the CPU (q, k, v) and copied (qg, kg, vg); packed: q, k, v are
     strided views into one (b, s, 3, h, d) tensor on both sides."""
-    b, sq, sk, h, hk, d, causal, dtype, packed = case
+    b, sq, sk, h, hk, d, causal, dtype, packed, *mods = case
+    softcap = mods[0] if mods else 0.0
     if packed:
         qkv = torch.randn(b, sq, 3, h, d, generator=gen).to(dtype)
         q, k, v = qkv.unbind(2)
@@ -64,10 +70,11 @@ def run_case(case, gen):
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
         qg, kg, vg = (x.cuda() for x in (q, k, v))
-    out, lse, _ = flashattn2.flash_attn_func(qg, kg, vg, causal=causal, return_attn_probs=True)
+    out, lse, _ = flashattn2.flash_attn_func(qg, kg, vg, causal=causal, softcap=softcap,
+                                             return_attn_probs=True)
     torch.cuda.synchronize()
     out, lse = out.cpu().float(), lse.cpu()
-    ref_out, ref_lse = reference(q, k, v, causal)
+    ref_out, ref_lse = reference(q, k, v, causal, softcap)
     out_err = (out - ref_out).abs().max().item()
     finite = torch.isfinite(ref_lse)
     lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
@@ -135,9 +142,10 @@ def main():
     gen = torch.Generator().manual_seed(0)
     failures = 0
     for case in CASES:
-        b, sq, sk, h, hk, d, causal, dtype, packed = case
+        b, sq, sk, h, hk, d, causal, dtype, packed, *mods = case
         name = (f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
-                f"{str(dtype).removeprefix('torch.')}{' packed' if packed else ''}")
+                f"{str(dtype).removeprefix('torch.')}{' packed' if packed else ''}"
+                f"{f' softcap {mods[0]:g}' if mods else ''}")
         try:
             ok, detail = run_case(case, gen)
         except Exception as e:  # report every case, not just the first failure
