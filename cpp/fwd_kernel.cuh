@@ -280,7 +280,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int i = 0; i < kNTilesN; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_s[mt][i][e] = 0.f;
-    // One k16 step of column tiles 2nn, 2nn+1 for the kMTiles m16 tiles (A fragments a).
+    // The A fragments of k16 step kk for the kMTiles m16 tiles, and one k16 step of column
+    // tiles 2nn, 2nn+1 with them.
+    auto q_frags = [&](int kk, uint32_t (&a)[kMTiles][4]) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        if constexpr (Traits::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = rQ[mt][kk][e];
+        } else {
+          ptx::ldmatrix_x4(a[mt], q_addr(mt, kk));
+        }
+      }
+    };
     auto qk = [&](int kk, int nn, const uint32_t (&a)[kMTiles][4]) {
       uint32_t b[4];
       ptx::ldmatrix_x4(b, stage_addr + k_base[kk % 2] + (kk / 2) * kKVSegBytes + nn * kRow16Bytes);
@@ -291,33 +303,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       }
     };
     if constexpr (kMods == kModSoftcap) {
-      // Column tiles outermost (Q is in registers there): S tiles 2nn, 2nn+1 are final after
-      // iteration nn, so their tanh overlaps the MMAs of the later ones.
+      // Column tiles outermost (Q in registers, so no fragment is loaded twice): S tiles
+      // 2nn, 2nn+1 are final after iteration nn, so their tanh overlaps the later MMAs.
       static_assert(Traits::kQInRegs, "kModSoftcap reads Q fragments from registers");
 #pragma unroll
       for (int nn = 0; nn < kNTilesN / 2; ++nn)
 #pragma unroll
         for (int kk = 0; kk < kKStepsD; ++kk) {
           uint32_t a[kMTiles][4];
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) a[mt][e] = rQ[mt][kk][e];
+          q_frags(kk, a);
           qk(kk, nn, a);
         }
     } else {
 #pragma unroll
       for (int kk = 0; kk < kKStepsD; ++kk) {
         uint32_t a[kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          if constexpr (Traits::kQInRegs) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) a[mt][e] = rQ[mt][kk][e];
-          } else {
-            ptx::ldmatrix_x4(a[mt], q_addr(mt, kk));
-          }
-        }
+        q_frags(kk, a);
 #pragma unroll
         for (int nn = 0; nn < kNTilesN / 2; ++nn) qk(kk, nn, a);
       }
