@@ -333,7 +333,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
           for (int nt = 0; nt < kNTilesN; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = mod.capped(acc_s[mt][nt][e]);
+            for (int e = 0; e < 4; ++e)
+              acc_s[mt][nt][e] = kMods == kModSoftcap ? ptx::tanh_approx(acc_s[mt][nt][e])
+                                                      : mod.capped(acc_s[mt][nt][e]);
       }
       if (kMods != kModSoftcap && mod.slope_log2 != 0.f) {
         const float mult = mod.mult();
@@ -469,7 +471,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-          for (int kk = 0; kk < kKStepsD; ++kk) ptx::ldmatrix_x4(rQ[mt][kk], q_addr(mt, kk));
+          for (int kk = 0; kk < kKStepsD; ++kk) {
+            ptx::ldmatrix_x4(rQ[mt][kk], q_addr(mt, kk));
+            if constexpr (kMods == kModSoftcap) {
+              // Q * softmax_scale / softcap, rounded once to the input type: the score MMAs
+              // then give the tanh argument directly (one FMUL per score less).
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float2 v = ptx::unpack2<Element>(rQ[mt][kk][e]);
+                rQ[mt][kk][e] = ptx::pack2<Element>(v.x * mod.cap_scale, v.y * mod.cap_scale);
+              }
+            }
+          }
         // Stage 1 overwrites sQ: every warp must hold its Q fragments first (once per CTA).
         if constexpr (Traits::kStage1InQ) __syncthreads();
       }
