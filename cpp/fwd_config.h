@@ -46,6 +46,12 @@ constexpr FwdTile fwd_tile(int head_dim, bool kv = false) {
 // 4-6 %.) Measured: benchmarks/NOTES.md.
 constexpr bool fwd_softcap_instance(int head_dim, bool kv = false) { return !kv && head_dim <= 64; }
 
+// Rescaling O only when a row's max grows by more than kLazyRescaleLog2 (fwd_kernel, kLazy) pays where O
+// is large against the S tile: d128 / d256 (128 FMUL per warp-step, vs 64 at d64, where
+// the warp vote before the exps costs more than it saves). Measured: benchmarks/NOTES.md.
+constexpr bool fwd_lazy_rescale(int head_dim) { return head_dim > 64; }
+constexpr float kLazyRescaleLog2 = 8.f;
+
 // With Q in registers, sQ is idle during the mainloop, so K/V stage 1 lives inside it when
 // it fits (sQ is still the O staging area in the epilogue, after the last K/V read).
 constexpr bool fwd_stage1_in_q(int head_dim, bool kv = false) {

@@ -251,6 +251,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     if constexpr (kKv) return lane_pos_kv[mt][r];
     return row0 + warp_row0 + 16 * mt + g + 8 * r;
   };
+  constexpr bool kLazy = fwd_lazy_rescale(kHeadDim);
   float acc_o[kMTiles][kNTilesD][4];
   float row_max[kMTiles][2], row_sum[kMTiles][2];
 #pragma unroll
@@ -375,47 +376,85 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         }
     }
 
-    // Online softmax (base 2). Row max is reduced over the quad; the row sum stays per
-    // thread until the epilogue.
+    // Online softmax (base 2), per row: the max over the quad; O and the sum rescaled to it;
+    // p and the row sum (per thread until the epilogue). Max and sum are trees over the
+    // lane's kNTilesN column pairs, not serial chains: with 2 warps per scheduler a chain of
+    // dependent FMNMX / FADD is a visible stall. kLazy (fwd_config.h): a row keeps its max
+    // unless the tile's exceeds it by more than kLazyRescaleLog2 (so p <= 2^8): O is
+    // rescaled only when a row of the warp moved, rarely after the first tiles (a warp vote
+    // between max and exps).
+    auto tile_max = [&](int mt, int r) {
+      float part[kNTilesN];
+#pragma unroll
+      for (int nt = 0; nt < kNTilesN; ++nt)
+        part[nt] = fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
+#pragma unroll
+      for (int width = kNTilesN / 2; width > 0; width /= 2)
+#pragma unroll
+        for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
+      float m = fmaxf(row_max[mt][r], part[0]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      return fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+    };
+    // O rescaled to a new row max m, whose scaled value is max_scaled; returns the correction.
+    auto rescale = [&](int mt, int r, float m, float max_scaled) {
+      const float correction = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
+      row_max[mt][r] = m;
+#pragma unroll
+      for (int dt = 0; dt < kNTilesD; ++dt) {
+        acc_o[mt][dt][2 * r] *= correction;
+        acc_o[mt][dt][2 * r + 1] *= correction;
+      }
+      return correction;
+    };
+    // A row that has seen only masked scores keeps max -inf: use 0 so -inf - -inf never
+    // happens (its p and correction are then exp2(-inf) = 0).
+    auto scaled = [&](float m) { return m == -INFINITY ? 0.f : m * scale_log2; };
+    // p in place; returns the lane's part of the row sum.
+    auto exps = [&](int mt, int r, float max_scaled) {
+      float part[kNTilesN];
+#pragma unroll
+      for (int nt = 0; nt < kNTilesN; ++nt) {
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e)
+          acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
+        part[nt] = acc_s[mt][nt][2 * r] + acc_s[mt][nt][2 * r + 1];
+      }
+#pragma unroll
+      for (int width = kNTilesN / 2; width > 0; width /= 2)
+#pragma unroll
+        for (int i = 0; i < width; ++i) part[i] += part[i + width];
+      return part[0];
+    };
+    if constexpr (kLazy) {
+      float mx[kMTiles][2];
+      bool grow = false;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[mt][r] = tile_max(mt, r);
+          // (-inf - -inf is NaN: a row with only masked scores so far does not ask.)
+          grow |= (mx[mt][r] - row_max[mt][r]) * scale_log2 > kLazyRescaleLog2;
+        }
+      if (__any_sync(0xffffffff, grow)) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            row_sum[mt][r] *= rescale(mt, r, mx[mt][r], scaled(mx[mt][r]));
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        // Max and sum as trees over the lane's kNTilesN column pairs, not one serial chain:
-        // with 2 warps per scheduler a chain of dependent FMNMX/FADD is a visible stall.
-        float part[kNTilesN];
-#pragma unroll
-        for (int nt = 0; nt < kNTilesN; ++nt)
-          part[nt] = fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
-#pragma unroll
-        for (int width = kNTilesN / 2; width > 0; width /= 2)
-#pragma unroll
-          for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
-        float mx = fmaxf(row_max[mt][r], part[0]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        // A row that has seen only masked scores keeps max -inf: use 0 so -inf - -inf never
-        // happens (its p and correction are then exp2(-inf) = 0).
-        const float max_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-        const float correction = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
-        row_max[mt][r] = mx;
-#pragma unroll
-        for (int nt = 0; nt < kNTilesN; ++nt) {
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e)
-            acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
-          part[nt] = acc_s[mt][nt][2 * r] + acc_s[mt][nt][2 * r + 1];
-        }
-#pragma unroll
-        for (int width = kNTilesN / 2; width > 0; width /= 2)
-#pragma unroll
-          for (int i = 0; i < width; ++i) part[i] += part[i + width];
-        const float sum = part[0];
-        row_sum[mt][r] = row_sum[mt][r] * correction + sum;
-#pragma unroll
-        for (int dt = 0; dt < kNTilesD; ++dt) {
-          acc_o[mt][dt][2 * r] *= correction;
-          acc_o[mt][dt][2 * r + 1] *= correction;
+        if constexpr (kLazy) {
+          row_sum[mt][r] += exps(mt, r, scaled(row_max[mt][r]));
+        } else {
+          const float m = tile_max(mt, r), max_scaled = scaled(m);
+          const float correction = rescale(mt, r, m, max_scaled);
+          row_sum[mt][r] = row_sum[mt][r] * correction + exps(mt, r, max_scaled);
         }
       }
 
