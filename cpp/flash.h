@@ -189,8 +189,15 @@ struct DropoutMaskParams {
 };
 
 // The forward's kernel instances by score modifier (fwd_kernel's kMods): kModSoftcap is
-// softcap alone (no ALiBi, no dropout), only where fwd_softcap_instance() (fwd_config.h).
-enum FwdMods : int { kModNone = 0, kModLogits = 1, kModDropout = 2, kModSoftcap = 3 };
+// softcap alone (no ALiBi, no dropout), only where fwd_softcap_instance() (fwd_config.h);
+// kModSoftcapBounded the same without a running max (bf16, fwd_softcap_bounded()).
+enum FwdMods : int {
+  kModNone = 0,
+  kModLogits = 1,
+  kModDropout = 2,
+  kModSoftcap = 3,
+  kModSoftcapBounded = 4
+};
 
 // True when any score modifier is on (the kernels then run their kMods instance).
 template <typename Params>

@@ -46,6 +46,18 @@ constexpr FwdTile fwd_tile(int head_dim, bool kv = false) {
 // 4-6 %.) Measured: benchmarks/NOTES.md.
 constexpr bool fwd_softcap_instance(int head_dim, bool kv = false) { return !kv && head_dim <= 64; }
 
+// In bf16, softcap alone also has an instance without a running max (kModSoftcapBounded): a
+// softcap bounds every base-2 logit by c = softcap * log2(e), so with the reference max fixed
+// at 0, p = 2^x lies in [2^-c, 2^c] and the row max, its quad shuffles and every rescale of
+// O go away. Used while c <= kSoftcapBoundedLog2 = 80 (softcap <= 55.4; Gemma 2 uses 50): p,
+// the row sums and O (|v| * seqlen_k < 2^48) stay normal, finite floats, and p is a normal
+// bf16. fp16 P (normal in [2^-14, 2^15]) would hold c <= 14 only: fp16, and larger softcaps,
+// run kModSoftcap.
+constexpr float kSoftcapBoundedLog2 = 80.f;
+constexpr bool fwd_softcap_bounded(int head_dim, bool bf16, bool kv = false) {
+  return bf16 && fwd_softcap_instance(head_dim, kv);
+}
+
 // Rescaling O only when a row's max grows by more than kLazyRescaleLog2 (fwd_kernel, kLazy) pays where O
 // is large against the S tile: d128 / d256 (128 FMUL per warp-step, vs 64 at d64, where
 // the warp vote before the exps costs more than it saves). Measured: benchmarks/NOTES.md.

@@ -71,7 +71,8 @@ struct FwdTraits {
 
 // kMods (FwdMods): kModNone plain attention; kModLogits softcap / ALiBi; kModDropout those
 // and dropout (its own instance: the Philox state spills the d128 tile's registers);
-// kModSoftcap softcap alone (fwd_config.h fwd_softcap_instance).
+// kModSoftcap softcap alone (fwd_config.h fwd_softcap_instance), kModSoftcapBounded the same
+// without a running max (fwd_softcap_bounded).
 template <typename Traits, typename Element, int kMods>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     fwd_kernel(const FwdParams p) {
@@ -228,12 +229,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // where there is an ALiBi bias: softmax scale 1 and LSE = max * ln(2) + ln(sum). Without
   // one, S holds capped(s) and mult is the softmax scale (exp2(mult (t - max)), the row max
   // of t): one FMUL per score less (a softcap costs FMUL + tanh per score then).
+  constexpr bool kBounded = kMods == kModSoftcapBounded;
+  constexpr bool kSoftcapOnly = kMods == kModSoftcap || kBounded;
   constexpr float kLog2e = 1.4426950408889634f;
   ScoreMod mod;  // (ALiBi and dropout run with pack = 1: head0 is the head)
   if constexpr (kMods) mod = ScoreMod(p, batch, head0);
   float scale_log2 = p.softmax_scale * kLog2e, lse_scale = p.softmax_scale;
   if constexpr (kMods) {
-    scale_log2 = kMods != kModSoftcap && mod.slope_log2 != 0.f ? 1.f : mod.mult();
+    scale_log2 = !kSoftcapOnly && mod.slope_log2 != 0.f ? 1.f : mod.mult();
     lse_scale = scale_log2 * 0.6931471805599453f;
   }
   constexpr bool kDropout = kMods == kModDropout;
@@ -262,7 +265,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int e = 0; e < 4; ++e) acc_o[mt][i][e] = 0.f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      row_max[mt][r] = -INFINITY;
+      row_max[mt][r] = kBounded ? 0.f : -INFINITY;
       row_sum[mt][r] = 0.f;
     }
   }
@@ -303,10 +306,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         ptx::mma_16816<Element>(acc_s[mt][2 * nn + 1], a[mt], b[2], b[3]);
       }
     };
-    if constexpr (kMods == kModSoftcap) {
+    if constexpr (kSoftcapOnly) {
       // Column tiles outermost (Q in registers, so no fragment is loaded twice): S tiles
       // 2nn, 2nn+1 are final after iteration nn, so their tanh overlaps the later MMAs.
-      static_assert(Traits::kQInRegs, "kModSoftcap reads Q fragments from registers");
+      static_assert(Traits::kQInRegs, "kModSoftcap(Bounded) reads Q fragments from registers");
 #pragma unroll
       for (int nn = 0; nn < kNTilesN / 2; ++nn)
 #pragma unroll
@@ -328,17 +331,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     if constexpr (kMods) {
       // S -> base-2 logits (ScoreMod::logit2 as passes over the tile, so that the uniform
       // branches stay outside the loops); before the mask, which then sets -inf.
-      if (kMods == kModSoftcap || mod.softcap > 0.f) {
+      if (kSoftcapOnly || mod.softcap > 0.f) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
           for (int nt = 0; nt < kNTilesN; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              acc_s[mt][nt][e] = kMods == kModSoftcap ? ptx::tanh_approx(acc_s[mt][nt][e])
+              acc_s[mt][nt][e] = kSoftcapOnly ? ptx::tanh_approx(acc_s[mt][nt][e])
                                                       : mod.capped(acc_s[mt][nt][e]);
       }
-      if (kMods != kModSoftcap && mod.slope_log2 != 0.f) {
+      if (!kSoftcapOnly && mod.slope_log2 != 0.f) {
         const float mult = mod.mult();
         // dist = row + offset - col = dist0 + 16 mt + 8 r - 8 nt - (e & 1).
         const float dist0 = float(row0 + warp_row0 + g + offset - n_block * kBlockN - 2 * q);
@@ -379,10 +382,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     // Online softmax (base 2), per row: the max over the quad; O and the sum rescaled to it;
     // p and the row sum (per thread until the epilogue). Max and sum are trees over the
     // lane's kNTilesN column pairs, not serial chains: with 2 warps per scheduler a chain of
-    // dependent FMNMX / FADD is a visible stall. kLazy (fwd_config.h): a row keeps its max
-    // unless the tile's exceeds it by more than kLazyRescaleLog2 (so p <= 2^8): O is
-    // rescaled only when a row of the warp moved, rarely after the first tiles (a warp vote
-    // between max and exps).
+    // dependent FMNMX / FADD is a visible stall. Two forms skip work (fwd_config.h):
+    //   kLazy     a row keeps its max unless the tile's exceeds it by more than
+    //             kLazyRescaleLog2 (so p <= 2^8): O is rescaled only when a row of the warp
+    //             moved, rarely after the first tiles (a warp vote between max and exps);
+    //   kBounded  no max: the reference stays 0 and p = exp2(scale_log2 t), |t| <= 1.
     auto tile_max = [&](int mt, int r) {
       float part[kNTilesN];
 #pragma unroll
@@ -449,7 +453,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if constexpr (kLazy) {
+        if constexpr (kBounded) {
+          row_sum[mt][r] += exps(mt, r, 0.f);
+        } else if constexpr (kLazy) {
           row_sum[mt][r] += exps(mt, r, scaled(row_max[mt][r]));
         } else {
           const float m = tile_max(mt, r), max_scaled = scaled(m);
@@ -512,7 +518,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
           for (int kk = 0; kk < kKStepsD; ++kk) {
             ptx::ldmatrix_x4(rQ[mt][kk], q_addr(mt, kk));
-            if constexpr (kMods == kModSoftcap) {
+            if constexpr (kSoftcapOnly) {
               // Q * softmax_scale / softcap, rounded once to the input type: the score MMAs
               // then give the tanh argument directly (one FMUL per score less).
 #pragma unroll

@@ -29,8 +29,17 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
     launch(std::integral_constant<int, kModNone>{});
   } else if (params.dropout_threshold == 0) {
     constexpr bool kSoftcapInstance = fwd_softcap_instance(Traits::kHeadDim, Traits::kKv);
+    constexpr bool kBoundedInstance = fwd_softcap_bounded(
+        Traits::kHeadDim, std::is_same_v<Element, __nv_bfloat16>, Traits::kKv);
+    constexpr float kLog2e = 1.4426950408889634f;
     if (kSoftcapInstance && params.softcap > 0.f && params.alibi_slopes == nullptr) {
-      if constexpr (kSoftcapInstance) launch(std::integral_constant<int, kModSoftcap>{});
+      if constexpr (kSoftcapInstance) {
+        if (kBoundedInstance && params.softcap * kLog2e <= kSoftcapBoundedLog2) {
+          launch(std::integral_constant<int, kBoundedInstance ? kModSoftcapBounded : kModSoftcap>{});
+        } else {
+          launch(std::integral_constant<int, kModSoftcap>{});
+        }
+      }
     } else {
       launch(Mods{});
     }

@@ -134,6 +134,9 @@ def run_kernels(q, k, v, dout, causal, window_size, softmax_scale, mods):
 CASES = {
     "softcap2": (lambda b, h: dict(softcap=2.0), False, (-1, -1), (113, 203), (4, 4)),
     "softcap30-causal": (lambda b, h: dict(softcap=30.0), True, (-1, -1), (203, 113), (4, 2)),
+    # bf16 d <= 64 runs softcap <= 55.4 without a running max (fwd_config.h), 60 with one
+    "softcap50-gqa": (lambda b, h: dict(softcap=50.0), False, (-1, -1), (203, 150), (4, 2)),
+    "softcap60-causal": (lambda b, h: dict(softcap=60.0), True, (-1, -1), (150, 203), (2, 2)),
     "alibi": (lambda b, h: dict(alibi_slopes=slopes(h)), False, (-1, -1), (113, 203), (4, 2)),
     "alibi-batch-causal": (lambda b, h: dict(alibi_slopes=slopes((b, h))), True, (-1, -1),
                            (203, 113), (4, 4)),
@@ -205,6 +208,26 @@ def test_softcap_saturates():
     kwargs = ref_kwargs(False, (-1, -1), None, dict(softcap=1.0))
     check_forward(out, lse, q, k, v, kwargs)
     check_grads(grads, q, k, v, dout, kwargs)
+
+
+@pytest.mark.parametrize("softcap", [50.0, 55.0, 60.0])  # around kSoftcapBoundedLog2 (80)
+@pytest.mark.parametrize("headdim", [32, 64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_softcap_logit_range_ends(dtype, headdim, softcap):
+    # Rows whose every logit sits at -softcap, at +softcap, and random rows, with large V:
+    # without a running max (bf16, d <= 64) p spans 2^-c .. 2^c (c = softcap log2 e) and
+    # O sums p v; nothing may underflow to an empty row or overflow.
+    require_kernel(headdim)
+    q, k, v, _ = make_inputs(2, 96, 131, 4, 2, headdim, dtype)
+    k = k.abs() + 0.5
+    q[:, :32] = -50.0
+    q[:, 32:64] = 50.0
+    v = v * 100
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((2, 4, 96), float("nan"), device="cuda")
+    _flash_attn_forward(q, k, v, headdim**-0.5, -1, -1, out, lse, softcap=softcap)
+    assert out.isfinite().all() and lse.isfinite().all()
+    check_forward(out, lse, q, k, v, ref_kwargs(False, (-1, -1), None, dict(softcap=softcap)))
 
 
 def test_zero_alibi_slopes_and_large_softcap_match_plain():
