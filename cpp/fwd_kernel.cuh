@@ -23,7 +23,8 @@
 //            paged: then read the block-table entries of this thread's rows of tile n-2
 //            (one per row slot, used for K and V), landing during this step's math
 //            S = Q K_n^T (mma.m16n8k16, K via ldmatrix) ; mask only if the tile needs it
-//            online softmax in base 2 (one FFMA + ex2 per score) ; rescale acc_o
+//            online softmax in base 2 (one FFMA + ex2 per score) ; rescale acc_o (d > 64:
+//            only when a row max grew by more than 2^8; bounded softcap: never)
 //            acc_o += P V_n (P straight from the S accumulators, V via ldmatrix.trans)
 //   epilogue  quad-reduce row sums, O = acc_o / sum, staged through sQ (own rows), written
 //          with 16-byte stores; LSE = max * scale + ln(sum), +inf for rows that see no key.
