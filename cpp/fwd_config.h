@@ -58,9 +58,10 @@ constexpr bool fwd_softcap_bounded(int head_dim, bool bf16, bool kv = false) {
   return bf16 && fwd_softcap_instance(head_dim, kv);
 }
 
-// Rescaling O only when a row's max grows by more than kLazyRescaleLog2 (fwd_kernel, kLazy) pays where O
-// is large against the S tile: d128 / d256 (128 FMUL per warp-step, vs 64 at d64, where
-// the warp vote before the exps costs more than it saves). Measured: benchmarks/NOTES.md.
+// Rescaling O only when a row's max grows by more than kLazyRescaleLog2 (fwd_kernel, kLazy)
+// pays where O is large against the S tile: d128 / d256 (128 FMUL per warp-step, vs 64 at
+// d64, where the warp vote before the exps costs more than it saves). Measured:
+// benchmarks/NOTES.md.
 constexpr bool fwd_lazy_rescale(int head_dim) { return head_dim > 64; }
 constexpr float kLazyRescaleLog2 = 8.f;
 

@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
               acc_s[mt][nt][e] = kSoftcapOnly ? ptx::tanh_approx(acc_s[mt][nt][e])
-                                                      : mod.capped(acc_s[mt][nt][e]);
+                                              : mod.capped(acc_s[mt][nt][e]);
       }
       if (!kSoftcapOnly && mod.slope_log2 != 0.f) {
         const float mult = mod.mult();

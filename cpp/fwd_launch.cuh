@@ -35,7 +35,8 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
     if (kSoftcapInstance && params.softcap > 0.f && params.alibi_slopes == nullptr) {
       if constexpr (kSoftcapInstance) {
         if (kBoundedInstance && params.softcap * kLog2e <= kSoftcapBoundedLog2) {
-          launch(std::integral_constant<int, kBoundedInstance ? kModSoftcapBounded : kModSoftcap>{});
+          constexpr int kMods = kBoundedInstance ? kModSoftcapBounded : kModSoftcap;
+          launch(std::integral_constant<int, kMods>{});
         } else {
           launch(std::integral_constant<int, kModSoftcap>{});
         }
