@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "flash.h"
+#include "common/flash.h"
 #include "flash_api.h"
 
 namespace py = pybind11;

@@ -17,9 +17,9 @@
 #include <utility>
 
 #include "built_config.h"
-#include "bwd_config.h"
-#include "fwd_config.h"
-#include "launch.h"
+#include "sm80/bwd_config.h"
+#include "sm80/fwd_config.h"
+#include "common/launch.h"
 
 namespace flashattn2 {
 namespace {

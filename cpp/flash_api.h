@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "flash.h"
+#include "common/flash.h"
 
 namespace flashattn2 {
 

@@ -5,7 +5,7 @@
 #
 #   HEAD_DIM=128 bash scripts/tile_sweep.sh "128 64 4 2 0 2" "128 32 4 2 0 2"
 #
-# A tile is FwdTile's fields (cpp/fwd_config.h), space separated: block_m block_n n_warps
+# A tile is FwdTile's fields (cpp/sm80/fwd_config.h), space separated: block_m block_n n_warps
 # m_tiles q_in_regs(0/1) min_blocks. Env: HEAD_DIM (default 128), ARCHS (90-real), SEQLENS, CAUSAL
 # (both), OUT (gpu_logs).
 set -uo pipefail

@@ -3,7 +3,7 @@
 Same conventions as the kernels: BSHD layout, GQA by sharing each key/value head among
 ``nheads // nheads_k`` consecutive query heads, bottom-right aligned causal / local masks,
 and rows that see no key give out = 0 and lse = +inf. Score modifiers as flash-attn v2 (and
-``cpp/score_mod.cuh``): ``softcap`` caps ``scale * q.k`` at ``softcap * tanh(. / softcap)``,
+``cpp/common/score_mod.cuh``): ``softcap`` caps ``scale * q.k`` at ``softcap * tanh(. / softcap)``,
 ALiBi then adds ``-slope * |i + seqlen_k - seqlen_q - j|``; dropout takes an explicit keep
 mask (``dropout_keep_mask`` regenerates the kernels' mask from their Philox function).
 """
@@ -102,7 +102,7 @@ def attention_probs(q, k, causal=False, window_size=(-1, -1), softmax_scale=None
     return probs.masked_fill(~mask.any(dim=-1).unsqueeze(-1), 0.0)
 
 
-# ---- dropout: a torch twin of cpp/score_mod.cuh (Philox4x32-10 and the element layout) ----
+# ---- dropout: a torch twin of cpp/common/score_mod.cuh (Philox4x32-10 and the element layout) ----
 
 _M32 = 0xFFFFFFFF
 

@@ -90,7 +90,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     modifier arguments (``_mod_kwargs``).
 
     With GQA (h > h_k), the KV-cache kernel (decoding, paged K/V, split-KV) packs the
-    g = h / h_k query heads of each group into its query tiles (``q_pack``, cpp/flash.h), so
+    g = h / h_k query heads of each group into its query tiles (``q_pack``, cpp/common/flash.h), so
     each K/V tile is read once per group rather than once per query head; the heuristic then
     counts the packed tiles. Not with ALiBi or dropout, whose values depend on the head.
     (``q_pack`` is passed whenever it applies; the plain kernel, which runs longer unsplit
@@ -101,7 +101,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     q_pack = 1 if per_head else nheads // nheads_k
     device = q.get_device()
     if mods.get("dropout_p", 0.0) > 0:
-        num_splits = 1  # dropout runs in the plain-tile kernel only (cpp/fwd_launch.cuh)
+        num_splits = 1  # dropout runs in the plain-tile kernel only (cpp/sm80/fwd_launch.cuh)
     if num_splits == 0:
         num_splits = _C.num_splits_heuristic(batch, nheads // q_pack, seqlen_q * q_pack,
                                              seqlen_k, headdim, device)

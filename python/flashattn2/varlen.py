@@ -7,7 +7,7 @@ ints from the caller (no host synchronisation): they size the grid, so they must
 the longest sequence; the kernels clamp every sequence to them and to the tensors, so bad
 ``cu_seqlens`` contents can give wrong rows but never a read or write outside the tensors.
 The kernels are the dense ones reading the packed tensors with a zero batch stride
-(``SeqLayout`` in ``cpp/flash.h``); the log-sum-exp is ``(nheads, total_q)`` float32.
+(``SeqLayout`` in ``cpp/common/flash.h``); the log-sum-exp is ``(nheads, total_q)`` float32.
 """
 import operator
 

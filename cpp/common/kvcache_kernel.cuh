@@ -11,9 +11,9 @@
 
 #include <cmath>
 
-#include "flash.h"
-#include "ptx.cuh"
-#include "seqlen.cuh"
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "common/seqlen.cuh"
 
 namespace flashattn2 {
 

@@ -3,8 +3,8 @@
 #pragma once
 #include <cstdint>
 
-#include "bwd_config.h"
-#include "flash.h"
+#include "common/flash.h"
+#include "common/workspace.h"
 
 namespace flashattn2 {
 

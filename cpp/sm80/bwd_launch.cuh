@@ -5,8 +5,8 @@
 
 #include <type_traits>
 
-#include "bwd_kernel.cuh"
-#include "launch.h"
+#include "sm80/bwd_kernel.cuh"
+#include "common/launch.h"
 
 namespace flashattn2 {
 

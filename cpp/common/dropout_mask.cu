@@ -3,8 +3,8 @@
 // is the one hand-written .cu file of the kernel library.
 #include <cuda_runtime.h>
 
-#include "launch.h"
-#include "score_mod.cuh"
+#include "common/launch.h"
+#include "common/score_mod.cuh"
 
 namespace flashattn2 {
 namespace {

@@ -1,7 +1,7 @@
 // The KV-cache append kernel's launches for both dtypes (one unit: it is small and does not
 // depend on the head dim).
-#include "kvcache_kernel.cuh"
-#include "launch.h"
+#include "common/kvcache_kernel.cuh"
+#include "common/launch.h"
 
 namespace flashattn2 {
 

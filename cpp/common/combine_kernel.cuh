@@ -14,10 +14,10 @@
 
 #include <cmath>
 
-#include "flash.h"
+#include "common/flash.h"
 #include "flash_api.h"
-#include "ptx.cuh"
-#include "seqlen.cuh"
+#include "common/ptx.cuh"
+#include "common/seqlen.cuh"
 
 namespace flashattn2 {
 

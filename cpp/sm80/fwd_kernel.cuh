@@ -41,12 +41,12 @@
 #include <cmath>
 #include <type_traits>
 
-#include "flash.h"
-#include "fwd_config.h"
-#include "ptx.cuh"
-#include "score_mod.cuh"
-#include "seqlen.cuh"
-#include "tile.cuh"
+#include "common/flash.h"
+#include "sm80/fwd_config.h"
+#include "common/ptx.cuh"
+#include "common/score_mod.cuh"
+#include "common/seqlen.cuh"
+#include "sm80/tile.cuh"
 
 namespace flashattn2 {
 

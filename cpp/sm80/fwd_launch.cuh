@@ -5,9 +5,9 @@
 
 #include <type_traits>
 
-#include "combine_kernel.cuh"
-#include "fwd_kernel.cuh"
-#include "launch.h"
+#include "common/combine_kernel.cuh"
+#include "sm80/fwd_kernel.cuh"
+#include "common/launch.h"
 
 namespace flashattn2 {
 

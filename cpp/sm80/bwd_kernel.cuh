@@ -60,12 +60,12 @@
 
 #include <type_traits>
 
-#include "bwd_config.h"
-#include "flash.h"
-#include "ptx.cuh"
-#include "score_mod.cuh"
-#include "seqlen.cuh"
-#include "tile.cuh"
+#include "sm80/bwd_config.h"
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "common/score_mod.cuh"
+#include "common/seqlen.cuh"
+#include "sm80/tile.cuh"
 
 namespace flashattn2 {
 

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "flash.h"
+#include "common/flash.h"
 
 namespace flashattn2 {
 

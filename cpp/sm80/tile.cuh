@@ -8,7 +8,7 @@
 #pragma once
 #include <cstdint>
 
-#include "ptx.cuh"
+#include "common/ptx.cuh"
 
 namespace flashattn2 {
 

@@ -26,8 +26,8 @@
 
 #include <cstdint>
 
-#include "flash.h"
-#include "ptx.cuh"
+#include "common/flash.h"
+#include "common/ptx.cuh"
 
 namespace flashattn2 {
 
