@@ -40,9 +40,11 @@ import sys
 COLUMNS = ["gpu", "impl", "mode", "dtype", "batch", "nheads", "nheads_k", "headdim",
            "seqlen_q", "seqlen_k", "causal", "ms", "tflops", "gbps", "deterministic", "variant"]
 # flashattn2_det: flashattn2 with deterministic=True (rows: impl flashattn2, deterministic).
-IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "sdpa_math", "flashattn2_det")
+# flashattn2_sm80: flashattn2 on its mma.sync kernels (force_sm80), beside the Hopper ones.
+IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "sdpa_math", "flashattn2_det",
+         "flashattn2_sm80")
 SHORT = {"flashattn2": "fa2", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn", "sdpa_math": "math",
-         "flashattn2_det": "fa2det"}
+         "flashattn2_det": "fa2det", "flashattn2_sm80": "fa2sm80"}
 REFS = ("sdpa_flash", "sdpa_cudnn")        # flashattn2 is reported as a ratio to these
 MODES = ("fwd", "bwd", "fwd_bwd")
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -198,7 +200,9 @@ def print_summary(rows):
         configs = [{r["impl"]: r["tflops"] for r in grp}
                    for grp in grouped(fwd) if grp[0]["headdim"] == d]
         parts = []
-        for ref in REFS:
+        for ref in REFS + ("flashattn2_sm80",):
+            if ref == "flashattn2_sm80" and not any(ref in c for c in configs):
+                continue
             ratios = [c["flashattn2"] / c[ref] for c in configs if "flashattn2" in c and ref in c]
             missing = sum(1 for c in configs if ref in c and "flashattn2" not in c)
             gaps = f", {missing} without flashattn2" if missing else ""
@@ -338,11 +342,12 @@ def make_call(impl, q, k, v, causal, variant="plain"):
     """(context, fn): fn() computes attention on the BSHD tensors inside context."""
     import contextlib
     import torch.nn.functional as F
-    if impl in ("flashattn2", "flashattn2_det"):
+    if impl in ("flashattn2", "flashattn2_det", "flashattn2_sm80"):
         import flashattn2
         det = impl == "flashattn2_det"
         kwargs = variant_kwargs(variant, q.shape[2], causal, q.device)
-        return contextlib.nullcontext(), lambda: flashattn2.flash_attn_func(
+        ctx = flashattn2.force_sm80() if impl == "flashattn2_sm80" else contextlib.nullcontext()
+        return ctx, lambda: flashattn2.flash_attn_func(
             q, k, v, causal=causal, deterministic=det, **kwargs)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,

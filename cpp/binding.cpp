@@ -120,7 +120,7 @@ void set_mods(Params& params, float softcap, std::uintptr_t alibi_slopes,
   params.dropout_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
 }
 
-void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
+int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t lse, const Strides& q_strides, const Strides& k_strides,
          const Strides& v_strides, const Strides& o_strides, const Strides& lse_strides,
          int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int headdim,
@@ -131,7 +131,8 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          int num_pages, int num_splits, std::uintptr_t o_accum, std::uintptr_t lse_accum, int total_q,
          int total_k, int seqlen_k_new,
          float softcap, std::uintptr_t alibi_slopes,
-         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack) {
+         int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack,
+         bool allow_sm90) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -170,7 +171,7 @@ void fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
-  flashattn2::mha_fwd(params, device, reinterpret_cast<void*>(stream));
+  return flashattn2::mha_fwd(params, device, reinterpret_cast<void*>(stream), allow_sm90);
 }
 
 void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
@@ -333,6 +334,7 @@ py::dict build_info() {
   info["archs"] = flashattn2::built_archs();
   info["ptx_archs"] = flashattn2::built_ptx_archs();
   info["head_dims"] = flashattn2::built_head_dims();
+  info["sm90_fwd_head_dims"] = flashattn2::built_sm90_head_dims();
   info["bwd_head_dims"] = bwd_head_dims();
   return info;
 }
@@ -356,7 +358,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("q_pack") = 1,
-        "Attention forward. q/k/v/o/lse are device pointers; *_strides are in elements, "
+        py::arg("allow_sm90") = true,
+        "Attention forward; returns the generation of the kernel that ran: 90 (the Hopper "
+        "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false) or 80. q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
         "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "
         "asynchronously on `stream` with `device` current. Optional (0 = absent) int32 "
@@ -439,8 +443,13 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("num_splits_heuristic", &flashattn2::num_splits_heuristic, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("headdim"),
-        py::arg("device"),
-        "Split-KV count that fills GPU `device` for a forward of these sizes (1 = none).");
+        py::arg("device"), py::arg("sm90") = false,
+        "Split-KV count that fills GPU `device` for a forward of these sizes (1 = none), "
+        "for the tile of the KV kernel or (sm90) of the Hopper forward.");
+  m.def("sm90_fwd_applies", &flashattn2::sm90_fwd_applies, py::arg("device"), py::arg("headdim"),
+        py::arg("seqlen_q"), py::arg("dropout"), py::arg("kv_cache_layout"),
+        "Whether fwd runs the Hopper kernels for such a forward on `device` (unless "
+        "allow_sm90 is false).");
   m.attr("MAX_SPLITS") = flashattn2::kMaxSplits;
 
   m.def("bwd_max_head_dim", &flashattn2::bwd_max_head_dim,

@@ -19,6 +19,7 @@
 #include "built_config.h"
 #include "sm80/bwd_config.h"
 #include "sm80/fwd_config.h"
+#include "sm90/fwd_config.h"
 #include "common/launch.h"
 
 namespace flashattn2 {
@@ -36,6 +37,7 @@ struct IntList {
 
 using HeadDims = IntList<FLASHATTN2_HEAD_DIMS>;
 using BwdHeadDims = IntList<FLASHATTN2_BWD_HEAD_DIMS>;
+using Sm90HeadDims = IntList<FLASHATTN2_SM90_HEAD_DIMS>;
 using SassArchs = IntList<FLASHATTN2_SASS_ARCHS>;
 using PtxArchs = IntList<FLASHATTN2_PTX_ARCHS>;
 
@@ -88,6 +90,7 @@ int kernel_head_dim(int headdim) {
 }
 
 std::vector<int> built_head_dims() { return HeadDims::vec(); }
+std::vector<int> built_sm90_head_dims() { return Sm90HeadDims::vec(); }
 std::vector<int> built_archs() { return SassArchs::vec(); }
 std::vector<int> built_ptx_archs() { return PtxArchs::vec(); }
 int cuda_runtime_version() { return CUDART_VERSION; }
@@ -202,7 +205,34 @@ void dispatch_dtype(DType dtype, F&& f) {
 
 }  // namespace
 
-void mha_fwd(const FwdParams& params, int device, void* stream) {
+namespace {
+
+// Compute capability (major * 10 + minor) of `device`, cached.
+int compute_capability(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> ccs{};
+  int cc = ccs[device].load(std::memory_order_relaxed);
+  if (cc == 0) {
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+               "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+               "cudaDeviceGetAttribute");
+    cc = major * 10 + minor;
+    ccs[device].store(cc, std::memory_order_relaxed);
+  }
+  return cc;
+}
+
+}  // namespace
+
+bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool kv_cache_layout) {
+  require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
+  const int kd = kernel_head_dim(headdim);
+  return kd > 0 && Sm90HeadDims::dispatch(kd, [](auto) {}) && compute_capability(device) == 90 &&
+         sm90_fwd_supports(seqlen_q, dropout, kv_cache_layout);
+}
+
+int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90) {
   require(params.num_splits >= 1 && params.num_splits <= kMaxSplits,
           "num_splits must be in [1, " + std::to_string(kMaxSplits) + "], got " +
               std::to_string(params.num_splits));
@@ -237,12 +267,25 @@ void mha_fwd(const FwdParams& params, int device, void* stream) {
   DeviceGuard guard(device);
   require_supported_device(device);
   auto s = static_cast<cudaStream_t>(stream);
+  // The Hopper kernels take what they support on an sm_90 GPU (sm90/fwd_config.h); the
+  // mma.sync kernels everything else, and whatever TMA cannot describe.
+  const int kd_sm90 = Sm90HeadDims::dispatch(kd, [](auto) {}) ? kd : 0;
+  if (allow_sm90 && kd_sm90 && compute_capability(device) == 90 && sm90_fwd_supports(p)) {
+    bool ran = false;
+    Sm90HeadDims::dispatch(kd, [&](auto head_dim) {
+      dispatch_dtype(p.dtype, [&](auto element) {
+        ran = run_fwd_sm90<decltype(element), decltype(head_dim)::value>(p, s);
+      });
+    });
+    if (ran) return 90;
+  }
   const bool found = HeadDims::dispatch(kd, [&](auto head_dim) {
     dispatch_dtype(p.dtype, [&](auto element) {
       run_fwd<decltype(element), decltype(head_dim)::value>(p, s);
     });
   });
   if (!found) throw std::logic_error("flashattn2: no kernel for head dim " + std::to_string(kd));
+  return 80;
 }
 
 void mha_append_kv(const AppendKvParams& params, int device, void* stream) {
@@ -296,17 +339,26 @@ int sm_count(int device) {
 }  // namespace
 
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
-                         int device) {
+                         int device, bool sm90) {
   const int kd = kernel_head_dim(headdim);
   require(kd > 0, "no kernel for head dim " + std::to_string(headdim));
   require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
   require(batch > 0 && nheads > 0 && seqlen_q > 0 && seqlen_k > 0, "sizes must be positive");
-  // The KV kernel's tile; CTAs resident per SM from its register and shared-memory budget.
-  const FwdTile tile = fwd_tile(kd, true);
-  const int per_sm = std::max(1, std::min(tile.min_blocks, (227 * 1024) / fwd_smem_bytes(kd, true)));
+  // The tile of the kernel that runs (the sm90 forward's, one CTA per SM; or the KV
+  // kernel's) and its CTAs resident per SM from the register and shared-memory budget.
+  int block_m = 0, block_n = 0, per_sm = 1;
+  if (sm90) {
+    block_m = sm90_fwd_tile(kd).block_m;
+    block_n = sm90_fwd_tile(kd).block_n;
+  } else {
+    const FwdTile tile = fwd_tile(kd, true);
+    block_m = tile.block_m;
+    block_n = tile.block_n;
+    per_sm = std::max(1, std::min(tile.min_blocks, (227 * 1024) / fwd_smem_bytes(kd, true)));
+  }
   const int64_t slots = int64_t(sm_count(device)) * per_sm;
-  const int64_t ctas = int64_t(batch) * nheads * ((seqlen_q + tile.block_m - 1) / tile.block_m);
-  const int n_blocks = (seqlen_k + tile.block_n - 1) / tile.block_n;
+  const int64_t ctas = int64_t(batch) * nheads * ((seqlen_q + block_m - 1) / block_m);
+  const int n_blocks = (seqlen_k + block_n - 1) / block_n;
   if (ctas * 5 >= slots * 4) return 1;  // >= 80 % of the resident slots filled already
   // Wave efficiency of s splits: CTAs / (waves * slots). Take the fewest splits within 85 %
   // of the best (each extra split costs partial-result traffic and combine work); a split

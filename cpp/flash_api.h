@@ -13,8 +13,10 @@ namespace flashattn2 {
 // Runs the forward pass on `stream` (a cudaStream_t passed as void*) with `device`
 // made current for the launch. Throws std::invalid_argument for arguments the kernels
 // do not support and std::runtime_error for CUDA errors or a GPU this build has no
-// code for (the message names the archs it was built for).
-void mha_fwd(const FwdParams& params, int device, void* stream);
+// code for (the message names the archs it was built for). Returns the generation of the
+// kernel that ran: 90 (the Hopper kernels of cpp/sm90, used on sm_90 GPUs for what they
+// support unless allow_sm90 is false) or 80 (the mma.sync kernels of cpp/sm80).
+int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 = true);
 
 // Backward pass: dq, dk, dv from dout and the forward's out and lse. Uses the two float32
 // workspaces of BwdParams (sizes from bwd_workspace_floats; no need to zero them).
@@ -58,9 +60,15 @@ constexpr int combine_warps_per_row(int num_splits) {
 // fewest splits whose CTAs fill the SMs' resident slots in whole waves within 85 % of the
 // best; 1 when the unsplit grid already fills 80 % of them. nheads and seqlen_q are the
 // heads and rows the KV kernel tiles: with GQA packing (FwdParams::q_pack = g), nheads / g
-// and seqlen_q * g.
+// and seqlen_q * g. sm90: the tile of the Hopper forward instead (sm90_fwd_applies; it
+// packs no heads).
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
-                         int device);
+                         int device, bool sm90 = false);
+
+// Whether mha_fwd runs the Hopper kernels (cpp/sm90) for a forward of this head dim and
+// seqlen_q on `device` (when allow_sm90), given whether it has dropout and a KV-cache layout
+// (seqused_k, left padding, cache batch index, pages or appended keys).
+bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool kv_cache_layout);
 
 // Largest head dim the backward supports in this build (0 if none).
 int bwd_max_head_dim();
@@ -78,6 +86,7 @@ int max_smem_per_block(int device);
 int kernel_head_dim(int headdim);
 
 std::vector<int> built_head_dims();  // e.g. {32, 64, 96, 128, 192, 256}
+std::vector<int> built_sm90_head_dims();  // the Hopper forward's, e.g. {64, 128, 192, 256}
 std::vector<int> built_archs();      // SASS archs, e.g. {80, 90}
 std::vector<int> built_ptx_archs();  // PTX archs, e.g. {90}
 int cuda_runtime_version();          // CUDART_VERSION the library was built with, e.g. 13000

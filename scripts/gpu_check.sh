@@ -4,18 +4,19 @@
 #
 #   bash scripts/gpu_check.sh
 #   SKIP_BUILD=1 BENCH_ARGS=--quick PYTEST_ARGS="-k fwd" bash scripts/gpu_check.sh
-#   ARCHS=90-real HEAD_DIMS=128 SKIP_BENCH=1 bash scripts/gpu_check.sh
+#   ARCHS=90a-real HEAD_DIMS=128 SKIP_BENCH=1 bash scripts/gpu_check.sh
 #
-# Switches: SKIP_BUILD SKIP_TESTS SKIP_SANITIZER SKIP_BENCH SKIP_DECODE (=1), BENCH_ARGS,
-# DECODE_ARGS, PYTEST_ARGS,
-# ARCHS (default 90-real), HEAD_DIMS (default: all), SANITIZER_TOOLS (default
-# "memcheck racecheck"; synccheck / initcheck also work), SANITIZER_ARGS (extra flags),
-# PYTHON (default python3).
+# Switches: SKIP_BUILD SKIP_TESTS SKIP_SM80_TESTS SKIP_SANITIZER SKIP_BENCH SKIP_DECODE (=1),
+# BENCH_ARGS, DECODE_ARGS, PYTEST_ARGS, SM80_TESTS (the forward test files run a second time
+# with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both forward paths are tested),
+# ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS (default:
+# all), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
+# SANITIZER_ARGS (extra flags), PYTHON (default python3).
 #
 # Output, at most 8 files and 2 levels under ${OUT:-gpu_logs} (the device tool returns
 # at most 8 files, 2 folders deep):
 #   logs.txt                      every step's full output, appended under a header
-#   junit.xml                     pytest results
+#   junit.xml, junit_sm80.xml     pytest results (default, forward files on FORCE_SM80)
 #   summary.txt                   the step table printed last
 #   bench/results.{json,csv,png}  benchmarks/bench.py output
 #   decode/decode.{json,csv}      benchmarks/bench_decode.py output
@@ -99,7 +100,7 @@ if [ "${SKIP_BUILD:-0}" = 1 ]; then
     skip_step build SKIP_BUILD
 else
     run_step build 0 "$PYTHON" -m pip install --no-build-isolation --no-deps -v . \
-        -C "cmake.define.FLASHATTN2_CUDA_ARCHS=${ARCHS:-90-real}" \
+        -C "cmake.define.FLASHATTN2_CUDA_ARCHS=${ARCHS:-90a-real}" \
         ${HEAD_DIMS:+-C "cmake.define.FLASHATTN2_HEAD_DIMS=$HEAD_DIMS"}
 fi
 
@@ -115,9 +116,19 @@ else
         --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-}
 fi
 
+# 4b. the forward tests again on the mma.sync kernels (on Hopper the default is cpp/sm90)
+SM80_TESTS=${SM80_TESTS:-tests/test_fwd.py tests/test_variants.py tests/test_varlen.py tests/test_compile.py tests/test_kvcache.py}
+if [ "${SKIP_TESTS:-0}" = 1 ] || [ "${SKIP_SM80_TESTS:-0}" = 1 ]; then
+    skip_step tests_sm80 "SKIP_TESTS or SKIP_SM80_TESTS"
+else
+    # shellcheck disable=SC2086
+    run_step tests_sm80 3 env FLASHATTN2_FORCE_SM80=1 "$PYTHON" -m pytest $SM80_TESTS -q -ra \
+        --junitxml="$OUT/junit_sm80.xml" ${PYTEST_ARGS:-}
+fi
+
 # 5. compute-sanitizer; no caching allocator, so reads past a tensor's end are visible
 SANITIZER=$(find_sanitizer)
-for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
     if [ "${SKIP_SANITIZER:-0}" = 1 ]; then
         skip_step "$tool" SKIP_SANITIZER
     elif [ -z "$SANITIZER" ]; then

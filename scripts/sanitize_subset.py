@@ -6,8 +6,9 @@
 
 Covers fp16 and bf16, head dims 64, 128 and a padded 40, causal (bottom-right aligned,
 also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
-sq = 1, strided q/k/v views of one packed qkv tensor, and softcap alone at d64 (its own
-kernel instance); then varlen (empty and
+sq = 1, strided q/k/v views of one packed qkv tensor, softcap alone at d64 (its own
+kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is every case of
+more than 64 query rows there); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
 16-row pages, appended tokens, split-KV and its combine kernel). Inputs are made on the CPU
 and copied over, and the float32 reference runs on the CPU, so the kernels the
@@ -35,6 +36,9 @@ CASES = [
     (1, 200, 333, 2, 2, 128, True, torch.bfloat16, False),
     (2, 200, 333, 4, 2, 64, False, torch.bfloat16, False, 5.0),
     (1, 130, 130, 2, 2, 64, True, torch.float16, False, 30.0),
+    # More than 64 query rows on an sm_90 GPU: the Hopper kernels (TMA, wgmma, mbarriers).
+    (1, 300, 517, 4, 1, 256, True, torch.bfloat16, False),
+    (2, 257, 200, 3, 3, 192, False, torch.float16, True),
 ]
 ATOL = {torch.float16: 1e-2, torch.bfloat16: 4e-2}   # loose: this is a sanitizer harness
 

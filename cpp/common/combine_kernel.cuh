@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "common/flash.h"
+#include "common/launch.h"
 #include "flash_api.h"
 #include "common/ptx.cuh"
 #include "common/seqlen.cuh"
@@ -119,6 +120,16 @@ __global__ void __launch_bounds__(128) combine_kernel(const FwdParams p) {
                                                       ptx::pack2<Element>(a.z * inv, a.w * inv));
     }
   }
+}
+
+// Merges the num_splits partial results of a split-KV forward into o and lse.
+template <typename Element>
+void launch_combine(const FwdParams& params, cudaStream_t stream) {
+  const int64_t rows = int64_t(params.batch) * params.nheads * params.seqlen_q;
+  const int rows_per_block = 4 / combine_warps_per_row(params.num_splits);
+  const unsigned blocks = unsigned((rows + rows_per_block - 1) / rows_per_block);
+  combine_kernel<Element><<<blocks, 128, 0, stream>>>(params);
+  check_cuda(cudaGetLastError(), "combine_kernel launch");
 }
 
 }  // namespace flashattn2

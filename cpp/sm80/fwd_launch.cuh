@@ -64,13 +64,7 @@ void run_fwd(const FwdParams& params, cudaStream_t stream) {
     return;
   }
   launch_fwd<FwdTraits<kHeadDim, true>, Element>(params, stream);
-  if (params.num_splits > 1) {
-    const int64_t rows = int64_t(params.batch) * params.nheads * params.seqlen_q;
-    const int rows_per_block = 4 / combine_warps_per_row(params.num_splits);
-    const unsigned blocks = unsigned((rows + rows_per_block - 1) / rows_per_block);
-    combine_kernel<Element><<<blocks, 128, 0, stream>>>(params);
-    check_cuda(cudaGetLastError(), "combine_kernel launch");
-  }
+  if (params.num_splits > 1) launch_combine<Element>(params, stream);
 }
 
 }  // namespace flashattn2

@@ -7,11 +7,14 @@
 Low-level entry points without autograd, for code that runs the backward itself:
 ``forward``, ``forward_with_stats`` (out and the softmax log-sum-exp) and ``backward``.
 
+On Hopper GPUs the forward runs wgmma / TMA kernels (cpp/sm90) where they apply;
+``with flashattn2.force_sm80():`` (or FLASHATTN2_FORCE_SM80=1) selects the mma.sync kernels.
+
 ``python -m flashattn2`` prints what this build contains, checks the GPU and runs a short
 correctness check and benchmark.
 """
 from . import _ops  # noqa: F401  (registers the flashattn2::fwd / ::bwd operators)
-from ._ext import __version__, build_info
+from ._ext import __version__, build_info, force_sm80
 from .kvcache import flash_attn_with_kvcache
 from .varlen import (
     flash_attn_varlen_func,
@@ -38,6 +41,7 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "force_sm80",
     "forward",
     "forward_with_stats",
 ]

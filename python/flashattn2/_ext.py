@@ -3,7 +3,9 @@
 ``_C`` takes no torch types: device pointers, sizes and strides are plain ints. Everything
 torch-specific (the current stream, device properties) is looked up here.
 """
+import contextlib
 import importlib
+import os
 
 import torch
 
@@ -25,6 +27,25 @@ __version__ = _C.__version__
 KERNEL_HEAD_DIM = tuple(_C.kernel_head_dim(d) if d else -1 for d in range(257))
 # Largest head dim the backward supports in this build (0 if none).
 BWD_MAX_HEAD_DIM = _C.bwd_max_head_dim()
+
+# On Hopper (sm_90) GPUs the forward runs the wgmma / TMA kernels of cpp/sm90 for what they
+# support; True sends every forward to the mma.sync kernels of cpp/sm80 instead (set by
+# FLASHATTN2_FORCE_SM80=1 at import, or by the force_sm80() context manager).
+FORCE_SM80 = os.environ.get("FLASHATTN2_FORCE_SM80", "0") not in ("", "0")
+# The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
+last_fwd_arch = None
+
+
+@contextlib.contextmanager
+def force_sm80(enabled=True):
+    """Inside the block, forwards run the mma.sync (sm80) kernels even on Hopper GPUs
+    (``enabled=False``: the default choice). For comparisons and tests; not thread-safe."""
+    global FORCE_SM80
+    previous, FORCE_SM80 = FORCE_SM80, bool(enabled)
+    try:
+        yield
+    finally:
+        FORCE_SM80 = previous
 
 
 def build_info():

@@ -97,20 +97,29 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     problems, ignores it.)
     """
     mods = mods or {}
-    per_head = mods.get("alibi_slopes", 0) or mods.get("dropout_p", 0.0) > 0
+    dropout = mods.get("dropout_p", 0.0) > 0
+    per_head = mods.get("alibi_slopes", 0) or dropout
     q_pack = 1 if per_head else nheads // nheads_k
     device = q.get_device()
-    if mods.get("dropout_p", 0.0) > 0:
+    if dropout:
         num_splits = 1  # dropout runs in the plain-tile kernel only (cpp/sm80/fwd_launch.cuh)
     if num_splits == 0:
-        num_splits = _C.num_splits_heuristic(batch, nheads // q_pack, seqlen_q * q_pack,
-                                             seqlen_k, headdim, device)
+        # The split count for the kernel that will run: the Hopper forward's tile (no GQA
+        # packing) where it applies, else the KV kernel's.
+        sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80
+                and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
+        if sm90:
+            num_splits = _C.num_splits_heuristic(batch, nheads, seqlen_q, seqlen_k, headdim,
+                                                 device, sm90=True)
+        else:
+            num_splits = _C.num_splits_heuristic(batch, nheads // q_pack, seqlen_q * q_pack,
+                                                 seqlen_k, headdim, device)
     o_accum = lse_accum = None
     if num_splits > 1:
         rows = num_splits * batch * nheads * seqlen_q
         o_accum = torch.empty(rows * headdim, dtype=_FP32, device=q.device)
         lse_accum = torch.empty(rows, dtype=_FP32, device=q.device)
-    _C.fwd(
+    _ext.last_fwd_arch = _C.fwd(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         q_strides, k_strides, v_strides, o_strides, lse_strides,
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
@@ -120,8 +129,15 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
-        q_pack=q_pack, **layout, **mods,
+        q_pack=q_pack, allow_sm90=not _ext.FORCE_SM80, **layout, **mods,
     )  # fmt: skip
+
+
+def _kv_cache(layout):
+    """Whether ``_C.fwd``'s layout arguments describe a KV cache (its kernels are the
+    mma.sync ones)."""
+    return any(layout.get(key) for key in ("seqused_k", "leftpad_k", "kv_batch_idx",
+                                           "block_table", "seqlen_k_new"))
 
 
 def _mod_kwargs(softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None):

@@ -1,0 +1,60 @@
+// Hopper forward tiles: one constexpr function read by the launcher (host) and the kernel
+// (device), and the host's test of which forwards the sm90 kernel serves.
+#pragma once
+
+#include "common/flash.h"
+
+namespace flashattn2 {
+
+struct Sm90FwdTile {
+  int block_m;        // query rows per CTA = 64 per consumer warpgroup
+  int block_n;        // keys per mainloop step (the N of S = Q K^T)
+  int stages;         // shared-memory stages of K and of V
+  int consumer_regs;  // setmaxnreg of a consumer warpgroup
+  int producer_regs;  // setmaxnreg of the producer warpgroup
+};
+
+// Budgets: shared memory 2 d (block_m + 2 stages block_n) bytes <= 227 KiB less the barriers;
+// registers 128 producer_regs + 128 (block_m / 64) consumer_regs <= 64 Ki. A consumer thread
+// holds S (block_n / 2 f32), P (block_n / 4 b32) and O (d / 2 f32).
+//   d64   3 consumer warpgroups, 192 x 128: 88 KiB; S 64 + P 32 + O 32 of 160 registers.
+//   d128  2 warpgroups, 128 x 128: 160 KiB; S 64 + P 32 + O 64 of 240.
+//   d192  128 x 112: 216 KiB; S 56 + P 28 + O 96 of 240.
+//   d256  128 x 80: 224 KiB; S 40 + P 20 + O 128 of 240.
+constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) {
+  return head_dim <= 64    ? Sm90FwdTile{192, 128, 2, 160, 24}
+         : head_dim <= 128 ? Sm90FwdTile{128, 128, 2, 240, 24}
+         : head_dim <= 192 ? Sm90FwdTile{128, 112, 2, 240, 24}
+                           : Sm90FwdTile{128, 80, 2, 240, 24};
+}
+
+// Kernel head dims of the sm90 forward: multiples of 64 (whole 128-byte swizzle chunks).
+constexpr bool sm90_fwd_head_dim(int kernel_head_dim) {
+  return kernel_head_dim == 64 || kernel_head_dim == 128 || kernel_head_dim == 192 ||
+         kernel_head_dim == 256;
+}
+
+// Q + 2 x stages (K, V) tiles, then 1 + 4 x stages 8-byte mbarriers, plus up to 1 KiB to
+// align the dynamic shared memory to the 128-byte swizzle's 1024-byte period.
+constexpr int sm90_fwd_smem_bytes(int head_dim) {
+  return 2 * head_dim *
+             (sm90_fwd_tile(head_dim).block_m + 2 * sm90_fwd_tile(head_dim).stages *
+                                                    sm90_fwd_tile(head_dim).block_n) +
+         8 * (1 + 4 * sm90_fwd_tile(head_dim).stages) + 1024;
+}
+
+// The forwards the sm90 kernel serves, on an sm_90 GPU with its head dim built: dense or
+// varlen attention of more than 64 query rows (causal, window, GQA, softcap, ALiBi, strided
+// inputs, split-KV). Decoding-sized forwards, KV-cache layouts (seqused_k, left padding,
+// cache batch index, pages, appended keys) and dropout run the mma.sync kernels. (GQA
+// packing, FwdParams::q_pack, is the KV kernel's: the sm90 kernel ignores it.)
+constexpr bool sm90_fwd_supports(int seqlen_q, bool dropout, bool kv_cache_layout) {
+  return seqlen_q > 64 && !dropout && !kv_cache_layout;
+}
+inline bool sm90_fwd_supports(const FwdParams& p) {
+  const bool kv_cache = p.block_table != nullptr || p.seqused_k != nullptr ||
+                        p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.seqlen_k_new != 0;
+  return sm90_fwd_supports(p.seqlen_q, p.dropout_threshold != 0, kv_cache);
+}
+
+}  // namespace flashattn2

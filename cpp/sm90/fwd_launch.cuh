@@ -1,0 +1,55 @@
+// Launcher of the Hopper forward for one (dtype, head dim); instantiated by the generated
+// units fwd_sm90_<dtype>_hdim<D>.cu (built for sm_90a only) through
+// FLASHATTN2_INSTANTIATE_FWD_SM90.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "common/combine_kernel.cuh"
+#include "common/launch.h"
+#include "sm90/fwd_kernel.cuh"
+#include "sm90/tma_map.h"
+
+namespace flashattn2 {
+
+template <typename Element, int kHeadDim>
+bool run_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
+  using Traits = sm90::FwdTraits<kHeadDim>;
+  sm90::FwdArgs args;
+  args.p = p;
+  // Varlen tensors are one batch entry of total_q / total_k rows (FwdParams, SeqLayout).
+  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
+  const int64_t rows_q = varlen_q ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = varlen_k ? p.total_k : p.seqlen_k;
+  const int64_t batch_q = varlen_q ? 1 : p.batch, batch_k = varlen_k ? 1 : p.batch;
+  const bool mapped =
+      sm90::make_tma_map(&args.q, p.q, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
+                         p.q_row_stride, p.q_head_stride, p.q_batch_stride, Traits::kBlockM) &&
+      sm90::make_tma_map(&args.k, p.k, p.dtype, p.headdim, rows_k, p.nheads_k, batch_k,
+                         p.k_row_stride, p.k_head_stride, p.k_batch_stride, Traits::kBlockN) &&
+      sm90::make_tma_map(&args.v, p.v, p.dtype, p.headdim, rows_k, p.nheads_k, batch_k,
+                         p.v_row_stride, p.v_head_stride, p.v_batch_stride, Traits::kBlockN) &&
+      sm90::make_tma_map(&args.o, p.o, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
+                         p.o_row_stride, p.o_head_stride, p.o_batch_stride, 64);
+  if (!mapped) return false;
+  const dim3 grid((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.nheads,
+                  p.batch * p.num_splits);
+  auto launch = [&](auto mods) {
+    constexpr auto kernel = sm90::fwd_kernel<Traits, Element, decltype(mods)::value>;
+    raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  };
+  if (has_score_mods(p)) {
+    launch(std::true_type{});
+  } else {
+    launch(std::false_type{});
+  }
+  check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
+  if (p.num_splits > 1) launch_combine<Element>(p, stream);
+  return true;
+}
+
+}  // namespace flashattn2
+
+#define FLASHATTN2_INSTANTIATE_FWD_SM90(Element, kHeadDim)                 \
+  template bool flashattn2::run_fwd_sm90<Element, kHeadDim>(const flashattn2::FwdParams&, \
+                                                              cudaStream_t);

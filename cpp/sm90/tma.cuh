@@ -1,0 +1,49 @@
+// Tensor memory accelerator (TMA, sm_90): bulk tensor copies between global and shared
+// memory described by a CUtensorMap (built on the host: tma_map.h), completing on an mbarrier
+// (loads) or in a bulk async-group (stores). Coordinates are in elements, innermost first.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace flashattn2 {
+namespace sm90 {
+
+// prefetch.tensormap: bring a __grid_constant__ tensor map into the descriptor cache.
+__device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes: the box at
+// (c0, c1, c2, c3) into shared memory at dst; its bytes count towards mbarrier bar (boxes
+// partly outside the tensor are zero-filled and count in full).
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                         int c2, int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// cp.async.bulk.tensor.4d.global.shared::cta.bulk_group: shared memory at src to the box at
+// (c0, c1, c2, c3); the parts of the box outside the tensor are not written.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                          int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+// cp.async.bulk.commit_group / wait_group 0: close this thread's bulk stores into a group;
+// wait until they are complete (their global writes performed).
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+}  // namespace sm90
+}  // namespace flashattn2

@@ -1,0 +1,37 @@
+// Warpgroup roles (sm_90a): register reallocation between producer and consumers, and named
+// barriers between warpgroups.
+#pragma once
+#include <cstdint>
+
+namespace flashattn2 {
+namespace sm90 {
+
+// setmaxnreg.{inc,dec}.sync.aligned.u32: this warpgroup's per-thread register count becomes
+// kRegs (a multiple of 8 in [24, 256]). Takes effect only with a register cap at entry
+// (__launch_bounds__(threads, 1)) and each role in one branch of one if/else.
+template <int kRegs>
+__device__ __forceinline__ void regs_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// bar.sync id, n: wait until n threads (this one included) reached barrier id (1..15; 0 is
+// __syncthreads). bar.arrive id, n: count this thread's warp without waiting.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// fence.proxy.async.shared::cta: this thread's ordinary shared-memory stores become visible
+// to the async proxy (TMA, wgmma) after the next barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+}  // namespace sm90
+}  // namespace flashattn2

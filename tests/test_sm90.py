@@ -1,0 +1,168 @@
+"""The Hopper forward (cpp/sm90): which forwards it takes, and its results at its own tile
+boundaries (192 / 128 query rows, 128 / 112 / 80 keys per step).
+
+Every other forward test runs on it too on an sm_90 GPU; scripts/gpu_check.sh runs the
+forward test files a second time with FLASHATTN2_FORCE_SM80=1 for the mma.sync kernels.
+"""
+import pytest
+import torch
+from flashattn2 import _ext, flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
+from flashattn2 import flash_attn_with_kvcache, force_sm80
+from test_fwd import ATOL, check_kernel, check_output, dtype_id, make_qkv
+
+pytestmark = pytest.mark.gpu
+
+SM90_HEAD_DIMS = tuple(_ext.build_info().get("sm90_fwd_head_dims", ()))
+
+
+def on_hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
+
+
+def require_sm90(headdim):
+    if not on_hopper():
+        pytest.skip("needs an sm_90 GPU")
+    kernel = _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)]
+    if kernel not in SM90_HEAD_DIMS:
+        pytest.skip(f"this build has no sm90 forward for head dim {headdim}")
+
+
+def arch_of(fn):
+    _ext.last_fwd_arch = None
+    fn()
+    torch.cuda.synchronize()
+    return _ext.last_fwd_arch
+
+
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256])
+def test_hopper_runs_the_sm90_kernels_by_default(headdim):
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, 300, 300, 4, 2, headdim, torch.bfloat16)
+    assert arch_of(lambda: flash_attn_func(q, k, v, causal=True)) == 90
+    assert arch_of(lambda: flash_attn_func(q, k, v, softcap=20.0, window_size=(50, 7))) == 90
+    with force_sm80():
+        assert arch_of(lambda: flash_attn_func(q, k, v, causal=True)) == 80
+    assert arch_of(lambda: flash_attn_func(q, k, v, causal=True)) == 90
+
+
+def test_what_stays_on_the_sm80_kernels():
+    require_sm90(128)
+    q, k, v = make_qkv(2, 300, 300, 4, 2, 128, torch.bfloat16)
+    assert arch_of(lambda: flash_attn_func(q, k, v, dropout_p=0.1)) == 80
+    assert arch_of(lambda: flash_attn_func(q[:, :64], k, v)) == 80  # decoding-sized
+    cache_seqlens = torch.full((2,), 200, dtype=torch.int32, device="cuda")
+    assert arch_of(lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=cache_seqlens)) == 80
+    if 96 in _ext.build_info()["head_dims"]:
+        q96, k96, v96 = make_qkv(2, 300, 300, 4, 2, 96, torch.bfloat16)
+        assert arch_of(lambda: flash_attn_func(q96, k96, v96)) == 80
+
+
+# Lengths around the tiles: 1, a partial tile, exactly one, one past, several.
+SEQLENS = [(65, 65), (128, 80), (129, 81), (192, 193), (300, 1000), (1000, 300), (1111, 1111)]
+
+
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256, 40, 112, 160, 200])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_tile_boundaries(dtype, headdim, causal, seqlens):
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, *seqlens, 6, 2, headdim, dtype)
+    check_kernel(q, k, v, causal=causal)
+    assert _ext.last_fwd_arch == 90
+
+
+@pytest.mark.parametrize("window_size", [(0, 0), (100, 30), (-1, 200), (300, -1)], ids=str)
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_window(headdim, window_size):
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, 700, 900, 4, 4, headdim, torch.bfloat16)
+    check_kernel(q, k, v, window_size=window_size)
+    assert _ext.last_fwd_arch == 90
+
+
+def test_matches_the_sm80_kernels():
+    """Both paths compute the same function: their difference is within the sum of the
+    errors each is allowed."""
+    require_sm90(128)
+    q, k, v = make_qkv(3, 777, 1234, 8, 2, 128, torch.bfloat16)
+    out90 = flash_attn_func(q, k, v, causal=True)
+    with force_sm80():
+        out80 = flash_attn_func(q, k, v, causal=True)
+    assert (out90.float() - out80.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_strided_qkv_views(dtype):
+    """q, k, v as views of one packed (b, s, 3, h, d) tensor: no copies, TMA reads the
+    strides."""
+    require_sm90(128)
+    qkv = torch.randn(2, 500, 3, 4, 128, device="cuda", dtype=dtype)
+    out = flash_attn_qkvpacked_func(qkv, causal=True)
+    assert _ext.last_fwd_arch == 90
+    q, k, v = qkv.unbind(2)
+    from reference import attention_ref
+
+    out_ref, _ = attention_ref(q, k, v, causal=True)
+    out_pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    err = (out.float() - out_ref.float()).abs().max().item()
+    err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
+    assert err <= 2 * err_pt + ATOL[dtype]
+
+
+@pytest.mark.parametrize("mods", ["softcap", "alibi", "both"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_score_mods(headdim, mods):
+    require_sm90(headdim)
+    from reference import attention_ref
+
+    q, k, v = make_qkv(2, 333, 555, 4, 2, headdim, torch.bfloat16)
+    kwargs = {}
+    if mods in ("softcap", "both"):
+        kwargs["softcap"] = 15.0
+    if mods in ("alibi", "both"):
+        kwargs["alibi_slopes"] = torch.rand(2, 4, device="cuda") * 0.3
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True, **kwargs)
+    assert _ext.last_fwd_arch == 90
+    out_ref, lse_ref = attention_ref(q, k, v, causal=True, **kwargs)
+    out_pt, _ = attention_ref(q, k, v, causal=True, upcast=False, **kwargs)
+    err = (out.float() - out_ref.float()).abs().max().item()
+    err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
+    assert err <= 2 * err_pt + ATOL[torch.bfloat16]
+    torch.testing.assert_close(lse, lse_ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_varlen(headdim, causal):
+    """Sequences of the packed tensor at tile offsets that cross tiles: a TMA box reads into
+    the next sequence, whose rows must be masked (keys) or not stored (queries)."""
+    require_sm90(headdim)
+    from reference import attention_ref
+
+    lengths_q, lengths_k = [70, 300, 129, 1, 511], [200, 300, 81, 400, 65]
+    q = torch.randn(sum(lengths_q), 4, headdim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, headdim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                 causal=causal)  # fmt: skip
+    assert _ext.last_fwd_arch == 90
+    for i in range(len(lengths_q)):
+        sl_q = slice(cu_q[i].item(), cu_q[i + 1].item())
+        sl_k = slice(cu_k[i].item(), cu_k[i + 1].item())
+        args = (q[None, sl_q], k[None, sl_k], v[None, sl_k])
+        out_ref, _ = attention_ref(*args, causal=causal)
+        out_pt, _ = attention_ref(*args, causal=causal, upcast=False)
+        err = (out[None, sl_q].float() - out_ref.float()).abs().max().item()
+        err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
+        assert err <= 2 * err_pt + ATOL[torch.bfloat16], f"sequence {i}"
+
+
+def test_rows_that_see_no_key_and_gqa():
+    require_sm90(128)
+    q, k, v = make_qkv(2, 700, 200, 8, 1, 128, torch.float16)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert _ext.last_fwd_arch == 90
+    check_output(out, lse, q, k, v, causal=True)
