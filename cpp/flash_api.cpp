@@ -207,6 +207,17 @@ void dispatch_dtype(DType dtype, F&& f) {
 
 namespace {
 
+int sm_count(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> counts{};
+  int n = counts[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(multiProcessorCount)");
+    counts[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // Compute capability (major * 10 + minor) of `device`, cached.
 int compute_capability(int device) {
   static std::array<std::atomic<int>, kMaxDevices> ccs{};
@@ -274,7 +285,7 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90) 
     bool ran = false;
     Sm90HeadDims::dispatch(kd, [&](auto head_dim) {
       dispatch_dtype(p.dtype, [&](auto element) {
-        ran = run_fwd_sm90<decltype(element), decltype(head_dim)::value>(p, s);
+        ran = run_fwd_sm90<decltype(element), decltype(head_dim)::value>(p, sm_count(device), s);
       });
     });
     if (ran) return 90;
@@ -323,20 +334,6 @@ void mha_append_kv(const AppendKvParams& params, int device, void* stream) {
   run_append_kv_any(p, static_cast<cudaStream_t>(stream));
 }
 
-namespace {
-
-int sm_count(int device) {
-  static std::array<std::atomic<int>, kMaxDevices> counts{};
-  int n = counts[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-               "cudaDeviceGetAttribute(multiProcessorCount)");
-    counts[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-}  // namespace
 
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
                          int device, bool sm90) {

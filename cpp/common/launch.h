@@ -42,10 +42,11 @@ void raise_smem_limit(int bytes, const char* name) {
 // generated units.
 template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
-// Defined in sm90/fwd_launch.cuh (units built for sm_90a only): the Hopper forward; false
-// if TMA cannot describe the tensors (the caller then runs run_fwd).
+// Defined in sm90/fwd_launch.cuh (units built for sm_90a only): the Hopper forward, on a
+// persistent grid of at most num_sms CTAs; false if TMA cannot describe the tensors (the
+// caller then runs run_fwd).
 template <typename Element, int kHeadDim>
-bool run_fwd_sm90(const FwdParams& params, cudaStream_t stream);
+bool run_fwd_sm90(const FwdParams& params, int num_sms, cudaStream_t stream);
 // run_bwd picks the backward tile that fits smem_per_block (bwd_config.h).
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream);

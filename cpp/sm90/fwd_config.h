@@ -14,13 +14,14 @@ struct Sm90FwdTile {
   int producer_regs;  // setmaxnreg of the producer warpgroup
 };
 
-// Budgets: shared memory 2 d (block_m + 2 stages block_n) bytes <= 227 KiB less the barriers;
+// Budgets: shared memory 2 d (block_m (Q, and O where it fits) + 2 stages block_n) bytes
+// <= 227 KiB less the barriers;
 // registers 128 producer_regs + 128 (block_m / 64) consumer_regs <= 64 Ki. A consumer thread
 // holds S (block_n / 2 f32), P (block_n / 4 b32) and O (d / 2 f32).
-//   d64   3 consumer warpgroups, 192 x 128: 88 KiB; S 64 + P 32 + O 32 of 160 registers.
-//   d128  2 warpgroups, 128 x 128: 160 KiB; S 64 + P 32 + O 64 of 240.
-//   d192  128 x 112: 216 KiB; S 56 + P 28 + O 96 of 240.
-//   d256  128 x 80: 224 KiB; S 40 + P 20 + O 128 of 240.
+//   d64   3 consumer warpgroups, 192 x 128: 112 KiB; S 64 + P 32 + O 32 of 160 registers.
+//   d128  2 warpgroups, 128 x 128: 192 KiB; S 64 + P 32 + O 64 of 240.
+//   d192  128 x 112: 216 KiB (O in sQ); S 56 + P 28 + O 96 of 240.
+//   d256  128 x 80: 224 KiB (O in sQ); S 40 + P 20 + O 128 of 240.
 constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) {
   return head_dim <= 64    ? Sm90FwdTile{192, 128, 2, 160, 24}
          : head_dim <= 128 ? Sm90FwdTile{128, 128, 2, 240, 24}
@@ -34,13 +35,22 @@ constexpr bool sm90_fwd_head_dim(int kernel_head_dim) {
          kernel_head_dim == 256;
 }
 
-// Q + 2 x stages (K, V) tiles, then 1 + 4 x stages 8-byte mbarriers, plus up to 1 KiB to
-// align the dynamic shared memory to the 128-byte swizzle's 1024-byte period.
-constexpr int sm90_fwd_smem_bytes(int head_dim) {
+// Shared memory: Q, O (its own buffer where it fits, so that the next tile's Q can load
+// during this one's epilogue; else O is staged in sQ), 2 x stages (K, V) tiles, then
+// 2 + 4 x stages 8-byte mbarriers, plus up to 1 KiB to align the dynamic shared memory to
+// the 128-byte swizzle's 1024-byte period.
+constexpr int kSm90SmemLimit = 227 * 1024;
+constexpr int sm90_fwd_smem_bytes(int head_dim, bool separate_o) {
   return 2 * head_dim *
-             (sm90_fwd_tile(head_dim).block_m + 2 * sm90_fwd_tile(head_dim).stages *
-                                                    sm90_fwd_tile(head_dim).block_n) +
-         8 * (1 + 4 * sm90_fwd_tile(head_dim).stages) + 1024;
+             ((separate_o ? 2 : 1) * sm90_fwd_tile(head_dim).block_m +
+              2 * sm90_fwd_tile(head_dim).stages * sm90_fwd_tile(head_dim).block_n) +
+         8 * (2 + 4 * sm90_fwd_tile(head_dim).stages) + 1024;
+}
+constexpr bool sm90_fwd_separate_o(int head_dim) {
+  return sm90_fwd_smem_bytes(head_dim, true) <= kSm90SmemLimit;
+}
+constexpr int sm90_fwd_smem_bytes(int head_dim) {
+  return sm90_fwd_smem_bytes(head_dim, sm90_fwd_separate_o(head_dim));
 }
 
 // The forwards the sm90 kernel serves, on an sm_90 GPU with its head dim built: dense or

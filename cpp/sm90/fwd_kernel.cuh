@@ -1,31 +1,37 @@
 // Hopper forward (FlashAttention-3 design, Shah et al. 2024 §3): TMA loads, wgmma, warp
-// specialisation, ping-pong between consumer warpgroups, softmax overlapped with the MMAs.
+// specialisation, ping-pong between consumer warpgroups, a persistent tile loop.
 //
 // Tiling
-//   grid   (ceil(seqlen_q / kBlockM), nheads, batch * num_splits); m blocks in reverse
-//          order, so the longest causal rows start first. Split-KV: split s of a CTA's key
-//          tiles writes float32 partial O and LSE for the combine kernel.
+//   grid   tiles of equal work (dense, no window): min(tiles, SMs) persistent CTAs, CTA i
+//          takes tiles i, i + grid, ...; else one CTA per tile (the block scheduler balances
+//          causal / windowed / varlen work). A tile is (m block, head, batch * num_splits +
+//          split), m blocks fastest and in reverse order: the longest causal rows come
+//          first, and the CTAs running at once share their heads' K and V in L2. Split-KV:
+//          split s of a tile's key blocks writes float32 partial O and LSE for the combine.
 //   block  128 (1 + kConsumers) threads. Warpgroup 0 is the producer: it gives registers
 //          away (setmaxnreg) and one thread issues every TMA load. Consumer warpgroup c
 //          (1 + c) owns query rows [64 c, 64 c + 64) of the tile; its warp w rows 16 w..+15,
-//          so the S / O accumulators have the mma.sync C layout (sm90/wgmma_ops.cuh) and the
-//          softmax reduces inside a quad, as in the sm80 kernel.
-//   smem   sQ [kBlockM x d], kStages x sK, sV [kBlockN x d], each as d / 64 chunks of
-//          128-byte rows in TMA's 128-byte swizzle (sm90/wgmma.cuh); then the mbarriers:
-//          q_full, and per stage k_full, k_empty, v_full, v_empty. K and V land on separate
-//          barriers, so S = Q K^T starts before V is in. The epilogue stages O in sQ (each
-//          consumer its own 64 rows, which only it ever read). Budget: sm90/fwd_config.h.
+//          so the S / O accumulators have the mma.sync C layout (sm90/fwd_softmax.cuh).
+//   smem   sQ [kBlockM x d], sO [kBlockM x d] (where it fits, else O is staged in sQ),
+//          kStages x sK, sV [kBlockN x d], each as d / 64 chunks of 128-byte rows in TMA's
+//          128-byte swizzle (sm90/wgmma.cuh); then the mbarriers q_full, q_empty, and per
+//          stage k_full, k_empty, v_full, v_empty. K and V land on separate barriers, so
+//          S = Q K^T starts before V is in. Budget: sm90/fwd_config.h.
 //   regs   consumer: S [kBlockN / 2] f32, P [kBlockN / 16][4] b32, O [d / 2] f32.
-//   step   (K/V tiles from the last visible one down to the first; j counts the steps)
-//            producer: wait k_empty, TMA K_j -> k_full; wait v_empty, TMA V_j -> v_full
+//   step   (key blocks from the last visible one down to the first; j counts the steps of
+//          all of the CTA's tiles, so stages and phases run on across tiles)
+//            producer: wait k_empty, TMA K_j -> k_full; wait v_empty, TMA V_j -> v_full;
+//                      per tile first: wait q_empty, TMA Q -> q_full
 //            consumer: wait k_full[j]; turn (named barrier): S_j = Q K_j^T (SS wgmma);
 //                      wait v_full[j-1]; O += P_{j-1} V_{j-1} (RS wgmma, P in registers);
-//                      pass the turn; wait S_j -> release K_j; mask, softmax of S_j (runs
-//                      under the other warpgroup's MMAs and this one's P V); wait P V ->
-//                      release V_{j-1}; O *= correction; P_j = S_j as 16-bit A fragments.
-//   epilogue  row sums over the quad; O / sum -> sQ rows of the consumer -> TMA store (dense)
-//          or 16-byte stores (varlen: a box would cross into the next sequence); LSE =
-//          max * scale + ln(sum), +inf for rows that see no key.
+//                      pass the turn; wait S_j -> release K_j; mods, mask, softmax of S_j
+//                      (under the other warpgroups' MMAs); wait P V -> release V_{j-1};
+//                      O *= correction; P_j = S_j as 16-bit A fragments.
+//   epilogue  after the tile's last S: release sQ (q_empty), so the producer loads the next
+//          tile while this one finishes. O / sum -> the consumer's rows of sO -> TMA store
+//          (dense) or 16-byte stores (varlen: a box would cross into the next sequence);
+//          LSE = max * scale + ln(sum), +inf for rows that see no key. With O staged in sQ,
+//          sQ is released after the epilogue instead.
 //   mods   kMods: softcap / ALiBi as the sm80 kMods instance (common/score_mod.cuh): S becomes
 //          base-2 logits before the mask. Dropout runs on the sm80 kernels.
 //   limits kernel head dims 64, 128, 192, 256 (whole chunks); d <= kHeadDim (TMA zero-fills
@@ -39,9 +45,9 @@
 
 #include "common/flash.h"
 #include "common/ptx.cuh"
-#include "common/score_mod.cuh"
 #include "common/seqlen.cuh"
 #include "sm90/fwd_config.h"
+#include "sm90/fwd_softmax.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/warpgroup.cuh"
@@ -64,17 +70,21 @@ struct FwdTraits {
   static constexpr int kKVChunkBytes = kBlockN * kSwizzleBytes;
   static constexpr int kQBytes = kChunks * kQChunkBytes;
   static constexpr int kKVBytes = kChunks * kKVChunkBytes;
+  static constexpr bool kSeparateO = sm90_fwd_separate_o(kHeadDim);
   static constexpr int kSmemBytes = sm90_fwd_smem_bytes(kHeadDim);
   static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0 && kBlockN % 16 == 0, "tile");
   static_assert(kConsumers >= 2 && kConsumers <= 3, "ping-pong between 2 or 3 warpgroups");
-  static_assert(kQBytes + 2 * kStages * kKVBytes + 8 * (1 + 4 * kStages) + 1024 <= kSmemBytes,
-                "smem budget");
+  static_assert((kSeparateO ? 2 : 1) * kQBytes + 2 * kStages * kKVBytes + 8 * (2 + 4 * kStages) +
+                        1024 <= kSmemBytes, "smem budget");
 };
 
-// The kernel's arguments: TMA maps of q, k, v, o (tma_map.h) and the forward params.
+// The kernel's arguments: TMA maps of q, k, v, o (tma_map.h), the forward params, and the
+// tile count (m_blocks per (head, batch, split)).
 struct FwdArgs {
   CUtensorMap q, k, v, o;
   FwdParams p;
+  int m_blocks;
+  int tiles;
 };
 
 // Named barriers (0 is __syncthreads): the consumers' MMA turn (1 + c) and each consumer's
@@ -82,6 +92,45 @@ struct FwdArgs {
 constexpr int kMaxConsumers = 3;
 constexpr int kBarTurn = 1;
 constexpr int kBarEpilogue = 1 + kMaxConsumers;
+
+// One tile of the persistent loop: its coordinates, sequence and visible key blocks.
+template <int kBlockM, int kBlockN>
+struct FwdTileWork {
+  int m_block, head, batch, split;
+  SeqInfo seq;
+  int n_block_min, n_block_max;
+
+  __device__ __forceinline__ FwdTileWork(const FwdArgs& a, int tile)
+      : m_block(a.m_blocks - 1 - tile % a.m_blocks),
+        head(tile / a.m_blocks % a.p.nheads),
+        batch(tile / a.m_blocks / a.p.nheads / a.p.num_splits),
+        split(tile / a.m_blocks / a.p.nheads % a.p.num_splits),
+        seq(a.p, tile / a.m_blocks / a.p.nheads / a.p.num_splits) {
+    const FwdParams& p = a.p;
+    // Visible key blocks of the tile's rows (bottom-right aligned window, FwdParams); every
+    // consumer walks all of them, so the MMA turns stay in step.
+    const int offset = seq.seqlen_k - seq.seqlen_q;
+    const int first = m_block * kBlockM;
+    const int last = min(first + kBlockM, seq.seqlen_q) - 1;
+    n_block_max = (seq.seqlen_k + kBlockN - 1) / kBlockN;
+    if (p.window_right >= 0) {
+      const int col_hi = last + offset + p.window_right;
+      n_block_max = col_hi < 0 ? 0 : min(n_block_max, col_hi / kBlockN + 1);
+    }
+    n_block_min = 0;
+    if (p.window_left >= 0) {
+      const int col_lo = first + offset - p.window_left;
+      n_block_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
+    }
+    if (p.num_splits > 1) {  // this split's share of the visible blocks
+      const int per_split = (n_block_max - n_block_min + p.num_splits - 1) / p.num_splits;
+      n_block_min = min(n_block_max, n_block_min + split * per_split);
+      n_block_max = min(n_block_max, n_block_min + per_split);
+    }
+  }
+  // Varlen: the grid covers the longest sequence; shorter ones skip their extra m blocks.
+  __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
+};
 
 template <typename Traits, typename Element, bool kMods>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs args) {
@@ -92,59 +141,32 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   constexpr int kStages = Traits::kStages;
   constexpr int kConsumers = Traits::kConsumers;
   constexpr int kChunks = Traits::kChunks;
-  constexpr int kNTilesN = kBlockN / 8;  // n8 column tiles of S
+  using Work = FwdTileWork<kBlockM, kBlockN>;
   const FwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t sQ = smem;
-  const uint32_t sK = sQ + Traits::kQBytes;                  // stage s at s * kKVBytes
+  const uint32_t sO = Traits::kSeparateO ? sQ + Traits::kQBytes : sQ;
+  const uint32_t sK = sQ + (Traits::kSeparateO ? 2 : 1) * Traits::kQBytes;  // stage s: + s kKVBytes
   const uint32_t sV = sK + kStages * Traits::kKVBytes;
   const uint32_t bars = sV + kStages * Traits::kKVBytes;
-  const uint32_t bar_q = bars;
-  auto bar_k_full = [&](int s) { return bars + 8 * (1 + s); };
-  auto bar_k_empty = [&](int s) { return bars + 8 * (1 + kStages + s); };
-  auto bar_v_full = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
-  auto bar_v_empty = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+  const uint32_t bar_q_full = bars, bar_q_empty = bars + 8;
+  auto bar_k_full = [&](int s) { return bars + 8 * (2 + s); };
+  auto bar_k_empty = [&](int s) { return bars + 8 * (2 + kStages + s); };
+  auto bar_v_full = [&](int s) { return bars + 8 * (2 + 2 * kStages + s); };
+  auto bar_v_empty = [&](int s) { return bars + 8 * (2 + 3 * kStages + s); };
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int split = blockIdx.z % p.num_splits;
-  const int batch = blockIdx.z / p.num_splits;
-  const SeqInfo seq(p, batch);
-  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
-  if (m_block * kBlockM >= seqlen_q) return;  // varlen: the grid covers the longest sequence
-
-  // Visible key tiles of the CTA's rows (bottom-right aligned window, FwdParams); every
-  // consumer walks all of them, so the MMA turns stay in step.
-  const int offset = seqlen_k - seqlen_q;
-  const int cta_first = m_block * kBlockM;
-  const int cta_last = min(cta_first + kBlockM, seqlen_q) - 1;
-  int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (p.window_right >= 0) {
-    const int col_hi = cta_last + offset + p.window_right;
-    n_block_max = col_hi < 0 ? 0 : min(n_block_max, col_hi / kBlockN + 1);
-  }
-  int n_block_min = 0;
-  if (p.window_left >= 0) {
-    const int col_lo = cta_first + offset - p.window_left;
-    n_block_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
-  }
-  if (p.num_splits > 1) {  // this split's share of the visible tiles
-    const int per_split = (n_block_max - n_block_min + p.num_splits - 1) / p.num_splits;
-    n_block_min = min(n_block_max, n_block_min + split * per_split);
-    n_block_max = min(n_block_max, n_block_min + per_split);
-  }
-
   if (tid == 0) {
-    mbar_init(bar_q, 1);
+    mbar_init(bar_q_full, 1);
+    mbar_init(bar_q_empty, 4 * kConsumers);  // one arrival per consumer warp
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_k_full(s), 1);
       mbar_init(bar_v_full(s), 1);
-      mbar_init(bar_k_empty(s), 4 * kConsumers);  // one arrival per consumer warp
+      mbar_init(bar_k_empty(s), 4 * kConsumers);
       mbar_init(bar_v_empty(s), 4 * kConsumers);
     }
     mbar_fence_init();
@@ -158,32 +180,38 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       tma_prefetch(&args.q);
       tma_prefetch(&args.k);
       tma_prefetch(&args.v);
-      // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
-      // and the sequence's rows start at its offset (SeqInfo).
-      const int q_batch = p.cu_seqlens_q ? 0 : batch;
-      const int k_batch = p.cu_seqlens_k ? 0 : seq.kv_batch;
-      const int head_k = head / (p.nheads / p.nheads_k);
-      mbar_arrive_expect_tx(bar_q, Traits::kQBytes);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-        tma_load(sQ + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
-                 int(seq.q_row0) + cta_first, head, q_batch, bar_q);
-      for (int n_block = n_block_max - 1, j = 0; n_block >= n_block_min; --n_block, ++j) {
-        const int s = j % kStages;
-        const uint32_t phase = (j / kStages) & 1;
-        const int row = int(seq.k_row0) + n_block * kBlockN;
-        mbar_wait(bar_k_empty(s), phase ^ 1);
-        mbar_arrive_expect_tx(bar_k_full(s), Traits::kKVBytes);
+      const int group = p.nheads / p.nheads_k;
+      int j = 0, t = 0;  // key steps and tiles of this CTA so far
+      for (int tile = blockIdx.x; tile < args.tiles; tile += gridDim.x) {
+        const Work w(args, tile);
+        if (w.empty()) continue;
+        // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
+        // and the sequence's rows start at its offset (SeqInfo).
+        const int q_batch = p.cu_seqlens_q ? 0 : w.batch;
+        const int k_batch = p.cu_seqlens_k ? 0 : w.seq.kv_batch;
+        mbar_wait(bar_q_empty, (t++ & 1) ^ 1);
+        mbar_arrive_expect_tx(bar_q_full, Traits::kQBytes);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          tma_load(sK + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, &args.k, c * kChunkCols,
-                   row, head_k, k_batch, bar_k_full(s));
-        mbar_wait(bar_v_empty(s), phase ^ 1);
-        mbar_arrive_expect_tx(bar_v_full(s), Traits::kKVBytes);
+          tma_load(sQ + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
+                   int(w.seq.q_row0) + w.m_block * kBlockM, w.head, q_batch, bar_q_full);
+        for (int n_block = w.n_block_max - 1; n_block >= w.n_block_min; --n_block, ++j) {
+          const int s = j % kStages;
+          const uint32_t phase = (j / kStages) & 1;
+          const int row = int(w.seq.k_row0) + n_block * kBlockN;
+          mbar_wait(bar_k_empty(s), phase ^ 1);
+          mbar_arrive_expect_tx(bar_k_full(s), Traits::kKVBytes);
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load(sV + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, &args.v, c * kChunkCols,
-                   row, head_k, k_batch, bar_v_full(s));
+          for (int c = 0; c < kChunks; ++c)
+            tma_load(sK + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, &args.k,
+                     c * kChunkCols, row, w.head / group, k_batch, bar_k_full(s));
+          mbar_wait(bar_v_empty(s), phase ^ 1);
+          mbar_arrive_expect_tx(bar_v_full(s), Traits::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c)
+            tma_load(sV + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, &args.v,
+                     c * kChunkCols, row, w.head / group, k_batch, bar_v_full(s));
+        }
       }
     }
   } else {
@@ -193,28 +221,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     const int warp_in_wg = warp % 4;
     const int g = lane / 4;
     const int q = lane % 4;
-    const int wg_row0 = 64 * consumer;                      // first row of this warpgroup
-    const int lane_row = wg_row0 + 16 * warp_in_wg + g;     // + 8 r: the lane's tile rows
-    const int row0_pos = cta_first + lane_row;              // query position of row r = 0
-    const int wg_first = cta_first + wg_row0;
-    const int wg_last = min(wg_first + 64, seqlen_q) - 1;
-
-    // Softmax scale in base 2 (common/score_mod.cuh): with an ALiBi bias S becomes base-2
-    // logits (scale 1); otherwise S holds the (capped) scores and mult() is the scale.
-    constexpr float kLog2e = 1.4426950408889634f;
-    ScoreMod mod;
-    float scale_log2 = p.softmax_scale * kLog2e, lse_scale = p.softmax_scale;
-    if constexpr (kMods) {
-      mod = ScoreMod(p, batch, head);
-      scale_log2 = mod.slope_log2 != 0.f ? 1.f : mod.mult();
-      lse_scale = scale_log2 * 0.6931471805599453f;
-    }
+    const int wg_row0 = 64 * consumer;                   // first row of this warpgroup
+    const int lane_row = wg_row0 + 16 * warp_in_wg + g;  // + 8 r: the lane's tile rows
+    const bool store_thread = warp_in_wg == 0 && lane == 0;
 
     float acc_o[kHeadDim / 2];
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY};
-    float row_sum[2] = {0.f, 0.f};
     uint32_t rP[kBlockN / 16][4];
 
     // The MMA turn: consumer c issues its MMAs between named_sync(turn c) and
@@ -223,7 +234,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     auto turn_wait = [&] { named_sync(kBarTurn + consumer, 256); };
     auto turn_pass = [&] { named_arrive(kBarTurn + (consumer + 1) % kConsumers, 256); };
     if (consumer == kConsumers - 1) named_arrive(kBarTurn, 256);
-
     auto release = [&](uint32_t bar) {
       __syncwarp();
       if (lane == 0) mbar_arrive(bar);
@@ -252,234 +262,187 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       wgmma_commit();
     };
 
-    // Mask, score mods and online softmax of S (n_block); returns O's correction per row.
-    auto softmax = [&](float (&acc_s)[kBlockN / 2], int n_block, float (&correction)[2]) {
-      const int col0 = n_block * kBlockN;
-      if constexpr (kMods) {
-        if (mod.softcap > 0.f) {
+    int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
+    for (int tile = blockIdx.x; tile < args.tiles; tile += gridDim.x) {
+      const Work w(args, tile);
+      if (w.empty()) continue;
+      const int seqlen_q = w.seq.seqlen_q, seqlen_k = w.seq.seqlen_k;
+      const int offset = seqlen_k - seqlen_q;
+      const int row0_pos = w.m_block * kBlockM + lane_row;  // query position of row r = 0
+      const int wg_first = w.m_block * kBlockM + wg_row0;
+      const int wg_last = min(wg_first + 64, seqlen_q) - 1;
+      FwdSoftmax<kBlockN, kMods> softmax(p, w.batch, w.head);
+      softmax.reset();
 #pragma unroll
-          for (int i = 0; i < kBlockN / 2; ++i) acc_s[i] = mod.capped(acc_s[i]);
-        }
-        if (mod.slope_log2 != 0.f) {
-          const float mult = mod.mult();
-          // dist = row + offset - col = dist0 + 8 r - 8 nt - (e & 1)
-          const float dist0 = float(row0_pos + offset - col0 - 2 * q);
-#pragma unroll
-          for (int nt = 0; nt < kNTilesN; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              acc_s[4 * nt + e] = fmaf(acc_s[4 * nt + e], mult,
-                                       mod.bias(dist0 + float(8 * (e >> 1) - 8 * nt - (e & 1))));
-        }
-      }
-      const bool need_mask =
-          col0 + kBlockN > seqlen_k ||
-          (p.window_right >= 0 && col0 + kBlockN - 1 > wg_first + offset + p.window_right) ||
-          (p.window_left >= 0 && col0 < wg_last + offset - p.window_left);
-      if (need_mask) {
-        // Visible columns [lo, hi] of each of the lane's rows, relative to its first column
-        // (col0 + 2 q), so each test compares with a compile-time offset (no per-column
-        // registers live across the loop).
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = row0_pos + 8 * r;
-          const int base = col0 + 2 * q;
-          const int hi = (p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
-                                              : seqlen_k - 1) - base;
-          const int lo = (p.window_left >= 0 ? row + offset - p.window_left : 0) - base;
-#pragma unroll
-          for (int nt = 0; nt < kNTilesN; ++nt)
-#pragma unroll
-            for (int e = 2 * r; e < 2 * r + 2; ++e) {
-              const int col = 8 * nt + (e & 1);
-              if (col < lo || col > hi) acc_s[4 * nt + e] = -INFINITY;
-            }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // Row max: a pairwise tree over the lane's column pairs (any count), then the quad.
-        float part[kNTilesN];
-#pragma unroll
-        for (int nt = 0; nt < kNTilesN; ++nt)
-          part[nt] = fmaxf(acc_s[4 * nt + 2 * r], acc_s[4 * nt + 2 * r + 1]);
-#pragma unroll
-        for (int stride = 1; stride < kNTilesN; stride *= 2)
-#pragma unroll
-          for (int i = 0; i + stride < kNTilesN; i += 2 * stride)
-            part[i] = fmaxf(part[i], part[i + stride]);
-        float m = fmaxf(row_max[r], part[0]);
-        m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-        // A row that has seen only masked scores keeps max -inf: use 0 so that -inf - -inf
-        // never happens (its p and correction are then exp2(-inf) = 0).
-        const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-        correction[r] = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
-        row_max[r] = m;
-        float sum[kNTilesN];
-#pragma unroll
-        for (int nt = 0; nt < kNTilesN; ++nt) {
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e)
-            acc_s[4 * nt + e] = ptx::exp2_approx(fmaf(acc_s[4 * nt + e], scale_log2, -max_scaled));
-          sum[nt] = acc_s[4 * nt + 2 * r] + acc_s[4 * nt + 2 * r + 1];
-        }
-#pragma unroll
-        for (int stride = 1; stride < kNTilesN; stride *= 2)
-#pragma unroll
-          for (int i = 0; i + stride < kNTilesN; i += 2 * stride) sum[i] += sum[i + stride];
-        row_sum[r] = row_sum[r] * correction[r] + sum[0];
-      }
-    };
-    // P as the A fragments of the P V wgmma (C layout of n8 tiles 2kk, 2kk + 1).
-    auto to_p = [&](const float (&acc_s)[kBlockN / 2]) {
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const float* lo = acc_s + 8 * kk;
-        rP[kk][0] = ptx::pack2<Element>(lo[0], lo[1]);
-        rP[kk][1] = ptx::pack2<Element>(lo[2], lo[3]);
-        rP[kk][2] = ptx::pack2<Element>(lo[4], lo[5]);
-        rP[kk][3] = ptx::pack2<Element>(lo[6], lo[7]);
-      }
-    };
-    auto rescale_o = [&](const float (&correction)[2]) {
-#pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        acc_o[4 * dt + 0] *= correction[0];
-        acc_o[4 * dt + 1] *= correction[0];
-        acc_o[4 * dt + 2] *= correction[1];
-        acc_o[4 * dt + 3] *= correction[1];
-      }
-    };
+      for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
 
-    mbar_wait(bar_q, 0);
-    int n_block = n_block_max - 1;
-    int j = 0;
-    if (n_block >= n_block_min) {
-      float acc_s[kBlockN / 2];
-      float correction[2];
-      mbar_wait(bar_k_full(0), 0);
-      turn_wait();
-      gemm_s(acc_s, 0);
-      turn_pass();
-      wgmma_wait<0>();
-      fence_regs(acc_s);
-      release(bar_k_empty(0));
-      softmax(acc_s, n_block, correction);
-      to_p(acc_s);
-      for (--n_block, ++j; n_block >= n_block_min; --n_block, ++j) {
-        const int s = j % kStages, s_prev = (j - 1) % kStages;
+      // Mods, mask (only on blocks that need it) and online softmax of S (n_block).
+      auto step_softmax = [&](float (&acc_s)[kBlockN / 2], int n_block, float (&correction)[2]) {
+        const int col0 = n_block * kBlockN;
+        softmax.apply_mods(acc_s, row0_pos + offset - col0 - 2 * q);
+        const bool need_mask =
+            col0 + kBlockN > seqlen_k ||
+            (p.window_right >= 0 && col0 + kBlockN - 1 > wg_first + offset + p.window_right) ||
+            (p.window_left >= 0 && col0 < wg_last + offset - p.window_left);
+        if (need_mask) {
+          int lo[2], hi[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = row0_pos + 8 * r, base = col0 + 2 * q;
+            hi[r] = (p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
+                                         : seqlen_k - 1) - base;
+            lo[r] = (p.window_left >= 0 ? row + offset - p.window_left : 0) - base;
+          }
+          softmax.mask(acc_s, lo, hi);
+        }
+        softmax.online(acc_s, correction);
+      };
+      auto rescale_o = [&](const float (&correction)[2]) {
+#pragma unroll
+        for (int dt = 0; dt < kHeadDim / 8; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_o[4 * dt + e] *= correction[e >> 1];
+      };
+
+      mbar_wait(bar_q_full, t++ & 1);
+      int n_block = w.n_block_max - 1;
+      if (n_block >= w.n_block_min) {
+        float acc_s[kBlockN / 2];
+        float correction[2];
+        int s = j % kStages;
         mbar_wait(bar_k_full(s), (j / kStages) & 1);
         turn_wait();
         gemm_s(acc_s, s);
-        mbar_wait(bar_v_full(s_prev), ((j - 1) / kStages) & 1);
-        gemm_o(s_prev);
         turn_pass();
-        wgmma_wait<1>();
+        wgmma_wait<0>();
         fence_regs(acc_s);
         release(bar_k_empty(s));
-        softmax(acc_s, n_block, correction);
+        step_softmax(acc_s, n_block, correction);
+        FwdSoftmax<kBlockN, kMods>::template to_p<Element>(acc_s, rP);
+        for (--n_block; n_block >= w.n_block_min; --n_block) {
+          const int s_prev = s;
+          const uint32_t phase_prev = (j / kStages) & 1;
+          s = ++j % kStages;
+          mbar_wait(bar_k_full(s), (j / kStages) & 1);
+          turn_wait();
+          gemm_s(acc_s, s);
+          mbar_wait(bar_v_full(s_prev), phase_prev);
+          gemm_o(s_prev);
+          turn_pass();
+          wgmma_wait<1>();
+          fence_regs(acc_s);
+          release(bar_k_empty(s));
+          step_softmax(acc_s, n_block, correction);
+          wgmma_wait<0>();
+          fence_regs(acc_o);
+          release(bar_v_empty(s_prev));
+          rescale_o(correction);
+          FwdSoftmax<kBlockN, kMods>::template to_p<Element>(acc_s, rP);
+        }
+        // The tile's last S is done: the producer may load the next tile's Q.
+        if constexpr (Traits::kSeparateO) release(bar_q_empty);
+        mbar_wait(bar_v_full(s), (j / kStages) & 1);
+        gemm_o(s);
         wgmma_wait<0>();
         fence_regs(acc_o);
-        release(bar_v_empty(s_prev));
-        rescale_o(correction);
-        to_p(acc_s);
+        release(bar_v_empty(s));
+        ++j;
+      } else if constexpr (Traits::kSeparateO) {
+        release(bar_q_empty);
       }
-      const int s_last = (j - 1) % kStages;
-      mbar_wait(bar_v_full(s_last), ((j - 1) / kStages) & 1);
-      gemm_o(s_last);
-      wgmma_wait<0>();
-      fence_regs(acc_o);
-      release(bar_v_empty(s_last));
-    }
-    if (consumer == 0) turn_wait();  // the turn the last consumer opened at the start
 
-    // ---- epilogue ----
-    float inv[2], lse[2];
+      // ---- epilogue ----
+      float inv[2], lse[2];
+      softmax.finish(inv, lse, p.num_splits > 1 ? -INFINITY : INFINITY);
+      if (p.num_splits > 1) {
+        // Split-KV: this split's O (normalised by its own sum) and LSE, float32, straight
+        // from the accumulators into o_accum / lse_accum [split, batch, head, row].
+        const int64_t row_base =
+            ((int64_t(w.split) * p.batch + w.batch) * p.nheads + w.head) * p.seqlen_q;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[r];
-      sum += __shfl_xor_sync(0xffffffff, sum, 1);
-      sum += __shfl_xor_sync(0xffffffff, sum, 2);
-      inv[r] = sum == 0.f ? 0.f : 1.f / sum;
-      // A row that saw no key: +inf, or -inf for a split (the combine's "no key").
-      lse[r] = sum == 0.f ? (p.num_splits > 1 ? -INFINITY : INFINITY)
-                          : row_max[r] * lse_scale + logf(sum);
-    }
-    if (p.num_splits > 1) {
-      // Split-KV: this split's O (normalised by its own sum) and LSE, float32, straight
-      // from the accumulators into o_accum / lse_accum [split, batch, head, row].
-      const int64_t row_base = ((int64_t(split) * p.batch + batch) * p.nheads + head) * p.seqlen_q;
+        for (int r = 0; r < 2; ++r) {
+          const int pos = row0_pos + 8 * r;
+          if (pos < seqlen_q) {
+            float* gO = p.o_accum + (row_base + pos) * p.headdim;
+#pragma unroll
+            for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+              const int col = 8 * dt + 2 * q;
+              if (col < p.headdim) {
+                *reinterpret_cast<float2*>(gO + col) = make_float2(
+                    acc_o[4 * dt + 2 * r] * inv[r], acc_o[4 * dt + 2 * r + 1] * inv[r]);
+              }
+            }
+            if (q == 0) p.lse_accum[row_base + pos] = lse[r];
+          }
+        }
+        if constexpr (!Traits::kSeparateO) release(bar_q_empty);
+        continue;
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int pos = row0_pos + 8 * r;
-        if (pos < seqlen_q) {
-          float* gO = p.o_accum + (row_base + pos) * p.headdim;
+        if (q == 0 && pos < seqlen_q) {
+          p.lse[w.batch * p.lse_batch_stride + w.head * p.lse_head_stride + w.seq.q_row0 + pos] =
+              lse[r];
+        }
+      }
+      // sO is free once the previous tile's TMA store has read it (and, varlen, every
+      // thread's 16-byte loads of it are done: the barrier).
+      if (store_thread) tma_store_wait_read();
+      named_sync(kBarEpilogue + consumer, 128);
+      // O / sum into this warpgroup's rows of sO (the layout TMA reads; 4-byte stores hit
+      // 32 distinct banks: the 8 rows of a quad column differ in the swizzled unit).
 #pragma unroll
-          for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-            const int col = 8 * dt + 2 * q;
-            if (col < p.headdim) {
-              *reinterpret_cast<float2*>(gO + col) =
-                  make_float2(acc_o[4 * dt + 2 * r] * inv[r], acc_o[4 * dt + 2 * r + 1] * inv[r]);
-            }
+      for (int r = 0; r < 2; ++r) {
+        const int row = lane_row + 8 * r;
+#pragma unroll
+        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+          const uint32_t addr = sO + (dt / 8) * Traits::kQChunkBytes + row * kSwizzleBytes +
+                                (((dt % 8) ^ (row % 8)) * 16) + 4 * q;
+          const uint32_t v = ptx::pack2<Element>(acc_o[4 * dt + 2 * r] * inv[r],
+                                                 acc_o[4 * dt + 2 * r + 1] * inv[r]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+        }
+      }
+      fence_proxy_async();
+      named_sync(kBarEpilogue + consumer, 128);
+      if (!p.cu_seqlens_q) {
+        if (store_thread) {
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c)
+            tma_store(&args.o, sO + c * Traits::kQChunkBytes + wg_row0 * kSwizzleBytes,
+                      c * kChunkCols, wg_first, w.head, w.batch);
+          tma_store_commit();
+        }
+      } else {
+        // Varlen: the sequence's rows only, 16 bytes a thread, columns below headdim.
+        constexpr int kUnits = kHeadDim / 8;  // 16-byte units per row
+        Element* gO = static_cast<Element*>(p.o) + w.head * p.o_head_stride +
+                      (w.seq.q_row0 + wg_first) * p.o_row_stride;
+        const int rows = min(64, seqlen_q - wg_first);
+        for (int idx = tid % 128; idx < 64 * kUnits; idx += 128) {
+          const int row = idx / kUnits, unit = idx % kUnits;
+          if (row < rows && unit * 8 < p.headdim) {
+            const int trow = wg_row0 + row;
+            const uint32_t addr = sO + (unit / 8) * Traits::kQChunkBytes + trow * kSwizzleBytes +
+                                  (((unit % 8) ^ (trow % 8)) * 16);
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(addr));
+            *reinterpret_cast<uint4*>(gO + int64_t(row) * p.o_row_stride + unit * 8) = v;
           }
-          if (q == 0) p.lse_accum[row_base + pos] = lse[r];
         }
       }
-      return;
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int pos = row0_pos + 8 * r;
-      if (q == 0 && pos < seqlen_q) {
-        p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_row0 + pos] = lse[r];
+      if constexpr (!Traits::kSeparateO) {
+        // O was staged in sQ: release it once the store has read it.
+        if (store_thread) tma_store_wait_read();
+        named_sync(kBarEpilogue + consumer, 128);
+        release(bar_q_empty);
       }
     }
-    // O / sum into this warpgroup's rows of sQ (the layout TMA reads; 4-byte stores hit 32
-    // distinct banks: the 8 rows of a quad column differ in the swizzled unit).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = lane_row + 8 * r;
-#pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        const uint32_t addr = sQ + (dt / 8) * Traits::kQChunkBytes + row * kSwizzleBytes +
-                              (((dt % 8) ^ (row % 8)) * 16) + 4 * q;
-        const uint32_t v = ptx::pack2<Element>(acc_o[4 * dt + 2 * r] * inv[r],
-                                               acc_o[4 * dt + 2 * r + 1] * inv[r]);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-      }
-    }
-    fence_proxy_async();
-    named_sync(kBarEpilogue + consumer, 128);
-    if (!p.cu_seqlens_q) {
-      if (warp_in_wg == 0 && lane == 0) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_store(&args.o, sQ + c * Traits::kQChunkBytes + wg_row0 * kSwizzleBytes,
-                    c * kChunkCols, wg_first, head, batch);
-        tma_store_commit();
-        tma_store_wait();
-      }
-    } else {
-      // Varlen: the sequence's rows only, 16 bytes a thread, columns below headdim.
-      constexpr int kUnits = kHeadDim / 8;  // 16-byte units per row
-      Element* gO = static_cast<Element*>(p.o) + head * p.o_head_stride +
-                    (seq.q_row0 + wg_first) * p.o_row_stride;
-      const int rows = min(64, seqlen_q - wg_first);
-      for (int idx = tid % 128; idx < 64 * kUnits; idx += 128) {
-        const int row = idx / kUnits, unit = idx % kUnits;
-        if (row < rows && unit * 8 < p.headdim) {
-          const int trow = wg_row0 + row;
-          const uint32_t addr = sQ + (unit / 8) * Traits::kQChunkBytes + trow * kSwizzleBytes +
-                                (((unit % 8) ^ (trow % 8)) * 16);
-          uint4 v;
-          asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "r"(addr));
-          *reinterpret_cast<uint4*>(gO + int64_t(row) * p.o_row_stride + unit * 8) = v;
-        }
-      }
-    }
+    if (consumer == 0) turn_wait();  // the turn the last consumer opened at the start
+    if (store_thread) tma_store_wait();
   }
 #endif
 }

@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "common/combine_kernel.cuh"
 #include "common/launch.h"
 #include "sm90/fwd_kernel.cuh"
@@ -12,7 +14,7 @@
 namespace flashattn2 {
 
 template <typename Element, int kHeadDim>
-bool run_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
+bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   using Traits = sm90::FwdTraits<kHeadDim>;
   sm90::FwdArgs args;
   args.p = p;
@@ -31,8 +33,18 @@ bool run_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
       sm90::make_tma_map(&args.o, p.o, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
                          p.o_row_stride, p.o_head_stride, p.o_batch_stride, 64);
   if (!mapped) return false;
-  const dim3 grid((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.nheads,
-                  p.batch * p.num_splits);
+  // Tiles of equal work (no window, dense) run on a persistent grid, one CTA per SM walking
+  // the tiles (fwd_kernel.cuh), so each tile's loads overlap the previous one's epilogue.
+  // Causal / windowed / varlen tiles differ in work: one CTA per tile, so that the
+  // hardware's block scheduler balances them, longest first (a static walk gave d64 causal
+  // s2k 0.6x the time-balanced rate: benchmarks/NOTES.md).
+  args.m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t tiles = int64_t(args.m_blocks) * p.nheads * p.batch * p.num_splits;
+  if (tiles >= (int64_t(1) << 31)) return false;
+  args.tiles = int(tiles);
+  const bool equal_tiles = p.window_left < 0 && p.window_right < 0 && !p.cu_seqlens_q &&
+                           !p.cu_seqlens_k;
+  const dim3 grid(unsigned(equal_tiles ? std::min<int64_t>(tiles, num_sms) : tiles));
   auto launch = [&](auto mods) {
     constexpr auto kernel = sm90::fwd_kernel<Traits, Element, decltype(mods)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");
@@ -51,5 +63,5 @@ bool run_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
 }  // namespace flashattn2
 
 #define FLASHATTN2_INSTANTIATE_FWD_SM90(Element, kHeadDim)                 \
-  template bool flashattn2::run_fwd_sm90<Element, kHeadDim>(const flashattn2::FwdParams&, \
+  template bool flashattn2::run_fwd_sm90<Element, kHeadDim>(const flashattn2::FwdParams&, int, \
                                                               cudaStream_t);

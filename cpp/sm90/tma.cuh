@@ -44,6 +44,11 @@ __device__ __forceinline__ void tma_store_commit() {
 __device__ __forceinline__ void tma_store_wait() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
+// cp.async.bulk.wait_group.read 0: wait until this thread's bulk stores have read their
+// shared memory (it may be overwritten; the global writes may still be in flight).
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 
 }  // namespace sm90
 }  // namespace flashattn2

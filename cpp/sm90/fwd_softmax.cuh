@@ -1,0 +1,143 @@
+// The consumer's per-step math of the Hopper forward on a wgmma accumulator fragment: score
+// modifiers, mask, online softmax, P as A fragments. The fragment of a 64 x kBlockN tile
+// holds, per thread, rows r0 + 8 r (r = 0, 1) of its warp's 16 and columns 8 nt + 2 q + e
+// (acc[4 nt + 2 r + e]), the mma.sync C layout (sm90/wgmma_ops.cuh), so the row
+// reductions run over the thread's column pairs and then the quad, as in the sm80 kernel.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "common/score_mod.cuh"
+
+namespace flashattn2 {
+namespace sm90 {
+
+template <int kBlockN, bool kMods>
+struct FwdSoftmax {
+  static constexpr int kNTiles = kBlockN / 8;  // n8 column tiles
+  static constexpr float kLog2e = 1.4426950408889634f;
+  ScoreMod mod;
+  float scale_log2;  // exp2(scale_log2 (s - max)) is p
+  float lse_scale;   // LSE = max * lse_scale + ln(sum)
+  float row_max[2], row_sum[2];
+
+  // Base 2 (common/score_mod.cuh): with an ALiBi bias S becomes base-2 logits (scale 1);
+  // otherwise S holds the (capped) scores and mult() is the scale.
+  __device__ __forceinline__ FwdSoftmax(const FwdParams& p, int batch, int head) {
+    scale_log2 = p.softmax_scale * kLog2e;
+    lse_scale = p.softmax_scale;
+    if constexpr (kMods) {
+      mod = ScoreMod(p, batch, head);
+      scale_log2 = mod.slope_log2 != 0.f ? 1.f : mod.mult();
+      lse_scale = scale_log2 * 0.6931471805599453f;
+    }
+  }
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // Softcap / ALiBi (before the mask, which then sets -inf). dist0: row + offset - col of
+  // the thread's element (r = 0, nt = 0, e = 0).
+  __device__ __forceinline__ void apply_mods(float (&s)[kBlockN / 2], int dist0) const {
+    if constexpr (kMods) {
+      if (mod.softcap > 0.f) {
+#pragma unroll
+        for (int i = 0; i < kBlockN / 2; ++i) s[i] = mod.capped(s[i]);
+      }
+      if (mod.slope_log2 != 0.f) {
+        const float mult = mod.mult();
+        // dist = dist0 + 8 r - 8 nt - (e & 1)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[4 * nt + e] = fmaf(s[4 * nt + e], mult,
+                                 mod.bias(float(dist0 + 8 * (e >> 1) - 8 * nt - (e & 1))));
+      }
+    }
+  }
+
+  // -inf outside [lo[r], hi[r]], the visible columns of row r relative to the thread's
+  // first column, so each test compares with a compile-time offset.
+  __device__ __forceinline__ static void mask(float (&s)[kBlockN / 2], const int (&lo)[2],
+                                              const int (&hi)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          const int col = 8 * nt + (e & 1);
+          if (col < lo[r] || col > hi[r]) s[4 * nt + e] = -INFINITY;
+        }
+  }
+
+  // Online softmax in base 2: s becomes p; returns O's correction per row. Max and sum are
+  // pairwise trees over the thread's column pairs (any count), then the quad.
+  __device__ __forceinline__ void online(float (&s)[kBlockN / 2], float (&correction)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float part[kNTiles];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) part[nt] = fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]);
+#pragma unroll
+      for (int stride = 1; stride < kNTiles; stride *= 2)
+#pragma unroll
+        for (int i = 0; i + stride < kNTiles; i += 2 * stride) part[i] = fmaxf(part[i], part[i + stride]);
+      float m = fmaxf(row_max[r], part[0]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+      // A row that has seen only masked scores keeps max -inf: use 0 so that -inf - -inf
+      // never happens (its p and correction are then exp2(-inf) = 0).
+      const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      correction[r] = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
+      row_max[r] = m;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e)
+          s[4 * nt + e] = ptx::exp2_approx(fmaf(s[4 * nt + e], scale_log2, -max_scaled));
+        part[nt] = s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+      }
+#pragma unroll
+      for (int stride = 1; stride < kNTiles; stride *= 2)
+#pragma unroll
+        for (int i = 0; i + stride < kNTiles; i += 2 * stride) part[i] += part[i + stride];
+      row_sum[r] = row_sum[r] * correction[r] + part[0];
+    }
+  }
+
+  // P as the A fragments of the P V wgmma (C layout of n8 tiles 2 kk, 2 kk + 1).
+  template <typename Element>
+  __device__ __forceinline__ static void to_p(const float (&s)[kBlockN / 2],
+                                              uint32_t (&p)[kBlockN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[kk][i] = ptx::pack2<Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+  }
+
+  // Row sums over the quad; 1 / sum (0 for a row that saw no key) and the LSE (+inf for
+  // such a row, or `empty_lse` for a split that saw none of its keys).
+  __device__ __forceinline__ void finish(float (&inv)[2], float (&lse)[2], float empty_lse) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[r];
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      inv[r] = sum == 0.f ? 0.f : 1.f / sum;
+      lse[r] = sum == 0.f ? empty_lse : row_max[r] * lse_scale + logf(sum);
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace flashattn2
