@@ -4,13 +4,16 @@
 # so the main install is untouched.
 #
 #   HEAD_DIM=128 bash scripts/tile_sweep.sh "128 64 4 2 0 2" "128 32 4 2 0 2"
+#   KIND=sm90 HEAD_DIM=128 bash scripts/tile_sweep.sh "128 128 2" "128 176 2"
 #
 # A tile is FwdTile's fields (cpp/sm80/fwd_config.h), space separated: block_m block_n n_warps
-# m_tiles q_in_regs(0/1) min_blocks. Env: HEAD_DIM (default 128), ARCHS (90-real), SEQLENS, CAUSAL
-# (both), OUT (gpu_logs).
+# m_tiles q_in_regs(0/1) min_blocks; with KIND=sm90, Sm90FwdTile's (cpp/sm90/fwd_config.h)
+# block_m block_n stages. Env: KIND (sm80), HEAD_DIM (default 128), ARCHS (90-real; sm90:
+# 90a-real), SEQLENS, CAUSAL (both), OUT (gpu_logs).
 set -uo pipefail
+KIND=${KIND:-sm80}
 HEAD_DIM=${HEAD_DIM:-128}
-ARCHS=${ARCHS:-90-real}
+if [ "$KIND" = sm90 ]; then ARCHS=${ARCHS:-90a-real}; else ARCHS=${ARCHS:-90-real}; fi
 SEQLENS=${SEQLENS:-1024,4096,16384}
 CAUSAL=${CAUSAL:-both}
 OUT=${OUT:-gpu_logs}
@@ -21,9 +24,14 @@ for tile in "$@"; do
     site=/tmp/tile_sweep/site$i
     rm -rf "$site"
     echo "=== variant $i: d$HEAD_DIM tile $tile"
-    read -r m n w mt qr mb <<< "$tile"
-    flags="-DFLASHATTN2_FWD_TILE_M=$m -DFLASHATTN2_FWD_TILE_N=$n -DFLASHATTN2_FWD_TILE_WARPS=$w"
-    flags+=" -DFLASHATTN2_FWD_TILE_MTILES=$mt -DFLASHATTN2_FWD_TILE_QREGS=$qr -DFLASHATTN2_FWD_TILE_MINB=$mb"
+    if [ "$KIND" = sm90 ]; then
+        read -r m n st <<< "$tile"
+        flags="-DFLASHATTN2_SM90_TILE_M=$m -DFLASHATTN2_SM90_TILE_N=$n -DFLASHATTN2_SM90_TILE_STAGES=$st"
+    else
+        read -r m n w mt qr mb <<< "$tile"
+        flags="-DFLASHATTN2_FWD_TILE_M=$m -DFLASHATTN2_FWD_TILE_N=$n -DFLASHATTN2_FWD_TILE_WARPS=$w"
+        flags+=" -DFLASHATTN2_FWD_TILE_MTILES=$mt -DFLASHATTN2_FWD_TILE_QREGS=$qr -DFLASHATTN2_FWD_TILE_MINB=$mb"
+    fi
     if ! CUDAFLAGS="$flags" python3 -m pip install -q --no-build-isolation --no-deps \
         --target "$site" . -C build-dir=/tmp/tile_sweep/build$i \
         -C cmake.define.FLASHATTN2_CUDA_ARCHS="$ARCHS" \
@@ -31,7 +39,7 @@ for tile in "$@"; do
         -C cmake.define.FLASHATTN2_PTXAS_VERBOSE=ON > "/tmp/tile_sweep/build$i.log" 2>&1; then
         echo "build failed:"; tail -n 30 "/tmp/tile_sweep/build$i.log"; continue
     fi
-    grep -E "spill|registers" "/tmp/tile_sweep/build$i.log" | grep -A1 -E "bf16|spill" | head -n 4
+    grep -E "spill" "/tmp/tile_sweep/build$i.log" | sort | uniq -c | head -n 4
     PYTHONPATH="$site" python3 benchmarks/bench.py --impls flashattn2 --dtypes bf16 \
         --headdims "$HEAD_DIM" --seqlens "$SEQLENS" --causal "$CAUSAL" --no-summary \
         --out "/tmp/tile_sweep/bench$i" > "/tmp/tile_sweep/bench$i.log" 2>&1 || tail -n 20 "/tmp/tile_sweep/bench$i.log"

@@ -22,7 +22,13 @@ struct Sm90FwdTile {
 //   d128  2 warpgroups, 128 x 128: 192 KiB; S 64 + P 32 + O 64 of 240.
 //   d192  128 x 112: 216 KiB (O in sQ); S 56 + P 28 + O 96 of 240.
 //   d256  128 x 80: 224 KiB (O in sQ); S 40 + P 20 + O 128 of 240.
+// FLASHATTN2_SM90_TILE_{M,N,STAGES} (as -D flags in CUDAFLAGS) force one tile for every
+// head dim: scripts/tile_sweep.sh (KIND=sm90) uses them.
 constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) {
+#ifdef FLASHATTN2_SM90_TILE_M
+  return Sm90FwdTile{FLASHATTN2_SM90_TILE_M, FLASHATTN2_SM90_TILE_N, FLASHATTN2_SM90_TILE_STAGES,
+                     FLASHATTN2_SM90_TILE_M == 192 ? 160 : 240, 24};
+#endif
   return head_dim <= 64    ? Sm90FwdTile{192, 128, 2, 160, 24}
          : head_dim <= 128 ? Sm90FwdTile{128, 128, 2, 240, 24}
          : head_dim <= 192 ? Sm90FwdTile{128, 112, 2, 240, 24}
