@@ -468,3 +468,36 @@ def test_cpu_tensors_are_rejected():
     with pytest.raises(ValueError, match="CUDA"):
         flash_attn_with_kvcache(_cpu(1, 1, 4, 64), _cpu(1, 64, 2, 64), _cpu(1, 64, 2, 64),
                                 cache_seqlens=3)
+
+
+@gpu
+@pytest.mark.parametrize("paged", [0, 16], ids=["contig", "page16"])
+def test_window_bound_past_the_cache_is_unbounded(paged):
+    # As flash-attn: a window bound >= the cache length (32 here: seqlen_cache, or 2 pages of
+    # 16) is unbounded. It masks nothing (with 40 queries, a right bound of 32 would hide keys
+    # from the first rows) and rotary rotates q at one position, as without a window.
+    if _ext.KERNEL_HEAD_DIM[64] < 0:
+        pytest.skip("no kernel for head dim 64 in this build")
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    shape = (4, 16, 2, 64) if paged else (2, 32, 2, 64)
+    k_cache = torch.randn(shape, device="cuda", dtype=torch.float16, generator=gen)
+    v_cache = torch.randn(shape, device="cuda", dtype=torch.float16, generator=gen)
+    q = torch.randn(2, 40, 4, 64, device="cuda", dtype=torch.float16, generator=gen)
+    k, v = torch.randn(2, 2, 3, 2, 64, device="cuda", dtype=torch.float16, generator=gen)
+    angle = torch.rand(32, 16, device="cuda", generator=gen) * 6.28
+    kw = dict(cache_seqlens=torch.tensor([5, 29], dtype=torch.int32, device="cuda"),
+              rotary_cos=angle.cos().half(), rotary_sin=angle.sin().half(),
+              return_softmax_lse=True)
+    if paged:
+        kw["block_table"] = torch.tensor([[3, 0], [1, 2]], dtype=torch.int32, device="cuda")
+
+    def run(window_size):
+        caches = k_cache.clone(), v_cache.clone()
+        return flash_attn_with_kvcache(q, *caches, k, v, window_size=window_size, **kw), caches
+
+    (out, lse), caches = run((-1, -1))
+    assert not out.isnan().any()
+    for window_size in [(32, -1), (-1, 32), (40, 100)]:
+        (out_w, lse_w), caches_w = run(window_size)
+        assert torch.equal(out_w, out) and torch.equal(lse_w, lse), window_size
+        assert all(torch.equal(a, b) for a, b in zip(caches_w, caches))

@@ -300,7 +300,8 @@ def flash_attn_with_kvcache(
             ``[0, num_pages)`` is clamped into it, so it reads (and appends to) a wrong
             page but never memory outside the cache.
         causal, window_size, softmax_scale, softcap, alibi_slopes: as ``flash_attn_func``
-            (bottom-right aligned on each entry's keys).
+            (bottom-right aligned on each entry's keys); a window bound >= the cache length
+            (seqlen_cache, or max_pages * page_size when paged) is unbounded.
         num_splits: split-KV count; 0 picks one that fills the GPU, 1 never splits (the
             plain forward's result), > 1 forces (at most 128).
         return_softmax_lse: also return the float32 ``(batch, nheads, seqlen_q)`` lse.
@@ -310,8 +311,13 @@ def flash_attn_with_kvcache(
     """
     _, softcap = _check_mod_values(0.0, softcap)
     window_left, window_right = _window(window_size, causal)
-    _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                   cache_batch_idx, cache_leftpad, block_table, num_splits, alibi_slopes)
+    capacity, _ = _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                 cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                 num_splits, alibi_slopes)
+    # As flash-attn: a bound >= the cache length is unbounded (it then neither masks nor
+    # makes rotary rotate q row by row).
+    window_left = -1 if window_left >= capacity else window_left
+    window_right = -1 if window_right >= capacity else window_right
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=_INT32,
                                    device=q.device)
