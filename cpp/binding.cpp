@@ -132,7 +132,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          int total_k, int seqlen_k_new,
          float softcap, std::uintptr_t alibi_slopes,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack,
-         bool allow_sm90) {
+         bool allow_sm90, std::uintptr_t tile_counter) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -168,6 +168,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.o_accum = reinterpret_cast<float*>(o_accum);
   params.lse_accum = reinterpret_cast<float*>(lse_accum);
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
+  params.tile_counter = reinterpret_cast<int*>(tile_counter);
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
@@ -358,9 +359,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("q_pack") = 1,
-        py::arg("allow_sm90") = true,
+        py::arg("allow_sm90") = true, py::arg("tile_counter") = 0,
         "Attention forward; returns the generation of the kernel that ran: 90 (the Hopper "
-        "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false) or 80. q/k/v/o/lse are device pointers; *_strides are in elements, "
+        "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false) or 80; "
+        "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "
+        "causal / windowed / varlen tiles (0: one CTA per such tile). q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
         "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "
         "asynchronously on `stream` with `device` current. Optional (0 = absent) int32 "

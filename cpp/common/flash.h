@@ -85,6 +85,9 @@ struct FwdParams : SeqLayout {
   const int64_t* rng_state;    // dropout (seed, offset) on the device
   uint32_t dropout_threshold;  // drop iff the element's Philox word < this; 0: no dropout
   float dropout_scale;         // 1 / (1 - dropout_p)
+  // Hopper forward (cpp/sm90): a zeroed int32 the persistent CTAs take causal / windowed /
+  // varlen tiles from (null: one CTA per such tile).
+  int* tile_counter = nullptr;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements

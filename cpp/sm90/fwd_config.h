@@ -17,7 +17,8 @@ struct Sm90FwdTile {
 // Budgets: shared memory 2 d (block_m (Q, and O where it fits) + 2 stages block_n) bytes
 // <= 227 KiB less the barriers;
 // registers 128 producer_regs + 128 (block_m / 64) consumer_regs <= 64 Ki. A consumer thread
-// holds S (block_n / 2 f32), P (block_n / 4 b32) and O (d / 2 f32).
+// holds S (block_n / 2 f32), P (block_n / 4 b32) and O (d / 2 f32). The producer keeps 32
+// registers (at 24 its tile walk spilled a word to local memory).
 //   d64   3 consumer warpgroups, 192 x 128: 112 KiB; S 64 + P 32 + O 32 of 160 registers.
 //   d128  2 warpgroups, 128 x 128: 192 KiB; S 64 + P 32 + O 64 of 240.
 //   d192  128 x 112: 216 KiB (O in sQ); S 56 + P 28 + O 96 of 240.
@@ -27,12 +28,12 @@ struct Sm90FwdTile {
 constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) {
 #ifdef FLASHATTN2_SM90_TILE_M
   return Sm90FwdTile{FLASHATTN2_SM90_TILE_M, FLASHATTN2_SM90_TILE_N, FLASHATTN2_SM90_TILE_STAGES,
-                     FLASHATTN2_SM90_TILE_M == 192 ? 160 : 240, 24};
+                     FLASHATTN2_SM90_TILE_M == 192 ? 160 : 240, 32};
 #endif
-  return head_dim <= 64    ? Sm90FwdTile{192, 128, 2, 160, 24}
-         : head_dim <= 128 ? Sm90FwdTile{128, 128, 2, 240, 24}
-         : head_dim <= 192 ? Sm90FwdTile{128, 112, 2, 240, 24}
-                           : Sm90FwdTile{128, 80, 2, 240, 24};
+  return head_dim <= 64    ? Sm90FwdTile{192, 128, 2, 160, 32}
+         : head_dim <= 128 ? Sm90FwdTile{128, 128, 2, 240, 32}
+         : head_dim <= 192 ? Sm90FwdTile{128, 112, 2, 240, 32}
+                           : Sm90FwdTile{128, 80, 2, 240, 32};
 }
 
 // Kernel head dims of the sm90 forward: multiples of 64 (whole 128-byte swizzle chunks).
@@ -43,20 +44,31 @@ constexpr bool sm90_fwd_head_dim(int kernel_head_dim) {
 
 // Shared memory: Q, O (its own buffer where it fits, so that the next tile's Q can load
 // during this one's epilogue; else O is staged in sQ), 2 x stages (K, V) tiles, then
-// 2 + 4 x stages 8-byte mbarriers, plus up to 1 KiB to align the dynamic shared memory to
-// the 128-byte swizzle's 1024-byte period.
+// 6 + 4 x stages 8-byte mbarriers and two 4-byte tile slots, plus up to 1 KiB to align the
+// dynamic shared memory to the 128-byte swizzle's 1024-byte period.
 constexpr int kSm90SmemLimit = 227 * 1024;
 constexpr int sm90_fwd_smem_bytes(int head_dim, bool separate_o) {
   return 2 * head_dim *
              ((separate_o ? 2 : 1) * sm90_fwd_tile(head_dim).block_m +
               2 * sm90_fwd_tile(head_dim).stages * sm90_fwd_tile(head_dim).block_n) +
-         8 * (2 + 4 * sm90_fwd_tile(head_dim).stages) + 1024;
+         8 * (7 + 4 * sm90_fwd_tile(head_dim).stages) + 1024;
 }
 constexpr bool sm90_fwd_separate_o(int head_dim) {
   return sm90_fwd_smem_bytes(head_dim, true) <= kSm90SmemLimit;
 }
 constexpr int sm90_fwd_smem_bytes(int head_dim) {
   return sm90_fwd_smem_bytes(head_dim, sm90_fwd_separate_o(head_dim));
+}
+
+// Causal, windowed and varlen tiles differ in work. A persistent grid taking them from a
+// shared counter (FwdParams::tile_counter) hides each tile's start (Q load, first K) behind
+// the previous tile: it pays where tiles are short. Where they are long, one CTA per tile
+// (the block scheduler balances them) measured faster. H100, bf16, causal, TFLOP/s counter
+// vs one CTA per tile (benchmarks/NOTES.md): d64 s512 192 vs 156, s2k 359 vs 339, s16k 457
+// vs 463; d128 s512 284 vs 245, s1k 399 vs 362, s16k 570 vs 624; d256 s512 254 vs 259,
+// s8k 562 vs 616.
+constexpr bool sm90_fwd_dynamic_walk(int head_dim, int seqlen_k) {
+  return head_dim <= 128 && seqlen_k <= 2048;
 }
 
 // The forwards the sm90 kernel serves, on an sm_90 GPU with its head dim built: dense or

@@ -2,21 +2,25 @@
 // specialisation, ping-pong between consumer warpgroups, a persistent tile loop.
 //
 // Tiling
-//   grid   tiles of equal work (dense, no window): min(tiles, SMs) persistent CTAs, CTA i
-//          takes tiles i, i + grid, ...; else one CTA per tile (the block scheduler balances
-//          causal / windowed / varlen work). A tile is (m block, head, batch * num_splits +
-//          split), m blocks fastest and in reverse order: the longest causal rows come
-//          first, and the CTAs running at once share their heads' K and V in L2. Split-KV:
-//          split s of a tile's key blocks writes float32 partial O and LSE for the combine.
+//   grid   min(tiles, SMs) persistent CTAs; CTA i takes tile i first, then, for tiles of
+//          equal work (dense, no window), i + grid, i + 2 grid, ...; for causal, windowed or
+//          varlen tiles the next tile of a shared counter (FwdParams::tile_counter), so that
+//          whichever CTA is free takes it. The producer publishes each index to the
+//          consumers through shared memory (tile_full / tile_empty). A tile is (m block,
+//          head, batch * num_splits + split), m blocks fastest and in reverse order: the
+//          longest causal rows come first, and the CTAs running at once share their heads'
+//          K and V in L2. Split-KV: split s of a tile's key blocks writes float32 partial O
+//          and LSE for the combine kernel.
 //   block  128 (1 + kConsumers) threads. Warpgroup 0 is the producer: it gives registers
 //          away (setmaxnreg) and one thread issues every TMA load. Consumer warpgroup c
 //          (1 + c) owns query rows [64 c, 64 c + 64) of the tile; its warp w rows 16 w..+15,
 //          so the S / O accumulators have the mma.sync C layout (sm90/fwd_softmax.cuh).
 //   smem   sQ [kBlockM x d], sO [kBlockM x d] (where it fits, else O is staged in sQ),
 //          kStages x sK, sV [kBlockN x d], each as d / 64 chunks of 128-byte rows in TMA's
-//          128-byte swizzle (sm90/wgmma.cuh); then the mbarriers q_full, q_empty, and per
-//          stage k_full, k_empty, v_full, v_empty. K and V land on separate barriers, so
-//          S = Q K^T starts before V is in. Budget: sm90/fwd_config.h.
+//          128-byte swizzle (sm90/wgmma.cuh); then the mbarriers q_full, q_empty, per stage
+//          k_full, k_empty, v_full, v_empty, and tile_full / tile_empty with their two tile
+//          index slots. K and V land on separate barriers, so S = Q K^T starts before V is
+//          in. Budget: sm90/fwd_config.h.
 //   regs   consumer: S [kBlockN / 2] f32, P [kBlockN / 16][4] b32, O [d / 2] f32.
 //   step   (key blocks from the last visible one down to the first; j counts the steps of
 //          all of the CTA's tiles, so stages and phases run on across tiles)
@@ -74,17 +78,19 @@ struct FwdTraits {
   static constexpr int kSmemBytes = sm90_fwd_smem_bytes(kHeadDim);
   static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0 && kBlockN % 16 == 0, "tile");
   static_assert(kConsumers >= 2 && kConsumers <= 3, "ping-pong between 2 or 3 warpgroups");
-  static_assert((kSeparateO ? 2 : 1) * kQBytes + 2 * kStages * kKVBytes + 8 * (2 + 4 * kStages) +
+  static_assert((kSeparateO ? 2 : 1) * kQBytes + 2 * kStages * kKVBytes + 8 * (7 + 4 * kStages) +
                         1024 <= kSmemBytes, "smem budget");
 };
 
 // The kernel's arguments: TMA maps of q, k, v, o (tma_map.h), the forward params, and the
-// tile count (m_blocks per (head, batch, split)).
+// tiles: m_blocks per (head, batch, split), their count, and the counter of a dynamic walk
+// (null: static).
 struct FwdArgs {
   CUtensorMap q, k, v, o;
   FwdParams p;
   int m_blocks;
   int tiles;
+  int* tile_counter;
 };
 
 // Named barriers (0 is __syncthreads): the consumers' MMA turn (1 + c) and each consumer's
@@ -156,6 +162,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   auto bar_k_empty = [&](int s) { return bars + 8 * (2 + kStages + s); };
   auto bar_v_full = [&](int s) { return bars + 8 * (2 + 2 * kStages + s); };
   auto bar_v_empty = [&](int s) { return bars + 8 * (2 + 3 * kStages + s); };
+  // The tile walk: the producer writes each tile index to slot t % 2 (tile_full), the
+  // consumers read it (tile_empty).
+  auto bar_tile_full = [&](int t) { return bars + 8 * (2 + 4 * kStages + (t & 1)); };
+  auto bar_tile_empty = [&](int t) { return bars + 8 * (4 + 4 * kStages + (t & 1)); };
+  const uint32_t tile_slots = bars + 8 * (6 + 4 * kStages);
+  auto tile_slot = [&](int t) { return tile_slots + 4 * (t & 1); };
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -163,6 +175,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   if (tid == 0) {
     mbar_init(bar_q_full, 1);
     mbar_init(bar_q_empty, 4 * kConsumers);  // one arrival per consumer warp
+    for (int t = 0; t < 2; ++t) {
+      mbar_init(bar_tile_full(t), 1);
+      mbar_init(bar_tile_empty(t), 4 * kConsumers);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_k_full(s), 1);
       mbar_init(bar_v_full(s), 1);
@@ -182,8 +198,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       tma_prefetch(&args.v);
       const int group = p.nheads / p.nheads_k;
       int j = 0, t = 0;  // key steps and tiles of this CTA so far
-      for (int tile = blockIdx.x; tile < args.tiles; tile += gridDim.x) {
-        const Work w(args, tile);
+      // The walk: tile blockIdx.x first, then the next of a static stride (grid) or of the
+      // shared counter (dynamic: whichever CTA is free takes it); each index is published
+      // to the consumers, the past-the-end one too (they stop on it).
+      for (int walk = 0, tile = blockIdx.x;; ++walk) {
+        mbar_wait(bar_tile_empty(walk), ((walk >> 1) & 1) ^ 1);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile_slot(walk)), "r"(tile) : "memory");
+        mbar_arrive(bar_tile_full(walk));
+        if (tile >= args.tiles) break;
+        const int current = tile;
+        tile = args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
+                                 : tile + int(gridDim.x);
+        const Work w(args, current);
         if (w.empty()) continue;
         // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
         // and the sequence's rows start at its offset (SeqInfo).
@@ -263,7 +289,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     };
 
     int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
-    for (int tile = blockIdx.x; tile < args.tiles; tile += gridDim.x) {
+    for (int walk = 0;; ++walk) {
+      mbar_wait(bar_tile_full(walk), (walk >> 1) & 1);
+      int tile;
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(tile) : "r"(tile_slot(walk)) : "memory");
+      release(bar_tile_empty(walk));
+      if (tile >= args.tiles) break;
       const Work w(args, tile);
       if (w.empty()) continue;
       const int seqlen_q = w.seq.seqlen_q, seqlen_k = w.seq.seqlen_k;

@@ -33,18 +33,24 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
       sm90::make_tma_map(&args.o, p.o, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
                          p.o_row_stride, p.o_head_stride, p.o_batch_stride, 64);
   if (!mapped) return false;
-  // Tiles of equal work (no window, dense) run on a persistent grid, one CTA per SM walking
-  // the tiles (fwd_kernel.cuh), so each tile's loads overlap the previous one's epilogue.
-  // Causal / windowed / varlen tiles differ in work: one CTA per tile, so that the
-  // hardware's block scheduler balances them, longest first (a static walk gave d64 causal
-  // s2k 0.6x the time-balanced rate: benchmarks/NOTES.md).
+  // A persistent grid, one CTA per SM (or per tile if fewer) walking the tiles
+  // (fwd_kernel.cuh), so that each tile's loads overlap the previous one's epilogue.
+  // Tiles of equal work (dense, no window) take a static stride; causal, windowed and
+  // varlen tiles, where they are short (sm90_fwd_dynamic_walk), are taken from a shared
+  // counter, which balances their work (a static walk gave d64 causal s2k 236 instead of
+  // 348 TFLOP/s, benchmarks/NOTES.md). Otherwise (or without a counter) one CTA per tile:
+  // the block scheduler balances them instead.
   args.m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t tiles = int64_t(args.m_blocks) * p.nheads * p.batch * p.num_splits;
   if (tiles >= (int64_t(1) << 31)) return false;
   args.tiles = int(tiles);
   const bool equal_tiles = p.window_left < 0 && p.window_right < 0 && !p.cu_seqlens_q &&
                            !p.cu_seqlens_k;
-  const dim3 grid(unsigned(equal_tiles ? std::min<int64_t>(tiles, num_sms) : tiles));
+  args.tile_counter = !equal_tiles && sm90_fwd_dynamic_walk(Traits::kHeadDim, p.seqlen_k)
+                          ? p.tile_counter
+                          : nullptr;
+  const bool persistent = equal_tiles || args.tile_counter != nullptr;
+  const dim3 grid(unsigned(persistent ? std::min<int64_t>(tiles, num_sms) : tiles));
   auto launch = [&](auto mods) {
     constexpr auto kernel = sm90::fwd_kernel<Traits, Element, decltype(mods)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");

@@ -103,11 +103,16 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     device = q.get_device()
     if dropout:
         num_splits = 1  # dropout runs in the plain-tile kernel only (cpp/sm80/fwd_launch.cuh)
+    sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80
+            and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
+    # The Hopper forward's persistent CTAs may take causal, windowed and varlen tiles (unequal
+    # work) from a shared counter that starts at 0 (cpp/sm90/fwd_launch.cuh decides).
+    tile_counter = None
+    if sm90 and (window_left >= 0 or window_right >= 0 or "cu_seqlens_q" in layout):
+        tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     if num_splits == 0:
         # The split count for the kernel that will run: the Hopper forward's tile (no GQA
         # packing) where it applies, else the KV kernel's.
-        sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80
-                and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
         if sm90:
             num_splits = _C.num_splits_heuristic(batch, nheads, seqlen_q, seqlen_k, headdim,
                                                  device, sm90=True)
@@ -129,7 +134,9 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
-        q_pack=q_pack, allow_sm90=not _ext.FORCE_SM80, **layout, **mods,
+        q_pack=q_pack, allow_sm90=not _ext.FORCE_SM80,
+        tile_counter=0 if tile_counter is None else tile_counter.data_ptr(),
+        **layout, **mods,
     )  # fmt: skip
 
 
