@@ -243,6 +243,10 @@ bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool 
          sm90_fwd_supports(seqlen_q, dropout, kv_cache_layout);
 }
 
+bool sm90_fwd_tile_counter(int headdim, int seqlen_k) {
+  return sm90_fwd_dynamic_walk(kernel_head_dim(headdim), seqlen_k);
+}
+
 int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90) {
   require(params.num_splits >= 1 && params.num_splits <= kMaxSplits,
           "num_splits must be in [1, " + std::to_string(kMaxSplits) + "], got " +

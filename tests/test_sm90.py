@@ -81,6 +81,24 @@ def test_window(headdim, window_size):
     assert _ext.last_fwd_arch == 90
 
 
+@pytest.mark.parametrize("walk", ["counter", "blocks"])
+@pytest.mark.parametrize("case", ["causal", "window", "causal_gqa_long"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_tile_walks(monkeypatch, headdim, case, walk):
+    """Causal / windowed tiles from the tile counter (persistent CTAs, several tiles each:
+    more tiles than SMs) and one CTA per tile give the reference's result."""
+    require_sm90(headdim)
+    monkeypatch.setattr(_ext, "SM90_TILE_WALK", walk)
+    if case == "causal_gqa_long":
+        q, k, v = make_qkv(1, 2500, 3000, 16, 4, headdim, torch.bfloat16)
+        check_kernel(q, k, v, causal=True)
+    else:
+        q, k, v = make_qkv(3, 1000, 1100, 12, 12, headdim, torch.bfloat16)
+        check_kernel(q, k, v, causal=case == "causal",
+                     window_size=(200, 50) if case == "window" else (-1, -1))
+    assert _ext.last_fwd_arch == 90
+
+
 def test_matches_the_sm80_kernels():
     """Both paths compute the same function: their difference is within the sum of the
     errors each is allowed."""

@@ -200,16 +200,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       int j = 0, t = 0;  // key steps and tiles of this CTA so far
       // The walk: tile blockIdx.x first, then the next of a static stride (grid) or of the
       // shared counter (dynamic: whichever CTA is free takes it); each index is published
-      // to the consumers, the past-the-end one too (they stop on it).
-      for (int walk = 0, tile = blockIdx.x;; ++walk) {
+      // to the consumers, the past-the-end one too (they stop on it). The next tile is
+      // claimed once this one's loads are issued, when the consumers are kStages steps
+      // from its end: claiming at a tile's start would bind the next tile to a CTA that is
+      // busy for the whole of this one while others run idle.
+      auto next_tile = [&](int tile) {
+        return args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
+                                 : tile + int(gridDim.x);
+      };
+      for (int walk = 0, tile = blockIdx.x;; ++walk, tile = next_tile(tile)) {
         mbar_wait(bar_tile_empty(walk), ((walk >> 1) & 1) ^ 1);
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile_slot(walk)), "r"(tile) : "memory");
         mbar_arrive(bar_tile_full(walk));
         if (tile >= args.tiles) break;
-        const int current = tile;
-        tile = args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
-                                 : tile + int(gridDim.x);
-        const Work w(args, current);
+        const Work w(args, tile);
         if (w.empty()) continue;
         // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
         // and the sequence's rows start at its offset (SeqInfo).

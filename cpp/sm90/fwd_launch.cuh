@@ -36,9 +36,9 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   // A persistent grid, one CTA per SM (or per tile if fewer) walking the tiles
   // (fwd_kernel.cuh), so that each tile's loads overlap the previous one's epilogue.
   // Tiles of equal work (dense, no window) take a static stride; causal, windowed and
-  // varlen tiles, where they are short (sm90_fwd_dynamic_walk), are taken from a shared
-  // counter, which balances their work (a static walk gave d64 causal s2k 236 instead of
-  // 348 TFLOP/s, benchmarks/NOTES.md). Otherwise (or without a counter) one CTA per tile:
+  // varlen tiles are taken from a shared counter where the caller passes one (where it pays:
+  // sm90_fwd_dynamic_walk), which balances their work (a static walk gave d64 causal s2k
+  // 236 instead of 348 TFLOP/s, benchmarks/NOTES.md). Without a counter, one CTA per tile:
   // the block scheduler balances them instead.
   args.m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t tiles = int64_t(args.m_blocks) * p.nheads * p.batch * p.num_splits;
@@ -46,9 +46,7 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   args.tiles = int(tiles);
   const bool equal_tiles = p.window_left < 0 && p.window_right < 0 && !p.cu_seqlens_q &&
                            !p.cu_seqlens_k;
-  args.tile_counter = !equal_tiles && sm90_fwd_dynamic_walk(Traits::kHeadDim, p.seqlen_k)
-                          ? p.tile_counter
-                          : nullptr;
+  args.tile_counter = equal_tiles ? nullptr : p.tile_counter;
   const bool persistent = equal_tiles || args.tile_counter != nullptr;
   const dim3 grid(unsigned(persistent ? std::min<int64_t>(tiles, num_sms) : tiles));
   auto launch = [&](auto mods) {

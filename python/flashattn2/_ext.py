@@ -32,6 +32,12 @@ BWD_MAX_HEAD_DIM = _C.bwd_max_head_dim()
 # support; True sends every forward to the mma.sync kernels of cpp/sm80 instead (set by
 # FLASHATTN2_FORCE_SM80=1 at import, or by the force_sm80() context manager).
 FORCE_SM80 = os.environ.get("FLASHATTN2_FORCE_SM80", "0") not in ("", "0")
+# How the Hopper forward walks causal / windowed / varlen tiles: "auto" (a tile counter where
+# tiles are short, sm90/fwd_config.h), "counter" or "blocks" (one CTA per tile); for tuning.
+SM90_TILE_WALK = os.environ.get("FLASHATTN2_SM90_TILE_WALK", "auto") or "auto"
+if SM90_TILE_WALK not in ("auto", "counter", "blocks"):
+    raise ValueError("FLASHATTN2_SM90_TILE_WALK must be auto, counter or blocks, got "
+                     f"{SM90_TILE_WALK!r}")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
 
