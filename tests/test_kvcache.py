@@ -113,10 +113,12 @@ def run_case(dtype=torch.bfloat16, batch=3, seqlen_q=1, nheads=8, nheads_k=2, he
         if new:
             k_new = k[b]
             if rotary is not None:
-                pos = torch.arange(n - pad, n - pad + new, device=dev)
+                # flash-attn's positions: new key i at its cache row n + i, the left padding
+                # not subtracted; q rows from n.
+                pos = torch.arange(n, n + new, device=dev)
                 k_new = rotate_ref(k_new, cos, sin, pos, rotary == "interleaved")
                 q_pos = (torch.arange(seqlen_q, device=dev) if causal or window_size != (-1, -1)
-                         else torch.zeros(seqlen_q, dtype=torch.long, device=dev)) + n - pad
+                         else torch.zeros(seqlen_q, dtype=torch.long, device=dev)) + n
                 q_b = rotate_ref(q_b, cos, sin, q_pos, rotary == "interleaved")
             expected_k[cb, n : n + new] = k_new
             expected_v[cb, n : n + new] = v[b]
@@ -155,6 +157,16 @@ def test_cache_layouts(dtype, seqlen_q, new, paged):
 @pytest.mark.parametrize("paged", [0, 64], ids=["contig", "page64"])
 def test_rotary(rotary, causal, paged):
     run_case(seqlen_q=3, new=3, rotary=rotary, causal=causal, paged=paged)
+
+
+@gpu
+@pytest.mark.parametrize("rotary", ["interleaved", "neox"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("paged", [0, 64], ids=["contig", "page64"])
+def test_rotary_with_leftpad_rotates_at_the_cache_row(rotary, causal, paged):
+    """As flash-attn: with cache_leftpad, new key i of entry b is rotated at its cache row
+    cache_seqlens[b] + i (run_case's reference), not at cache_seqlens[b] - leftpad[b] + i."""
+    run_case(seqlen_q=3, new=3, rotary=rotary, causal=causal, paged=paged, leftpad=True)
 
 
 @gpu

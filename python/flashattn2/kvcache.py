@@ -217,7 +217,7 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         _C.append_kv(
             k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
             k.stride()[:3], v.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3],
-            cache_seqlens.data_ptr(), ptr(cache_leftpad), ptr(cache_batch_idx),
+            cache_seqlens.data_ptr(), ptr(cache_batch_idx),
             ptr(block_table), 0 if block_table is None else block_table.stride(0), page_size,
             k_cache.shape[0], capacity, ptr(rotary_cos), ptr(rotary_sin),
             0 if rotary_cos is None else rotary_cos.stride(0), rotary_dim,
@@ -284,9 +284,10 @@ def flash_attn_with_kvcache(
             (positions past the cache's end are not written).
         rotary_cos, rotary_sin: optional ``(seqlen_ro, rotary_dim / 2)`` (q's dtype,
             seqlen_ro >= the cache length): rotary embedding applied to the new k and to q
-            over their first rotary_dim features, at position ``cache_seqlens[b] -
-            cache_leftpad[b] + i`` for new key i; q rows at the same positions when causal or
-            local, else all at ``cache_seqlens[b] - cache_leftpad[b]``.
+            over their first rotary_dim features, at position ``cache_seqlens[b] + i`` for
+            new key i (its cache row: as in flash-attn, ``cache_leftpad`` is not subtracted);
+            q rows at the same positions when causal or local, else all at
+            ``cache_seqlens[b]``.
             ``rotary_interleaved``: pairs (2i, 2i + 1) (GPT-J) if True, else (i, i + rotary_dim
             / 2) (GPT-NeoX).
         cache_seqlens: int or int32 ``(batch,)``: tokens already in each cache (default: the
