@@ -13,6 +13,7 @@ k_cache and v_cache.
 import operator
 
 import torch
+import torch.nn.functional as F
 
 from . import _ext
 from .interface import (
@@ -65,12 +66,12 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     if dtype is not _HALF and dtype is not _BF16:
         raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
     batch, _, nheads, headdim = q.shape
-    if headdim == 0 or headdim > _MAX_HEADDIM or headdim % 8:
+    if headdim == 0 or headdim > _MAX_HEADDIM:
         raise ValueError(
-            f"flash_attn_with_kvcache supports head dims that are multiples of 8 up to "
-            f"{_MAX_HEADDIM}; got {headdim}"
+            f"FlashAttention forward only supports head dimension at most {_MAX_HEADDIM} "
+            f"(and at least 1); got {headdim}"
         )
-    if _ext.KERNEL_HEAD_DIM[headdim] < 0:
+    if _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)] < 0:
         built = ", ".join(map(str, _ext.build_info()["head_dims"]))
         raise ValueError(f"flashattn2: head dim {headdim} needs a kernel head dim >= "
                          f"{headdim}; this build has {built}")
@@ -179,8 +180,9 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     if alibi_slopes is not None:
         named.append(("alibi_slopes", alibi_slopes))
-    _cache_ready("k_cache", k_cache)
-    _cache_ready("v_cache", v_cache)
+    if headdim % 8 == 0:  # else the kernels run on padded copies
+        _cache_ready("k_cache", k_cache)
+        _cache_ready("v_cache", v_cache)
     _check_devices(*named)
     return capacity, page_size
 
@@ -275,10 +277,15 @@ def flash_attn_with_kvcache(
     """Attention of q against a KV cache, appending new keys/values first (flash-attn v2).
 
     Args:
-        q: ``(batch, seqlen_q, nheads, headdim)``, fp16/bf16, headdim a multiple of 8.
+        q: ``(batch, seqlen_q, nheads, headdim)``, fp16/bf16, headdim at most 256. A head
+            dim that is not a multiple of 8 runs on zero-padded copies of q, k, v and the
+            caches (the whole cache is copied each call), and the appended rows are then
+            written back into k_cache / v_cache.
         k_cache, v_cache: ``(batch_cache, seqlen_cache, nheads_k, headdim)``, or with
             ``block_table`` paged ``(num_pages, page_size, nheads_k, headdim)`` with
-            page_size a power of two >= 16. Updated in place when k, v are given.
+            page_size a power of two >= 16. Updated in place when k, v are given, so (head
+            dims that are multiples of 8) unit last stride, 16-byte aligned, other strides
+            multiples of 8 elements.
         k, v: optional new keys/values ``(batch, seqlen_new, nheads_k, headdim)``, written at
             positions ``cache_seqlens[b] ...`` of each batch entry's cache before attending
             (positions past the cache's end are not written).
@@ -322,11 +329,54 @@ def flash_attn_with_kvcache(
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=_INT32,
                                    device=q.device)
-    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            cache_leftpad, block_table, _scale(q, softmax_scale), window_left, window_right,
-            bool(rotary_interleaved), int(num_splits), softcap, alibi_slopes)
-    if _tracing():
-        out, lse = torch.ops.flashattn2.fwd_kvcache(*args)
+    rest = (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+            _scale(q, softmax_scale), window_left, window_right, bool(rotary_interleaved),
+            int(num_splits), softcap, alibi_slopes)
+    headdim = q.shape[3]
+    pad = -headdim % 8
+    if pad == 0:
+        out, lse = _run(q, k_cache, v_cache, k, v, *rest)
     else:
-        out, lse = _kvcache_forward(*args)
+        # The kernels need head dims that are multiples of 8: run on zero-padded copies,
+        # then write the appended rows back into the caches given.
+        padded = (lambda t: None if t is None else F.pad(t, (0, pad)))
+        kc, vc = padded(k_cache), padded(v_cache)
+        out, lse = _run(padded(q), kc, vc, padded(k), padded(v), *rest)
+        out = out[..., :headdim]
+        if k is not None:
+            _write_back_appended(k_cache, v_cache, kc, vc, cache_seqlens, k.shape[1],
+                                 cache_batch_idx, block_table)
     return (out, lse) if return_softmax_lse else out
+
+
+def _run(*args):
+    if _tracing():
+        return torch.ops.flashattn2.fwd_kvcache(*args)
+    return _kvcache_forward(*args)
+
+
+def _write_back_appended(k_cache, v_cache, kc, vc, cache_seqlens, seqlen_new, cache_batch_idx,
+                         block_table):
+    """Copies the rows the append wrote into the padded caches ``kc`` / ``vc`` (rows
+    ``cache_seqlens[b] + i`` of entry b, those past the cache's end not written) back into
+    ``k_cache`` / ``v_cache``, sliced to their head dim. Indices are clamped as the kernels
+    clamp them; where several map to one row, each copies that row's final value."""
+    batch = cache_seqlens.shape[0]
+    rows = cache_seqlens.long().unsqueeze(1) + torch.arange(seqlen_new, device=kc.device)
+    if block_table is not None:
+        page_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+        if capacity == 0 or k_cache.shape[0] == 0:
+            return
+        rows = rows.clamp_(0, capacity - 1)
+        pages = block_table.long().gather(1, rows // page_size).clamp_(0, k_cache.shape[0] - 1)
+        index = (pages, rows % page_size)
+    else:
+        if k_cache.shape[1] == 0:
+            return
+        entries = (torch.arange(batch, device=kc.device) if cache_batch_idx is None
+                   else cache_batch_idx.long().clamp(0, k_cache.shape[0] - 1))  # fmt: skip
+        index = (entries.unsqueeze(1).expand_as(rows), rows.clamp_(0, k_cache.shape[1] - 1))
+    headdim = k_cache.shape[3]
+    k_cache[index] = kc[index][..., :headdim]
+    v_cache[index] = vc[index][..., :headdim]
