@@ -12,6 +12,7 @@ twin ``_reference.dropout_keep_mask`` gives the reference mask for a given ``rng
 The public functions' mask is read back from ``return_attn_probs`` (the sign bit of
 ``S_dmask``). Keep rates are checked at 6 standard deviations over >= 1M elements.
 """
+import contextlib
 import math
 
 import pytest
@@ -24,6 +25,8 @@ from flashattn2 import (
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    force_sm80,
     forward,
     forward_with_stats,
     interface,
@@ -208,6 +211,44 @@ def test_softcap_saturates():
     kwargs = ref_kwargs(False, (-1, -1), None, dict(softcap=1.0))
     check_forward(out, lse, q, k, v, kwargs)
     check_grads(grads, q, k, v, dout, kwargs)
+
+
+@pytest.mark.parametrize("sm80", [False, True], ids=["default", "sm80"])
+@pytest.mark.parametrize("window_size", [(-1, -1), (200, 0)], ids=["nowin", "window"])
+@pytest.mark.parametrize("headdim", [32, 59, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_softcap_varlen_backward_precision(dtype, headdim, window_size, sm80):
+    """Softcap 50, ~1k packed tokens, causal: dq / dk / dv within the 2x rule. The backward
+    recomputes the forward's capped scores, so both must compute them alike: the d <= 64
+    sm80 forward once pre-scaled Q by scale / softcap rounded to the input type, and dk was
+    then off by more than 3x PyTorch's error (issue 19). Both forward paths (the Hopper one
+    where it applies, and force_sm80)."""
+    require_kernel(headdim, backward=True)
+    lengths, nheads, nheads_k, softcap = [300, 517, 1, 211], 4, 2, 50.0
+    total = sum(lengths)
+    q = torch.randn(total, nheads, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(total, nheads_k, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(total, nheads_k, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(total, nheads, headdim, device="cuda", dtype=dtype)
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    with force_sm80() if sm80 else contextlib.nullcontext():
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                     window_size=window_size, softcap=softcap)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    kwargs = ref_kwargs(True, window_size, None, dict(softcap=softcap))
+    refs, pts, outs_ref, outs_pt = [], [], [], []
+    for start, n in zip(cu.tolist(), lengths):
+        seq = [t[start : start + n].unsqueeze(0) for t in (q, k, v, dout)]
+        refs.append(reference_grads(*seq, True, kwargs))
+        pts.append(reference_grads(*seq, False, kwargs))
+        outs_ref.append(attention_ref(*seq[:3], **kwargs)[0])
+        outs_pt.append(attention_ref(*seq[:3], upcast=False, **kwargs)[0])
+    packed = (lambda ts: torch.cat([t[0] for t in ts]))  # fmt: skip
+    assert_within_rule("out", out, packed(outs_ref), packed(outs_pt), dtype)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        assert not grads[i].isnan().any(), name
+        assert_within_rule(name, grads[i], packed([r[i] for r in refs]),
+                           packed([r[i] for r in pts]), dtype)
 
 
 @pytest.mark.parametrize("softcap", [50.0, 55.0, 60.0])  # around kSoftcapBoundedLog2 (80)
