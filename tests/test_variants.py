@@ -351,9 +351,19 @@ def test_dropout_public_output_and_grads_match_reference_with_returned_mask(dtyp
     kwargs = ref_kwargs(True, (-1, -1), None, dict(mods, dropout_p=dropout_p), dropout_mask=keep)
     check_forward(out.detach(), lse, q, k, v, kwargs)
     check_grads([t.grad for t in leaves], q, k, v, dout, kwargs)
-    # The probabilities: the undropped softmax, whatever the sign.
-    probs_ref = _reference.attention_probs(q, k, causal=True, **mods)
+    # The probabilities, whatever the sign, in flash-attn's convention: exp(logit - m) with m
+    # the running max after each block of 64 keys (d64), walking from the last block. Its
+    # tests' recipe (block b times exp(m_b - lse)) turns them into the softmax.
+    probs_ref = _reference.blockwise_probs(q, k, 64, causal=True, **mods)
     torch.testing.assert_close(probs.abs().float(), probs_ref, atol=1e-2, rtol=1e-2)
+    scores, _ = _reference.attention_scores(q.float(), k.float(), causal=True, **mods)
+    maxes = torch.stack([s.amax(-1) for s in scores.split(64, dim=-1)], dim=-1)
+    running = maxes.flip(-1).cummax(-1).values.flip(-1)
+    normalised = torch.cat([p.abs().float() * (m - lse).exp().unsqueeze(-1) for p, m in
+                            zip(probs.split(64, dim=-1), running.unbind(-1))], dim=-1)
+    softmax = _reference.attention_probs(q, k, causal=True, **mods)
+    torch.testing.assert_close(normalised, softmax, atol=1e-2, rtol=1e-2)
+    assert (probs.abs() <= 1).all()
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

@@ -547,16 +547,25 @@ def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
     return out, lse, probs
 
 
+def _sdmask_block_n(headdim):
+    """The key block of flash-attn v2's forward with dropout, by head dim (the same on every
+    GPU; its ``flash_attn_interface._get_block_size_n(..., is_dropout=True, ...)``), which
+    sets the running maxes its ``S_dmask`` values are relative to."""
+    return 128 if headdim <= 32 else 32 if 96 < headdim <= 128 else 64
+
+
 def _dropped_probs(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                    dropout_p, rng_state):  # fmt: skip
-    """flash-attn's ``S_dmask`` for testing: the undropped softmax probabilities in q's dtype,
-    ``(batch, nheads, seqlen_q, seqlen_k)``, negated where dropout dropped the element (so the
-    sign bit is the mask, dropped zeros included: ``torch.signbit(probs)`` = dropped). Computed
-    in float32 with plain torch from q and k (memory ``O(b h sq sk)``); the keep mask comes
-    from the kernels' own Philox code."""
-    batch, seqlen_q, nheads, _ = q.shape
-    probs = _reference.attention_probs(
-        q.detach(), k.detach(), window_size=(window_left, window_right),
+    """flash-attn's ``S_dmask`` for testing, in its convention: the unnormalised
+    probabilities ``exp(logit - m)`` in q's dtype, ``(batch, nheads, seqlen_q, seqlen_k)``,
+    with m the running row max of flash-attn's forward after the key block of the element
+    (``_reference.blockwise_probs``, blocks of ``_sdmask_block_n(headdim)`` keys), negated
+    where dropout dropped the element (so the sign bit is the mask, dropped zeros included:
+    ``torch.signbit(probs)`` = dropped). Computed in float32 with plain torch from q and k
+    (memory ``O(b h sq sk)``); the keep mask comes from the kernels' own Philox code."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    probs = _reference.blockwise_probs(
+        q.detach(), k.detach(), _sdmask_block_n(headdim), window_size=(window_left, window_right),
         softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     keep = _dropout_keep_mask(rng_state, batch, nheads, seqlen_q, k.shape[1], dropout_p)
@@ -605,10 +614,13 @@ def flash_attn_func(
     Returns:
         ``out`` like q, or ``(out, softmax_lse, S_dmask)`` when ``return_attn_probs``:
         ``softmax_lse`` float32 ``(batch, nheads, seqlen_q)`` (of the undropped softmax);
-        ``S_dmask`` None without dropout, else the undropped probabilities ``(batch, nheads,
-        seqlen_q, seqlen_k)`` in q's dtype, negated where dropout dropped the element (the
-        sign bit is the mask; computed with plain torch, O(b·h·sq·sk) memory). Rows that see
-        no key give out = 0 and lse = +inf.
+        ``S_dmask`` None without dropout, else, as flash-attn returns it, the unnormalised
+        probabilities ``(batch, nheads, seqlen_q, seqlen_k)`` in q's dtype: ``exp(logit_ij -
+        m_ij)`` with m_ij the max of row i's logits over the keys from j's block of N keys to
+        the end (flash-attn's running max; N = 128 for head dims <= 32, 32 for 97-128, else
+        64, as its ``_get_block_size_n`` with dropout), negated where dropout dropped the
+        element (the sign bit is the mask; computed with plain torch, O(b·h·sq·sk) memory).
+        Rows that see no key give out = 0 and lse = +inf.
 
     Autograd: differentiable in q, k and v (not through ``softmax_lse``), for every head
     dim up to 256 (``build_info()["bwd_head_dims"]``). The backward of head dims above 128
