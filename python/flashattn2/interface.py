@@ -4,7 +4,8 @@ Checks run in a fixed order, all before any launch, so that a problem is reporte
 way whatever the device:
 
 1. argument values: ``dropout_p`` in [0, 1), ``softcap`` >= 0, ``window_size``;
-2. ranks, dtypes, then shapes (head dim, batch, key/value shapes, ``h % h_k``, then
+2. types (TypeError naming the argument for None, a numpy array, a list... where a tensor
+   goes), ranks, dtypes, then shapes (head dim, batch, key/value shapes, ``h % h_k``, then
    ``alibi_slopes``: float32 of shape ``(nheads,)`` or ``(batch, nheads)``);
 3. devices: CUDA tensors, one device (``alibi_slopes`` included), a GPU this build has code
    for (cached per device).
@@ -383,8 +384,14 @@ def _real(name, value):
         raise ValueError(f"{name} must be a real number; got {value!r}") from None
 
 
-def _check_mod_values(dropout_p, softcap):
-    """``(dropout_p, softcap)`` as floats after the value checks (step 1 of the module doc)."""
+def _check_mod_values(dropout_p, softcap, softmax_scale=None):
+    """``(dropout_p, softcap)`` as floats after the value checks (step 1 of the module doc);
+    ``softmax_scale`` must be None or positive and finite."""
+    if softmax_scale is not None:
+        scale = _real("softmax_scale", softmax_scale)
+        if not 0.0 < scale < math.inf:
+            raise ValueError(f"softmax_scale must be positive and finite (or None); got "
+                             f"{softmax_scale!r}")
     dropout_p = _real("dropout_p", dropout_p)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p!r}")
@@ -394,12 +401,17 @@ def _check_mod_values(dropout_p, softcap):
     return dropout_p, softcap
 
 
+def _require_tensor(name, value, what="a torch.Tensor"):
+    """TypeError naming the argument when ``value`` is not a tensor (None, a numpy array...)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be {what}; got {type(value).__name__}")
+
+
 def _check_alibi_shape(alibi_slopes, batch, nheads):
     """dtype and shape of ``alibi_slopes`` (None passes): float32 ``(h,)`` or ``(b, h)``."""
     if alibi_slopes is None:
         return
-    if not isinstance(alibi_slopes, torch.Tensor):
-        raise ValueError(f"alibi_slopes must be a tensor or None; got {type(alibi_slopes).__name__}")
+    _require_tensor("alibi_slopes", alibi_slopes, "a float32 tensor or None")
     if alibi_slopes.dtype is not _FP32:
         raise ValueError(f"alibi_slopes must be float32; got {alibi_slopes.dtype}")
     if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
@@ -428,8 +440,9 @@ def _window(window_size, causal):
 
 
 def _scale(q, softmax_scale):
-    """``softmax_scale`` as a float; ``None`` means ``headdim ** -0.5``."""
-    return q.shape[3] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    """``softmax_scale`` (checked by ``_check_mod_values``) as a float; ``None`` means
+    ``headdim ** -0.5``."""
+    return q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
 
 
 def _shape_error(name, expected, tensor):
@@ -437,7 +450,9 @@ def _shape_error(name, expected, tensor):
 
 
 def _check_qkv_shapes(q, k, v):
-    """Rank, dtype and shape checks of q, k and v."""
+    """Type, rank, dtype and shape checks of q, k and v."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, t)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             what = "(batch, seqlen_q, nheads, headdim)" if name == "q" else (
@@ -627,7 +642,7 @@ def flash_attn_func(
     needs an sm_80 / sm_90 class GPU (A100, H100: 144.5 KiB of shared memory per block at
     d256); on sm_86 / sm_89 it raises NotImplementedError (the forward works there).
     """
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
     _check_inputs(q, k, v, alibi_slopes)
     return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
@@ -649,8 +664,9 @@ def flash_attn_qkvpacked_func(
 
     q, k and v are read in place as strided views of ``qkv`` (no copy).
     """
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    _require_tensor("qkv", qkv)
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise _shape_error("qkv", "(batch, seqlen, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(2)
@@ -675,8 +691,9 @@ def flash_attn_kvpacked_func(
 
     k and v are read in place as strided views of ``kv`` (no copy).
     """
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    _require_tensor("kv", kv)
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise _shape_error("kv", "(batch, seqlen_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(2)
@@ -706,7 +723,7 @@ def forward(q, k, v, causal=False, softmax_scale=None, softcap=0.0, alibi_slopes
         ``out`` like q. Use ``flash_attn_func`` for autograd; use ``forward_with_stats`` and
         ``backward`` to run the backward pass yourself.
     """
-    dropout_p, _ = _check_mod_values(dropout_p, softcap)
+    dropout_p, _ = _check_mod_values(dropout_p, softcap, softmax_scale)
     if dropout_p > 0 and rng_state is None:
         _check_inputs(q, k, v, alibi_slopes)
         rng_state = _rng_state(q.device)
@@ -719,7 +736,9 @@ def _check_rng_state(rng_state, dropout_p):
     the other tensors)."""
     if dropout_p == 0:
         return
-    if not isinstance(rng_state, torch.Tensor):
+    if rng_state is not None:
+        _require_tensor("rng_state", rng_state, "an int64 tensor (seed, offset) or None")
+    if rng_state is None:
         raise ValueError(
             "dropout_p > 0 needs rng_state, an int64 tensor (seed, offset) of shape (2,) on q's "
             "device; pass the same one to forward_with_stats and backward"
@@ -730,10 +749,10 @@ def _check_rng_state(rng_state, dropout_p):
         )
 
 
-def _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p, rng_state):
+def _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p, rng_state, softmax_scale):
     """Checks of the low-level functions (module doc order); returns ``(dropout_p, softcap,
     rng_state)``, rng_state None without dropout."""
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     _check_qkv_shapes(q, k, v)
     _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     _check_rng_state(rng_state, dropout_p)
@@ -764,7 +783,7 @@ def forward_with_stats(q, k, v, causal=False, softmax_scale=None, softcap=0.0, a
         rows that see no key, whose out is 0).
     """
     dropout_p, softcap, rng_state = _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p,
-                                                    rng_state)  # fmt: skip
+                                                    rng_state, softmax_scale)  # fmt: skip
     _devices(q, k, v, alibi_slopes, rng_state)
     args = (q, k, v, _scale(q, softmax_scale), -1, 0 if causal else -1, softcap, alibi_slopes,
             dropout_p, rng_state)
@@ -793,7 +812,9 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
         above 128 on a GPU with too little shared memory per block (sm_86 / sm_89).
     """
     dropout_p, softcap, rng_state = _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p,
-                                                    rng_state)  # fmt: skip
+                                                    rng_state, softmax_scale)  # fmt: skip
+    for name, t in (("o", o), ("lse", lse), ("dout", dout)):
+        _require_tensor(name, t)
     for name, t in (("o", o), ("dout", dout)):
         if t.dtype is not q.dtype:
             raise ValueError(f"{name} must have the dtype of q ({q.dtype}); got {t.dtype}")

@@ -29,6 +29,7 @@ from .interface import (
     _kernel_ready,
     _launch_fwd,
     _mod_kwargs,
+    _require_tensor,
     _scale,
     _shape_error,
     _tracing,
@@ -60,6 +61,13 @@ def _cache_ready(name, t):
 def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, block_table, num_splits, alibi_slopes=None):
     """Every argument check, before any launch; returns (capacity, page_size)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                    ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                    ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                    ("block_table", block_table)):
+        if t is not None or name in ("q", "k_cache", "v_cache"):
+            _require_tensor(name, t, "a torch.Tensor" if name in ("q", "k_cache", "v_cache")
+                            else "a torch.Tensor or None")
     if q.dim() != 4:
         raise _shape_error("q", "(batch, seqlen_q, nheads, headdim)", q)
     dtype = q.dtype
@@ -160,8 +168,8 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
                 raise TypeError
             n = operator.index(cache_seqlens)
         except TypeError:
-            raise ValueError(f"cache_seqlens must be an int or an int32 tensor; got "
-                             f"{cache_seqlens!r}") from None
+            raise TypeError(f"cache_seqlens must be an int, an int32 tensor or None; got "
+                            f"{type(cache_seqlens).__name__}") from None
         if not 0 <= n <= capacity:
             raise ValueError(f"cache_seqlens={n} is outside [0, {capacity}]")
     for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
@@ -317,7 +325,7 @@ def flash_attn_with_kvcache(
     Returns:
         ``out`` like q, or ``(out, softmax_lse)``. No autograd (inference only).
     """
-    _, softcap = _check_mod_values(0.0, softcap)
+    _, softcap = _check_mod_values(0.0, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
     capacity, _ = _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,

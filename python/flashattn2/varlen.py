@@ -27,6 +27,7 @@ from .interface import (
     _check_mod_values,
     _kernel_ready,
     _launch_bwd,
+    _require_tensor,
     _launch_fwd,
     _lse_ready,
     _mod_kwargs,
@@ -51,8 +52,7 @@ def _check_max_seqlen(name, value):
 
 
 def _check_cu_seqlens(name, cu):
-    if not isinstance(cu, torch.Tensor):
-        raise ValueError(f"{name} must be an int32 tensor; got {type(cu).__name__}")
+    _require_tensor(name, cu, "an int32 tensor")
     if cu.dtype is not torch.int32:
         raise ValueError(f"{name} must be int32; got {cu.dtype}")
     if cu.dim() != 1 or cu.shape[0] < 1:
@@ -65,6 +65,8 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     ``block_table``, k and v are paged ``(num_blocks, page_size, nheads_k, headdim)``."""
     paged = block_table is not None
     kv_layout = "(num_blocks, page_size, nheads_k, headdim)" if paged else "(total_k, nheads_k, headdim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, t)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != (3 if name == "q" or not paged else 4):
             raise _shape_error(name, "(total_q, nheads, headdim)" if name == "q" else kv_layout, t)
@@ -119,8 +121,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 def _check_block_table(block_table, k, batch, max_seqlen_k):
     """Paged varlen: block_table int32 (batch, max_pages), unit last stride; page_size
     (k.shape[1]) a power of two >= 16; pages enough for max_seqlen_k keys."""
-    if not isinstance(block_table, torch.Tensor):
-        raise ValueError(f"block_table must be an int32 tensor; got {type(block_table).__name__}")
+    _require_tensor("block_table", block_table, "an int32 tensor")
     if block_table.dtype is not torch.int32:
         raise ValueError(f"block_table must be int32; got {block_table.dtype}")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
@@ -424,7 +425,7 @@ def flash_attn_varlen_func(
         ``out`` ``(total_q, nheads, headdim)``, or ``(out, softmax_lse, None)`` with
         ``softmax_lse`` float32 ``(nheads, total_q)``. Differentiable in q, k and v.
     """
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     if block_table is not None and dropout_p > 0:
         raise NotImplementedError(
             "flashattn2: flash_attn_varlen_func with block_table (paged k/v) runs without "
@@ -454,8 +455,9 @@ def flash_attn_varlen_qkvpacked_func(
 ):
     """``flash_attn_varlen_func`` on ``qkv`` ``(total, 3, nheads, headdim)`` (read in place;
     the gradient is packed like qkv)."""
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    _require_tensor("qkv", qkv)
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise _shape_error("qkv", "(total, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(1)
@@ -484,8 +486,9 @@ def flash_attn_varlen_kvpacked_func(
 ):
     """``flash_attn_varlen_func`` with ``kv`` ``(total_k, 2, nheads_k, headdim)`` (read in
     place; the gradient is packed like kv)."""
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    _require_tensor("kv", kv)
     if kv.dim() != 4 or kv.shape[1] != 2:
         raise _shape_error("kv", "(total_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(1)
