@@ -250,7 +250,7 @@ def _tracing():
 def _lse_ready(lse):
     """``lse`` itself if the kernel can read it (unit last stride, 16-byte aligned), else a
     contiguous copy."""
-    if lse.stride(2) != 1 or lse.data_ptr() % 16:
+    if lse.stride(-1) != 1 or lse.data_ptr() % 16:
         lse = lse.clone(memory_format=_CONTIGUOUS)
     return lse
 
