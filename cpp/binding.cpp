@@ -245,8 +245,7 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
 void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cache,
                std::uintptr_t v_cache, const Strides& knew_strides, const Strides& vnew_strides,
                const Strides& kc_strides, const Strides& vc_strides,
-               std::uintptr_t cache_seqlens, std::uintptr_t leftpad_k,
-               std::uintptr_t kv_batch_idx, std::uintptr_t block_table,
+               std::uintptr_t cache_seqlens, std::uintptr_t kv_batch_idx, std::uintptr_t block_table,
                int64_t block_table_batch_stride, int page_size, int num_pages, int cache_capacity,
                std::uintptr_t rotary_cos, std::uintptr_t rotary_sin, int64_t rotary_row_stride,
                int rotary_dim, int seqlen_ro, bool interleaved, std::uintptr_t q,
@@ -270,7 +269,6 @@ void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cach
   set_strides(vc_strides, params.vc_batch_stride, params.vc_row_stride, params.vc_head_stride);
   set_strides(q_strides, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
   params.cache_seqlens = as_ptr<int>(cache_seqlens);
-  params.leftpad_k = as_ptr<int>(leftpad_k);
   params.kv_batch_idx = as_ptr<int>(kv_batch_idx);
   // Reuse the SeqLayout page-size check.
   flashattn2::SeqLayout pages{};
@@ -410,7 +408,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),
         py::arg("kc_strides"), py::arg("vc_strides"), py::arg("cache_seqlens"),
-        py::arg("leftpad_k"), py::arg("kv_batch_idx"), py::arg("block_table"),
+        py::arg("kv_batch_idx"), py::arg("block_table"),
         py::arg("block_table_batch_stride"), py::arg("page_size"), py::arg("num_pages"),
         py::arg("cache_capacity"),
         py::arg("rotary_cos"), py::arg("rotary_sin"), py::arg("rotary_row_stride"),

@@ -6,9 +6,12 @@ There is one implementation, ``flashattn2._reference``, shipped in the package s
 from flashattn2._reference import (
     attention_probs,
     attention_ref,
+    attention_scores,
+    blockwise_probs,
     dropout_keep_mask,
     philox4x32_10,
     visible_mask,
 )
 
-__all__ = ["attention_probs", "attention_ref", "dropout_keep_mask", "philox4x32_10", "visible_mask"]
+__all__ = ["attention_probs", "attention_ref", "attention_scores", "blockwise_probs",
+           "dropout_keep_mask", "philox4x32_10", "visible_mask"]

@@ -65,7 +65,7 @@ def run_case(dtype=torch.bfloat16, batch=3, seqlen_q=1, nheads=8, nheads_k=2, he
              cache_len=512, new=1, paged=0, rotary=None, causal=True, window_size=(-1, -1),
              leftpad=False, batch_idx=False, num_splits=0):
     """Runs flash_attn_with_kvcache and checks the cache and the output against references."""
-    if _ext.KERNEL_HEAD_DIM[headdim] < 0:
+    if _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)] < 0:
         pytest.skip(f"no kernel for head dim {headdim} in this build")
     gen = torch.Generator().manual_seed(1)
     dev = "cuda"
@@ -113,10 +113,12 @@ def run_case(dtype=torch.bfloat16, batch=3, seqlen_q=1, nheads=8, nheads_k=2, he
         if new:
             k_new = k[b]
             if rotary is not None:
-                pos = torch.arange(n - pad, n - pad + new, device=dev)
+                # flash-attn's positions: new key i at its cache row n + i, the left padding
+                # not subtracted; q rows from n.
+                pos = torch.arange(n, n + new, device=dev)
                 k_new = rotate_ref(k_new, cos, sin, pos, rotary == "interleaved")
                 q_pos = (torch.arange(seqlen_q, device=dev) if causal or window_size != (-1, -1)
-                         else torch.zeros(seqlen_q, dtype=torch.long, device=dev)) + n - pad
+                         else torch.zeros(seqlen_q, dtype=torch.long, device=dev)) + n
                 q_b = rotate_ref(q_b, cos, sin, q_pos, rotary == "interleaved")
             expected_k[cb, n : n + new] = k_new
             expected_v[cb, n : n + new] = v[b]
@@ -155,6 +157,36 @@ def test_cache_layouts(dtype, seqlen_q, new, paged):
 @pytest.mark.parametrize("paged", [0, 64], ids=["contig", "page64"])
 def test_rotary(rotary, causal, paged):
     run_case(seqlen_q=3, new=3, rotary=rotary, causal=causal, paged=paged)
+
+
+@gpu
+@pytest.mark.parametrize("options", ["new0", "new3", "rotary", "batch_idx", "leftpad"])
+@pytest.mark.parametrize("paged", [0, 16], ids=["contig", "page16"])
+@pytest.mark.parametrize("headdim", [20, 59, 100])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_head_dims_not_multiple_of_8(dtype, headdim, paged, options):
+    """As flash-attn: the kernels run on padded copies, and the appended rows land in the
+    caches given (run_case checks the whole cache: appended rows and untouched ones)."""
+    if options == "batch_idx" and paged:
+        pytest.skip("cache_batch_idx is for contiguous caches")
+    kwargs = {
+        "new0": dict(new=0),
+        "new3": dict(new=3),
+        "rotary": dict(new=3, rotary="neox"),
+        "batch_idx": dict(new=3, batch_idx=True),
+        "leftpad": dict(new=3, leftpad=True, rotary="interleaved"),
+    }[options]
+    run_case(dtype, seqlen_q=3, headdim=headdim, cache_len=256, paged=paged, **kwargs)
+
+
+@gpu
+@pytest.mark.parametrize("rotary", ["interleaved", "neox"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("paged", [0, 64], ids=["contig", "page64"])
+def test_rotary_with_leftpad_rotates_at_the_cache_row(rotary, causal, paged):
+    """As flash-attn: with cache_leftpad, new key i of entry b is rotated at its cache row
+    cache_seqlens[b] + i (run_case's reference), not at cache_seqlens[b] - leftpad[b] + i."""
+    run_case(seqlen_q=3, new=3, rotary=rotary, causal=causal, paged=paged, leftpad=True)
 
 
 @gpu
@@ -432,7 +464,9 @@ def _cpu(*shape, dtype=torch.float16):
 @pytest.mark.parametrize(
     "case, message",
     [
-        (dict(q=_cpu(1, 1, 4, 60)), "multiples of 8"),
+        (dict(q=_cpu(1, 1, 4, 60)), "headdim=60"),
+        (dict(q=_cpu(1, 1, 4, 264), k_cache=_cpu(1, 64, 2, 264), v_cache=_cpu(1, 64, 2, 264)),
+         "at most 256"),
         (dict(k_cache=_cpu(1, 64, 3, 64), v_cache=_cpu(1, 64, 3, 64)), "must divide"),
         (dict(v_cache=_cpu(1, 32, 2, 64)), "shape of k_cache"),
         (dict(k=_cpu(1, 1, 2, 64)), "together"),
@@ -467,6 +501,17 @@ def test_bad_arguments(case, message):
 def test_cpu_tensors_are_rejected():
     with pytest.raises(ValueError, match="CUDA"):
         flash_attn_with_kvcache(_cpu(1, 1, 4, 64), _cpu(1, 64, 2, 64), _cpu(1, 64, 2, 64),
+                                cache_seqlens=3)
+
+
+@pytest.mark.parametrize("headdim", [1, 20, 59])
+def test_head_dims_not_multiple_of_8_pass_the_checks(headdim):
+    """As flash-attn: any head dim up to 256 (padded copies), whatever the cache strides;
+    on CPU tensors the call gets as far as the device check."""
+    cache = _cpu(1, 64, 2, headdim)
+    with pytest.raises(ValueError, match="CUDA"):
+        flash_attn_with_kvcache(_cpu(1, 1, 4, headdim), cache, cache.clone(),
+                                k=_cpu(1, 1, 2, headdim), v=_cpu(1, 1, 2, headdim),
                                 cache_seqlens=3)
 
 

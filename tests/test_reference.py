@@ -5,7 +5,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import attention_probs, attention_ref, dropout_keep_mask, philox4x32_10, visible_mask
+from flashattn2 import interface
+from reference import (
+    attention_probs,
+    attention_ref,
+    attention_scores,
+    blockwise_probs,
+    dropout_keep_mask,
+    philox4x32_10,
+    visible_mask,
+)
 
 
 def naive_attention(q, k, v, causal, window_size, softmax_scale):
@@ -218,6 +227,31 @@ def test_reference_modifiers_match_float64_loop(causal, window, softcap, slopes,
                             softcap=softcap, alibi_slopes=alibi)  # fmt: skip
     assert probs.shape == (batch, nheads, seqlen_q, seqlen_k)
     assert torch.allclose(probs.sum(-1)[lse.isfinite()], torch.tensor(1.0), atol=1e-5)
+
+
+@pytest.mark.parametrize("block_n", [16, 64])
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (9, 5))])
+def test_blockwise_probs_is_a_running_max_walk(causal, window, block_n):
+    """flash-attn's S_dmask values: a walk over key blocks from the last to the first, keeping
+    the row max m, writes exp(logit - m) for each block after updating m with it."""
+    q, k = torch.randn(2, 37, 4, 16), torch.randn(2, 70, 2, 16)
+    got = blockwise_probs(q, k, block_n, causal=causal, window_size=window, softcap=3.0)
+    scores, _ = attention_scores(q, k, causal, window, None, 3.0)
+    expected = torch.zeros_like(scores)
+    m = torch.full(scores.shape[:-1], float("-inf"))
+    for start in reversed(range(0, scores.shape[-1], block_n)):
+        block = scores[..., start : start + block_n]
+        m = torch.maximum(m, block.amax(-1))
+        safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+        expected[..., start : start + block_n] = (block - safe.unsqueeze(-1)).exp()
+    torch.testing.assert_close(got, expected)
+    assert (got <= 1).all() and (got[scores == float("-inf")] == 0).all()
+
+
+def test_sdmask_block_n_is_flash_attn_block_with_dropout():
+    # flash-attn v2's _get_block_size_n(device, d, is_dropout=True, causal), any GPU.
+    expected = {1: 128, 32: 128, 33: 64, 64: 64, 96: 64, 97: 32, 128: 32, 129: 64, 256: 64}
+    assert {d: interface._sdmask_block_n(d) for d in expected} == expected
 
 
 # Random123 kat_vectors, philox4x32 10.

@@ -12,6 +12,7 @@ twin ``_reference.dropout_keep_mask`` gives the reference mask for a given ``rng
 The public functions' mask is read back from ``return_attn_probs`` (the sign bit of
 ``S_dmask``). Keep rates are checked at 6 standard deviations over >= 1M elements.
 """
+import contextlib
 import math
 
 import pytest
@@ -24,6 +25,8 @@ from flashattn2 import (
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    force_sm80,
     forward,
     forward_with_stats,
     interface,
@@ -210,6 +213,44 @@ def test_softcap_saturates():
     check_grads(grads, q, k, v, dout, kwargs)
 
 
+@pytest.mark.parametrize("sm80", [False, True], ids=["default", "sm80"])
+@pytest.mark.parametrize("window_size", [(-1, -1), (200, 0)], ids=["nowin", "window"])
+@pytest.mark.parametrize("headdim", [32, 59, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_softcap_varlen_backward_precision(dtype, headdim, window_size, sm80):
+    """Softcap 50, ~1k packed tokens, causal: dq / dk / dv within the 2x rule. The backward
+    recomputes the forward's capped scores, so both must compute them alike: the d <= 64
+    sm80 forward once pre-scaled Q by scale / softcap rounded to the input type, and dk was
+    then off by more than 3x PyTorch's error (issue 19). Both forward paths (the Hopper one
+    where it applies, and force_sm80)."""
+    require_kernel(headdim, backward=True)
+    lengths, nheads, nheads_k, softcap = [300, 517, 1, 211], 4, 2, 50.0
+    total = sum(lengths)
+    q = torch.randn(total, nheads, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(total, nheads_k, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(total, nheads_k, headdim, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(total, nheads, headdim, device="cuda", dtype=dtype)
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    with force_sm80() if sm80 else contextlib.nullcontext():
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                     window_size=window_size, softcap=softcap)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    kwargs = ref_kwargs(True, window_size, None, dict(softcap=softcap))
+    refs, pts, outs_ref, outs_pt = [], [], [], []
+    for start, n in zip(cu.tolist(), lengths):
+        seq = [t[start : start + n].unsqueeze(0) for t in (q, k, v, dout)]
+        refs.append(reference_grads(*seq, True, kwargs))
+        pts.append(reference_grads(*seq, False, kwargs))
+        outs_ref.append(attention_ref(*seq[:3], **kwargs)[0])
+        outs_pt.append(attention_ref(*seq[:3], upcast=False, **kwargs)[0])
+    packed = (lambda ts: torch.cat([t[0] for t in ts]))  # fmt: skip
+    assert_within_rule("out", out, packed(outs_ref), packed(outs_pt), dtype)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        assert not grads[i].isnan().any(), name
+        assert_within_rule(name, grads[i], packed([r[i] for r in refs]),
+                           packed([r[i] for r in pts]), dtype)
+
+
 @pytest.mark.parametrize("softcap", [50.0, 55.0, 60.0])  # around kSoftcapBoundedLog2 (80)
 @pytest.mark.parametrize("headdim", [32, 64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -310,9 +351,19 @@ def test_dropout_public_output_and_grads_match_reference_with_returned_mask(dtyp
     kwargs = ref_kwargs(True, (-1, -1), None, dict(mods, dropout_p=dropout_p), dropout_mask=keep)
     check_forward(out.detach(), lse, q, k, v, kwargs)
     check_grads([t.grad for t in leaves], q, k, v, dout, kwargs)
-    # The probabilities: the undropped softmax, whatever the sign.
-    probs_ref = _reference.attention_probs(q, k, causal=True, **mods)
+    # The probabilities, whatever the sign, in flash-attn's convention: exp(logit - m) with m
+    # the running max after each block of 64 keys (d64), walking from the last block. Its
+    # tests' recipe (block b times exp(m_b - lse)) turns them into the softmax.
+    probs_ref = _reference.blockwise_probs(q, k, 64, causal=True, **mods)
     torch.testing.assert_close(probs.abs().float(), probs_ref, atol=1e-2, rtol=1e-2)
+    scores, _ = _reference.attention_scores(q.float(), k.float(), causal=True, **mods)
+    maxes = torch.stack([s.amax(-1) for s in scores.split(64, dim=-1)], dim=-1)
+    running = maxes.flip(-1).cummax(-1).values.flip(-1)
+    normalised = torch.cat([p.abs().float() * (m - lse).exp().unsqueeze(-1) for p, m in
+                            zip(probs.split(64, dim=-1), running.unbind(-1))], dim=-1)
+    softmax = _reference.attention_probs(q, k, causal=True, **mods)
+    torch.testing.assert_close(normalised, softmax, atol=1e-2, rtol=1e-2)
+    assert (probs.abs() <= 1).all()
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

@@ -127,6 +127,19 @@ def test_varlen_backward_large_head_dims(dtype, headdim, lengths, heads, causal,
     check_varlen_backward(dtype, headdim, lengths, heads, causal, deterministic)
 
 
+def pytorch_grads(q, k, v, lengths_q, lengths_k, causal, window_size, dout):
+    """PyTorch's error at this precision: the gradients of the same-dtype reference of each
+    sequence, packed (zero where no sequence reaches)."""
+    q16, k16, v16 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    for sq, sk in per_sequence(lengths_q, lengths_k):
+        qs, ks, vs = q16[sq].unsqueeze(0), k16[sk].unsqueeze(0), v16[sk].unsqueeze(0)
+        if qs.shape[1] and ks.shape[1]:
+            o, _ = attention_ref(qs, ks, vs, causal=causal, window_size=window_size,
+                                 upcast=False)
+            (o * dout[sq].unsqueeze(0)).sum().backward()
+    return tuple(torch.zeros_like(t) if t.grad is None else t.grad for t in (q16, k16, v16))
+
+
 def check_varlen_backward(dtype, headdim, lengths, heads, causal, deterministic):
     """Gradients of each packed sequence against its own reference (the error rule), no NaN;
     deterministic: a second run bitwise equal."""
@@ -137,18 +150,7 @@ def check_varlen_backward(dtype, headdim, lengths, heads, causal, deterministic)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     _, _, ref = reference(q, k, v, lengths_q, lengths_k, causal, (-1, -1), grad_out=dout)
-    # PyTorch's error at this precision: the same-dtype reference's gradients.
-    q16, k16, v16 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    grads_pt = []
-    for sq, sk in per_sequence(lengths_q, lengths_k):
-        qs, ks, vs = q16[sq].unsqueeze(0), k16[sk].unsqueeze(0), v16[sk].unsqueeze(0)
-        if qs.shape[1] and ks.shape[1]:
-            o, _ = attention_ref(qs, ks, vs, causal=causal, upcast=False)
-            (o * dout[sq].unsqueeze(0)).sum().backward()
-    for t in (q16, k16, v16):
-        if t.grad is None:
-            t.grad = torch.zeros_like(t)
-    grads_pt = (q16.grad, k16.grad, v16.grad)
+    grads_pt = pytorch_grads(q, k, v, lengths_q, lengths_k, causal, (-1, -1), dout)
     for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref, grads_pt):
         assert g.shape == r.shape and g.dtype == dtype
         assert not g.isnan().any(), f"{name} has NaN"
@@ -274,7 +276,6 @@ def test_cpu_tensors_are_rejected():
     "case, message",
     [
         (dict(block_table=_t(2, 1, dtype=torch.int64)), "int32"),
-        (dict(block_table=[[0], [1]]), "int32 tensor"),
         (dict(block_table=_t(3, 1, dtype=torch.int32)), "batch=2, max_pages"),
         (dict(block_table=_t(2, 2, dtype=torch.int32)[:, :1].t().contiguous().t()),
          "unit last stride"),
@@ -295,9 +296,19 @@ def test_bad_block_table_arguments(case, message):
         flash_attn_varlen_func(**args)
 
 
-def test_block_table_is_forward_only():
+def test_block_table_takes_no_dropout():
     q = _t(10, 4, 64).requires_grad_()
-    with pytest.raises(NotImplementedError, match="forward only"):
+    with pytest.raises(NotImplementedError, match="dropout"):
+        flash_attn_varlen_func(q, _t(4, 16, 2, 64), _t(4, 16, 2, 64), _t(3, dtype=torch.int32),
+                               _t(3, dtype=torch.int32), 5, 16, dropout_p=0.1,
+                               block_table=_t(2, 1, dtype=torch.int32))
+
+
+def test_block_table_with_grad_reaches_the_device_check():
+    """Inputs that require grad take the paged path as far as without (flash-attn runs that
+    forward): here the device check, since the tensors are on the CPU."""
+    q = _t(10, 4, 64).requires_grad_()
+    with pytest.raises(ValueError, match="CUDA"):
         flash_attn_varlen_func(q, _t(4, 16, 2, 64), _t(4, 16, 2, 64), _t(3, dtype=torch.int32),
                                _t(3, dtype=torch.int32), 5, 16,
                                block_table=_t(2, 1, dtype=torch.int32))
@@ -363,6 +374,81 @@ def test_varlen_paged_kv(headdim, lengths, page_size, heads, causal, window_size
 
 
 @gpu
+@pytest.mark.parametrize("window_size", [(-1, -1), (30, 5)], ids=["nowin", "window"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)], ids=str)
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("lengths", list(PAGED_LENGTHS), ids=str)
+@pytest.mark.parametrize("headdim", [59, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_varlen_paged_kv_backward(dtype, headdim, lengths, page_size, heads, causal,
+                                  window_size):
+    """Gradients through block_table: dq, and dk / dv shaped like the pages, against the
+    float32 reference of each sequence (the error rule); rows that hold no key (NaN in the
+    pages) get zero gradient, and no NaN leaks from them."""
+    lengths_q, lengths_k = PAGED_LENGTHS[lengths]
+    q, k, v = make_varlen(lengths_q, lengths_k, *heads, headdim, dtype)
+    kp, vp, table = paged_varlen_kv(k, v, lengths_k, page_size, torch.Generator().manual_seed(5))
+    q.requires_grad_(), kp.requires_grad_(), vp.requires_grad_()
+    out = flash_attn_varlen_func(q, kp, vp, cu(lengths_q), cu(lengths_k), max(lengths_q),
+                                 max(lengths_k), causal=causal, window_size=window_size,
+                                 block_table=table)
+    dout = torch.randn_like(out)
+    dq, dkp, dvp = torch.autograd.grad(out, (q, kp, vp), dout)
+    assert dkp.shape == kp.shape and dvp.shape == vp.shape
+    _, _, (dq_ref, dk_ref, dv_ref) = reference(q, k, v, lengths_q, lengths_k, causal,
+                                               window_size, grad_out=dout)
+    dq_pt, dk_pt, dv_pt = pytorch_grads(q, k, v, lengths_q, lengths_k, causal, window_size, dout)
+    assert not dq.isnan().any()
+    assert_rule("dq", dq, dq_ref, dq_pt, dtype)
+    for name, got, ref, ref_pt in (("dk", dkp, dk_ref, dk_pt), ("dv", dvp, dv_ref, dv_pt)):
+        # The reference gradients laid out as the pages (same shuffle): NaN where no key.
+        ref, _, _ = paged_varlen_kv(ref, ref, lengths_k, page_size,
+                                    torch.Generator().manual_seed(5))
+        ref_pt, _, _ = paged_varlen_kv(ref_pt, ref_pt, lengths_k, page_size,
+                                       torch.Generator().manual_seed(5))
+        key = ~ref.isnan()
+        assert torch.equal(got[~key], torch.zeros_like(got[~key])), f"{name}: rows with no key"
+        assert_rule(name, got[key], ref[key], ref_pt[key], dtype)
+
+
+@gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "det"])
+def test_varlen_paged_kv_backward_shared_pages(deterministic):
+    """Two sequences reading the same pages (a shared prefix): the page gradient is the sum of
+    both sequences' key gradients; deterministic gives the same gradients twice."""
+    dtype, lengths_q, n = torch.bfloat16, [70, 33], 80
+    q, k, v = make_varlen(lengths_q, [n], 6, 2, 64, dtype)
+    kp, vp, table = paged_varlen_kv(k, v, [n], 16, torch.Generator().manual_seed(6))
+    table = table.expand(2, -1).contiguous()
+    q.requires_grad_(), kp.requires_grad_(), vp.requires_grad_()
+
+    def grads():
+        out = flash_attn_varlen_func(q, kp, vp, cu(lengths_q), cu([n, n]), max(lengths_q), n,
+                                     causal=True, deterministic=deterministic,
+                                     block_table=table)
+        return torch.autograd.grad(out, (q, kp, vp), dout)
+
+    dout = torch.randn(q.shape, device="cuda", dtype=dtype)
+    dq, dkp, dvp = grads()
+    k2, v2 = torch.cat([k, k]), torch.cat([v, v])
+    _, _, (dq_ref, dk_ref, dv_ref) = reference(q, k2, v2, lengths_q, [n, n], True, (-1, -1),
+                                               grad_out=dout)
+    dq_pt, dk_pt, dv_pt = pytorch_grads(q, k2, v2, lengths_q, [n, n], True, (-1, -1), dout)
+    assert_rule("dq", dq, dq_ref, dq_pt, dtype)
+    for name, got, ref, ref_pt in (("dk", dkp, dk_ref, dk_pt), ("dv", dvp, dv_ref, dv_pt)):
+        ref = (ref[:n] + ref[n:])
+        ref_pt = (ref_pt[:n].float() + ref_pt[n:].float()).to(dtype)
+        ref, _, _ = paged_varlen_kv(ref, ref, [n], 16, torch.Generator().manual_seed(6))
+        ref_pt, _, _ = paged_varlen_kv(ref_pt, ref_pt, [n], 16, torch.Generator().manual_seed(6))
+        key = ~ref.isnan()
+        assert torch.equal(got[~key], torch.zeros_like(got[~key])), f"{name}: rows with no key"
+        assert_rule(name, got[key], ref[key], ref_pt[key], dtype)
+    if deterministic:
+        assert all(torch.equal(a, b) for a, b in zip((dq, dkp, dvp), grads()))
+
+
+@gpu
 def test_varlen_paged_kv_under_compile():
     """The flashattn2::varlen_fwd operator takes the block table (no graph break)."""
     torch._dynamo.reset()
@@ -375,6 +461,33 @@ def test_varlen_paged_kv_under_compile():
         lambda *a: flash_attn_varlen_func(*a, causal=True, block_table=table), fullgraph=True
     )(*args)
     assert torch.equal(compiled, eager)
+    torch._dynamo.reset()
+
+
+@gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["packed", "paged"])
+def test_varlen_backward_under_compile(paged):
+    """torch.compile(fullgraph) of a varlen forward + backward (the flashattn2::varlen_bwd
+    operator, whose lse is (nheads, total_q)) gives the eager gradients (deterministic: bitwise)."""
+    torch._dynamo.reset()
+    lengths_q, lengths_k = PAGED_LENGTHS["ragged"]
+    q, k, v = make_varlen(lengths_q, lengths_k, 6, 2, 64, torch.bfloat16)
+    table = None
+    if paged:
+        k, v, table = paged_varlen_kv(k, v, lengths_k, 16, torch.Generator().manual_seed(7))
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    dout = torch.randn_like(q)
+
+    def loss(q, k, v):
+        out = flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q),
+                                     max(lengths_k), causal=True, deterministic=True,
+                                     block_table=table)
+        return (out * dout).sum()
+
+    eager = torch.autograd.grad(loss(*leaves), leaves)
+    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True)(*leaves), leaves)
+    for a, b in zip(compiled, eager):
+        assert not a.isnan().any() and torch.equal(a, b)
     torch._dynamo.reset()
 
 

@@ -146,8 +146,9 @@ struct BwdParams : SeqLayout {
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written
 // into the cache at rows cache_seqlens[b] ... of batch b, optionally with rotary embedding
 // applied to the keys and to q (rotated q goes to q_out). Rows beyond the cache capacity are
-// not written. Rotary position of new key i: cache_seqlens[b] - leftpad[b] + i; of query
-// row i: the same with i (q_positions_increment) or 0.
+// not written. Rotary position of new key i: its cache row cache_seqlens[b] + i (as
+// flash-attn: left padding is not subtracted); of query row i: the same with i
+// (q_positions_increment) or 0.
 struct AppendKvParams {
   const void* k_new;  // (batch, seqlen_new, nheads_k, headdim)
   const void* v_new;
@@ -158,7 +159,6 @@ struct AppendKvParams {
   int64_t kc_batch_stride, kc_row_stride, kc_head_stride;
   int64_t vc_batch_stride, vc_row_stride, vc_head_stride;
   const int* cache_seqlens;  // (batch,)
-  const int* leftpad_k;      // (batch,) or null
   const int* kv_batch_idx;   // (batch,) or null (contiguous cache only)
   const int* block_table;    // (batch, max_pages) or null
   int64_t block_table_batch_stride;

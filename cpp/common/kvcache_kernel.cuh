@@ -77,8 +77,7 @@ __global__ void __launch_bounds__(256) append_kv_kernel(const AppendKvParams p) 
                            int64_t(i) * p.knew_row_stride + head * p.knew_head_stride;
     const Element* v_src = static_cast<const Element*>(p.v_new) + batch * p.vnew_batch_stride +
                            int64_t(i) * p.vnew_row_stride + head * p.vnew_head_stride;
-    const int pos = p.cache_seqlens[batch] - (p.leftpad_k ? p.leftpad_k[batch] : 0) + i;
-    rotate_pair(p, k_dst, k_src, j, pos);
+    rotate_pair(p, k_dst, k_src, j, dst_row);
     *reinterpret_cast<uint32_t*>(v_dst + 2 * j) = *reinterpret_cast<const uint32_t*>(v_src + 2 * j);
     return;
   }
@@ -91,8 +90,7 @@ __global__ void __launch_bounds__(256) append_kv_kernel(const AppendKvParams p) 
   const Element* src = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
                        int64_t(i) * p.q_row_stride + head * p.q_head_stride;
   Element* dst = static_cast<Element*>(p.q_out) + qr * p.headdim;
-  const int pos = p.cache_seqlens[batch] - (p.leftpad_k ? p.leftpad_k[batch] : 0) +
-                  (p.q_positions_increment ? i : 0);
+  const int pos = p.cache_seqlens[batch] + (p.q_positions_increment ? i : 0);
   rotate_pair(p, dst, src, j, pos);
 }
 

@@ -331,16 +331,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
     if constexpr (kMods) {
       // S -> base-2 logits (ScoreMod::logit2 as passes over the tile, so that the uniform
-      // branches stay outside the loops); before the mask, which then sets -inf.
+      // branches stay outside the loops); before the mask, which then sets -inf. The tanh
+      // argument is the f32 score times softmax_scale / softcap, as the backward recomputes
+      // it (a Q pre-scaled and rounded to the input type saved one FMUL per score, but gave
+      // other capped scores than the backward's: dK lost precision, benchmarks/NOTES.md).
       if (kSoftcapOnly || mod.softcap > 0.f) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
           for (int nt = 0; nt < kNTilesN; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              acc_s[mt][nt][e] = kSoftcapOnly ? ptx::tanh_approx(acc_s[mt][nt][e])
-                                              : mod.capped(acc_s[mt][nt][e]);
+            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = mod.capped(acc_s[mt][nt][e]);
       }
       if (!kSoftcapOnly && mod.slope_log2 != 0.f) {
         const float mult = mod.mult();
@@ -517,18 +518,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-          for (int kk = 0; kk < kKStepsD; ++kk) {
-            ptx::ldmatrix_x4(rQ[mt][kk], q_addr(mt, kk));
-            if constexpr (kSoftcapOnly) {
-              // Q * softmax_scale / softcap, rounded once to the input type: the score MMAs
-              // then give the tanh argument directly (one FMUL per score less).
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const float2 v = ptx::unpack2<Element>(rQ[mt][kk][e]);
-                rQ[mt][kk][e] = ptx::pack2<Element>(v.x * mod.cap_scale, v.y * mod.cap_scale);
-              }
-            }
-          }
+          for (int kk = 0; kk < kKStepsD; ++kk) ptx::ldmatrix_x4(rQ[mt][kk], q_addr(mt, kk));
         // Stage 1 overwrites sQ: every warp must hold its Q fragments first (once per CTA).
         if constexpr (Traits::kStage1InQ) __syncthreads();
       }

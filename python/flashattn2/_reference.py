@@ -102,6 +102,31 @@ def attention_probs(q, k, causal=False, window_size=(-1, -1), softmax_scale=None
     return probs.masked_fill(~mask.any(dim=-1).unsqueeze(-1), 0.0)
 
 
+def blockwise_probs(q, k, block_n, causal=False, window_size=(-1, -1), softmax_scale=None,
+                    softcap=0.0, alibi_slopes=None):
+    """flash-attn v2's unnormalised probabilities (its ``S_dmask`` before the dropout signs),
+    float32 ``(batch, nheads, seqlen_q, seqlen_k)``: ``exp(logit_ij - m_i(j))`` with
+    ``m_i(j)`` the running row max of a kernel that walks the keys in blocks of ``block_n``
+    (block b = keys ``[b * block_n, (b + 1) * block_n)``) from the last block to the first,
+    just after it has seen j's block: the max of row i's logits over that block and all later
+    ones. Values lie in [0, 1]; multiplying block b by ``exp(m_i(b) - lse_i)`` normalises
+    them. 0 where masked."""
+    scores, _ = attention_scores(q.float(), k.float(), causal, window_size, softmax_scale,
+                                 softcap, alibi_slopes)
+    seqlen_k = scores.shape[-1]
+    if seqlen_k == 0 or scores.numel() == 0:
+        return scores
+    nblocks = -(-seqlen_k // block_n)
+    padded = torch.nn.functional.pad(scores, (0, nblocks * block_n - seqlen_k),
+                                     value=float("-inf"))
+    block_max = padded.unflatten(-1, (nblocks, block_n)).amax(-1)
+    running = block_max.flip(-1).cummax(-1).values.flip(-1)
+    running = running.repeat_interleave(block_n, dim=-1)[..., :seqlen_k]
+    # A max that is still -inf (nothing visible yet) counts as 0: exp(-inf - 0) = 0.
+    running = running.masked_fill(running == float("-inf"), 0.0)
+    return torch.exp(scores - running)
+
+
 # ---- dropout: a torch twin of cpp/common/score_mod.cuh (Philox4x32-10 and the element layout) ----
 
 _M32 = 0xFFFFFFFF

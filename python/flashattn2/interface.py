@@ -4,7 +4,8 @@ Checks run in a fixed order, all before any launch, so that a problem is reporte
 way whatever the device:
 
 1. argument values: ``dropout_p`` in [0, 1), ``softcap`` >= 0, ``window_size``;
-2. ranks, dtypes, then shapes (head dim, batch, key/value shapes, ``h % h_k``, then
+2. types (TypeError naming the argument for None, a numpy array, a list... where a tensor
+   goes), ranks, dtypes, then shapes (head dim, batch, key/value shapes, ``h % h_k``, then
    ``alibi_slopes``: float32 of shape ``(nheads,)`` or ``(batch, nheads)``);
 3. devices: CUDA tensors, one device (``alibi_slopes`` included), a GPU this build has code
    for (cached per device).
@@ -259,7 +260,7 @@ def _tracing():
 def _lse_ready(lse):
     """``lse`` itself if the kernel can read it (unit last stride, 16-byte aligned), else a
     contiguous copy."""
-    if lse.stride(2) != 1 or lse.data_ptr() % 16:
+    if lse.stride(-1) != 1 or lse.data_ptr() % 16:
         lse = lse.clone(memory_format=_CONTIGUOUS)
     return lse
 
@@ -393,8 +394,14 @@ def _real(name, value):
         raise ValueError(f"{name} must be a real number; got {value!r}") from None
 
 
-def _check_mod_values(dropout_p, softcap):
-    """``(dropout_p, softcap)`` as floats after the value checks (step 1 of the module doc)."""
+def _check_mod_values(dropout_p, softcap, softmax_scale=None):
+    """``(dropout_p, softcap)`` as floats after the value checks (step 1 of the module doc);
+    ``softmax_scale`` must be None or positive and finite."""
+    if softmax_scale is not None:
+        scale = _real("softmax_scale", softmax_scale)
+        if not 0.0 < scale < math.inf:
+            raise ValueError(f"softmax_scale must be positive and finite (or None); got "
+                             f"{softmax_scale!r}")
     dropout_p = _real("dropout_p", dropout_p)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p!r}")
@@ -404,12 +411,17 @@ def _check_mod_values(dropout_p, softcap):
     return dropout_p, softcap
 
 
+def _require_tensor(name, value, what="a torch.Tensor"):
+    """TypeError naming the argument when ``value`` is not a tensor (None, a numpy array...)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be {what}; got {type(value).__name__}")
+
+
 def _check_alibi_shape(alibi_slopes, batch, nheads):
     """dtype and shape of ``alibi_slopes`` (None passes): float32 ``(h,)`` or ``(b, h)``."""
     if alibi_slopes is None:
         return
-    if not isinstance(alibi_slopes, torch.Tensor):
-        raise ValueError(f"alibi_slopes must be a tensor or None; got {type(alibi_slopes).__name__}")
+    _require_tensor("alibi_slopes", alibi_slopes, "a float32 tensor or None")
     if alibi_slopes.dtype is not _FP32:
         raise ValueError(f"alibi_slopes must be float32; got {alibi_slopes.dtype}")
     if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
@@ -438,8 +450,9 @@ def _window(window_size, causal):
 
 
 def _scale(q, softmax_scale):
-    """``softmax_scale`` as a float; ``None`` means ``headdim ** -0.5``."""
-    return q.shape[3] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    """``softmax_scale`` (checked by ``_check_mod_values``) as a float; ``None`` means
+    ``headdim ** -0.5``."""
+    return q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
 
 
 def _shape_error(name, expected, tensor):
@@ -447,7 +460,9 @@ def _shape_error(name, expected, tensor):
 
 
 def _check_qkv_shapes(q, k, v):
-    """Rank, dtype and shape checks of q, k and v."""
+    """Type, rank, dtype and shape checks of q, k and v."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, t)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             what = "(batch, seqlen_q, nheads, headdim)" if name == "q" else (
@@ -557,16 +572,25 @@ def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
     return out, lse, probs
 
 
+def _sdmask_block_n(headdim):
+    """The key block of flash-attn v2's forward with dropout, by head dim (the same on every
+    GPU; its ``flash_attn_interface._get_block_size_n(..., is_dropout=True, ...)``), which
+    sets the running maxes its ``S_dmask`` values are relative to."""
+    return 128 if headdim <= 32 else 32 if 96 < headdim <= 128 else 64
+
+
 def _dropped_probs(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                    dropout_p, rng_state):  # fmt: skip
-    """flash-attn's ``S_dmask`` for testing: the undropped softmax probabilities in q's dtype,
-    ``(batch, nheads, seqlen_q, seqlen_k)``, negated where dropout dropped the element (so the
-    sign bit is the mask, dropped zeros included: ``torch.signbit(probs)`` = dropped). Computed
-    in float32 with plain torch from q and k (memory ``O(b h sq sk)``); the keep mask comes
-    from the kernels' own Philox code."""
-    batch, seqlen_q, nheads, _ = q.shape
-    probs = _reference.attention_probs(
-        q.detach(), k.detach(), window_size=(window_left, window_right),
+    """flash-attn's ``S_dmask`` for testing, in its convention: the unnormalised
+    probabilities ``exp(logit - m)`` in q's dtype, ``(batch, nheads, seqlen_q, seqlen_k)``,
+    with m the running row max of flash-attn's forward after the key block of the element
+    (``_reference.blockwise_probs``, blocks of ``_sdmask_block_n(headdim)`` keys), negated
+    where dropout dropped the element (so the sign bit is the mask, dropped zeros included:
+    ``torch.signbit(probs)`` = dropped). Computed in float32 with plain torch from q and k
+    (memory ``O(b h sq sk)``); the keep mask comes from the kernels' own Philox code."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    probs = _reference.blockwise_probs(
+        q.detach(), k.detach(), _sdmask_block_n(headdim), window_size=(window_left, window_right),
         softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     keep = _dropout_keep_mask(rng_state, batch, nheads, seqlen_q, k.shape[1], dropout_p)
@@ -615,17 +639,20 @@ def flash_attn_func(
     Returns:
         ``out`` like q, or ``(out, softmax_lse, S_dmask)`` when ``return_attn_probs``:
         ``softmax_lse`` float32 ``(batch, nheads, seqlen_q)`` (of the undropped softmax);
-        ``S_dmask`` None without dropout, else the undropped probabilities ``(batch, nheads,
-        seqlen_q, seqlen_k)`` in q's dtype, negated where dropout dropped the element (the
-        sign bit is the mask; computed with plain torch, O(b·h·sq·sk) memory). Rows that see
-        no key give out = 0 and lse = +inf.
+        ``S_dmask`` None without dropout, else, as flash-attn returns it, the unnormalised
+        probabilities ``(batch, nheads, seqlen_q, seqlen_k)`` in q's dtype: ``exp(logit_ij -
+        m_ij)`` with m_ij the max of row i's logits over the keys from j's block of N keys to
+        the end (flash-attn's running max; N = 128 for head dims <= 32, 32 for 97-128, else
+        64, as its ``_get_block_size_n`` with dropout), negated where dropout dropped the
+        element (the sign bit is the mask; computed with plain torch, O(b·h·sq·sk) memory).
+        Rows that see no key give out = 0 and lse = +inf.
 
     Autograd: differentiable in q, k and v (not through ``softmax_lse``), for every head
     dim up to 256 (``build_info()["bwd_head_dims"]``). The backward of head dims above 128
     needs an sm_80 / sm_90 class GPU (A100, H100: 144.5 KiB of shared memory per block at
     d256); on sm_86 / sm_89 it raises NotImplementedError (the forward works there).
     """
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
     _check_inputs(q, k, v, alibi_slopes)
     return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
@@ -647,8 +674,9 @@ def flash_attn_qkvpacked_func(
 
     q, k and v are read in place as strided views of ``qkv`` (no copy).
     """
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    _require_tensor("qkv", qkv)
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise _shape_error("qkv", "(batch, seqlen, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(2)
@@ -673,8 +701,9 @@ def flash_attn_kvpacked_func(
 
     k and v are read in place as strided views of ``kv`` (no copy).
     """
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    _require_tensor("kv", kv)
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise _shape_error("kv", "(batch, seqlen_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(2)
@@ -704,7 +733,7 @@ def forward(q, k, v, causal=False, softmax_scale=None, softcap=0.0, alibi_slopes
         ``out`` like q. Use ``flash_attn_func`` for autograd; use ``forward_with_stats`` and
         ``backward`` to run the backward pass yourself.
     """
-    dropout_p, _ = _check_mod_values(dropout_p, softcap)
+    dropout_p, _ = _check_mod_values(dropout_p, softcap, softmax_scale)
     if dropout_p > 0 and rng_state is None:
         _check_inputs(q, k, v, alibi_slopes)
         rng_state = _rng_state(q.device)
@@ -717,7 +746,9 @@ def _check_rng_state(rng_state, dropout_p):
     the other tensors)."""
     if dropout_p == 0:
         return
-    if not isinstance(rng_state, torch.Tensor):
+    if rng_state is not None:
+        _require_tensor("rng_state", rng_state, "an int64 tensor (seed, offset) or None")
+    if rng_state is None:
         raise ValueError(
             "dropout_p > 0 needs rng_state, an int64 tensor (seed, offset) of shape (2,) on q's "
             "device; pass the same one to forward_with_stats and backward"
@@ -728,10 +759,10 @@ def _check_rng_state(rng_state, dropout_p):
         )
 
 
-def _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p, rng_state):
+def _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p, rng_state, softmax_scale):
     """Checks of the low-level functions (module doc order); returns ``(dropout_p, softcap,
     rng_state)``, rng_state None without dropout."""
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     _check_qkv_shapes(q, k, v)
     _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     _check_rng_state(rng_state, dropout_p)
@@ -762,7 +793,7 @@ def forward_with_stats(q, k, v, causal=False, softmax_scale=None, softcap=0.0, a
         rows that see no key, whose out is 0).
     """
     dropout_p, softcap, rng_state = _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p,
-                                                    rng_state)  # fmt: skip
+                                                    rng_state, softmax_scale)  # fmt: skip
     _devices(q, k, v, alibi_slopes, rng_state)
     args = (q, k, v, _scale(q, softmax_scale), -1, 0 if causal else -1, softcap, alibi_slopes,
             dropout_p, rng_state)
@@ -791,7 +822,9 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
         above 128 on a GPU with too little shared memory per block (sm_86 / sm_89).
     """
     dropout_p, softcap, rng_state = _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p,
-                                                    rng_state)  # fmt: skip
+                                                    rng_state, softmax_scale)  # fmt: skip
+    for name, t in (("o", o), ("lse", lse), ("dout", dout)):
+        _require_tensor(name, t)
     for name, t in (("o", o), ("dout", dout)):
         if t.dtype is not q.dtype:
             raise ValueError(f"{name} must have the dtype of q ({q.dtype}); got {t.dtype}")

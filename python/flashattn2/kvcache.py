@@ -13,6 +13,7 @@ k_cache and v_cache.
 import operator
 
 import torch
+import torch.nn.functional as F
 
 from . import _ext
 from .interface import (
@@ -28,6 +29,7 @@ from .interface import (
     _kernel_ready,
     _launch_fwd,
     _mod_kwargs,
+    _require_tensor,
     _scale,
     _shape_error,
     _tracing,
@@ -59,18 +61,25 @@ def _cache_ready(name, t):
 def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, block_table, num_splits, alibi_slopes=None):
     """Every argument check, before any launch; returns (capacity, page_size)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                    ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                    ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                    ("block_table", block_table)):
+        if t is not None or name in ("q", "k_cache", "v_cache"):
+            _require_tensor(name, t, "a torch.Tensor" if name in ("q", "k_cache", "v_cache")
+                            else "a torch.Tensor or None")
     if q.dim() != 4:
         raise _shape_error("q", "(batch, seqlen_q, nheads, headdim)", q)
     dtype = q.dtype
     if dtype is not _HALF and dtype is not _BF16:
         raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
     batch, _, nheads, headdim = q.shape
-    if headdim == 0 or headdim > _MAX_HEADDIM or headdim % 8:
+    if headdim == 0 or headdim > _MAX_HEADDIM:
         raise ValueError(
-            f"flash_attn_with_kvcache supports head dims that are multiples of 8 up to "
-            f"{_MAX_HEADDIM}; got {headdim}"
+            f"FlashAttention forward only supports head dimension at most {_MAX_HEADDIM} "
+            f"(and at least 1); got {headdim}"
         )
-    if _ext.KERNEL_HEAD_DIM[headdim] < 0:
+    if _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)] < 0:
         built = ", ".join(map(str, _ext.build_info()["head_dims"]))
         raise ValueError(f"flashattn2: head dim {headdim} needs a kernel head dim >= "
                          f"{headdim}; this build has {built}")
@@ -159,8 +168,8 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
                 raise TypeError
             n = operator.index(cache_seqlens)
         except TypeError:
-            raise ValueError(f"cache_seqlens must be an int or an int32 tensor; got "
-                             f"{cache_seqlens!r}") from None
+            raise TypeError(f"cache_seqlens must be an int, an int32 tensor or None; got "
+                            f"{type(cache_seqlens).__name__}") from None
         if not 0 <= n <= capacity:
             raise ValueError(f"cache_seqlens={n} is outside [0, {capacity}]")
     for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
@@ -179,8 +188,9 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     if alibi_slopes is not None:
         named.append(("alibi_slopes", alibi_slopes))
-    _cache_ready("k_cache", k_cache)
-    _cache_ready("v_cache", v_cache)
+    if headdim % 8 == 0:  # else the kernels run on padded copies
+        _cache_ready("k_cache", k_cache)
+        _cache_ready("v_cache", v_cache)
     _check_devices(*named)
     return capacity, page_size
 
@@ -217,7 +227,7 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         _C.append_kv(
             k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
             k.stride()[:3], v.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3],
-            cache_seqlens.data_ptr(), ptr(cache_leftpad), ptr(cache_batch_idx),
+            cache_seqlens.data_ptr(), ptr(cache_batch_idx),
             ptr(block_table), 0 if block_table is None else block_table.stride(0), page_size,
             k_cache.shape[0], capacity, ptr(rotary_cos), ptr(rotary_sin),
             0 if rotary_cos is None else rotary_cos.stride(0), rotary_dim,
@@ -275,18 +285,24 @@ def flash_attn_with_kvcache(
     """Attention of q against a KV cache, appending new keys/values first (flash-attn v2).
 
     Args:
-        q: ``(batch, seqlen_q, nheads, headdim)``, fp16/bf16, headdim a multiple of 8.
+        q: ``(batch, seqlen_q, nheads, headdim)``, fp16/bf16, headdim at most 256. A head
+            dim that is not a multiple of 8 runs on zero-padded copies of q, k, v and the
+            caches (the whole cache is copied each call), and the appended rows are then
+            written back into k_cache / v_cache.
         k_cache, v_cache: ``(batch_cache, seqlen_cache, nheads_k, headdim)``, or with
             ``block_table`` paged ``(num_pages, page_size, nheads_k, headdim)`` with
-            page_size a power of two >= 16. Updated in place when k, v are given.
+            page_size a power of two >= 16. Updated in place when k, v are given, so (head
+            dims that are multiples of 8) unit last stride, 16-byte aligned, other strides
+            multiples of 8 elements.
         k, v: optional new keys/values ``(batch, seqlen_new, nheads_k, headdim)``, written at
             positions ``cache_seqlens[b] ...`` of each batch entry's cache before attending
             (positions past the cache's end are not written).
         rotary_cos, rotary_sin: optional ``(seqlen_ro, rotary_dim / 2)`` (q's dtype,
             seqlen_ro >= the cache length): rotary embedding applied to the new k and to q
-            over their first rotary_dim features, at position ``cache_seqlens[b] -
-            cache_leftpad[b] + i`` for new key i; q rows at the same positions when causal or
-            local, else all at ``cache_seqlens[b] - cache_leftpad[b]``.
+            over their first rotary_dim features, at position ``cache_seqlens[b] + i`` for
+            new key i (its cache row: as in flash-attn, ``cache_leftpad`` is not subtracted);
+            q rows at the same positions when causal or local, else all at
+            ``cache_seqlens[b]``.
             ``rotary_interleaved``: pairs (2i, 2i + 1) (GPT-J) if True, else (i, i + rotary_dim
             / 2) (GPT-NeoX).
         cache_seqlens: int or int32 ``(batch,)``: tokens already in each cache (default: the
@@ -309,7 +325,7 @@ def flash_attn_with_kvcache(
     Returns:
         ``out`` like q, or ``(out, softmax_lse)``. No autograd (inference only).
     """
-    _, softcap = _check_mod_values(0.0, softcap)
+    _, softcap = _check_mod_values(0.0, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
     capacity, _ = _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
@@ -321,11 +337,54 @@ def flash_attn_with_kvcache(
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=_INT32,
                                    device=q.device)
-    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            cache_leftpad, block_table, _scale(q, softmax_scale), window_left, window_right,
-            bool(rotary_interleaved), int(num_splits), softcap, alibi_slopes)
-    if _tracing():
-        out, lse = torch.ops.flashattn2.fwd_kvcache(*args)
+    rest = (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+            _scale(q, softmax_scale), window_left, window_right, bool(rotary_interleaved),
+            int(num_splits), softcap, alibi_slopes)
+    headdim = q.shape[3]
+    pad = -headdim % 8
+    if pad == 0:
+        out, lse = _run(q, k_cache, v_cache, k, v, *rest)
     else:
-        out, lse = _kvcache_forward(*args)
+        # The kernels need head dims that are multiples of 8: run on zero-padded copies,
+        # then write the appended rows back into the caches given.
+        padded = (lambda t: None if t is None else F.pad(t, (0, pad)))
+        kc, vc = padded(k_cache), padded(v_cache)
+        out, lse = _run(padded(q), kc, vc, padded(k), padded(v), *rest)
+        out = out[..., :headdim]
+        if k is not None:
+            _write_back_appended(k_cache, v_cache, kc, vc, cache_seqlens, k.shape[1],
+                                 cache_batch_idx, block_table)
     return (out, lse) if return_softmax_lse else out
+
+
+def _run(*args):
+    if _tracing():
+        return torch.ops.flashattn2.fwd_kvcache(*args)
+    return _kvcache_forward(*args)
+
+
+def _write_back_appended(k_cache, v_cache, kc, vc, cache_seqlens, seqlen_new, cache_batch_idx,
+                         block_table):
+    """Copies the rows the append wrote into the padded caches ``kc`` / ``vc`` (rows
+    ``cache_seqlens[b] + i`` of entry b, those past the cache's end not written) back into
+    ``k_cache`` / ``v_cache``, sliced to their head dim. Indices are clamped as the kernels
+    clamp them; where several map to one row, each copies that row's final value."""
+    batch = cache_seqlens.shape[0]
+    rows = cache_seqlens.long().unsqueeze(1) + torch.arange(seqlen_new, device=kc.device)
+    if block_table is not None:
+        page_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+        if capacity == 0 or k_cache.shape[0] == 0:
+            return
+        rows = rows.clamp_(0, capacity - 1)
+        pages = block_table.long().gather(1, rows // page_size).clamp_(0, k_cache.shape[0] - 1)
+        index = (pages, rows % page_size)
+    else:
+        if k_cache.shape[1] == 0:
+            return
+        entries = (torch.arange(batch, device=kc.device) if cache_batch_idx is None
+                   else cache_batch_idx.long().clamp(0, k_cache.shape[0] - 1))  # fmt: skip
+        index = (entries.unsqueeze(1).expand_as(rows), rows.clamp_(0, k_cache.shape[1] - 1))
+    headdim = k_cache.shape[3]
+    k_cache[index] = kc[index][..., :headdim]
+    v_cache[index] = vc[index][..., :headdim]

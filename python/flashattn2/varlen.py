@@ -27,6 +27,7 @@ from .interface import (
     _check_mod_values,
     _kernel_ready,
     _launch_bwd,
+    _require_tensor,
     _launch_fwd,
     _lse_ready,
     _mod_kwargs,
@@ -51,8 +52,7 @@ def _check_max_seqlen(name, value):
 
 
 def _check_cu_seqlens(name, cu):
-    if not isinstance(cu, torch.Tensor):
-        raise ValueError(f"{name} must be an int32 tensor; got {type(cu).__name__}")
+    _require_tensor(name, cu, "an int32 tensor")
     if cu.dtype is not torch.int32:
         raise ValueError(f"{name} must be int32; got {cu.dtype}")
     if cu.dim() != 1 or cu.shape[0] < 1:
@@ -65,6 +65,8 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     ``block_table``, k and v are paged ``(num_blocks, page_size, nheads_k, headdim)``."""
     paged = block_table is not None
     kv_layout = "(num_blocks, page_size, nheads_k, headdim)" if paged else "(total_k, nheads_k, headdim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, t)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != (3 if name == "q" or not paged else 4):
             raise _shape_error(name, "(total_q, nheads, headdim)" if name == "q" else kv_layout, t)
@@ -119,8 +121,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 def _check_block_table(block_table, k, batch, max_seqlen_k):
     """Paged varlen: block_table int32 (batch, max_pages), unit last stride; page_size
     (k.shape[1]) a power of two >= 16; pages enough for max_seqlen_k keys."""
-    if not isinstance(block_table, torch.Tensor):
-        raise ValueError(f"block_table must be an int32 tensor; got {type(block_table).__name__}")
+    _require_tensor("block_table", block_table, "an int32 tensor")
     if block_table.dtype is not torch.int32:
         raise ValueError(f"block_table must be int32; got {block_table.dtype}")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
@@ -273,6 +274,76 @@ class _VarlenFunc(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 12
 
 
+def _paged_rows(block_table, cu_seqlens_k, max_seqlen_k, page_size, num_pages):
+    """Where key p of sequence b lives, for the ``(batch, max_seqlen_k)`` grid of (b, p):
+    ``(pages, rows)``, its page and row in the paged cache (entries clamped into
+    ``[0, num_pages)`` as the kernels clamp them); ``packed``, its row ``cu_seqlens_k[b] + p``
+    in packed varlen K/V of ``batch * max_seqlen_k + 1`` rows (keys past the sequence's end
+    go to the last row, which no sequence reads); ``valid``, whether p is a key of b. Plain
+    torch on the device: no host synchronisation."""
+    batch = block_table.shape[0]
+    pos = torch.arange(max_seqlen_k, device=block_table.device)
+    starts = cu_seqlens_k[:-1].long().unsqueeze(1)
+    valid = pos < cu_seqlens_k[1:].long().unsqueeze(1) - starts
+    pages = block_table.long()[:, pos // page_size].clamp_(0, num_pages - 1)
+    rows = (pos % page_size).expand(batch, -1)
+    spare = batch * max_seqlen_k
+    packed = torch.where(valid, starts + pos, spare).clamp_(0, spare)
+    return pages, rows, packed, valid
+
+
+class _PagedVarlenFunc(torch.autograd.Function):
+    """Autograd node of ``flash_attn_varlen_func`` with a ``block_table`` (paged k/v).
+
+    The forward reads the pages in place. The backward gathers each sequence's keys and
+    values into packed varlen K/V (``_paged_rows``: ``batch * max_seqlen_k + 1`` rows, so
+    O(batch * max_seqlen_k) extra memory for the backward only), runs the varlen backward on
+    them, and adds dK / dV back into gradients shaped like the paged k / v (a page that
+    several sequences share gets the sum; unused pages get zero)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                max_seqlen_k, softmax_scale, window_left, window_right, deterministic, softcap,
+                alibi_slopes):
+        args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                window_left, window_right, softcap, alibi_slopes, 0.0, None, block_table)
+        if _tracing():
+            out, lse = torch.ops.flashattn2.varlen_fwd(q, k, v, *args)
+        else:
+            out, lse = _varlen_forward_any(q, k, v, *args)
+            out = out.contiguous()  # a copy only when the head dim was padded
+        ctx.save_for_backward(q, k, v, out, lse, block_table, cu_seqlens_q, cu_seqlens_k,
+                              alibi_slopes)
+        ctx.mark_non_differentiable(lse)
+        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+                    deterministic)
+        ctx.softcap = softcap
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, block_table, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+        _check_backward(q.shape[2], q.device)
+        max_seqlen_k = ctx.args[1]
+        pages, rows, packed, valid = _paged_rows(block_table, cu_k, max_seqlen_k, k.shape[1],
+                                                 k.shape[0])
+        packed_shape = (packed.numel() + 1,) + k.shape[2:]
+        k_packed = k.new_zeros(packed_shape).index_put_((packed,), k[pages, rows])
+        v_packed = v.new_zeros(packed_shape).index_put_((packed,), v[pages, rows])
+        args = (dout, q, k_packed, v_packed, out, lse, cu_q, cu_k, *ctx.args, ctx.softcap,
+                alibi_slopes, 0.0, None)
+        if _tracing():
+            dq, dk_packed, dv_packed = torch.ops.flashattn2.varlen_bwd(*args)
+        else:
+            dq, dk_packed, dv_packed = _varlen_backward_any(*args)
+        keep = valid[..., None, None]
+        dk = torch.zeros_like(k).index_put_((pages, rows), torch.where(keep, dk_packed[packed], 0),
+                                            accumulate=True)
+        dv = torch.zeros_like(v).index_put_((pages, rows), torch.where(keep, dv_packed[packed], 0),
+                                            accumulate=True)
+        return (dq, dk, dv) + (None,) * 11
+
+
 def _needs_grad(q, k, v):
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
@@ -296,7 +367,10 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         mods += (block_table,)
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
             window_right)
-    if _needs_grad(q, k, v):
+    if block_table is not None and _needs_grad(q, k, v):
+        out, lse = _PagedVarlenFunc.apply(q, k, v, block_table, *args, deterministic, softcap,
+                                          alibi_slopes)
+    elif _needs_grad(q, k, v):
         out, lse = _VarlenFunc.apply(q, k, v, *args, deterministic, *mods)
         if out.shape[2] != q.shape[2]:
             out = out[..., : q.shape[2]]
@@ -343,18 +417,19 @@ def flash_attn_varlen_func(
         block_table: None, or int32 ``(batch, max_pages)`` (paged K/V, flash-attn v2): sequence
             b's keys are the first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` rows of the pages
             ``block_table[b, 0], block_table[b, 1], ...``; page_size a power of two >= 16 and
-            ``max_pages * page_size >= max_seqlen_k``. Forward only.
+            ``max_pages * page_size >= max_seqlen_k``. Differentiable: the gradients of k
+            and v have their paged shape (a page shared by sequences gets the sum). No
+            dropout.
 
     Returns:
         ``out`` ``(total_q, nheads, headdim)``, or ``(out, softmax_lse, None)`` with
-        ``softmax_lse`` float32 ``(nheads, total_q)``. Differentiable in q, k and v (not with
-        ``block_table``: NotImplementedError if a gradient is required).
+        ``softmax_lse`` float32 ``(nheads, total_q)``. Differentiable in q, k and v.
     """
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
-    if block_table is not None and _needs_grad(q, k, v):
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
+    if block_table is not None and dropout_p > 0:
         raise NotImplementedError(
-            "flashattn2: flash_attn_varlen_func with block_table is forward only; call it "
-            "under torch.no_grad() or with inputs that do not require grad"
+            "flashattn2: flash_attn_varlen_func with block_table (paged k/v) runs without "
+            "dropout; pass dropout_p=0.0"
         )
     window_left, window_right = _window(window_size, causal)
     max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -380,8 +455,9 @@ def flash_attn_varlen_qkvpacked_func(
 ):
     """``flash_attn_varlen_func`` on ``qkv`` ``(total, 3, nheads, headdim)`` (read in place;
     the gradient is packed like qkv)."""
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    _require_tensor("qkv", qkv)
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise _shape_error("qkv", "(total, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(1)
@@ -410,8 +486,9 @@ def flash_attn_varlen_kvpacked_func(
 ):
     """``flash_attn_varlen_func`` with ``kv`` ``(total_k, 2, nheads_k, headdim)`` (read in
     place; the gradient is packed like kv)."""
-    dropout_p, softcap = _check_mod_values(dropout_p, softcap)
+    dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    _require_tensor("kv", kv)
     if kv.dim() != 4 or kv.shape[1] != 2:
         raise _shape_error("kv", "(total_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(1)
