@@ -104,7 +104,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     deterministic = torch.are_deterministic_algorithms_enabled()
     out = interface._run(q, k, v, softmax_scale, -1, window_right, deterministic,
                          dropout_p=dropout_p)[0]  # fmt: skip
-    out = out.narrow(3, 0, headdim_v).transpose(1, 2)  # (narrow: indexing trips make_fx)
+    if out.shape[3] != headdim_v:
+        out = out.narrow(3, 0, headdim_v)  # (narrow: indexing trips make_fx on fake CUDA)
+    out = out.transpose(1, 2)
     rank = max(query.dim(), key.dim(), value.dim())
     lead = (*batch_shape, heads) if rank > 2 else ()
     return out.reshape(*lead, seqlen_q, headdim_v)
