@@ -449,7 +449,8 @@ def test_dropout(dtype, is_causal, dropout_p):
     batch, heads, seqlen_q, seqlen_k = 4, 8, 256, 64
     query = randn(batch, heads, seqlen_q, seqlen_k, dtype=dtype)
     key = randn(batch, heads, seqlen_k, seqlen_k, dtype=dtype)
-    value = torch.eye(seqlen_k, device="cuda", dtype=dtype).expand(batch, heads, -1, -1).clone()
+    value = torch.eye(seqlen_k, device=query.device, dtype=dtype)
+    value = value.expand(batch, heads, -1, -1).clone()
     dout = randn(batch, heads, seqlen_q, seqlen_k, dtype=dtype)
     kwargs = dict(is_causal=is_causal, dropout_p=dropout_p)
     torch.manual_seed(1)
@@ -458,7 +459,7 @@ def test_dropout(dtype, is_causal, dropout_p):
     assert torch.equal(sdpa(query, key, value, **kwargs), out)
     assert not torch.equal(sdpa(query, key, value, **kwargs), out)
 
-    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device="cuda")
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=query.device)
     if is_causal:
         visible = visible.tril()
     assert (out[..., ~visible] == 0).all(), "masked weights must be 0"
