@@ -352,8 +352,9 @@ def randn(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
-# (Lq, Lk): equal, Lq < Lk, Lq > Lk, one query or key, Lq >= 2 Lk (a right window bound >= Lk).
-SEQLENS = [(128, 128), (77, 191), (191, 77), (1, 300), (300, 1), (520, 100)]
+# (Lq, Lk): equal, Lq < Lk, Lq > Lk, one query or key, Lq >= 2 Lk (a right window bound >= Lk),
+# Lq <= 64 > Lk (the kernel that packs GQA groups into its query tiles, with a right window).
+SEQLENS = [(128, 128), (77, 191), (191, 77), (1, 300), (300, 1), (520, 100), (50, 20)]
 
 
 @gpu

@@ -6,7 +6,9 @@
 
 Low-level entry points without autograd, for code that runs the backward itself:
 ``forward``, ``forward_with_stats`` (out and the softmax log-sum-exp) and ``backward``.
-``scaled_dot_product_attention`` takes torch's SDPA arguments (BHSD, top-left causal).
+
+``scaled_dot_product_attention`` takes torch's SDPA arguments instead (BHSD layout, top-left
+aligned ``is_causal``, ``enable_gqa``; no ``attn_mask`` yet).
 
 On Hopper GPUs the forward runs wgmma / TMA kernels (cpp/sm90) where they apply;
 ``with flashattn2.force_sm80():`` (or FLASHATTN2_FORCE_SM80=1) selects the mma.sync kernels.
