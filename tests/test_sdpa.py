@@ -495,6 +495,42 @@ def test_output_is_a_transposed_view_connected_to_autograd():
     assert (key.grad[:, :, 77:] == 0).all(), "keys after the last query's position get no gradient"
 
 
+class PointerRecorder:
+    """Stands in for ``interface._C``: records the q, k, v pointers of each forward launch."""
+
+    def __init__(self, module):
+        self._module = module
+        self.pointers = []
+
+    def fwd(self, *args, **kwargs):
+        self.pointers.append(args[:3])
+        return self._module.fwd(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+@gpu
+@pytest.mark.parametrize("seqlens", [(128, 128), (77, 191), (191, 77)], ids=str)
+def test_bhsd_inputs_are_read_in_place_and_run_flash_attn_funcs_kernels(monkeypatch, seqlens):
+    """Contiguous BHSD inputs reach the kernel without a copy (a causal Lq < Lk slices keys
+    from the first one) and give flash_attn_func's result bit for bit on the same problem
+    (its causal is bottom-right: equal where Lq == Lk, else compared without causal)."""
+    seqlen_q, seqlen_k = seqlens
+    query, key, value = randn(2, 8, seqlen_q, 64), *randn(2, 2, 2, seqlen_k, 64)
+    recorder = PointerRecorder(interface._C)
+    monkeypatch.setattr(interface, "_C", recorder)
+    is_causal = seqlen_q == seqlen_k
+    out = sdpa(query, key, value, is_causal=True, enable_gqa=True)
+    out_full = sdpa(query, key, value, is_causal=is_causal, enable_gqa=True)
+    expected = [t.data_ptr() for t in (query, key, value)]
+    assert [list(p) for p in recorder.pointers] == [expected, expected]
+    bshd = [t.transpose(1, 2).contiguous() for t in (query, key, value)]
+    reference = flashattn2.flash_attn_func(*bshd, causal=is_causal).transpose(1, 2)
+    assert torch.equal(out_full, reference)
+    assert out.shape == out_full.shape
+
+
 @gpu
 def test_inputs_on_different_devices():
     query, key, value = randn(2, 4, 33, 64), randn(2, 4, 47, 64).cpu(), randn(2, 4, 47, 64)
