@@ -7,6 +7,9 @@
 Low-level entry points without autograd, for code that runs the backward itself:
 ``forward``, ``forward_with_stats`` (out and the softmax log-sum-exp) and ``backward``.
 
+``scaled_dot_product_attention`` takes torch's SDPA arguments instead (BHSD layout, top-left
+aligned ``is_causal``, ``enable_gqa``; no ``attn_mask`` yet).
+
 On Hopper GPUs the forward runs wgmma / TMA kernels (cpp/sm90) where they apply;
 ``with flashattn2.force_sm80():`` (or FLASHATTN2_FORCE_SM80=1) selects the mma.sync kernels.
 
@@ -16,6 +19,7 @@ correctness check and benchmark.
 from . import _ops  # noqa: F401  (registers the flashattn2::fwd / ::bwd operators)
 from ._ext import __version__, build_info, force_sm80
 from .kvcache import flash_attn_with_kvcache
+from .sdpa import scaled_dot_product_attention
 from .varlen import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
@@ -44,4 +48,5 @@ __all__ = [
     "force_sm80",
     "forward",
     "forward_with_stats",
+    "scaled_dot_product_attention",
 ]

@@ -550,6 +550,22 @@ def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
         window_left = -1
     if window_right >= seqlen_k:
         window_right = -1
+    out, lse, rng_state = _run(q, k, v, softmax_scale, window_left, window_right, deterministic,
+                               softcap, alibi_slopes, dropout_p)  # fmt: skip
+    if not return_attn_probs:
+        return out
+    probs = None
+    if dropout_p > 0:
+        probs = _dropped_probs(q, k, softmax_scale, window_left, window_right, softcap,
+                               alibi_slopes, dropout_p, rng_state)  # fmt: skip
+    return out, lse, probs
+
+
+def _run(q, k, v, softmax_scale, window_left, window_right, deterministic, softcap=0.0,
+         alibi_slopes=None, dropout_p=0.0):
+    """``(out, lse, rng_state)`` for checked inputs and a float ``softmax_scale``, window bounds
+    taken as they are (the kernels' convention, ``cpp/common/flash.h``); autograd when an
+    input requires grad, the operators while tracing, else a direct launch."""
     rng_state = _rng_state(q.device) if dropout_p > 0 else None
     mods = (softcap, alibi_slopes, dropout_p, rng_state)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -563,13 +579,7 @@ def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
                                             *mods)  # fmt: skip
     else:
         out, lse = _forward_any(q, k, v, softmax_scale, window_left, window_right, *mods)
-    if not return_attn_probs:
-        return out
-    probs = None
-    if dropout_p > 0:
-        probs = _dropped_probs(q, k, softmax_scale, window_left, window_right, softcap,
-                               alibi_slopes, dropout_p, rng_state)  # fmt: skip
-    return out, lse, probs
+    return out, lse, rng_state
 
 
 def _sdmask_block_n(headdim):

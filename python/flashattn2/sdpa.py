@@ -1,0 +1,197 @@
+"""``scaled_dot_product_attention``: the signature and semantics of
+``torch.nn.functional.scaled_dot_product_attention`` on the flash kernels.
+
+The inputs are ``(..., heads, seqlen, headdim)`` (BHSD); they are handed to the kernels as
+``(batch, seqlen, heads, headdim)`` transposed views, so a contiguous BHSD tensor is read in
+place. How torch's semantics map onto the kernels':
+
+- leading dims broadcast as in torch (size-1 dims expand, without a copy up to 4-D; more
+  leading dims are flattened, which copies where they cannot be viewed as one);
+- heads: equal, or key/value with 1 head (the kernels' MQA), or query with 1 head (expanded,
+  no copy); with ``enable_gqa`` any ``Hq % Hk == 0`` (the kernels' GQA shares each key/value
+  head among consecutive query heads: torch's ``repeat_interleave``);
+- ``is_causal`` is top-left aligned (key j visible to query i iff j <= i), the kernels'
+  causal is bottom-right aligned: with ``Lq <= Lk`` only the first ``Lq`` keys can be seen,
+  so k and v are sliced to them (a view) and the kernels' causal is the same mask; with
+  ``Lq > Lk`` the window ``(left -1, right Lq - Lk)`` of the kernels' convention is exactly
+  ``j <= i``. Every row sees key 0, so no row is empty unless there are no keys (out = 0,
+  as torch gives);
+- ``scale`` None is ``1 / sqrt(E)`` of the query's head dim ``E``, also when it is padded;
+- head dims ``E != Ev``: q, k and v are zero-padded (a copy) to the larger one, rounded up
+  to a multiple of 8, and the output sliced back (zeros change neither q.k nor the output);
+- ``dropout_p`` as in torch (applied to the attention weights, kept weights scaled by
+  ``1 / (1 - dropout_p)``), drawn from torch's CUDA generator;
+- deterministic backward when ``torch.are_deterministic_algorithms_enabled()``.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import interface
+from .interface import _BF16, _HALF, _MAX_HEADDIM
+
+_NAMES = ("query", "key", "value")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, *, scale=None, enable_gqa=False):  # fmt: skip
+    """``torch.nn.functional.scaled_dot_product_attention`` on the flash kernels.
+
+    Args:
+        query: ``(..., Hq, L, E)``; key: ``(..., Hk, S, E)``; value: ``(..., Hk, S, Ev)``:
+            float16 or bfloat16 CUDA tensors of one dtype and device, at least 2-D, leading
+            dims broadcastable as in torch, ``E, Ev <= 256``.
+        attn_mask: must be None (masks are not supported yet: NotImplementedError).
+        dropout_p: in [0, 1) (torch also takes 1.0).
+        is_causal: top-left aligned causal mask, as torch: key j visible to query i iff j <= i.
+        scale: positive and finite (torch also takes 0 and negative values); default
+            ``1 / sqrt(E)``.
+        enable_gqa: allow ``Hq`` to be a multiple of ``Hk`` (grouped-query attention).
+
+    Returns:
+        ``(..., Hq, L, Ev)`` in the input dtype (leading dims and heads broadcast as in
+        torch), differentiable in query, key and value. It is a transposed view of a
+        contiguous ``(..., L, Hq, Ev)`` buffer (``.contiguous()`` copies it to BHSD).
+
+    Raises:
+        NotImplementedError for what torch computes and this function does not: an
+        ``attn_mask``, float32 / float64 inputs, a head dim above 256, ``scale <= 0``.
+        ValueError for what torch rejects too (shapes, dtypes, heads), for ``dropout_p = 1``,
+        for key and value with different head counts, and for CPU tensors or tensors on
+        different devices.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "flashattn2.scaled_dot_product_attention does not support attn_mask yet; use "
+            "is_causal=True for a causal mask, flashattn2.flash_attn_func(window_size=...) for "
+            "a sliding window, flash_attn_varlen_func for padding masks (packed sequences), "
+            "or torch.nn.functional.scaled_dot_product_attention for other masks"
+        )
+    dropout_p, _ = interface._check_mod_values(dropout_p, 0.0)
+    for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool; got {flag!r}")
+    if scale is not None:
+        scale = interface._real("scale", scale)
+        if not 0.0 < scale < math.inf:
+            raise NotImplementedError(
+                f"flashattn2.scaled_dot_product_attention needs a positive, finite scale; got "
+                f"{scale!r} (torch.nn.functional.scaled_dot_product_attention takes any float)"
+            )
+    batch_shape, heads = _check_shapes(query, key, value, enable_gqa)
+    interface._check_devices(*zip(_NAMES, (query, key, value)))
+
+    seqlen_q, headdim = query.shape[-2:]
+    seqlen_k, headdim_v = value.shape[-2:]
+    q, k, v = (_to_bshd(t, batch_shape) for t in (query, key, value))
+    if q.shape[2] == 1 < heads:  # query heads broadcast against key/value heads
+        q = q.expand(-1, -1, heads, -1)
+    if headdim != headdim_v:
+        padded = max(headdim, headdim_v)
+        padded += -padded % 8
+        q, k, v = (t if t.shape[3] == padded else F.pad(t, (0, padded - t.shape[3]))
+                   for t in (q, k, v))  # fmt: skip
+    window_right = -1
+    if is_causal:
+        if seqlen_q <= seqlen_k:
+            k, v = k.narrow(1, 0, seqlen_q), v.narrow(1, 0, seqlen_q)
+            window_right = 0
+        else:
+            window_right = seqlen_q - seqlen_k
+    interface._check_qkv_shapes(q, k, v)  # the build has a kernel for this head dim
+    softmax_scale = headdim**-0.5 if scale is None else scale
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    out = interface._run(q, k, v, softmax_scale, -1, window_right, deterministic,
+                         dropout_p=dropout_p)[0]  # fmt: skip
+    if out.shape[3] != headdim_v:
+        out = out.narrow(3, 0, headdim_v)  # (narrow: indexing trips make_fx on fake CUDA)
+    out = out.transpose(1, 2)
+    rank = max(query.dim(), key.dim(), value.dim())
+    lead = (*batch_shape, heads) if rank > 2 else ()
+    return out.reshape(*lead, seqlen_q, headdim_v)
+
+
+def _heads(t):
+    return t.shape[-3] if t.dim() > 2 else 1
+
+
+def _check_shapes(query, key, value, enable_gqa):
+    """Types, ranks, dtypes, then shapes; returns ``(batch_shape, heads)``: the broadcast
+    leading dims before the head dim, and the output's head count."""
+    for name, t in zip(_NAMES, (query, key, value)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor; got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(
+                f"{name} must have shape (..., seqlen, headdim), at least 2-D; got "
+                f"{tuple(t.shape)}"
+            )
+    dtype = query.dtype
+    if key.dtype != dtype or value.dtype != dtype:
+        raise ValueError(
+            "query, key and value must have the same dtype; got "
+            f"query {dtype}, key {key.dtype}, value {value.dtype}"
+        )
+    if dtype is not _HALF and dtype is not _BF16:
+        message = (f"flashattn2.scaled_dot_product_attention supports float16 and bfloat16; "
+                   f"got {dtype}")  # fmt: skip
+        if dtype.is_floating_point:
+            raise NotImplementedError(
+                message + ". Cast the inputs (e.g. .to(torch.bfloat16)) or use "
+                "torch.nn.functional.scaled_dot_product_attention"
+            )
+        raise ValueError(message)
+
+    headdim, headdim_k, headdim_v = query.shape[-1], key.shape[-1], value.shape[-1]
+    if headdim_k != headdim:
+        raise ValueError(
+            f"key must have the head dim of query (E = {headdim}); got key "
+            f"{tuple(key.shape)}, query {tuple(query.shape)}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same sequence length; got key {tuple(key.shape)}, "
+            f"value {tuple(value.shape)}"
+        )
+    if headdim == 0 or headdim_v == 0:
+        raise ValueError(f"head dims must be at least 1; got E = {headdim}, Ev = {headdim_v}")
+    if max(headdim, headdim_v) > _MAX_HEADDIM:
+        raise NotImplementedError(
+            f"flashattn2.scaled_dot_product_attention supports head dims up to {_MAX_HEADDIM};"
+            f" got E = {headdim}, Ev = {headdim_v}"
+        )
+
+    heads_q, heads_k, heads_v = _heads(query), _heads(key), _heads(value)
+    if heads_k != heads_v:
+        raise ValueError(
+            f"key and value must have the same number of heads (dim -3); got key "
+            f"{tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if enable_gqa:
+        if heads_k == 0 or heads_q % heads_k:
+            raise ValueError(
+                "Number of heads in key and value must divide the number of heads in query; "
+                f"got {heads_q} query heads and {heads_k} key/value heads"
+            )
+    elif heads_q != heads_k and 1 not in (heads_q, heads_k):
+        raise ValueError(
+            f"query has {heads_q} heads and key/value {heads_k} (dim -3): they must be equal "
+            "or 1 (broadcast); pass enable_gqa=True for grouped-query attention"
+        )
+    try:
+        batch_shape = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+    except RuntimeError:
+        raise ValueError(
+            "the leading dims of query, key and value (before heads, seqlen, headdim) must "
+            f"broadcast; got query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+            f"{tuple(value.shape)}"
+        ) from None
+    return tuple(batch_shape), (heads_k if heads_q == 1 else heads_q)
+
+
+def _to_bshd(t, batch_shape):
+    """``t`` ``(..., h, s, d)`` as ``(batch, s, h, d)``: leading dims broadcast to
+    ``batch_shape`` and flattened, then a transposed view."""
+    t = t.expand(*batch_shape, _heads(t), *t.shape[-2:])
+    return t.reshape(math.prod(batch_shape), *t.shape[-3:]).transpose(1, 2)
