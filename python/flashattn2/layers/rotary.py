@@ -8,8 +8,8 @@ channels of each head of x by the angle of its position p (row p of cos / sin):
 
 ``(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)``, computed in float32 (float64 for
 float64 inputs) and rounded once to x's dtype; channels beyond rotary_dim pass through.
-Token t of a sequence sits at position ``t + seqlen_offsets`` (an int, or one per sequence); with ``cu_seqlens``, t counts from the
-start of its own packed sequence. Positions past the end of cos / sin (possible with tensor
+Token t of a sequence sits at position ``t + seqlen_offsets`` (an int, or one per
+sequence); with ``cu_seqlens``, t counts from the start of its own packed sequence. Positions past the end of cos / sin (possible with tensor
 offsets) are left unrotated, as in flash-attn. The backward rotates the gradient by the
 opposite angle; cos and sin get no gradient.
 
