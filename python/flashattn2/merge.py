@@ -109,7 +109,10 @@ def merge_reference(out_a, lse_a, out_b, lse_b):
     inv = torch.where(total == 0, 0.0, 1.0 / total)
     scale_a = (w_a * inv).transpose(1, 2).unsqueeze(-1)  # (b, s, h, 1)
     scale_b = (w_b * inv).transpose(1, 2).unsqueeze(-1)
-    return scale_a * out_a.float() + scale_b * out_b.float(), lse
+    # A weight-0 partial adds nothing, whatever its out holds (e.g. NaN in an empty row).
+    part_a = torch.where(scale_a == 0, 0.0, scale_a * out_a.float())
+    part_b = torch.where(scale_b == 0, 0.0, scale_b * out_b.float())
+    return part_a + part_b, lse
 
 
 def _merge_cuda(out_a, lse_a, out_b, lse_b, out, lse):
