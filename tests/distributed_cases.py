@@ -140,8 +140,10 @@ def _expect_error(case, rank, world_size, device):
     nheads = case.get("nheads", 4)
     q = torch.randn(1, seqlen_local, nheads, 16, device=device)
     k = torch.randn(1, seqlen_local, case.get("nheads_k", nheads), 16, device=device)
-    if device.type == "cuda":
+    if device.type == "cuda" and case["error"] != "cpu_tensors":
         q, k = q.bfloat16(), k.bfloat16()
+    if case["error"] == "cpu_tensors":
+        q, k = q.cpu(), k.cpu()
     func = cp.ulysses_attn_func if case["error"] == "ulysses_heads" else cp.ring_attn_func
     try:
         func(q, k, k, causal=True)

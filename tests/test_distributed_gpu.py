@@ -32,11 +32,22 @@ def _cases():
         dict(base, variant="gather", causal=True, nheads_k=2, window=(1500, 0)),
         dict(base, variant="ring", causal=True, seqlen_local=8192, nheads=4, nheads_k=1),
         dict(base, variant="ring", causal=False, seqlen_local=8192, nheads=4, nheads_k=4),
+        dict(base, error="mismatched", match="differ across ranks"),
+        dict(base, error="cpu_tensors", match="NCCL, which needs CUDA tensors"),
     ]
     return cases
 
 
 _RESULTS = {}
+
+
+@pytest.mark.parametrize("variant", ["ring", "gather", "ulysses"])
+def test_one_rank_group_runs_flash_attn_func(variant):
+    """A one-rank NCCL group: the functions fall through to flash_attn_func (same result)."""
+    case = dict(world_size=1, batch=1, headdim=128, seqlen_local=2048, nheads=8, nheads_k=2,
+                variant=variant, causal=True)
+    results = run_world(1, "nccl", [case])
+    assert not any(results.values()), results
 
 
 @pytest.mark.parametrize("name", [case_name(c) for c in _cases()])
