@@ -26,7 +26,7 @@ def check_layout(layout, seqlen_local, world_size):
     if layout == "zigzag" and world_size > 1 and seqlen_local % 2:
         raise ValueError(
             f"the zigzag layout needs an even local sequence length (two chunks per rank); "
-            f"got seqlen_local = {seqlen_local}"
+            f"got seqlen_local = {seqlen_local} (layout='contiguous' takes any length)"
         )
 
 
