@@ -316,6 +316,43 @@ void dropout_mask(std::uintptr_t mask, std::uintptr_t rng_state, int batch, int 
   flashattn2::dropout_mask(params, device, reinterpret_cast<void*>(stream));
 }
 
+void merge(std::uintptr_t out_a, std::uintptr_t lse_a, std::uintptr_t out_b,
+           std::uintptr_t lse_b, std::uintptr_t out, std::uintptr_t lse,
+           const Strides& out_a_strides, const Strides& lse_a_strides,
+           const Strides& out_b_strides, const Strides& lse_b_strides,
+           const Strides& out_strides, const Strides& lse_strides, int batch, int seqlen,
+           int nheads, int headdim, int dtype_a, int dtype_b, int dtype_out, int device,
+           std::uintptr_t stream) {
+  constexpr const char* kOutLayout = "(batch, row, head, col)";
+  constexpr const char* kLseLayout = "(batch, head, row)";
+  const Strides* outs[3] = {&out_a_strides, &out_b_strides, &out_strides};
+  const Strides* lses[3] = {&lse_a_strides, &lse_b_strides, &lse_strides};
+  const char* out_names[3] = {"out_a_strides", "out_b_strides", "out_strides"};
+  const char* lse_names[3] = {"lse_a_strides", "lse_b_strides", "lse_strides"};
+  flashattn2::MergeParams params{};
+  for (int t = 0; t < 3; ++t) {
+    check_strides(out_names[t], *outs[t], 4, kOutLayout);
+    check_strides(lse_names[t], *lses[t], 3, kLseLayout);
+    for (int d = 0; d < 4; ++d) params.out_strides[t][d] = (*outs[t])[d];
+    for (int d = 0; d < 3; ++d) params.lse_strides[t][d] = (*lses[t])[d];
+  }
+  params.out_a = as_ptr<void>(out_a);
+  params.out_b = as_ptr<void>(out_b);
+  params.out = reinterpret_cast<void*>(out);
+  params.lse_a = as_ptr<float>(lse_a);
+  params.lse_b = as_ptr<float>(lse_b);
+  params.lse = reinterpret_cast<float*>(lse);
+  params.batch = batch;
+  params.seqlen = seqlen;
+  params.nheads = nheads;
+  params.headdim = headdim;
+  params.dtype[0] = dtype_a;
+  params.dtype[1] = dtype_b;
+  params.dtype[2] = dtype_out;
+  py::gil_scoped_release no_gil;  // as in fwd
+  flashattn2::mha_merge(params, device, reinterpret_cast<void*>(stream));
+}
+
 // The backward head dims: the built head dims up to the largest backward head dim.
 std::vector<int> bwd_head_dims() {
   std::vector<int> dims;
@@ -427,6 +464,19 @@ PYBIND11_MODULE(_C, m) {
         py::arg("device"), py::arg("stream"),
         "Writes the dropout keep mask (uint8 0/1, contiguous (batch, nheads, seqlen_q, "
         "seqlen_k)) that fwd / bwd use for this rng_state and dropout_p.");
+
+  m.def("merge", &merge, py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"),
+        py::arg("lse_b"), py::arg("out"), py::arg("lse"), py::arg("out_a_strides"),
+        py::arg("lse_a_strides"), py::arg("out_b_strides"), py::arg("lse_b_strides"),
+        py::arg("out_strides"), py::arg("lse_strides"), py::arg("batch"), py::arg("seqlen"),
+        py::arg("nheads"), py::arg("headdim"), py::arg("dtype_a"), py::arg("dtype_b"),
+        py::arg("dtype_out"), py::arg("device"), py::arg("stream"),
+        "Merges two attention results over disjoint key sets by their LSE (flash.h "
+        "MergeParams): out_* (batch, seqlen, nheads, headdim) with strides (batch, row, head, "
+        "col) and dtype codes 0 float16, 1 bfloat16, 2 float32; lse_* float32 (batch, nheads, "
+        "seqlen) with strides (batch, head, row). out / lse may alias out_a / lse_a or "
+        "out_b / lse_b. An LSE of +inf or -inf is an empty row; empty in both gives out 0, "
+        "lse -inf.");
 
   m.def("bwd_workspace_floats", &flashattn2::bwd_workspace_floats, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("headdim"), py::arg("total_q") = -1,

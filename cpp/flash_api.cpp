@@ -398,6 +398,20 @@ void dropout_mask(const DropoutMaskParams& params, int device, void* stream) {
   run_dropout_mask(p, static_cast<cudaStream_t>(stream));
 }
 
+void mha_merge(const MergeParams& params, int device, void* stream) {
+  const MergeParams& p = params;
+  require(p.batch > 0 && p.seqlen > 0 && p.nheads > 0 && p.headdim > 0,
+          "merge: batch, seqlen, nheads and headdim must be positive");
+  require(p.out_a && p.out_b && p.out && p.lse_a && p.lse_b && p.lse, "merge: null pointer");
+  for (int t = 0; t < 3; ++t) {
+    require(p.dtype[t] >= 0 && p.dtype[t] <= 2,
+            "merge: dtype codes must be 0 (float16), 1 (bfloat16) or 2 (float32)");
+  }
+  DeviceGuard guard(device);
+  require_supported_device(device);
+  run_merge(p, static_cast<cudaStream_t>(stream));
+}
+
 int bwd_max_head_dim() {
   const std::vector<int> dims = BwdHeadDims::vec();
   return dims.empty() ? 0 : dims.back();

@@ -33,6 +33,10 @@ void mha_append_kv(const AppendKvParams& params, int device, void* stream);
 // this rng_state keep) as uint8 0/1 into params.mask. Throws like mha_fwd.
 void dropout_mask(const DropoutMaskParams& params, int device, void* stream);
 
+// flashattn2.merge: (out, lse) from two results over disjoint key sets (MergeParams).
+// Throws like mha_fwd (invalid_argument for sizes, dtype codes or null pointers).
+void mha_merge(const MergeParams& params, int device, void* stream);
+
 // (dq_accum, dsum) workspace sizes in floats for a backward of these sizes; total_q >= 0
 // for varlen (cu_seqlens_q; seqlen_q is then the maximum), -1 for the dense layout;
 // dq_chains as BwdParams::dq_chains (1 to kBwdMaxDqChains).

@@ -5,6 +5,7 @@ Markers:
          A GPU that is new enough but that this build has no code for is NOT skipped: the
          tests then fail with the build's message, so a wrong-arch build cannot pass.
   large  allocates > 10 GB of GPU memory; runs by default, deselect with -m "not large".
+  gpu2   needs 2 CUDA GPUs of one host (NCCL); skipped (with the reason) on fewer.
 """
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (sm_80 or newer)")
     config.addinivalue_line("markers", 'large: needs > 10 GB of GPU memory (-m "not large")')
+    config.addinivalue_line("markers", "gpu2: needs 2 CUDA GPUs of one host (NCCL)")
 
 
 def _gpu_skip_reason():
@@ -24,14 +26,21 @@ def _gpu_skip_reason():
     return None
 
 
+def _gpu2_skip_reason():
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < 2:
+        return f"needs 2 CUDA GPUs; this machine has {count}"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     reason = _gpu_skip_reason()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=reason)
+    reason2 = reason or _gpu2_skip_reason()
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if reason is not None and "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+        elif reason2 is not None and "gpu2" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason2))
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 // Split-KV combine: merges the num_splits partial results of the forward (FwdParams'
 // o_accum / lse_accum, each split normalised by its own softmax sum) into o and lse:
 //   lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s
+// (the per-row math of lse_merge.cuh, which flashattn2.merge shares)
 // A row that no split saw (every lse_s = -inf) gets o = 0, lse = +inf, as the forward.
 // 128 threads combine 4 / W rows (W = combine_warps_per_row(num_splits): 1, 2 or 4 warps
 // per row); grid ceil(batch * nheads * seqlen_q * W / 4). Warp j of a row takes splits j,
@@ -15,6 +16,7 @@
 #include <cmath>
 
 #include "common/flash.h"
+#include "common/lse_merge.cuh"
 #include "common/launch.h"
 #include "flash_api.h"
 #include "common/ptx.cuh"
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const FwdParams p) {
   if (valid) {
     for (int s = lane; s < p.num_splits; s += 32) {
       const float lse = p.lse_accum[s * split_stride + idx];
-      const float w = lse_max == -INFINITY ? 0.f : expf(lse - lse_max);
+      const float w = lse_merge::weight(lse, lse_max);
       if (part == 0) s_weight[slot][s] = w;
       sum += w;
     }
@@ -100,10 +102,10 @@ __global__ void __launch_bounds__(128) combine_kernel(const FwdParams p) {
   __syncthreads();
   if (part > 0 || !valid) return;
 
-  const float inv = sum == 0.f ? 0.f : 1.f / sum;
+  const float inv = lse_merge::inv_sum(sum);
   if (lane == 0) {
     p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_row0 + row] =
-        sum == 0.f ? INFINITY : lse_max + logf(sum);
+        lse_merge::merged_lse(lse_max, sum, INFINITY);
   }
   Element* out = static_cast<Element*>(p.o) + batch * p.o_batch_stride +
                  head * p.o_head_stride + (seq.q_row0 + row) * p.o_row_stride;

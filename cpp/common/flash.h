@@ -184,6 +184,24 @@ struct AppendKvParams {
 
 // The dropout keep mask as a tensor (tests, return_attn_probs): mask[b, h, i, j] = 1 where
 // the forward keeps element (b, h, i, j), else 0; contiguous uint8 (batch, nheads, sq, sk).
+// flashattn2.merge (merge_kernel.cuh): two attention results over disjoint key sets,
+// (out_a, lse_a) and (out_b, lse_b), merged by their LSE into (out, lse). out_* are
+// (batch, seqlen, nheads, headdim) of element type dtype_* (0 float16, 1 bfloat16,
+// 2 float32); lse_* float32 (batch, nheads, seqlen). Strides in elements, any values (the
+// kernel uses 4-wide loads where every tensor allows them); out / lse may alias the inputs.
+struct MergeParams {
+  const void* out_a;
+  const void* out_b;
+  void* out;
+  const float* lse_a;
+  const float* lse_b;
+  float* lse;
+  int64_t out_strides[3][4];  // [a, b, out][batch, row, head, col]
+  int64_t lse_strides[3][3];  // [a, b, out][batch, head, row]
+  int batch, seqlen, nheads, headdim;
+  int dtype[3];  // [a, b, out]
+};
+
 struct DropoutMaskParams {
   uint8_t* mask;
   const int64_t* rng_state;

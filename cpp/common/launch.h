@@ -54,5 +54,7 @@ void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream);
 void run_append_kv_any(const AppendKvParams& params, cudaStream_t stream);
 // Defined in dropout_mask.cu.
 void run_dropout_mask(const DropoutMaskParams& params, cudaStream_t stream);
+// Defined in merge.cu.
+void run_merge(const MergeParams& params, cudaStream_t stream);
 
 }  // namespace flashattn2

@@ -13,12 +13,17 @@ aligned ``is_causal``, ``enable_gqa``; no ``attn_mask`` yet).
 On Hopper GPUs the forward runs wgmma / TMA kernels (cpp/sm90) where they apply;
 ``with flashattn2.force_sm80():`` (or FLASHATTN2_FORCE_SM80=1) selects the mma.sync kernels.
 
+``merge`` joins two attention results over disjoint key sets by their LSE (one fused
+kernel); ``flashattn2.distributed`` runs one attention over a sequence sharded across ranks
+(ring, all-gather K/V, Ulysses).
+
 ``python -m flashattn2`` prints what this build contains, checks the GPU and runs a short
 correctness check and benchmark.
 """
 from . import _ops  # noqa: F401  (registers the flashattn2::fwd / ::bwd operators)
 from ._ext import __version__, build_info, force_sm80
 from .kvcache import flash_attn_with_kvcache
+from .merge import merge
 from .sdpa import scaled_dot_product_attention
 from .varlen import (
     flash_attn_varlen_func,
@@ -48,5 +53,6 @@ __all__ = [
     "force_sm80",
     "forward",
     "forward_with_stats",
+    "merge",
     "scaled_dot_product_attention",
 ]

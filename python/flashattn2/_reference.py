@@ -92,6 +92,46 @@ def attention_ref(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=Non
     return out.to(dtype), lse
 
 
+def attention_bwd_ref(dout, q, k, v, out, lse, causal=False, window_size=(-1, -1),
+                      softmax_scale=None, softcap=0.0):
+    """``(dq, dk, dv)`` in float32 from the forward's ``out`` and ``lse``, as the kernels'
+    backward computes them (FA2 Algorithm 2): ``P = exp(logits - lse)``, ``dV = P^T dO``,
+    ``dS = P (dO V^T - rowsum(dO * out))``, chained through ``softcap``; dk / dv summed over
+    each GQA group.
+
+    ``out`` and ``lse`` need not come from these keys alone: given the output and LSE of
+    attention over a larger key set, the result is this key block's share of the gradients
+    (what ring attention sums over blocks). Rows with lse = +inf (no key) give zeros.
+    """
+    dout, q, k, v, out = (t.float() for t in (dout, q, k, v, out))
+    headdim = q.shape[-1]
+    nheads, nheads_k = q.shape[2], k.shape[2]
+    group = nheads // nheads_k
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(headdim)
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
+    k_rep = k.repeat_interleave(group, dim=2)
+    v_rep = v.repeat_interleave(group, dim=2)
+    raw = torch.einsum("bqhd,bkhd->bhqk", q * softmax_scale, k_rep)
+    scores = torch.tanh(raw / softcap) * softcap if softcap > 0 else raw
+    mask = visible_mask(q.shape[1], k.shape[1], window_left, window_right, q.device)
+    probs = torch.exp(scores - lse.float().unsqueeze(-1)).masked_fill(~mask, 0.0)
+    dv = torch.einsum("bhqk,bqhd->bkhd", probs, dout)
+    dprobs = torch.einsum("bqhd,bkhd->bhqk", dout, v_rep)
+    delta = (dout * out).sum(-1).transpose(1, 2).unsqueeze(-1)  # (b, h, sq, 1)
+    dscores = probs * (dprobs - delta)
+    if softcap > 0:
+        dscores = dscores * (1.0 - (scores / softcap) ** 2)
+    dq = torch.einsum("bhqk,bkhd->bqhd", dscores, k_rep) * softmax_scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", dscores, q) * softmax_scale
+    batch, seqlen_k = k.shape[:2]
+    dk = dk.view(batch, seqlen_k, nheads_k, group, headdim).sum(3)
+    dv = dv.view(batch, seqlen_k, nheads_k, group, headdim).sum(3)
+    return dq, dk, dv
+
+
 def attention_probs(q, k, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
                     alibi_slopes=None):
     """The undropped softmax probabilities, float32 ``(batch, nheads, seqlen_q, seqlen_k)``

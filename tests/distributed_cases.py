@@ -1,0 +1,196 @@
+"""Multi-process harness of the context-parallel tests (tests/test_distributed*.py).
+
+``run_world(world_size, backend, cases, ...)`` spawns ``world_size`` processes
+(torch.multiprocessing), joins them into a process group through a file (no network), and
+runs every case on every rank: build the full q, k, v (seeded, identical on all ranks),
+shard them, run the distributed function with autograd, and compare this rank's output,
+LSE and gradients with the single-process result of the same inputs. Each rank writes
+``{case name: error message or ""}`` to a JSON file; ``run_world`` returns the union (a
+case fails if it failed on any rank). Comparisons happen after every collective of a case,
+so a failed comparison on one rank cannot leave the others waiting.
+
+CPU (gloo): the block attention is the float32 reference, so results must equal
+single-process reference attention within float32 rounding. CUDA (NCCL): bf16, held to
+the 2x rule against single-GPU flash_attn_func on the full sequence.
+"""
+import datetime
+import json
+import os
+import tempfile
+import traceback
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def case_name(case):
+    return "-".join(f"{key}={value}" for key, value in sorted(case.items()))
+
+
+def _full_inputs(case, device, dtype):
+    generator = torch.Generator().manual_seed(zlib.crc32(case_name(case).encode()))
+    world_size = case["world_size"]
+    batch, seqlen, nheads, nheads_k, headdim = (case.get("batch", 2),
+                                                 case["seqlen_local"] * world_size,
+                                                 case["nheads"], case["nheads_k"],
+                                                 case.get("headdim", 16))  # fmt: skip
+    shapes = [(batch, seqlen, nheads, headdim), (batch, seqlen, nheads_k, headdim),
+              (batch, seqlen, nheads_k, headdim), (batch, seqlen, nheads, headdim)]
+    return [torch.randn(s, generator=generator).to(device=device, dtype=dtype) for s in shapes]
+
+
+def _attn_kwargs(case):
+    return dict(causal=case.get("causal", False), softmax_scale=case.get("softmax_scale"),
+                window_size=tuple(case.get("window", (-1, -1))), softcap=case.get("softcap", 0.0))
+
+
+def _distributed(case, q, k, v, dout, rank, world_size):
+    """This rank's (out, lse, dq, dk, dv) from the distributed function under test."""
+    import flashattn2.distributed as cp
+
+    func = {"ring": cp.ring_attn_func, "gather": cp.gather_attn_func,
+            "ulysses": cp.ulysses_attn_func}[case["variant"]]  # fmt: skip
+    layout = case.get("layout", "zigzag")
+    local = [cp.shard_sequence(t, rank, world_size, layout).requires_grad_() for t in (q, k, v)]
+    out, lse = func(*local, layout=layout, return_lse=True,
+                    deterministic=case.get("deterministic", False), **_attn_kwargs(case))
+    out.backward(cp.shard_sequence(dout, rank, world_size, layout))
+    return [out.detach(), lse] + [t.grad for t in local]
+
+
+def _shards(tensors, rank, world_size, layout):
+    from flashattn2.distributed import shard_sequence
+
+    out, lse, *grads = tensors
+    return ([shard_sequence(out, rank, world_size, layout),
+             shard_sequence(lse, rank, world_size, layout, dim=2)]
+            + [shard_sequence(g, rank, world_size, layout) for g in grads])  # fmt: skip
+
+
+def _reference(q, k, v, dout, case):
+    """(out, lse, dq, dk, dv) of float32 reference attention on the full sequence."""
+    from flashattn2._reference import attention_ref
+
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    out, lse = attention_ref(*leaves, **_attn_kwargs(case))
+    out.backward(dout.float())
+    return [out.detach(), lse] + [t.grad for t in leaves]
+
+
+def _flash_single(q, k, v, dout, case):
+    """(out, lse, dq, dk, dv) of single-GPU flash_attn_func on the full sequence."""
+    import flashattn2
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse, _ = flashattn2.flash_attn_func(*leaves, return_attn_probs=True,
+                                             **_attn_kwargs(case))  # fmt: skip
+    out.backward(dout)
+    return [out.detach(), lse] + [t.grad for t in leaves]
+
+
+NAMES = ("out", "lse", "dq", "dk", "dv")
+
+
+def _compare_cpu(ours, ref):
+    for name, a, b in zip(NAMES, ours, ref):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _compare_gpu(ours, flash, ref, atol):
+    """The 2x rule for out and gradients; LSE within float32 rounding."""
+    for name, a, f, r in zip(NAMES, ours, flash, ref):
+        if name == "lse":
+            torch.testing.assert_close(a, r, atol=1e-4, rtol=1e-5)
+            continue
+        err = (a.float() - r.float()).abs().max().item()
+        err_flash = (f.float() - r.float()).abs().max().item()
+        bound = 2 * err_flash + atol
+        assert err <= bound, (
+            f"{name}: max |ours - ref| = {err:.3e} > {bound:.3e} "
+            f"(single-GPU flash_attn_func: {err_flash:.3e})"
+        )
+
+
+def _run_case(case, rank, world_size, device):
+    layout = case.get("layout", "zigzag")
+    if device.type == "cpu":
+        q, k, v, dout = _full_inputs(case, device, torch.float32)
+        ours = _distributed(case, q, k, v, dout, rank, world_size)
+        _compare_cpu(ours, _shards(_reference(q, k, v, dout, case), rank, world_size, layout))
+        return
+    q, k, v, dout = _full_inputs(case, device, torch.bfloat16)
+    ours = _distributed(case, q, k, v, dout, rank, world_size)
+    flash = _flash_single(q, k, v, dout, case)
+    ref = _reference(q, k, v, dout, case)
+    _compare_gpu(ours, _shards(flash, rank, world_size, layout),
+                 _shards(ref, rank, world_size, layout), atol=case.get("atol", 4e-3))  # fmt: skip
+    del ref, flash, ours
+    torch.cuda.empty_cache()
+
+
+def _expect_error(case, rank, world_size, device):
+    """Error cases: ``case["error"]`` names the check; the call must raise ValueError."""
+    import flashattn2.distributed as cp
+
+    seqlen_local = case["seqlen_local"]
+    if case["error"] == "mismatched" and rank == 1:
+        seqlen_local += 2
+    nheads = case.get("nheads", 4)
+    q = torch.randn(1, seqlen_local, nheads, 16, device=device)
+    k = torch.randn(1, seqlen_local, case.get("nheads_k", nheads), 16, device=device)
+    if device.type == "cuda" and case["error"] != "cpu_tensors":
+        q, k = q.bfloat16(), k.bfloat16()
+    if case["error"] == "cpu_tensors":
+        q, k = q.cpu(), k.cpu()
+    func = cp.ulysses_attn_func if case["error"] == "ulysses_heads" else cp.ring_attn_func
+    try:
+        func(q, k, k, causal=True)
+    except ValueError as exc:
+        if case["match"] not in str(exc):
+            raise AssertionError(f"wrong message: {exc}") from None
+        return
+    raise AssertionError("no ValueError raised")
+
+
+def _worker(rank, world_size, backend, init_file, cases, result_dir):
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results = {}
+    try:
+        for case in cases:
+            try:
+                if "error" in case:
+                    _expect_error(case, rank, world_size, device)
+                else:
+                    _run_case(case, rank, world_size, device)
+                results[case_name(case)] = ""
+            except Exception:  # noqa: BLE001  (reported to the test, per case)
+                results[case_name(case)] = f"rank {rank}: {traceback.format_exc()}"
+            dist.barrier()
+    finally:
+        with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        dist.destroy_process_group()
+
+
+def run_world(world_size, backend, cases):
+    """Runs ``cases`` on a fresh ``world_size``-process group; ``{case name: errors}``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        mp.spawn(_worker, args=(world_size, backend, init_file, cases, tmp), nprocs=world_size,
+                 join=True)  # fmt: skip
+        merged = {case_name(case): "" for case in cases}
+        for rank in range(world_size):
+            with open(os.path.join(tmp, f"rank{rank}.json")) as f:
+                for name, error in json.load(f).items():
+                    if error:
+                        merged[name] = (merged[name] + "\n" + error).strip()
+        return merged

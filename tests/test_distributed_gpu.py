@@ -1,0 +1,60 @@
+"""Context parallelism on 2 GPUs of one host (NCCL): bf16, 8k-16k tokens in all, ring /
+all-gather / Ulysses, causal and not, GQA. Each rank's output and gradients are held to the
+2x rule against single-GPU flash_attn_func on the full sequence: ``max|ours - ref| <= 2 *
+max|flash - ref| + ATOL`` with ``ref`` the float32 reference (ATOL 4e-3, as test_fwd /
+test_bwd for bf16); the LSE within float32 rounding of the reference.
+
+Run: ``pytest tests/test_distributed_gpu.py`` on a machine with >= 2 GPUs (marker gpu2;
+the processes are spawned here and meet through a file, no network).
+"""
+import os
+
+import pytest
+
+from distributed_cases import case_name, run_world
+
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu2]
+
+
+def _cases():
+    base = dict(world_size=2, batch=1, headdim=128, seqlen_local=4096, nheads=8)
+    cases = []
+    for variant, layout in [("ring", "zigzag"), ("ring", "contiguous"), ("gather", "zigzag"),
+                            ("ulysses", "zigzag")]:
+        for causal in (False, True):
+            for nheads_k in (8, 2):
+                cases.append(dict(base, variant=variant, layout=layout, causal=causal,
+                                  nheads_k=nheads_k))
+    cases += [
+        dict(base, variant="ring", causal=True, nheads_k=2, window=(1500, 0)),
+        dict(base, variant="ring", causal=True, nheads_k=2, softcap=20.0),
+        dict(base, variant="ring", causal=True, nheads_k=2, deterministic=True),
+        dict(base, variant="gather", causal=True, nheads_k=2, window=(1500, 0)),
+        dict(base, variant="ring", causal=True, seqlen_local=8192, nheads=4, nheads_k=1),
+        dict(base, variant="ring", causal=False, seqlen_local=8192, nheads=4, nheads_k=4),
+        dict(base, error="mismatched", match="differ across ranks"),
+        dict(base, error="cpu_tensors", match="NCCL, which needs CUDA tensors"),
+    ]
+    return cases
+
+
+_RESULTS = {}
+
+
+@pytest.mark.parametrize("variant", ["ring", "gather", "ulysses"])
+def test_one_rank_group_runs_flash_attn_func(variant):
+    """A one-rank NCCL group: the functions fall through to flash_attn_func (same result)."""
+    case = dict(world_size=1, batch=1, headdim=128, seqlen_local=2048, nheads=8, nheads_k=2,
+                variant=variant, causal=True)
+    results = run_world(1, "nccl", [case])
+    assert not any(results.values()), results
+
+
+@pytest.mark.parametrize("name", [case_name(c) for c in _cases()])
+def test_two_gpus(name):
+    if "results" not in _RESULTS:
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        _RESULTS["results"] = run_world(2, "nccl", _cases())
+    error = _RESULTS["results"][name]
+    assert not error, error
