@@ -15,8 +15,8 @@ opposite angle; cos and sin get no gradient.
 
 CUDA tensors in float16 / bfloat16 / float32 (x, and cos / sin, in any mix) run one launch of
 our rotary kernel (cpp/common/rotary_kernel.cuh, the pair math of the KV-cache append); the
-backward is the same kernel with sin negated. CPU tensors, and float64 on CUDA, run the
-PyTorch code below.
+backward is the same kernel with sin negated. CPU tensors, float64 on CUDA and traced calls
+(torch.compile, FakeTensorMode) run the PyTorch code below.
 """
 import torch
 
@@ -197,8 +197,12 @@ def _kernel(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, conju
 
 
 def _rotate(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, conjugate):
-    """Our kernel for CUDA float16 / bfloat16 / float32, else the PyTorch code."""
-    if x.is_cuda and x.dtype in _KERNEL_DTYPES and cos.dtype in _KERNEL_DTYPES:
+    """Our kernel for CUDA float16 / bfloat16 / float32, else (and while torch.compile or a
+    dispatch mode traces: the kernel takes raw pointers) the PyTorch code."""
+    from ..interface import _tracing
+
+    if (x.is_cuda and x.dtype in _KERNEL_DTYPES and cos.dtype in _KERNEL_DTYPES
+            and not _tracing()):
         return _kernel(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, conjugate)
     pos = _positions(x, seqlen_offsets, cu_seqlens)
     return _apply(x, cos, sin, interleaved, inplace, pos, conjugate)
