@@ -298,6 +298,51 @@ void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cach
   flashattn2::mha_append_kv(params, device, reinterpret_cast<void*>(stream));
 }
 
+// dtype codes 0 (float16), 1 (bfloat16), 2 (float32).
+flashattn2::DType rotary_dtype_from_code(const char* name, int code) {
+  if (code < 0 || code > 2) {
+    throw std::invalid_argument(std::string(name) + " must be 0 (float16), 1 (bfloat16) or 2 "
+                                "(float32), got " + std::to_string(code));
+  }
+  return static_cast<flashattn2::DType>(code);
+}
+
+void rotary(std::uintptr_t x, std::uintptr_t out, const Strides& x_strides,
+            const Strides& out_strides, std::uintptr_t cos, std::uintptr_t sin,
+            int64_t cos_row_stride, int64_t sin_row_stride, std::uintptr_t cu_seqlens,
+            std::uintptr_t seqlen_offsets, int64_t seqlen_offset, int batch, int seqlen,
+            int nheads, int headdim, int rotary_dim, int seqlen_ro, bool interleaved,
+            bool conjugate, int dtype, int cs_dtype, int device, std::uintptr_t stream) {
+  constexpr const char* kRowLayout = "(batch, row, head)";
+  check_strides("x_strides", x_strides, 3, kRowLayout);
+  check_strides("out_strides", out_strides, 3, kRowLayout);
+  flashattn2::RotaryParams params{};
+  params.x = as_ptr<void>(x);
+  params.out = reinterpret_cast<void*>(out);
+  set_strides(x_strides, params.x_batch_stride, params.x_row_stride, params.x_head_stride);
+  set_strides(out_strides, params.out_batch_stride, params.out_row_stride,
+              params.out_head_stride);
+  params.cos = as_ptr<void>(cos);
+  params.sin = as_ptr<void>(sin);
+  params.cos_row_stride = cos_row_stride;
+  params.sin_row_stride = sin_row_stride;
+  params.cu_seqlens = as_ptr<int>(cu_seqlens);
+  params.seqlen_offsets = as_ptr<int>(seqlen_offsets);
+  params.seqlen_offset = seqlen_offset;
+  params.batch = batch;
+  params.seqlen = seqlen;
+  params.nheads = nheads;
+  params.headdim = headdim;
+  params.rotary_dim = rotary_dim;
+  params.seqlen_ro = seqlen_ro;
+  params.interleaved = interleaved;
+  params.conjugate = conjugate;
+  params.dtype = rotary_dtype_from_code("dtype", dtype);
+  params.cs_dtype = rotary_dtype_from_code("cs_dtype", cs_dtype);
+  py::gil_scoped_release no_gil;
+  flashattn2::rotary(params, device, reinterpret_cast<void*>(stream));
+}
+
 void dropout_mask(std::uintptr_t mask, std::uintptr_t rng_state, int batch, int nheads,
                   int seqlen_q, int seqlen_k, double dropout_p, int device,
                   std::uintptr_t stream) {
@@ -458,6 +503,20 @@ PYBIND11_MODULE(_C, m) {
         "(batch, seqlen_new, nheads_k, headdim) into the cache at rows cache_seqlens[b]..., "
         "paged when block_table is given, with rotary embedding (rotary_dim > 0) applied to "
         "the keys and to q, whose rotated copy goes to q_out (contiguous).");
+
+  m.def("rotary", &rotary, py::arg("x"), py::arg("out"), py::arg("x_strides"),
+        py::arg("out_strides"), py::arg("cos"), py::arg("sin"), py::arg("cos_row_stride"),
+        py::arg("sin_row_stride"), py::arg("cu_seqlens"), py::arg("seqlen_offsets"),
+        py::arg("seqlen_offset"), py::arg("batch"), py::arg("seqlen"), py::arg("nheads"),
+        py::arg("headdim"), py::arg("rotary_dim"), py::arg("seqlen_ro"),
+        py::arg("interleaved"), py::arg("conjugate"), py::arg("dtype"), py::arg("cs_dtype"),
+        py::arg("device"), py::arg("stream"),
+        "Rotary embedding (flash.h RotaryParams): out = x (batch, seqlen, nheads, headdim), "
+        "or (total = seqlen, nheads, headdim) with cu_seqlens (int32, batch + 1; batch stride "
+        "0), with the first rotary_dim channels rotated by the rows of cos / sin "
+        "(seqlen_ro, rotary_dim / 2) at each token's position (+ seqlen_offsets[b] (int32) "
+        "or seqlen_offset); conjugate negates sin. out == x: in place. dtype / cs_dtype: 0 "
+        "float16, 1 bfloat16, 2 float32; strides in elements, unit channel stride.");
 
   m.def("dropout_mask", &dropout_mask, py::arg("mask"), py::arg("rng_state"), py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("dropout_p"),

@@ -338,6 +338,32 @@ void mha_append_kv(const AppendKvParams& params, int device, void* stream) {
   run_append_kv_any(p, static_cast<cudaStream_t>(stream));
 }
 
+void rotary(const RotaryParams& params, int device, void* stream) {
+  const RotaryParams& p = params;
+  require(p.x && p.out, "x and out are required");
+  require(p.nheads >= 0 && p.seqlen >= 0 && p.headdim > 0, "bad rotary sizes");
+  require(p.cu_seqlens ? p.batch >= 1 : p.batch >= 0,
+          "batch must be >= 0 (>= 1 with cu_seqlens)");
+  require(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.headdim,
+          "rotary_dim must be even and at most the head dim");
+  require(p.seqlen_ro >= 0 && (p.rotary_dim == 0 || p.seqlen_ro == 0 || (p.cos && p.sin)),
+          "rotary needs cos and sin");
+  for (DType t : {p.dtype, p.cs_dtype}) {
+    require(t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat32,
+            "the rotary kernel takes float16, bfloat16 or float32");
+  }
+  if (p.out == p.x) {
+    require(p.out_batch_stride == p.x_batch_stride && p.out_row_stride == p.x_row_stride &&
+                p.out_head_stride == p.x_head_stride,
+            "in place (out == x) needs equal strides");
+  }
+  const int64_t tokens = p.cu_seqlens ? int64_t(p.seqlen) : int64_t(p.batch) * p.seqlen;
+  require(tokens * p.nheads * p.headdim / 256 < (int64_t(1) << 31), "tensor too large");
+  DeviceGuard guard(device);
+  require_supported_device(device);
+  run_rotary_any(p, static_cast<cudaStream_t>(stream));
+}
+
 
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
                          int device, bool sm90) {

@@ -29,6 +29,10 @@ void mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit =
 // KV-cache append (+ rotary) before a KV-cache forward; throws like mha_fwd.
 void mha_append_kv(const AppendKvParams& params, int device, void* stream);
 
+// Rotary embedding of params.x into params.out (in place when they are equal): fp16 / bf16 /
+// fp32 x, any of those for cos / sin. Throws like mha_fwd.
+void rotary(const RotaryParams& params, int device, void* stream);
+
 // Writes the dropout keep mask of params.rng_state / dropout_threshold (what the kernels of
 // this rng_state keep) as uint8 0/1 into params.mask. Throws like mha_fwd.
 void dropout_mask(const DropoutMaskParams& params, int device, void* stream);

@@ -191,6 +191,23 @@ def test_bad_arguments():
         apply_rotary_emb(x, cos, sin, seqlen_offsets=1)
     with pytest.raises(ValueError, match=r"shape \(batch,\)"):
         apply_rotary_emb(x, cos, sin, seqlen_offsets=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"shape \(batch,\)"):
+        apply_rotary_emb(x, cos, sin, seqlen_offsets=torch.zeros(2))
+    with pytest.raises(ValueError, match=">= 0"):
+        apply_rotary_emb(x[:, :4], cos, sin, seqlen_offsets=-1)
+    with pytest.raises(ValueError, match="same dtype"):
+        apply_rotary_emb(x, cos, sin.half())
+    with pytest.raises(ValueError, match="floating point"):
+        apply_rotary_emb(x.int(), cos, sin)
+    packed = torch.randn(8, 2, 8)
+    for cu in (torch.tensor([0, 8]), torch.tensor([8], dtype=torch.int32), [0, 8]):
+        with pytest.raises(ValueError, match="cu_seqlens must be an int32"):
+            apply_rotary_emb(packed, cos, sin, cu_seqlens=cu)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="needs more"):
+        apply_rotary_emb(packed, cos, sin, seqlen_offsets=4, cu_seqlens=cu, max_seqlen=5)
+    with pytest.raises(ValueError, match=r"\(total, nheads, headdim\)"):
+        apply_rotary_emb(x, cos, sin, cu_seqlens=cu)
     with pytest.raises(ValueError, match="num_heads_q"):
         apply_rotary_emb_qkv_(torch.randn(2, 8, 5, 8), cos, sin)
     with pytest.raises(ValueError, match="even"):

@@ -5,7 +5,8 @@
 
 namespace flashattn2 {
 
-enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+// kFloat32: the rotary kernel only (RotaryParams); attention takes fp16 / bf16.
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 
 // Where each batch's sequences live, shared by the forward and the backward. Every field is
 // optional (null / 0 = the dense layout: batch b at b * batch_stride, seqlen_q / seqlen_k
@@ -180,6 +181,31 @@ struct AppendKvParams {
 
   int batch, seqlen_new, nheads_k, headdim;
   DType dtype;
+};
+
+// Rotary embedding of x into out (rotary_kernel.cuh): out = x with channel pairs of the
+// first rotary_dim channels of each head rotated by the angle of the token's position,
+// (cos, sin) = row `position` of the tables (positions outside [0, seqlen_ro): unrotated).
+// Dense: x (batch, seqlen, nheads, headdim), token i of batch b at position i + offset[b].
+// Varlen (cu_seqlens): x (seqlen = total, nheads, headdim) with batch stride 0; token t
+// belongs to the last sequence b < batch with cu_seqlens[b] <= t and sits at position
+// t - cu_seqlens[b] + offset[b]. offset[b] = seqlen_offsets[b], or seqlen_offset if null.
+// out == x: in place (equal strides; channels past rotary_dim are not touched).
+struct RotaryParams {
+  const void* x;
+  void* out;
+  int64_t x_batch_stride, x_row_stride, x_head_stride;  // elements; the channel stride is 1
+  int64_t out_batch_stride, out_row_stride, out_head_stride;
+  const void* cos;  // (seqlen_ro, rotary_dim / 2), cs_dtype, unit channel stride
+  const void* sin;
+  int64_t cos_row_stride, sin_row_stride;
+  const int* cu_seqlens;      // (batch + 1,) or null
+  const int* seqlen_offsets;  // (batch,) or null
+  int64_t seqlen_offset;
+  int batch, seqlen, nheads, headdim, rotary_dim, seqlen_ro;
+  bool interleaved;
+  bool conjugate;  // rotate by the opposite angle (sin negated): the backward
+  DType dtype, cs_dtype;
 };
 
 // The dropout keep mask as a tensor (tests, return_attn_probs): mask[b, h, i, j] = 1 where

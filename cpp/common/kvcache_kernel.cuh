@@ -6,6 +6,7 @@
 // row of width d is, for j < rotary_dim / 2, the rotated pair (2j, 2j + 1) (interleaved,
 // GPT-J) or (j, j + rotary_dim / 2) (GPT-NeoX), at angle j; for larger j the plain pair
 // (rotary_dim + 2 (j - rotary_dim / 2), + 1). Values are copied as plain pairs (2j, 2j + 1).
+// The pair math (rotary_channels, rotate_pair_f32) is the rotary kernel's (rotary_kernel.cuh).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,6 +14,7 @@
 
 #include "common/flash.h"
 #include "common/ptx.cuh"
+#include "common/rotary_kernel.cuh"
 #include "common/seqlen.cuh"
 
 namespace flashattn2 {
@@ -32,17 +34,16 @@ __device__ __forceinline__ void rotate_pair(const AppendKvParams& p, Element* ds
     *reinterpret_cast<uint32_t*>(dst + e) = *reinterpret_cast<const uint32_t*>(src + e);
     return;
   }
-  const int e0 = p.interleaved ? 2 * j : j;
-  const int e1 = p.interleaved ? 2 * j + 1 : j + half;
-  const float a = to_float(src[e0]), b = to_float(src[e1]);
+  const int2 e = rotary_channels(j, p.rotary_dim, p.interleaved);
   float c = NAN, s = NAN;  // a position past the cos/sin tables gives NaN, never a stray read
   if (pos >= 0 && pos < p.seqlen_ro) {
     c = to_float(static_cast<const Element*>(p.rotary_cos)[pos * p.rotary_row_stride + j]);
     s = to_float(static_cast<const Element*>(p.rotary_sin)[pos * p.rotary_row_stride + j]);
   }
-  const uint32_t out = ptx::pack2<Element>(a * c - b * s, a * s + b * c);
-  dst[e0] = reinterpret_cast<const Element*>(&out)[0];
-  dst[e1] = reinterpret_cast<const Element*>(&out)[1];
+  const float2 r = rotate_pair_f32(to_float(src[e.x]), to_float(src[e.y]), c, s);
+  const uint32_t out = ptx::pack2<Element>(r.x, r.y);
+  dst[e.x] = reinterpret_cast<const Element*>(&out)[0];
+  dst[e.y] = reinterpret_cast<const Element*>(&out)[1];
 }
 
 template <typename Element>

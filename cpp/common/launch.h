@@ -52,6 +52,8 @@ template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream);
 // kvcache.cu
 void run_append_kv_any(const AppendKvParams& params, cudaStream_t stream);
+// rotary.cu
+void run_rotary_any(const RotaryParams& params, cudaStream_t stream);
 // Defined in dropout_mask.cu.
 void run_dropout_mask(const DropoutMaskParams& params, cudaStream_t stream);
 // Defined in merge.cu.

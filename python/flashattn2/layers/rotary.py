@@ -13,9 +13,10 @@ sequence); with ``cu_seqlens``, t counts from the start of its own packed sequen
 offsets) are left unrotated, as in flash-attn. The backward rotates the gradient by the
 opposite angle; cos and sin get no gradient.
 
-This is a PyTorch implementation (a few elementwise kernels per call), not a fused CUDA
-kernel. The KV-cache path (``flash_attn_with_kvcache(rotary_cos=...)``) rotates inside its
-own kernel.
+CUDA tensors in float16 / bfloat16 / float32 (x, and cos / sin, in any mix) run one launch of
+our rotary kernel (cpp/common/rotary_kernel.cuh, the pair math of the KV-cache append); the
+backward is the same kernel with sin negated. CPU tensors, float64 on CUDA and traced calls
+(torch.compile, FakeTensorMode) run the PyTorch code below.
 """
 import torch
 
@@ -52,7 +53,10 @@ def apply_rotary_emb_torch(x, cos, sin, interleaved=False):
     return torch.cat((x_ro * cos + rotate_half(x_ro, interleaved) * sin, x[..., ro_dim:]), -1)
 
 
-def _check(x, cos, sin, seqlen_offsets, cu_seqlens):
+_KERNEL_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+
+
+def _check(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen=None):
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
@@ -73,20 +77,26 @@ def _check(x, cos, sin, seqlen_offsets, cu_seqlens):
         )
     if not (x.is_floating_point() and cos.is_floating_point() and sin.is_floating_point()):
         raise ValueError(f"x, cos and sin must be floating point; got {x.dtype}, {cos.dtype}")
+    if cos.dtype != sin.dtype:
+        raise ValueError(f"cos and sin must have the same dtype; got {cos.dtype} and {sin.dtype}")
     for name, t in (("cos", cos), ("sin", sin)):
         if t.device != x.device:
             raise ValueError(f"{name} must be on x's device {x.device}; got {t.device}")
     batch = x.shape[0] if cu_seqlens is None else None
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or (
-            cu_seqlens.dtype not in (torch.int32, torch.int64)
+            cu_seqlens.dtype != torch.int32 or cu_seqlens.shape[0] < 2
         ):
-            raise ValueError("cu_seqlens must be an int32 tensor of shape (batch + 1,)")
+            got = (f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+                   if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__)
+            raise ValueError(
+                f"cu_seqlens must be an int32 tensor of shape (batch + 1,), batch >= 1; got {got}")
         if cu_seqlens.device != x.device:
             raise ValueError(f"cu_seqlens must be on x's device {x.device}")
         batch = cu_seqlens.shape[0] - 1
     if isinstance(seqlen_offsets, torch.Tensor):
-        if seqlen_offsets.shape != (batch,) or seqlen_offsets.is_floating_point():
+        if seqlen_offsets.shape != (batch,) or seqlen_offsets.dtype not in (torch.int32,
+                                                                             torch.int64):
             raise ValueError(
                 f"seqlen_offsets must be an int or an integer tensor of shape (batch,) = "
                 f"({batch},); got {seqlen_offsets.dtype} {tuple(seqlen_offsets.shape)}"
@@ -95,11 +105,15 @@ def _check(x, cos, sin, seqlen_offsets, cu_seqlens):
             raise ValueError(f"seqlen_offsets must be on x's device {x.device}")
     elif isinstance(seqlen_offsets, bool) or not isinstance(seqlen_offsets, int):
         raise ValueError(f"seqlen_offsets must be an int or a tensor; got {seqlen_offsets!r}")
-    elif cu_seqlens is None and seqlen_offsets + x.shape[1] > cos.shape[0]:
-        raise ValueError(
-            f"cos / sin have {cos.shape[0]} positions; seqlen {x.shape[1]} + seqlen_offsets "
-            f"{seqlen_offsets} needs more"
-        )
+    elif seqlen_offsets < 0:
+        raise ValueError(f"seqlen_offsets must be >= 0; got {seqlen_offsets}")
+    else:
+        seqlen = x.shape[1] if cu_seqlens is None else max_seqlen
+        if seqlen is not None and seqlen_offsets + seqlen > cos.shape[0]:
+            raise ValueError(
+                f"cos / sin have {cos.shape[0]} positions; seqlen {seqlen} + seqlen_offsets "
+                f"{seqlen_offsets} needs more"
+            )
 
 
 def _positions(x, seqlen_offsets, cu_seqlens):
@@ -145,20 +159,72 @@ def _apply(x, cos, sin, interleaved, inplace, pos, conjugate):
     return torch.cat((rot, x[..., rot.shape[-1]:]), dim=-1)
 
 
+def _kernel(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, conjugate):
+    """One launch of the rotary kernel (x, cos, sin checked, on one CUDA device)."""
+    from .. import _ext
+
+    if x.stride(-1) != 1:
+        if inplace:
+            raise ValueError("in place on CUDA, x's last dim must be contiguous (stride 1); got "
+                             f"strides {x.stride()}")
+        x = x.contiguous()
+    cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
+    out = x if inplace else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return out
+    device = x.get_device()
+    _ext.check_device(device)
+    offsets, offset = None, 0
+    if isinstance(seqlen_offsets, torch.Tensor):
+        offsets = seqlen_offsets.to(torch.int32).contiguous()
+    else:
+        offset = seqlen_offsets
+    if cu_seqlens is None:
+        batch, seqlen = x.shape[:2]
+        x_strides, out_strides = x.stride()[:3], out.stride()[:3]
+    else:
+        cu_seqlens = cu_seqlens.contiguous()
+        batch, seqlen = cu_seqlens.shape[0] - 1, x.shape[0]
+        x_strides, out_strides = (0,) + x.stride()[:2], (0,) + out.stride()[:2]
+    _ext._C.rotary(
+        x.data_ptr(), out.data_ptr(), x_strides, out_strides, cos.data_ptr(), sin.data_ptr(),
+        cos.stride(0), sin.stride(0), 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
+        0 if offsets is None else offsets.data_ptr(), offset, batch, seqlen, x.shape[-2],
+        x.shape[-1], 2 * cos.shape[1], cos.shape[0], interleaved, conjugate,
+        _KERNEL_DTYPES[x.dtype], _KERNEL_DTYPES[cos.dtype], device, _ext.current_stream(device),
+    )  # fmt: skip
+    return out
+
+
+def _rotate(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, conjugate):
+    """Our kernel for CUDA float16 / bfloat16 / float32, else (and while torch.compile or a
+    dispatch mode traces: the kernel takes raw pointers) the PyTorch code."""
+    from ..interface import _tracing
+
+    if (x.is_cuda and x.dtype in _KERNEL_DTYPES and cos.dtype in _KERNEL_DTYPES
+            and not _tracing()):
+        return _kernel(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, conjugate)
+    pos = _positions(x, seqlen_offsets, cu_seqlens)
+    return _apply(x, cos, sin, interleaved, inplace, pos, conjugate)
+
+
 class _ApplyRotary(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, cos, sin, interleaved, inplace, pos):
-        out = _apply(x, cos, sin, interleaved, inplace, pos, False)
-        ctx.save_for_backward(cos, sin, pos)
-        ctx.interleaved, ctx.inplace = interleaved, inplace
+    def forward(ctx, x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens):
+        out = _rotate(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, False)
+        offsets = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
+        ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
+        ctx.offset, ctx.interleaved = seqlen_offsets if offsets is None else 0, interleaved
         if inplace:
             ctx.mark_dirty(x)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        cos, sin, pos = ctx.saved_tensors
-        return (_apply(grad, cos, sin, ctx.interleaved, False, pos, True),) + (None,) * 5
+        cos, sin, offsets, cu_seqlens = ctx.saved_tensors
+        offsets = ctx.offset if offsets is None else offsets
+        dx = _rotate(grad, cos, sin, ctx.interleaved, False, offsets, cu_seqlens, True)
+        return (dx,) + (None,) * 6
 
 
 def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0,
@@ -171,17 +237,17 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offse
         cos, sin: ``(seqlen_rotary, rotary_dim / 2)``.
         interleaved: GPT-J pairs (2i, 2i + 1) instead of GPT-NeoX halves.
         inplace: write the result into x and return x.
-        seqlen_offsets: int, or int32 / int64 ``(batch,)``: the position of each sequence's
-            first token.
+        seqlen_offsets: int >= 0, or int32 / int64 ``(batch,)`` (the kernel reads them as
+            int32): the position of each sequence's first token.
         cu_seqlens: None, or int32 ``(batch + 1,)`` for packed sequences.
-        max_seqlen: accepted for flash-attn compatibility (not needed here).
+        max_seqlen: not needed; with cu_seqlens and an int offset, checked against cos.
 
     Returns:
         A tensor like x (x itself when ``inplace``); differentiable in x.
     """
-    _check(x, cos, sin, seqlen_offsets, cu_seqlens)
-    pos = _positions(x, seqlen_offsets, cu_seqlens)
-    return _ApplyRotary.apply(x, cos, sin, bool(interleaved), bool(inplace), pos)
+    _check(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen)
+    return _ApplyRotary.apply(x, cos, sin, bool(interleaved), bool(inplace), seqlen_offsets,
+                              cu_seqlens)
 
 
 apply_rotary_emb_func = apply_rotary_emb
