@@ -17,8 +17,12 @@ struct Sm90FwdTile {
 // Budgets: shared memory 2 d (block_m (Q, and O where it fits) + 2 stages block_n) bytes
 // <= 227 KiB less the barriers;
 // registers 128 producer_regs + 128 (block_m / 64) consumer_regs <= 64 Ki. A consumer thread
-// holds S (block_n / 2 f32), P (block_n / 4 b32) and O (d / 2 f32). The producer keeps 32
-// registers (at 24 its tile walk spilled a word to local memory).
+// holds S (block_n / 2 f32), P (block_n / 4 b32) and O (d / 2 f32). setmaxnreg only moves
+// registers within what the launch gave the CTA: 8 * floor(64 Ki / threads / 8) per thread
+// (168 at 384 threads, 128 at 512), so producer_regs + consumers x consumer_regs must fit in
+// (1 + consumers) x that, or the consumers' setmaxnreg.inc waits forever (a producer at 32
+// with two consumers at 240 hung: 32 + 480 > 3 x 168). At 24 the producer's tile walk
+// spills one word (an STL / LDL per tile, in the producer only).
 //   d64   3 consumer warpgroups, 192 x 128: 112 KiB; S 64 + P 32 + O 32 of 160 registers.
 //   d128  2 warpgroups, 128 x 128: 192 KiB; S 64 + P 32 + O 64 of 240.
 //   d192  128 x 112: 216 KiB (O in sQ); S 56 + P 28 + O 96 of 240.
@@ -28,12 +32,12 @@ struct Sm90FwdTile {
 constexpr Sm90FwdTile sm90_fwd_tile(int head_dim) {
 #ifdef FLASHATTN2_SM90_TILE_M
   return Sm90FwdTile{FLASHATTN2_SM90_TILE_M, FLASHATTN2_SM90_TILE_N, FLASHATTN2_SM90_TILE_STAGES,
-                     FLASHATTN2_SM90_TILE_M == 192 ? 160 : 240, 32};
+                     FLASHATTN2_SM90_TILE_M == 192 ? 160 : 240, 24};
 #endif
-  return head_dim <= 64    ? Sm90FwdTile{192, 128, 2, 160, 32}
-         : head_dim <= 128 ? Sm90FwdTile{128, 128, 2, 240, 32}
-         : head_dim <= 192 ? Sm90FwdTile{128, 112, 2, 240, 32}
-                           : Sm90FwdTile{128, 80, 2, 240, 32};
+  return head_dim <= 64    ? Sm90FwdTile{192, 128, 2, 160, 24}
+         : head_dim <= 128 ? Sm90FwdTile{128, 128, 2, 240, 24}
+         : head_dim <= 192 ? Sm90FwdTile{128, 112, 2, 240, 24}
+                           : Sm90FwdTile{128, 80, 2, 240, 24};
 }
 
 // Kernel head dims of the sm90 forward: multiples of 64 (whole 128-byte swizzle chunks).

@@ -80,6 +80,10 @@ struct FwdTraits {
   static_assert(kConsumers >= 2 && kConsumers <= 3, "ping-pong between 2 or 3 warpgroups");
   static_assert((kSeparateO ? 2 : 1) * kQBytes + 2 * kStages * kKVBytes + 8 * (7 + 4 * kStages) +
                         1024 <= kSmemBytes, "smem budget");
+  // setmaxnreg moves registers only within the launch's allocation (sm90/fwd_config.h).
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static_assert(kTile.producer_regs + kConsumers * kTile.consumer_regs <=
+                    (1 + kConsumers) * kLaunchRegs, "register budget: setmaxnreg.inc would hang");
 };
 
 // The kernel's arguments: TMA maps of q, k, v, o (tma_map.h), the forward params, and the
@@ -201,19 +205,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // The walk: tile blockIdx.x first, then the next of a static stride (grid) or of the
       // shared counter (dynamic: whichever CTA is free takes it); each index is published
       // to the consumers, the past-the-end one too (they stop on it). The next tile is
-      // claimed once this one's loads are issued, when the consumers are kStages steps
-      // from its end: claiming at a tile's start would bind the next tile to a CTA that is
-      // busy for the whole of this one while others run idle.
-      auto next_tile = [&](int tile) {
-        return args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
-                                 : tile + int(gridDim.x);
-      };
-      for (int walk = 0, tile = blockIdx.x;; ++walk, tile = next_tile(tile)) {
+      // claimed as this one starts (claiming it once this one's loads are issued balanced
+      // long causal tiles better in one run but is not validated yet: benchmarks/NOTES.md).
+      for (int walk = 0, tile = blockIdx.x;; ++walk) {
         mbar_wait(bar_tile_empty(walk), ((walk >> 1) & 1) ^ 1);
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile_slot(walk)), "r"(tile) : "memory");
         mbar_arrive(bar_tile_full(walk));
         if (tile >= args.tiles) break;
-        const Work w(args, tile);
+        const int current = tile;
+        tile = args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
+                                 : tile + int(gridDim.x);
+        const Work w(args, current);
         if (w.empty()) continue;
         // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
         // and the sequence's rows start at its offset (SeqInfo).
