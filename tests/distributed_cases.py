@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import tempfile
+import time
 import traceback
 import zlib
 
@@ -178,15 +179,26 @@ def _worker(rank, world_size, backend, init_file, cases, result_dir):
     finally:
         with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
-        dist.destroy_process_group()
+        # gloo's destroy_process_group could wait forever on torch 2.4 for a rank that had
+        # already exited (CI hung there); the process ends next, which frees the group.
+        if backend == "nccl":
+            dist.destroy_process_group()
 
 
-def run_world(world_size, backend, cases):
-    """Runs ``cases`` on a fresh ``world_size``-process group; ``{case name: errors}``."""
+def run_world(world_size, backend, cases, timeout=600):
+    """Runs ``cases`` on a fresh ``world_size``-process group; ``{case name: errors}``.
+    Raises TimeoutError (killing the ranks) if they have not all ended after ``timeout``
+    seconds, so that a hung collective fails the test instead of hanging the suite."""
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        mp.spawn(_worker, args=(world_size, backend, init_file, cases, tmp), nprocs=world_size,
-                 join=True)  # fmt: skip
+        context = mp.start_processes(_worker, args=(world_size, backend, init_file, cases, tmp),
+                                     nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                for process in context.processes:
+                    process.kill()
+                raise TimeoutError(f"{world_size} {backend} ranks still running after {timeout} s")
         merged = {case_name(case): "" for case in cases}
         for rank in range(world_size):
             with open(os.path.join(tmp, f"rank{rank}.json")) as f:
