@@ -7,6 +7,7 @@
 #   ARCHS=90a-real HEAD_DIMS=128 SKIP_BENCH=1 bash scripts/gpu_check.sh
 #
 # Switches: SKIP_BUILD SKIP_TESTS SKIP_SM80_TESTS SKIP_SANITIZER SKIP_BENCH SKIP_DECODE (=1),
+# TEST_TIMEOUT (seconds per test step, default 480: a hang fails the step, the rest runs),
 # BENCH_ARGS, DECODE_ARGS, PYTEST_ARGS, SM80_TESTS (the forward test files run a second time
 # with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both forward paths are tested),
 # ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS (default:
@@ -26,6 +27,10 @@
 set -uo pipefail
 
 OUT=${OUT:-gpu_logs}
+# NVLink multicast off for the 2-GPU tests (NCCL NVLS and torch symmetric memory).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# A hung kernel must not eat the device call: each test step is killed after this long.
+TEST_TIMEOUT=${TEST_TIMEOUT:-480}
 PYTHON=${PYTHON:-python3}
 LOG="$OUT/logs.txt"
 mkdir -p "$OUT"
@@ -112,7 +117,7 @@ if [ "${SKIP_TESTS:-0}" = 1 ]; then
     skip_step tests SKIP_TESTS
 else
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-    run_step tests 3 "$PYTHON" -m pytest tests -q -ra --durations=15 \
+    run_step tests 3 timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest tests -q -ra --durations=15 \
         --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-}
 fi
 
@@ -122,7 +127,7 @@ if [ "${SKIP_TESTS:-0}" = 1 ] || [ "${SKIP_SM80_TESTS:-0}" = 1 ]; then
     skip_step tests_sm80 "SKIP_TESTS or SKIP_SM80_TESTS"
 else
     # shellcheck disable=SC2086
-    run_step tests_sm80 3 env FLASHATTN2_FORCE_SM80=1 "$PYTHON" -m pytest $SM80_TESTS -q -ra \
+    run_step tests_sm80 3 timeout -k 10 "$TEST_TIMEOUT" env FLASHATTN2_FORCE_SM80=1 "$PYTHON" -m pytest $SM80_TESTS -q -ra \
         --junitxml="$OUT/junit_sm80.xml" ${PYTEST_ARGS:-}
 fi
 
