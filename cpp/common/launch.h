@@ -47,6 +47,11 @@ void run_fwd(const FwdParams& params, cudaStream_t stream);
 // caller then runs run_fwd).
 template <typename Element, int kHeadDim>
 bool run_fwd_sm90(const FwdParams& params, int num_sms, cudaStream_t stream);
+// Defined in sm90/bwd_launch.cuh (units built for sm_90a only): the Hopper backward (first
+// version, sm90/bwd_config.h); false if TMA cannot describe the tensors (the caller then
+// runs run_bwd).
+template <typename Element, int kHeadDim>
+bool run_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 // run_bwd picks the backward tile that fits smem_per_block (bwd_config.h).
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream);

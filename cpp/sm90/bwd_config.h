@@ -1,0 +1,49 @@
+// Hopper backward (issue 18, first version, unvalidated; benchmarks/NOTES.md "Hopper
+// backward"): the tile, its budgets, and the host's test of which backwards it serves.
+#pragma once
+
+#include "common/flash.h"
+
+namespace flashattn2 {
+
+// One CTA per (128-key block, KV head, batch): a producer warpgroup (TMA of K, V once and of
+// Q, dO per 64-query step; LSE and dsum by one warp) and two consumer warpgroups of 64 keys.
+struct Sm90BwdTile {
+  int block_m;        // query rows per step
+  int block_n;        // keys per CTA = 64 per consumer warpgroup
+  int stages;         // shared-memory stages of Q, dO, LSE, dsum
+  int consumer_regs;  // setmaxnreg of a consumer warpgroup
+  int producer_regs;  // setmaxnreg of the producer warpgroup
+};
+
+// Registers (d128): dK + dV 128 f32, S^T + dP^T 64, P^T + dS^T A fragments 32, dQ 32 (after
+// S^T / dP^T die) of 240; producer 24: 24 + 2 x 240 = 3 x 168, the launch's allocation at
+// 384 threads (the setmaxnreg rule of sm90/fwd_config.h).
+// Shared memory: K, V 64 KiB; per stage Q, dO 32 KiB and LSE, dsum 512 B; dS^T 2 x 16 KiB
+// (double-buffered so that one named barrier per step suffices); mbarriers; 1 KiB alignment.
+constexpr Sm90BwdTile sm90_bwd_tile(int /*head_dim: 128 only*/) {
+  return Sm90BwdTile{64, 128, 2, 240, 24};
+}
+
+// Kernel head dims of the sm90 backward: 128 only in this version.
+constexpr bool sm90_bwd_head_dim(int kernel_head_dim) { return kernel_head_dim == 128; }
+
+constexpr int sm90_bwd_smem_bytes(int head_dim) {
+  return 2 * head_dim * (2 * sm90_bwd_tile(head_dim).block_n +
+                         2 * sm90_bwd_tile(head_dim).stages * sm90_bwd_tile(head_dim).block_m) +
+         2 * 2 * sm90_bwd_tile(head_dim).block_n * sm90_bwd_tile(head_dim).block_m +
+         sm90_bwd_tile(head_dim).stages * sm90_bwd_tile(head_dim).block_m * 8 +
+         8 * (1 + 4 * sm90_bwd_tile(head_dim).stages) + 1024;
+}
+
+// The backwards the sm90 kernel serves (everything else runs the mma.sync backward of
+// cpp/sm80): dense fp16 / bf16 of kernel head dim 128 (head dims 97-128), full or causal
+// attention, MHA or GQA. Not yet: varlen, sliding windows, softcap, ALiBi, dropout,
+// deterministic mode, other head dims.
+inline bool sm90_bwd_supports(const BwdParams& p) {
+  const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
+  return !p.cu_seqlens_q && !p.cu_seqlens_k && causal_or_full && p.softcap == 0.f &&
+         !p.alibi_slopes && p.dropout_threshold == 0 && !p.deterministic && p.dq_chains == 1;
+}
+
+}  // namespace flashattn2

@@ -1,0 +1,413 @@
+// Hopper backward, first version (issue 18; unvalidated: benchmarks/NOTES.md "Hopper
+// backward"). The mainloop of the FA2 backward (sm80/bwd_kernel.cuh) on wgmma and TMA; the
+// preprocess (dsum = rowsum(dO o O), zeroing dq_accum) and the dQ convert kernel are the
+// sm80 ones, unchanged, and dQ goes into the same f32 accumulator layout (ws_dq_index).
+//
+// Tiling
+//   grid   (ceil(seqlen_k / 128), nheads_k, batch): one CTA per 128-key block of a KV head;
+//          it walks every 64-row query block that sees the keys, for each query head of the
+//          GQA group (head-major), and keeps dK / dV in f32 registers over all of them.
+//   block  384 threads. Warpgroup 0 is the producer (setmaxnreg down): thread 0 loads K, V
+//          once (TMA, kv_full) and Q, dO of each step into stage t % 2 (q_full, do_full);
+//          warp 1 copies the step's LSE (+inf past seqlen_q: P = 0 there) and dsum into the
+//          stage (lse_full, 32 arrivals). Consumer warpgroup c (1 + c) owns keys
+//          [64 c, 64 c + 64) of the block; its warp w keys 16 w..+15, so the S^T / dP^T / dK /
+//          dV accumulators have the mma.sync C layout (fwd_softmax.cuh).
+//   smem   sK, sV [128 x d]; per stage sQ, sdO [64 x d] (TMA's 128-byte swizzle,
+//          wgmma.cuh) and LSE, dsum [64] f32; sdS 2 x [128 keys x 64 queries] (dS^T, the
+//          same swizzle); mbarriers. Budget: sm90/bwd_config.h.
+//   step   (t, query block m of head h; stage s = t % 2)
+//            S^T = K_c Q^T (SS, m64 n64), dP^T = V_c dO^T (SS)
+//            mask (key tail, causal), P^T = exp2(S^T scale log2e - LSE log2e) -> A fragments
+//            dV += P^T dO (RS, n128, dO MN-major)
+//            dS^T = P^T o (dP^T - dsum) -> A fragments and sdS[s] (4-byte stores)
+//            dK += dS^T Q (RS, n128)
+//            named barrier of both consumers (sdS[s] complete)
+//            dQ[:, 64 c..+64] = dS K[:, 64 c..+64] (SS, A = sdS read M-major, K MN-major)
+//            wait all; release stage s; red.add.v4 of dQ into dq_accum
+//          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
+//          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
+//   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
+// Limits: kernel head dim 128 (d 97-128, multiple of 8), dense, full or causal attention,
+// no score mods / dropout / deterministic mode (sm90_bwd_supports).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "common/workspace.h"
+#include "sm90/bwd_config.h"
+#include "sm90/mbarrier.cuh"
+#include "sm90/tma.cuh"
+#include "sm90/warpgroup.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace flashattn2 {
+namespace sm90 {
+
+template <int kHeadDim_>
+struct BwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim);
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kConsumers = kBlockN / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kQChunkBytes = kBlockM * kSwizzleBytes;
+  static constexpr int kKChunkBytes = kBlockN * kSwizzleBytes;
+  static constexpr int kQBytes = kChunks * kQChunkBytes;   // one of sQ, sdO per stage
+  static constexpr int kKBytes = kChunks * kKChunkBytes;   // one of sK, sV
+  static constexpr int kDSBytes = kBlockN * kBlockM * 2;   // one dS^T buffer
+  static constexpr int kRowBytes = kBlockM * 4;            // one of LSE, dsum per stage
+  static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
+  static_assert(kHeadDim == 128, "first version: kernel head dim 128 only");
+  static_assert(kBlockM == 64 && kBlockN == 128 && kConsumers == 2, "tile of this version");
+  static_assert(kBlockM * 2 == kSwizzleBytes, "a dS^T row (64 queries) is one swizzle chunk row");
+  static_assert(2 * kKBytes + kStages * (2 * kQBytes + 2 * kRowBytes) + 2 * kDSBytes +
+                        8 * (1 + 4 * kStages) + 1024 <= kSmemBytes &&
+                    kSmemBytes <= 227 * 1024,
+                "smem budget");
+  // setmaxnreg moves registers only within the launch's allocation (sm90/fwd_config.h).
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static_assert(kTile.producer_regs + kConsumers * kTile.consumer_regs <=
+                    (1 + kConsumers) * kLaunchRegs, "register budget: setmaxnreg.inc would hang");
+};
+
+// Arguments: TMA maps of q, k, v, dout (tma_map.h) and the backward params.
+struct BwdArgs {
+  CUtensorMap q, k, v, dout;
+  BwdParams p;
+};
+
+// Named barrier of the two consumer warpgroups (0 is __syncthreads).
+constexpr int kBarDS = 1;
+
+// The CTA's query blocks: m_block_min .. m_block_max - 1 (those with a row that sees one of
+// the block's keys; bounds as the sm80 backward's), for each of the group's query heads.
+struct BwdRange {
+  int m_block_min, m_block_max, steps;
+  __device__ __forceinline__ BwdRange(const BwdParams& p, int n0, int block_m, int group) {
+    const int offset = p.seqlen_k - p.seqlen_q;
+    const int n_last = min(n0 + 128, p.seqlen_k) - 1;
+    const int m_lo = p.window_right >= 0 ? max(0, n0 - offset - p.window_right) : 0;
+    const int m_hi = p.window_left >= 0 ? min(p.seqlen_q - 1, n_last - offset + p.window_left)
+                                        : p.seqlen_q - 1;
+    m_block_min = m_lo / block_m;
+    m_block_max = m_hi < m_lo ? m_block_min : m_hi / block_m + 1;
+    steps = group * (m_block_max - m_block_min);
+  }
+};
+
+template <typename Traits, typename Element>
+__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs args) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kChunks = Traits::kChunks;
+  const BwdParams& p = args.p;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
+  const uint32_t sK = smem;
+  const uint32_t sV = sK + Traits::kKBytes;
+  const uint32_t sQ = sV + Traits::kKBytes;                 // stage s: + s kQBytes
+  const uint32_t sdO = sQ + kStages * Traits::kQBytes;      // stage s: + s kQBytes
+  const uint32_t sdS = sdO + kStages * Traits::kQBytes;     // buffer b: + b kDSBytes
+  const uint32_t sLse = sdS + 2 * Traits::kDSBytes;         // stage s: + 2 s kRowBytes
+  auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
+  auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
+  const uint32_t bars = sLse + kStages * 2 * Traits::kRowBytes;
+  const uint32_t bar_kv_full = bars;
+  auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
+  auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
+  auto bar_lse_full = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
+  auto bar_empty = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int n0 = n_block * kBlockN;
+  const int group = p.nheads / p.nheads_k;
+  const BwdRange range(p, n0, kBlockM, group);
+  if (tid == 0) {
+    mbar_init(bar_kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_q_full(s), 1);
+      mbar_init(bar_do_full(s), 1);
+      mbar_init(bar_lse_full(s), 32);
+      mbar_init(bar_empty(s), 4 * Traits::kConsumers);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---- producer ----
+    regs_decrease<Traits::kTile.producer_regs>();
+    if (warp == 0 && lane == 0 && range.steps > 0) {
+      tma_prefetch(&args.q);
+      tma_prefetch(&args.dout);
+      mbar_arrive_expect_tx(bar_kv_full, 2 * Traits::kKBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        tma_load(sK + c * Traits::kKChunkBytes, &args.k, c * kChunkCols, n0, head_k, batch,
+                 bar_kv_full);
+        tma_load(sV + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, n0, head_k, batch,
+                 bar_kv_full);
+      }
+      int head = head_k * group, m_block = range.m_block_min;
+      for (int t = 0; t < range.steps; ++t) {
+        const int s = t % kStages;
+        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(bar_q_full(s), Traits::kQBytes);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          tma_load(sQ + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
+                   m_block * kBlockM, head, batch, bar_q_full(s));
+        mbar_arrive_expect_tx(bar_do_full(s), Traits::kQBytes);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          tma_load(sdO + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.dout,
+                   c * kChunkCols, m_block * kBlockM, head, batch, bar_do_full(s));
+        if (++m_block == range.m_block_max) {
+          m_block = range.m_block_min;
+          ++head;
+        }
+      }
+    } else if (warp == 1) {
+      // LSE (+inf past seqlen_q, so that P = 0 on the zero-filled rows) and dsum of each
+      // step into its stage; every lane arrives after its stores (release / acquire).
+      int head = head_k * group, m_block = range.m_block_min;
+      for (int t = 0; t < range.steps; ++t) {
+        const int s = t % kStages;
+        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
+        const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+        const float* dsum = p.dsum + (int64_t(batch) * p.nheads + head) * round16(p.seqlen_q);
+#pragma unroll
+        for (int i = 0; i < kBlockM / 32; ++i) {
+          const int r = 32 * i + lane, row = m_block * kBlockM + r;
+          const bool valid = row < p.seqlen_q;
+          const float l = valid ? lse[row] : INFINITY;
+          const float d = valid ? dsum[row] : 0.f;
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(s_lse(s) + 4 * r), "f"(l) : "memory");
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(s_dsum(s) + 4 * r), "f"(d) : "memory");
+        }
+        mbar_arrive(bar_lse_full(s));
+        if (++m_block == range.m_block_max) {
+          m_block = range.m_block_min;
+          ++head;
+        }
+      }
+    }
+  } else {
+    // ---- consumers ----
+    regs_increase<Traits::kTile.consumer_regs>();
+    const int consumer = warp / 4 - 1;
+    const int warp_in_wg = warp % 4;
+    const int g = lane / 4;
+    const int q = lane % 4;
+    const int key0 = 64 * consumer;                  // the warpgroup's first key of the block
+    const int lane_key = key0 + 16 * warp_in_wg + g;  // + 8 r: the lane's key rows
+    const int offset = p.seqlen_k - p.seqlen_q;
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+
+    float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+
+    auto release = [&](uint32_t bar) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    };
+    // acc (64 keys x 64 queries) = rows key0.. of sA times the stage's 64 rows of sB^T.
+    auto gemm_t = [&](float (&acc)[kBlockM / 2], uint32_t a_base, uint32_t b_base) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t col = (kk % 4) * 32;  // the k16 step's 32 bytes of the chunk row
+        const uint64_t a = desc_k_major(a_base + (kk / 4) * Traits::kKChunkBytes +
+                                        key0 * kSwizzleBytes + col);
+        const uint64_t b = desc_k_major(b_base + (kk / 4) * Traits::kQChunkBytes + col);
+        Wgmma<kBlockM, Element>::template ss<0>(acc, a, b, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    // acc (64 keys x d) += A (64 keys x 64 queries, registers) times the stage's sB (MN-major).
+    auto gemm_kv = [&](float (&acc)[kHeadDim / 2], const uint32_t (&a)[kBlockM / 16][4],
+                       uint32_t b_base) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const uint64_t b = desc_mn_major(b_base + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
+        Wgmma<kHeadDim, Element>::template rs<1>(acc, a[kk], b, 1);
+      }
+      wgmma_commit();
+    };
+
+    if (range.steps > 0) mbar_wait(bar_kv_full, 0);
+    int head = head_k * group, m_block = range.m_block_min;
+    for (int t = 0; t < range.steps; ++t) {
+      const int s = t % kStages;
+      const uint32_t phase = (t / kStages) & 1;
+      const int m0 = m_block * kBlockM;
+      float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
+      uint32_t rP[kBlockM / 16][4], rdS[kBlockM / 16][4];
+
+      mbar_wait(bar_q_full(s), phase);
+      gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
+      mbar_wait(bar_do_full(s), phase);
+      gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
+      mbar_wait(bar_lse_full(s), phase);
+      wgmma_wait<1>();
+      fence_regs(acc_s);
+
+      // Mask: keys past seqlen_k, and the window (causal: window_right 0, bottom-right
+      // aligned) where the warpgroup's keys cross it. Element acc[4 nt + 2 r + e]: key
+      // n0 + lane_key + 8 r, query m0 + 8 nt + 2 q + e.
+      const int k_first = n0 + key0;
+      const bool need_mask =
+          k_first + 64 > p.seqlen_k ||
+          (p.window_right >= 0 && k_first + 63 > m0 + offset + p.window_right) ||
+          (p.window_left >= 0 && k_first < m0 + kBlockM - 1 + offset - p.window_left);
+      if (need_mask) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = n0 + lane_key + 8 * r;
+          const int q_lo = (p.window_right >= 0 ? key - offset - p.window_right : 0) - m0 - 2 * q;
+          const int q_hi = (key >= p.seqlen_k       ? -1
+                            : p.window_left >= 0 ? key - offset + p.window_left
+                                                 : p.seqlen_q - 1) - m0 - 2 * q;
+#pragma unroll
+          for (int nt = 0; nt < kBlockM / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = 8 * nt + e;
+              if (col < q_lo || col > q_hi) acc_s[4 * nt + 2 * r + e] = -INFINITY;
+            }
+        }
+      }
+      // P^T in place (LSE of the lane's two query columns per n8 tile: one 8-byte load).
+#pragma unroll
+      for (int nt = 0; nt < kBlockM / 8; ++nt) {
+        float2 lse;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(lse.x), "=f"(lse.y)
+                     : "r"(s_lse(s) + 4 * (8 * nt + 2 * q)));
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc_s[4 * nt + e] =
+              ptx::exp2_approx(fmaf(acc_s[4 * nt + e], scale_log2, -(e & 1 ? lse.y : lse.x) * kLog2e));
+      }
+      // P^T as A fragments (n8 tiles 2 kk, 2 kk + 1: the k16 step kk over the queries).
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          rP[kk][i] = ptx::pack2<Element>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
+      gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
+      wgmma_wait<1>();  // dP^T (the dV GEMM may still run)
+      fence_regs(acc_dp);
+
+      // dS^T = P^T o (dP^T - dsum) as A fragments and into sdS[s] (key rows x query columns,
+      // swizzled: the 4-byte stores of a warp hit 32 distinct banks).
+      const uint32_t sdS_t = sdS + s * Traits::kDSBytes;
+#pragma unroll
+      for (int nt = 0; nt < kBlockM / 8; ++nt) {
+        float2 dsum;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(dsum.x), "=f"(dsum.y)
+                     : "r"(s_dsum(s) + 4 * (8 * nt + 2 * q)));
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc_dp[4 * nt + e] = acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t v = ptx::pack2<Element>(acc_dp[4 * nt + 2 * r], acc_dp[4 * nt + 2 * r + 1]);
+          rdS[nt / 2][(nt & 1) * 2 + r] = v;
+          const int row = lane_key + 8 * r;
+          const uint32_t addr = sdS_t + row * kSwizzleBytes + ((nt ^ (row % 8)) * 16) + 4 * q;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+        }
+      }
+      gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
+      fence_proxy_async();
+      named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
+
+      // dQ (64 queries x this warpgroup's 64 columns) = dS K: A = dS^T read M-major (k16
+      // step kk: keys 16 kk..+15), B = K's column chunk `consumer` (MN-major).
+      float acc_dq[kBlockM / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const uint64_t a = desc_mn_major(sdS_t + kk * 16 * kSwizzleBytes, Traits::kDSBytes);
+        const uint64_t b = desc_mn_major(sK + consumer * Traits::kKChunkBytes +
+                                         kk * 16 * kSwizzleBytes, Traits::kKChunkBytes);
+        Wgmma<kBlockM, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(acc_dq);
+      fence_regs(acc_dk);
+      fence_regs(acc_dv);
+      release(bar_empty(s));  // sQ, sdO, LSE, dsum of stage s are read
+
+      // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index), one 16-byte reduction
+      // per lane and n8 tile. Rows past seqlen_q in a 16-row block add zeros (P = 0) to the
+      // padding; blocks past it and columns past a padded head dim are skipped.
+      const int dq_row = m0 + 16 * warp_in_wg;
+      if (dq_row < p.seqlen_q) {
+        float* const dq = p.dq_accum +
+                          ((int64_t(batch) * p.nheads + head) * round16(p.seqlen_q) + dq_row) *
+                              p.headdim +
+                          16 * 64 * consumer + 4 * lane;
+#pragma unroll
+        for (int nt = 0; nt < kBlockM / 8; ++nt) {
+          if (64 * consumer + 8 * nt < p.headdim) {
+            ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1], acc_dq[4 * nt + 2],
+                            acc_dq[4 * nt + 3]);
+          }
+        }
+      }
+      if (++m_block == range.m_block_max) {
+        m_block = range.m_block_min;
+        ++head;
+      }
+    }
+
+    // ---- epilogue: dK * scale, dV in the input dtype, from registers ----
+    Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
+                        head_k * p.dk_head_stride;
+    Element* const dv = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
+                        head_k * p.dv_head_stride;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = n0 + lane_key + 8 * r;
+      if (key < p.seqlen_k) {
+#pragma unroll
+        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+          const int col = 8 * dt + 2 * q;
+          if (col < p.headdim) {
+            *reinterpret_cast<uint32_t*>(dk + key * p.dk_row_stride + col) =
+                ptx::pack2<Element>(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
+                                    acc_dk[4 * dt + 2 * r + 1] * p.softmax_scale);
+            *reinterpret_cast<uint32_t*>(dv + key * p.dv_row_stride + col) =
+                ptx::pack2<Element>(acc_dv[4 * dt + 2 * r], acc_dv[4 * dt + 2 * r + 1]);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace flashattn2
