@@ -175,7 +175,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   return flashattn2::mha_fwd(params, device, reinterpret_cast<void*>(stream), allow_sm90);
 }
 
-void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
+int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
          std::uintptr_t o, std::uintptr_t lse, std::uintptr_t dq, std::uintptr_t dk,
          std::uintptr_t dv, std::uintptr_t dq_accum, std::uintptr_t dsum,
          const Strides& do_strides, const Strides& q_strides, const Strides& k_strides,
@@ -187,7 +187,7 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
          std::uintptr_t cu_seqlens_k, int total_q, int total_k,
          float softcap, std::uintptr_t alibi_slopes,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains,
-         int smem_limit) {
+         int smem_limit, bool allow_sm90) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -239,7 +239,8 @@ void bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
 
   py::gil_scoped_release no_gil;  // as in fwd
-  flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream), smem_limit);
+  return flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream), smem_limit,
+                             allow_sm90);
 }
 
 void append_kv(std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t k_cache,
@@ -416,6 +417,7 @@ py::dict build_info() {
   info["ptx_archs"] = flashattn2::built_ptx_archs();
   info["head_dims"] = flashattn2::built_head_dims();
   info["sm90_fwd_head_dims"] = flashattn2::built_sm90_head_dims();
+  info["sm90_bwd_head_dims"] = flashattn2::built_sm90_bwd_head_dims();
   info["bwd_head_dims"] = bwd_head_dims();
   return info;
 }
@@ -475,8 +477,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("dq_chains") = 1,
-        py::arg("smem_limit") = 0,
-        "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's). "
+        py::arg("smem_limit") = 0, py::arg("allow_sm90") = false,
+        "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
+        "returns the generation of the backward that ran: 90 (the Hopper backward, first "
+        "version, unvalidated: only with allow_sm90 on an sm_90 GPU, for what it supports) "
+        "or 80. "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(..., dq_chains) floats (no need to zero them). "
@@ -585,7 +590,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info,
         "What this build contains: {'version': str, 'cuda_version': int (e.g. 13000), "
         "'archs': SASS compute capabilities, 'ptx_archs': PTX compute capabilities, "
-        "'head_dims': kernel head dims, 'bwd_head_dims': backward kernel head dims}.");
+        "'head_dims': kernel head dims, 'bwd_head_dims': backward kernel head dims, "
+        "'sm90_fwd_head_dims' / 'sm90_bwd_head_dims': those of the Hopper forward / backward}.");
 
   m.attr("__version__") = flashattn2::version();
 }

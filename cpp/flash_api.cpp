@@ -19,6 +19,7 @@
 #include "built_config.h"
 #include "sm80/bwd_config.h"
 #include "sm80/fwd_config.h"
+#include "sm90/bwd_config.h"
 #include "sm90/fwd_config.h"
 #include "common/launch.h"
 
@@ -38,6 +39,7 @@ struct IntList {
 using HeadDims = IntList<FLASHATTN2_HEAD_DIMS>;
 using BwdHeadDims = IntList<FLASHATTN2_BWD_HEAD_DIMS>;
 using Sm90HeadDims = IntList<FLASHATTN2_SM90_HEAD_DIMS>;
+using Sm90BwdHeadDims = IntList<FLASHATTN2_SM90_BWD_HEAD_DIMS>;
 using SassArchs = IntList<FLASHATTN2_SASS_ARCHS>;
 using PtxArchs = IntList<FLASHATTN2_PTX_ARCHS>;
 
@@ -91,6 +93,7 @@ int kernel_head_dim(int headdim) {
 
 std::vector<int> built_head_dims() { return HeadDims::vec(); }
 std::vector<int> built_sm90_head_dims() { return Sm90HeadDims::vec(); }
+std::vector<int> built_sm90_bwd_head_dims() { return Sm90BwdHeadDims::vec(); }
 std::vector<int> built_archs() { return SassArchs::vec(); }
 std::vector<int> built_ptx_archs() { return PtxArchs::vec(); }
 int cuda_runtime_version() { return CUDART_VERSION; }
@@ -515,7 +518,7 @@ int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, i
   return seqlen_k < 1024 ? 1 : kBwdMaxDqChains;
 }
 
-void mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit) {
+int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, bool allow_sm90) {
   require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
           "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
 
@@ -547,12 +550,27 @@ void mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit) 
               std::to_string(device) + " allows " + std::to_string(smem_max) +
               " (head dims above 128 need an sm_80 or sm_90 class GPU, e.g. A100 or H100)");
   auto s = static_cast<cudaStream_t>(stream);
+  // The Hopper backward (first version, opt-in: allow_sm90) for what it supports
+  // (sm90/bwd_config.h) on an sm_90 GPU; the mma.sync backward for everything else, and
+  // whatever TMA cannot describe.
+  if (allow_sm90 && Sm90BwdHeadDims::dispatch(kd, [](auto) {}) && sm90_bwd_head_dim(kd) &&
+      compute_capability(device) == 90 && sm90_bwd_supports(p) &&
+      sm90_bwd_smem_bytes(kd) <= smem_max) {
+    bool ran = false;
+    Sm90BwdHeadDims::dispatch(kd, [&](auto head_dim) {
+      dispatch_dtype(p.dtype, [&](auto element) {
+        ran = run_bwd_sm90<decltype(element), decltype(head_dim)::value>(p, s);
+      });
+    });
+    if (ran) return 90;
+  }
   const bool found = BwdHeadDims::dispatch(kd, [&](auto head_dim) {
     dispatch_dtype(p.dtype, [&](auto element) {
       run_bwd<decltype(element), decltype(head_dim)::value>(p, smem_max, s);
     });
   });
   if (!found) throw std::logic_error("flashattn2: no backward kernel for head dim " + std::to_string(kd));
+  return 80;
 }
 
 }  // namespace flashattn2

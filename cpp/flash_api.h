@@ -24,7 +24,11 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 =
 // more shared memory than the GPU gives a block (bwd_smem_per_block), are invalid_argument.
 // smem_limit > 0 caps the shared memory per block the kernels may use below the GPU's (a
 // test hook: it selects the tiles of a 99 KiB sm_86 / sm_89 block on any GPU).
-void mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit = 0);
+// allow_sm90: on an sm_90 GPU, run the Hopper backward (cpp/sm90, first version,
+// unvalidated, off by default) for what it supports (sm90/bwd_config.h). Returns the
+// generation of the backward kernel that ran: 90 or 80.
+int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit = 0,
+            bool allow_sm90 = false);
 
 // KV-cache append (+ rotary) before a KV-cache forward; throws like mha_fwd.
 void mha_append_kv(const AppendKvParams& params, int device, void* stream);
@@ -100,6 +104,7 @@ int kernel_head_dim(int headdim);
 
 std::vector<int> built_head_dims();  // e.g. {32, 64, 96, 128, 192, 256}
 std::vector<int> built_sm90_head_dims();  // the Hopper forward's, e.g. {64, 128, 192, 256}
+std::vector<int> built_sm90_bwd_head_dims();  // the Hopper backward's (opt-in): {128} or {}
 std::vector<int> built_archs();      // SASS archs, e.g. {80, 90}
 std::vector<int> built_ptx_archs();  // PTX archs, e.g. {90}
 int cuda_runtime_version();          // CUDART_VERSION the library was built with, e.g. 13000

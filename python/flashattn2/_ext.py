@@ -40,6 +40,13 @@ if SM90_TILE_WALK not in ("auto", "counter", "blocks"):
                      f"{SM90_TILE_WALK!r}")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
+# EXPERIMENTAL, unvalidated, off by default: True lets the backward run the first version
+# of the Hopper backward (cpp/sm90/bwd_kernel.cuh) on sm_90 GPUs for what it supports
+# (d 97-128, dense, full or causal, MHA / GQA, fp16 / bf16; the rest runs the mma.sync
+# backward). Set by FLASHATTN2_SM90_BWD=1 at import.
+SM90_BWD = os.environ.get("FLASHATTN2_SM90_BWD", "0") not in ("", "0")
+# The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
+last_bwd_arch = None
 
 
 @contextlib.contextmanager

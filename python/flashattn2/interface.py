@@ -235,7 +235,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
-    _C.bwd(
+    _ext.last_bwd_arch = _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
         dq_accum.data_ptr(), dsum.data_ptr(), *strides, lse_strides,
@@ -243,7 +243,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         softmax_scale, window_left, window_right,
         1 if q.dtype is _BF16 else 0,
         device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}),
-        dq_chains=dq_chains,
+        dq_chains=dq_chains, allow_sm90=_ext.SM90_BWD,
     )  # fmt: skip
 
 

@@ -1,0 +1,98 @@
+"""The Hopper backward, first version (cpp/sm90/bwd_kernel.cuh; experimental, off by default,
+enabled by FLASHATTN2_SM90_BWD=1 or ``_ext.SM90_BWD``): its gradients at its own tile
+boundaries (128 keys per CTA, 64 keys per consumer warpgroup, 64 query rows per step)
+against the float32 reference under the 2x rule of test_bwd.py, and which backwards stay on
+the mma.sync kernels.
+"""
+import pytest
+import torch
+from flashattn2 import _ext, flash_attn_func
+from test_bwd import check_grads, check_kernel, make_inputs, run_backward
+
+pytestmark = pytest.mark.gpu
+
+SM90_BWD_HEAD_DIMS = tuple(_ext.build_info().get("sm90_bwd_head_dims", ()))
+
+# Around the tiles: 1, a partial step, exactly one step / one warpgroup's keys, one past,
+# one CTA's keys, one past, several CTAs; and sq != sk both ways (causal: bottom-right
+# aligned, so the first query rows see no key when sq > sk).
+SEQLENS = [(1, 1), (63, 63), (64, 64), (65, 65), (127, 127), (128, 128), (129, 129),
+           (500, 500), (1000, 1000), (1, 300), (300, 1), (100, 500), (500, 100),
+           (255, 257), (1023, 1025)]
+HEADS = [(4, 4), (8, 2)]
+
+
+@pytest.fixture
+def sm90_bwd(monkeypatch):
+    """Turns the Hopper backward on for the test (skips where it cannot run)."""
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)):
+        pytest.skip("needs an sm_90 GPU")
+    if 128 not in SM90_BWD_HEAD_DIMS:
+        pytest.skip("this build has no sm90 backward (needs 90a-real and head dim 128)")
+    monkeypatch.setattr(_ext, "SM90_BWD", True)
+
+
+def arch_of_backward(*args, **kwargs):
+    """run_backward (NaN-poisoned outputs) and the generation of the backward that ran."""
+    _ext.last_bwd_arch = None
+    grads = run_backward(*args, **kwargs)
+    torch.cuda.synchronize()
+    return grads, _ext.last_bwd_arch
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+def test_sm90_backward_d128(sm90_bwd, seqlen_q, seqlen_k, causal, nheads, nheads_k, dtype):
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, nheads, nheads_k, 128, dtype)
+    grads, arch = arch_of_backward(q, k, v, dout, causal=causal)
+    assert arch == 90
+    check_grads(grads, q, k, v, dout, causal=causal)
+
+
+# Head dims that run on kernel head dim 128 with columns past d (zero-filled by TMA, not
+# written back): 100 is padded to 104 by the Python layer, 120 is a multiple of 8.
+@pytest.mark.parametrize("headdim", [100, 120])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(65, 129), (257, 255)])
+def test_sm90_backward_padded_head_dims(sm90_bwd, seqlen_q, seqlen_k, causal, headdim):
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, 8, 2, headdim, torch.bfloat16)
+    _ext.last_bwd_arch = None
+    check_kernel(q, k, v, dout, causal=causal)
+    assert _ext.last_bwd_arch == 90
+
+
+def test_sm90_backward_strided_inputs(sm90_bwd):
+    """q, k, v, dout as column slices of wider tensors (row strides > d): TMA maps and the dk /
+    dv stores take BwdParams' strides."""
+    torch.manual_seed(0)
+    wide = [torch.randn(2, 200, 4, 256, device="cuda", dtype=torch.float16) for _ in range(4)]
+    q, k, v, dout = (t[..., 64:192] for t in wide)
+    _ext.last_bwd_arch = None
+    check_kernel(q, k, v, dout, causal=True)
+    assert _ext.last_bwd_arch == 90
+
+
+def test_sm90_backward_is_off_by_default_and_falls_back(sm90_bwd, monkeypatch):
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(1, 200, 200, 4, 2, 128, torch.bfloat16)
+    # Out of scope: windows, softcap (through the public API), deterministic, other dims.
+    _, arch = arch_of_backward(q, k, v, dout, window_size=(32, 8))
+    assert arch == 80
+    if 64 in _ext.build_info()["bwd_head_dims"]:
+        q64, k64, v64, dout64 = make_inputs(1, 200, 200, 4, 2, 64, torch.bfloat16)
+        _, arch = arch_of_backward(q64, k64, v64, dout64, causal=True)
+        assert arch == 80
+    for kwargs in (dict(deterministic=True), dict(softcap=20.0)):
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        _ext.last_bwd_arch = None
+        flash_attn_func(qg, kg, vg, causal=True, **kwargs).backward(dout)
+        torch.cuda.synchronize()
+        assert _ext.last_bwd_arch == 80, kwargs
+    # Off (the default): the mma.sync backward even in scope.
+    monkeypatch.setattr(_ext, "SM90_BWD", False)
+    _, arch = arch_of_backward(q, k, v, dout, causal=True)
+    assert arch == 80
