@@ -85,6 +85,10 @@ def test_build_info_and_version():
     assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
         info["bwd_head_dims"], default=0
     )
+    # The Hopper backward (first version): d128 only, built with sm_90a SASS; opt-in.
+    assert set(info["sm90_bwd_head_dims"]) <= {128} & set(head_dims)
+    if info["sm90_bwd_head_dims"]:
+        assert 90 in info["archs"]
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]
         expected = larger[0] if larger else -1
@@ -727,3 +731,21 @@ def test_gpu_result_matches_reference_smoke():
     out = flashattn2.flash_attn_func(q, k, v, causal=True)
     ref, _ = attention_ref(q, k, v, causal=True)
     assert (out.float() - ref.float()).abs().max().item() < 0.05
+
+
+def test_sm90_backward_is_opt_in(monkeypatch):
+    """The experimental Hopper backward runs only with FLASHATTN2_SM90_BWD=1 at import
+    (read like FLASHATTN2_FORCE_SM80), and _C.bwd takes allow_sm90 (default False)."""
+    import importlib
+
+    monkeypatch.delenv("FLASHATTN2_SM90_BWD", raising=False)
+    try:
+        assert importlib.reload(_ext).SM90_BWD is False
+        monkeypatch.setenv("FLASHATTN2_SM90_BWD", "1")
+        assert importlib.reload(_ext).SM90_BWD is True
+        monkeypatch.setenv("FLASHATTN2_SM90_BWD", "0")
+        assert importlib.reload(_ext).SM90_BWD is False
+    finally:
+        monkeypatch.undo()
+        importlib.reload(_ext)
+    assert "allow_sm90" in _ext._C.bwd.__doc__
