@@ -104,7 +104,8 @@ struct BwdRange {
 };
 
 template <typename Traits, typename Element>
-__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs args) {
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
@@ -197,8 +198,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
           const bool valid = row < p.seqlen_q;
           const float l = valid ? lse[row] : INFINITY;
           const float d = valid ? dsum[row] : 0.f;
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(s_lse(s) + 4 * r), "f"(l) : "memory");
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(s_dsum(s) + 4 * r), "f"(d) : "memory");
+          st_shared(s_lse(s) + 4 * r, l);
+          st_shared(s_dsum(s) + 4 * r, d);
         }
         mbar_arrive(bar_lse_full(s));
         if (++m_block == range.m_block_max) {
@@ -298,14 +299,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       // P^T in place (LSE of the lane's two query columns per n8 tile: one 8-byte load).
 #pragma unroll
       for (int nt = 0; nt < kBlockM / 8; ++nt) {
-        float2 lse;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(lse.x), "=f"(lse.y)
-                     : "r"(s_lse(s) + 4 * (8 * nt + 2 * q)));
+        const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          acc_s[4 * nt + e] =
-              ptx::exp2_approx(fmaf(acc_s[4 * nt + e], scale_log2, -(e & 1 ? lse.y : lse.x) * kLog2e));
+          acc_s[4 * nt + e] = ptx::exp2_approx(
+              fmaf(acc_s[4 * nt + e], scale_log2, -(e & 1 ? lse.y : lse.x) * kLog2e));
       }
       // P^T as A fragments (n8 tiles 2 kk, 2 kk + 1: the k16 step kk over the queries).
 #pragma unroll
@@ -322,20 +320,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       const uint32_t sdS_t = sdS + s * Traits::kDSBytes;
 #pragma unroll
       for (int nt = 0; nt < kBlockM / 8; ++nt) {
-        float2 dsum;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(dsum.x), "=f"(dsum.y)
-                     : "r"(s_dsum(s) + 4 * (8 * nt + 2 * q)));
+        const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (8 * nt + 2 * q));
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          acc_dp[4 * nt + e] = acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
+          acc_dp[4 * nt + e] =
+              acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const uint32_t v = ptx::pack2<Element>(acc_dp[4 * nt + 2 * r], acc_dp[4 * nt + 2 * r + 1]);
+          const uint32_t v =
+              ptx::pack2<Element>(acc_dp[4 * nt + 2 * r], acc_dp[4 * nt + 2 * r + 1]);
           rdS[nt / 2][(nt & 1) * 2 + r] = v;
           const int row = lane_key + 8 * r;
           const uint32_t addr = sdS_t + row * kSwizzleBytes + ((nt ^ (row % 8)) * 16) + 4 * q;
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+          st_shared(addr, v);
         }
       }
       gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
@@ -372,8 +369,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
           if (64 * consumer + 8 * nt < p.headdim) {
-            ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1], acc_dq[4 * nt + 2],
-                            acc_dq[4 * nt + 3]);
+            ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1],
+                            acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
           }
         }
       }
