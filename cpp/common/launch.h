@@ -52,6 +52,12 @@ bool run_fwd_sm90(const FwdParams& params, int num_sms, cudaStream_t stream);
 // runs run_bwd).
 template <typename Element, int kHeadDim>
 bool run_bwd_sm90(const BwdParams& params, cudaStream_t stream);
+// Defined in sm80/bwd_launch.cuh and instantiated in its units only (every arch): the
+// backward's preprocess (dsum, zeroed dq_accum) and dQ convert, shared by both backwards.
+template <typename Element, int kHeadDim>
+void run_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
+template <typename Element, int kHeadDim>
+void run_bwd_convert_dq(const BwdParams& params, cudaStream_t stream);
 // run_bwd picks the backward tile that fits smem_per_block (bwd_config.h).
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream);

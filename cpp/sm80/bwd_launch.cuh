@@ -11,10 +11,22 @@
 namespace flashattn2 {
 
 template <typename Element, int kHeadDim>
-void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
+void run_bwd_preprocess(const BwdParams& params, cudaStream_t stream) {
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
   bwd_preprocess_kernel<Element, kHeadDim><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
+}
+
+template <typename Element, int kHeadDim>
+void run_bwd_convert_dq(const BwdParams& params, cudaStream_t stream) {
+  const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
+  bwd_convert_dq_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
+  check_cuda(cudaGetLastError(), "bwd_convert_dq_kernel launch");
+}
+
+template <typename Element, int kHeadDim>
+void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
+  run_bwd_preprocess<Element, kHeadDim>(params, stream);
   auto launch = [&](auto traits, auto mods) {
     using Traits = decltype(traits);
     constexpr auto kernel = bwd_kernel<Traits, Element, decltype(mods)::value>;
@@ -42,12 +54,19 @@ void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
     launch_mods(BwdTraits<kHeadDim, false>{});
   }
   check_cuda(cudaGetLastError(), "bwd_kernel launch");
-  bwd_convert_dq_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
-  check_cuda(cudaGetLastError(), "bwd_convert_dq_kernel launch");
+  run_bwd_convert_dq<Element, kHeadDim>(params, stream);
 }
 
 }  // namespace flashattn2
 
-#define FLASHATTN2_INSTANTIATE_BWD(Element, kHeadDim) \
-  template void flashattn2::run_bwd<Element, kHeadDim>(const flashattn2::BwdParams&, int, \
-                                                        cudaStream_t);
+// run_bwd_preprocess / run_bwd_convert_dq are instantiated here for the Hopper backward too
+// (sm90/bwd_launch.cuh only declares them), so that their kernels exist in one unit, built
+// for every arch: a kernel template instantiated in units of different archs may bind to
+// the copy without code for the running GPU.
+#define FLASHATTN2_INSTANTIATE_BWD(Element, kHeadDim)                                     \
+  template void flashattn2::run_bwd<Element, kHeadDim>(const flashattn2::BwdParams&, int,  \
+                                                        cudaStream_t);                     \
+  template void flashattn2::run_bwd_preprocess<Element, kHeadDim>(                         \
+      const flashattn2::BwdParams&, cudaStream_t);                                         \
+  template void flashattn2::run_bwd_convert_dq<Element, kHeadDim>(                         \
+      const flashattn2::BwdParams&, cudaStream_t);

@@ -1,12 +1,12 @@
 // Launcher of the Hopper backward (first version, unvalidated) for one (dtype, head dim);
 // instantiated by the generated units bwd_sm90_<dtype>_hdim<D>.cu (built for sm_90a only)
 // through FLASHATTN2_INSTANTIATE_BWD_SM90. The preprocess and dQ convert kernels are the
-// sm80 backward's (sm80/bwd_kernel.cuh), so the workspaces are the same.
+// sm80 backward's (run_bwd_preprocess / run_bwd_convert_dq, instantiated in the sm80 units:
+// common/launch.h), so the workspaces are the same.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "common/launch.h"
-#include "sm80/bwd_kernel.cuh"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/tma_map.h"
 
@@ -27,17 +27,14 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
       sm90::make_tma_map(&args.v, p.v, p.dtype, p.headdim, p.seqlen_k, p.nheads_k, p.batch,
                          p.v_row_stride, p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
   if (!mapped) return false;
-  const dim3 rows_grid((p.seqlen_q + 63) / 64, p.nheads, p.batch);
-  bwd_preprocess_kernel<Element, kHeadDim><<<rows_grid, 128, 0, stream>>>(p);
-  check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch (sm90 backward)");
+  run_bwd_preprocess<Element, kHeadDim>(p, stream);
   constexpr auto kernel = sm90::bwd_kernel<Traits, Element>;
   raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
   // Causal: the first key blocks see the most query blocks and launch first.
   const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
   check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch");
-  bwd_convert_dq_kernel<Element><<<rows_grid, 128, 0, stream>>>(p);
-  check_cuda(cudaGetLastError(), "bwd_convert_dq_kernel launch (sm90 backward)");
+  run_bwd_convert_dq<Element, kHeadDim>(p, stream);
   return true;
 }
 
