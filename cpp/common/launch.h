@@ -21,6 +21,13 @@ inline void check_cuda(cudaError_t err, const char* what) {
   }
 }
 
+// The split-KV combine (common/combine_kernel.cuh), instantiated in common/combine.cu only:
+// that unit is built for every arch. A kernel template instantiated in units of different
+// archs (the sm90 units are sm_90a only) shares one host stub, which may bind to the copy
+// without code for the running GPU.
+template <typename Element>
+void launch_combine(const FwdParams& params, cudaStream_t stream);
+
 // Raises kKernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB) once per
 // device: the attribute is per device, and setting it on every launch costs a driver call.
 // The current device must be in [0, kMaxDevices) (the host API checks it); a racing second

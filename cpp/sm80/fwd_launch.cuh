@@ -5,7 +5,6 @@
 
 #include <type_traits>
 
-#include "common/combine_kernel.cuh"
 #include "sm80/fwd_kernel.cuh"
 #include "common/launch.h"
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 
-#include "common/combine_kernel.cuh"
 #include "common/launch.h"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/tma_map.h"
