@@ -68,6 +68,9 @@ struct BwdTraits {
   static_assert(kHeadDim == 128, "first version: kernel head dim 128 only");
   static_assert(kBlockM == 64 && kBlockN == 128 && kConsumers == 2, "tile of this version");
   static_assert(kBlockM * 2 == kSwizzleBytes, "a dS^T row (64 queries) is one swizzle chunk row");
+  // sdS has 2 buffers indexed by the stage (t % kStages): its reuse argument (one named
+  // barrier per step) and the smem layout below hold for 2 stages only.
+  static_assert(kStages == 2, "sdS buffer = stage index: 2 stages");
   static_assert(2 * kKBytes + kStages * (2 * kQBytes + 2 * kRowBytes) + 2 * kDSBytes +
                         8 * (1 + 4 * kStages) + 1024 <= kSmemBytes &&
                     kSmemBytes <= 227 * 1024,
