@@ -75,10 +75,8 @@ struct BwdTraits {
                         8 * (1 + 4 * kStages) + 1024 <= kSmemBytes &&
                     kSmemBytes <= 227 * 1024,
                 "smem budget");
-  // setmaxnreg moves registers only within the launch's allocation (sm90/fwd_config.h).
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static_assert(kTile.producer_regs + kConsumers * kTile.consumer_regs <=
-                    (1 + kConsumers) * kLaunchRegs, "register budget: setmaxnreg.inc would hang");
+  static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
+                "register budget: setmaxnreg.inc would hang");
 };
 
 // Arguments: TMA maps of q, k, v, dout (tma_map.h) and the backward params.

@@ -80,10 +80,8 @@ struct FwdTraits {
   static_assert(kConsumers >= 2 && kConsumers <= 3, "ping-pong between 2 or 3 warpgroups");
   static_assert((kSeparateO ? 2 : 1) * kQBytes + 2 * kStages * kKVBytes + 8 * (7 + 4 * kStages) +
                         1024 <= kSmemBytes, "smem budget");
-  // setmaxnreg moves registers only within the launch's allocation (sm90/fwd_config.h).
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static_assert(kTile.producer_regs + kConsumers * kTile.consumer_regs <=
-                    (1 + kConsumers) * kLaunchRegs, "register budget: setmaxnreg.inc would hang");
+  static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
+                "register budget: setmaxnreg.inc would hang");
 };
 
 // The kernel's arguments: TMA maps of q, k, v, o (tma_map.h), the forward params, and the

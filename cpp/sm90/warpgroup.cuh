@@ -18,6 +18,14 @@ __device__ __forceinline__ void regs_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// setmaxnreg only moves registers within the launch's allocation, 8 * floor(64 Ki / threads
+// / 8) per thread: one producer and `consumers` consumer warpgroups fit iff this holds, else
+// the consumers' setmaxnreg.inc waits forever (sm90/fwd_config.h).
+constexpr bool setmaxnreg_fits(int consumers, int producer_regs, int consumer_regs) {
+  const int launch_regs = 65536 / (128 * (1 + consumers)) / 8 * 8;
+  return producer_regs + consumers * consumer_regs <= (1 + consumers) * launch_regs;
+}
+
 // bar.sync id, n: wait until n threads (this one included) reached barrier id (1..15; 0 is
 // __syncthreads). bar.arrive id, n: count this thread's warp without waiting.
 __device__ __forceinline__ void named_sync(int id, int threads) {

@@ -50,9 +50,11 @@ import torch.distributed as dist
 from .. import _reference
 from ..interface import flash_attn_func
 from . import _common
-from ._gather import GatherAttnFunc, HeadsToSeq, SeqToHeads, heads_to_seq
+from ._common import SchemeFunc
+from ._gather import (AllToAll, gather_backward, gather_forward, heads_to_seq,
+                      seq_to_heads)  # fmt: skip
 from ._layout import shard_sequence, unshard_sequence
-from ._ring import RingAttnFunc
+from ._ring import ring_backward, ring_forward
 
 __all__ = [
     "gather_attn_func",
@@ -69,6 +71,14 @@ def _single(q, k, v, causal, softmax_scale, window_size, softcap, deterministic,
                              window_size=window_size, softcap=softcap,
                              deterministic=deterministic, return_attn_probs=return_lse)
     return result[:2] if return_lse else result
+
+
+def _ring(q, k, v, setup):
+    return SchemeFunc.apply(q, k, v, setup, ring_forward, ring_backward)
+
+
+def _gather(q, k, v, setup):
+    return SchemeFunc.apply(q, k, v, setup, gather_forward, gather_backward)
 
 
 def _run(func, q, k, v, group, causal, softmax_scale, window_size, softcap, deterministic,
@@ -108,14 +118,14 @@ _DOC_ARGS = """
 def ring_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
                    softcap=0.0, deterministic=False, layout="zigzag", return_lse=False,
                    check_shards=True):
-    return _run(RingAttnFunc.apply, q, k, v, group, causal, softmax_scale, window_size, softcap,
+    return _run(_ring, q, k, v, group, causal, softmax_scale, window_size, softcap,
                 deterministic, layout, return_lse, check_shards)  # fmt: skip
 
 
 def gather_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
                      window_size=(-1, -1), softcap=0.0, deterministic=False, layout="zigzag",
                      return_lse=False, check_shards=True):
-    return _run(GatherAttnFunc.apply, q, k, v, group, causal, softmax_scale, window_size,
+    return _run(_gather, q, k, v, group, causal, softmax_scale, window_size,
                 softcap, deterministic, layout, return_lse, check_shards)  # fmt: skip
 
 
@@ -127,7 +137,7 @@ def _ulysses(q, k, v, setup):
             f"ulysses_attn_func needs nheads ({nheads}) and nheads_k ({nheads_k}) divisible by "
             f"the world size ({world_size}); use ring_attn_func or gather_attn_func"
         )
-    qh, kh, vh = (SeqToHeads.apply(t, setup) for t in (q, k, v))
+    qh, kh, vh = (AllToAll.apply(t, setup, seq_to_heads, heads_to_seq) for t in (q, k, v))
     window = (setup.window_left, setup.window_right)
     if q.is_cuda:
         out_h, lse_h, _ = flash_attn_func(qh, kh, vh, softmax_scale=setup.softmax_scale,
@@ -138,7 +148,7 @@ def _ulysses(q, k, v, setup):
         out_h, lse_h = _reference.attention_ref(qh, kh, vh, window_size=window,
                                                 softmax_scale=setup.softmax_scale,
                                                 softcap=setup.softcap)  # fmt: skip
-    out = HeadsToSeq.apply(out_h, setup)
+    out = AllToAll.apply(out_h, setup, heads_to_seq, seq_to_heads)
     lse = heads_to_seq(lse_h.detach().transpose(1, 2).unsqueeze(-1).contiguous(), setup)
     return out, lse.squeeze(-1).transpose(1, 2)
 

@@ -9,6 +9,8 @@ backward takes the final out and LSE, so nothing is recomputed beyond what FA2's
 does. On the CPU (gloo) they are ``_reference.attention_ref`` / ``attention_bwd_ref``: the
 same ring and gather code then runs in the CI without a GPU.
 """
+import dataclasses
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -63,21 +65,20 @@ def blocks_for(t):
     return CudaBlocks if t.is_cuda else ReferenceBlocks
 
 
+@dataclasses.dataclass
 class Setup:
-    """One call's checked arguments and its process group (plain attributes)."""
+    """One call's checked arguments and its process group."""
 
-    def __init__(self, group, world_size, rank, layout, softmax_scale, window_left,
-                 window_right, softcap, deterministic, blocks):
-        self.group = group
-        self.world_size = world_size
-        self.rank = rank
-        self.layout = layout
-        self.softmax_scale = softmax_scale
-        self.window_left = window_left
-        self.window_right = window_right
-        self.softcap = softcap
-        self.deterministic = deterministic
-        self.blocks = blocks
+    group: object
+    world_size: int
+    rank: int
+    layout: str
+    softmax_scale: float
+    window_left: int
+    window_right: int
+    softcap: float
+    deterministic: bool
+    blocks: type
 
     def segments(self, rank, seqlen_local):
         return _layout.segments(self.layout, rank, self.world_size, seqlen_local)
@@ -245,3 +246,22 @@ class Ring:
             req.wait()
         if self.cuda:
             torch.cuda.current_stream().wait_stream(self.stream)
+
+
+class SchemeFunc(torch.autograd.Function):
+    """Autograd of a scheme on the local shards: ``forward(q, k, v, setup) -> (out, lse)``
+    and ``backward(dout, q, k, v, out, lse, setup) -> (dq, dk, dv)`` (ring or all-gather)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, setup, forward, backward):
+        out, lse = forward(q, k, v, setup)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.setup, ctx.scheme_backward = setup, backward
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.scheme_backward(dout.contiguous(), q, k, v, out, lse, ctx.setup)
+        return dq, dk, dv, None, None, None

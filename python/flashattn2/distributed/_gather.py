@@ -92,22 +92,6 @@ def gather_backward(dout, q, k, v, out, lse, setup):
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
-class GatherAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, setup):
-        out, lse = gather_forward(q, k, v, setup)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.setup = setup
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = gather_backward(dout.contiguous(), q, k, v, out, lse, ctx.setup)
-        return dq, dk, dv, None
-
-
 # ---- Ulysses -----------------------------------------------------------------------------
 
 
@@ -134,23 +118,15 @@ def heads_to_seq(y, setup):
     return recv.permute(1, 2, 0, 3, 4).reshape(batch, seqlen, world_size * heads_local, headdim)
 
 
-class SeqToHeads(torch.autograd.Function):
+class AllToAll(torch.autograd.Function):
+    """``there(x, setup)``, one of seq_to_heads / heads_to_seq; its gradient goes ``back``
+    through the other."""
+
     @staticmethod
-    def forward(ctx, x, setup):
-        ctx.setup = setup
-        return seq_to_heads(x, setup)
+    def forward(ctx, x, setup, there, back):
+        ctx.setup, ctx.back = setup, back
+        return there(x, setup)
 
     @staticmethod
     def backward(ctx, grad):
-        return heads_to_seq(grad.contiguous(), ctx.setup), None
-
-
-class HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, setup):
-        ctx.setup = setup
-        return heads_to_seq(y, setup)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return seq_to_heads(grad.contiguous(), ctx.setup), None
+        return ctx.back(grad.contiguous(), ctx.setup), None, None, None

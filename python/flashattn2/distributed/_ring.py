@@ -100,18 +100,3 @@ def ring_backward(dout, q, k, v, out, lse, setup):
         dk_acc, dv_acc = dk_own, dv_own
     return dq.to(q.dtype), dk_acc.to(k.dtype), dv_acc.to(v.dtype)
 
-
-class RingAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, setup):
-        out, lse = ring_forward(q, k, v, setup)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.setup = setup
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.setup)
-        return dq, dk, dv, None
