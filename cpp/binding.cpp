@@ -477,11 +477,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("dq_chains") = 1,
-        py::arg("smem_limit") = 0, py::arg("allow_sm90") = false,
+        py::arg("smem_limit") = 0, py::arg("allow_sm90") = true,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
-        "returns the generation of the backward that ran: 90 (the Hopper backward, first "
-        "version, unvalidated: only with allow_sm90 on an sm_90 GPU, for what it supports) "
-        "or 80. "
+        "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
+        "GPUs for what it supports unless allow_sm90 is false) or 80. "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(..., dq_chains) floats (no need to zero them). "

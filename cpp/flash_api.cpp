@@ -550,7 +550,7 @@ int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, b
               std::to_string(device) + " allows " + std::to_string(smem_max) +
               " (head dims above 128 need an sm_80 or sm_90 class GPU, e.g. A100 or H100)");
   auto s = static_cast<cudaStream_t>(stream);
-  // The Hopper backward (first version, opt-in: allow_sm90) for what it supports
+  // The Hopper backward (unless !allow_sm90) for what it supports
   // (sm90/bwd_config.h) on an sm_90 GPU; the mma.sync backward for everything else, and
   // whatever TMA cannot describe.
   if (allow_sm90 && Sm90BwdHeadDims::dispatch(kd, [](auto) {}) && sm90_bwd_head_dim(kd) &&

@@ -24,11 +24,10 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 =
 // more shared memory than the GPU gives a block (bwd_smem_per_block), are invalid_argument.
 // smem_limit > 0 caps the shared memory per block the kernels may use below the GPU's (a
 // test hook: it selects the tiles of a 99 KiB sm_86 / sm_89 block on any GPU).
-// allow_sm90: on an sm_90 GPU, run the Hopper backward (cpp/sm90, first version,
-// unvalidated, off by default) for what it supports (sm90/bwd_config.h). Returns the
-// generation of the backward kernel that ran: 90 or 80.
+// allow_sm90: on an sm_90 GPU, run the Hopper backward (cpp/sm90) for what it supports
+// (sm90/bwd_config.h). Returns the generation of the backward kernel that ran: 90 or 80.
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit = 0,
-            bool allow_sm90 = false);
+            bool allow_sm90 = true);
 
 // KV-cache append (+ rotary) before a KV-cache forward; throws like mha_fwd.
 void mha_append_kv(const AppendKvParams& params, int device, void* stream);

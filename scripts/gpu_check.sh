@@ -8,8 +8,8 @@
 #
 # Switches: SKIP_BUILD SKIP_TESTS SKIP_SM80_TESTS SKIP_SANITIZER SKIP_BENCH SKIP_DECODE (=1),
 # TEST_TIMEOUT (seconds per test step, default 480: a hang fails the step, the rest runs),
-# BENCH_ARGS, DECODE_ARGS, PYTEST_ARGS, SM80_TESTS (the forward test files run a second time
-# with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both forward paths are tested),
+# BENCH_ARGS, DECODE_ARGS, PYTEST_ARGS, SM80_TESTS (forward and backward test files run a second time
+# with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are tested),
 # ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS (default:
 # all), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
 # SANITIZER_ARGS (extra flags), PYTHON (default python3).
@@ -118,16 +118,12 @@ if [ "${SKIP_TESTS:-0}" = 1 ]; then
 else
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
     run_step tests 3 timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest tests -q -ra --durations=15 \
-        --ignore=tests/test_sm90_bwd.py --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-}
-    # The opt-in Hopper backward (FLASHATTN2_SM90_BWD), unvalidated so far: its own step and
-    # a short timeout, so that a hang (a wrong mbarrier phase) costs little.
-    # shellcheck disable=SC2086
-    run_step tests_sm90_bwd 3 timeout -k 10 "${SM90_BWD_TIMEOUT:-180}" "$PYTHON" -m pytest \
-        tests/test_sm90_bwd.py -x -q -ra ${PYTEST_ARGS:-}
+        --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-}
 fi
 
-# 4b. the forward tests again on the mma.sync kernels (on Hopper the default is cpp/sm90)
-SM80_TESTS=${SM80_TESTS:-tests/test_fwd.py tests/test_variants.py tests/test_varlen.py tests/test_compile.py tests/test_kvcache.py}
+# 4b. the forward and backward tests again on the mma.sync kernels (on Hopper the default is
+# cpp/sm90 where it applies)
+SM80_TESTS=${SM80_TESTS:-tests/test_fwd.py tests/test_bwd.py tests/test_variants.py tests/test_varlen.py tests/test_compile.py tests/test_kvcache.py}
 if [ "${SKIP_TESTS:-0}" = 1 ] || [ "${SKIP_SM80_TESTS:-0}" = 1 ]; then
     skip_step tests_sm80 "SKIP_TESTS or SKIP_SM80_TESTS"
 else

@@ -733,14 +733,14 @@ def test_gpu_result_matches_reference_smoke():
     assert (out.float() - ref.float()).abs().max().item() < 0.05
 
 
-def test_sm90_backward_is_opt_in(monkeypatch):
-    """The experimental Hopper backward runs only with FLASHATTN2_SM90_BWD=1 at import
-    (read like FLASHATTN2_FORCE_SM80), and _C.bwd takes allow_sm90 (default False)."""
+def test_sm90_backward_switch(monkeypatch):
+    """The Hopper backward is on unless FLASHATTN2_SM90_BWD=0 at import (read like
+    FLASHATTN2_FORCE_SM80)."""
     import importlib
 
     monkeypatch.delenv("FLASHATTN2_SM90_BWD", raising=False)
     try:
-        assert importlib.reload(_ext).SM90_BWD is False
+        assert importlib.reload(_ext).SM90_BWD is True
         monkeypatch.setenv("FLASHATTN2_SM90_BWD", "1")
         assert importlib.reload(_ext).SM90_BWD is True
         monkeypatch.setenv("FLASHATTN2_SM90_BWD", "0")

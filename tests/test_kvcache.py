@@ -9,6 +9,7 @@ with the in-place cache writes. CPU: argument checks.
 """
 import pytest
 import torch
+import torch.nn.functional as F
 from flashattn2 import _ext, flash_attn_func, flash_attn_with_kvcache
 from flashattn2.interface import _flash_attn_forward, _launch_fwd, _mod_kwargs
 from reference import attention_ref
@@ -63,8 +64,10 @@ def check_rule(name, out, ref, ref_pt, dtype):
 
 def run_case(dtype=torch.bfloat16, batch=3, seqlen_q=1, nheads=8, nheads_k=2, headdim=128,
              cache_len=512, new=1, paged=0, rotary=None, causal=True, window_size=(-1, -1),
-             leftpad=False, batch_idx=False, num_splits=0):
-    """Runs flash_attn_with_kvcache and checks the cache and the output against references."""
+             leftpad=False, batch_idx=False, num_splits=0, strided=False):
+    """Runs flash_attn_with_kvcache and checks the cache and the output against references.
+    ``strided``: q, k and v are views of rows 3 elements wider (row strides the kernels
+    cannot read: the function must copy them)."""
     if _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)] < 0:
         pytest.skip(f"no kernel for head dim {headdim} in this build")
     gen = torch.Generator().manual_seed(1)
@@ -75,6 +78,10 @@ def run_case(dtype=torch.bfloat16, batch=3, seqlen_q=1, nheads=8, nheads_k=2, he
     q = torch.randn(batch, seqlen_q, nheads, headdim, device=dev, dtype=dtype)
     k = torch.randn(batch, new, nheads_k, headdim, device=dev, dtype=dtype) if new else None
     v = torch.randn_like(k) if new else None
+    if strided:
+        widened = (lambda t: None if t is None else F.pad(t, (0, 3))[..., :headdim])
+        q, k, v = widened(q), widened(k), widened(v)
+        assert q.stride(1) % 8
     seqlens = torch.randint(0, cache_len - new + 1, (batch,), generator=gen)
     seqlens[0] = cache_len - new  # one entry exactly full
     pads = torch.randint(0, 40, (batch,), generator=gen).minimum(seqlens) if leftpad else None
@@ -177,6 +184,18 @@ def test_head_dims_not_multiple_of_8(dtype, headdim, paged, options):
         "leftpad": dict(new=3, leftpad=True, rotary="interleaved"),
     }[options]
     run_case(dtype, seqlen_q=3, headdim=headdim, cache_len=256, paged=paged, **kwargs)
+
+
+@gpu
+@pytest.mark.parametrize("rotary", [None, "neox"], ids=["plain", "rotary"])
+@pytest.mark.parametrize("new", [0, 3], ids=lambda n: f"new{n}")
+@pytest.mark.parametrize("headdim", [64, 168])
+def test_strided_q_k_v(headdim, new, rotary):
+    """q, k, v whose row strides are not multiples of 8 elements run on copies (the append
+    kernel takes q's strides even without rotary)."""
+    if rotary and not new:
+        pytest.skip("rotary rotates the appended keys")
+    run_case(seqlen_q=3, new=new, headdim=headdim, cache_len=256, rotary=rotary, strided=True)
 
 
 @gpu

@@ -1,5 +1,5 @@
-"""The Hopper backward, first version (cpp/sm90/bwd_kernel.cuh; experimental, off by default,
-enabled by FLASHATTN2_SM90_BWD=1 or ``_ext.SM90_BWD``): its gradients at its own tile
+"""The Hopper backward (cpp/sm90/bwd_kernel.cuh; on by default, off with FLASHATTN2_SM90_BWD=0,
+``_ext.SM90_BWD = False`` or force_sm80()): its gradients at its own tile
 boundaries (128 keys per CTA, 64 keys per consumer warpgroup, 64 query rows per step)
 against the float32 reference under the 2x rule of test_bwd.py, and which backwards stay on
 the mma.sync kernels.
@@ -76,7 +76,7 @@ def test_sm90_backward_strided_inputs(sm90_bwd):
     assert _ext.last_bwd_arch == 90
 
 
-def test_sm90_backward_is_off_by_default_and_falls_back(sm90_bwd, monkeypatch):
+def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatch):
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(1, 200, 200, 4, 2, 128, torch.bfloat16)
     # Out of scope: windows, softcap (through the public API), deterministic, other dims.
@@ -92,7 +92,12 @@ def test_sm90_backward_is_off_by_default_and_falls_back(sm90_bwd, monkeypatch):
         flash_attn_func(qg, kg, vg, causal=True, **kwargs).backward(dout)
         torch.cuda.synchronize()
         assert _ext.last_bwd_arch == 80, kwargs
-    # Off (the default): the mma.sync backward even in scope.
+    # Forced to sm80, or switched off: the mma.sync backward even in scope.
+    with _ext.force_sm80():
+        _, arch = arch_of_backward(q, k, v, dout, causal=True)
+    assert arch == 80
+    _, arch = arch_of_backward(q, k, v, dout, causal=True)
+    assert arch == 90
     monkeypatch.setattr(_ext, "SM90_BWD", False)
     _, arch = arch_of_backward(q, k, v, dout, causal=True)
     assert arch == 80

@@ -1,4 +1,4 @@
-// Hopper backward (issue 18, first version, unvalidated; benchmarks/NOTES.md "Hopper
+// Hopper backward (issue 18, first version, GPU-validated 2026-11-25; benchmarks/NOTES.md "Hopper
 // backward"): the tile, its budgets, and the host's test of which backwards it serves.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Hopper backward, first version (issue 18; unvalidated: benchmarks/NOTES.md "Hopper
+// Hopper backward, first version (issue 18; GPU-validated 2026-11-25, benchmarks/NOTES.md "Hopper
 // backward"). The mainloop of the FA2 backward (sm80/bwd_kernel.cuh) on wgmma and TMA; the
 // preprocess (dsum = rowsum(dO o O), zeroing dq_accum) and the dQ convert kernel are the
 // sm80 ones, unchanged, and dQ goes into the same f32 accumulator layout (ws_dq_index).

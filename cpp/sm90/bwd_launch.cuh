@@ -1,4 +1,4 @@
-// Launcher of the Hopper backward (first version, unvalidated) for one (dtype, head dim);
+// Launcher of the Hopper backward (first version, GPU-validated 2026-11-25) for one (dtype, head dim);
 // instantiated by the generated units bwd_sm90_<dtype>_hdim<D>.cu (built for sm_90a only)
 // through FLASHATTN2_INSTANTIATE_BWD_SM90. The preprocess and dQ convert kernels are the
 // sm80 backward's (run_bwd_preprocess / run_bwd_convert_dq, instantiated in the sm80 units:

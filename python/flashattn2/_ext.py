@@ -28,8 +28,8 @@ KERNEL_HEAD_DIM = tuple(_C.kernel_head_dim(d) if d else -1 for d in range(257))
 # Largest head dim the backward supports in this build (0 if none).
 BWD_MAX_HEAD_DIM = _C.bwd_max_head_dim()
 
-# On Hopper (sm_90) GPUs the forward runs the wgmma / TMA kernels of cpp/sm90 for what they
-# support; True sends every forward to the mma.sync kernels of cpp/sm80 instead (set by
+# On Hopper (sm_90) GPUs the forward and backward run the wgmma / TMA kernels of cpp/sm90 for
+# what they support; True sends every call to the mma.sync kernels of cpp/sm80 instead (set by
 # FLASHATTN2_FORCE_SM80=1 at import, or by the force_sm80() context manager).
 FORCE_SM80 = os.environ.get("FLASHATTN2_FORCE_SM80", "0") not in ("", "0")
 # How the Hopper forward walks causal / windowed / varlen tiles: "auto" (a tile counter where
@@ -40,19 +40,20 @@ if SM90_TILE_WALK not in ("auto", "counter", "blocks"):
                      f"{SM90_TILE_WALK!r}")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
-# EXPERIMENTAL, unvalidated, off by default: True lets the backward run the first version
-# of the Hopper backward (cpp/sm90/bwd_kernel.cuh) on sm_90 GPUs for what it supports
-# (d 97-128, dense, full or causal, MHA / GQA, fp16 / bf16; the rest runs the mma.sync
-# backward). Set by FLASHATTN2_SM90_BWD=1 at import.
-SM90_BWD = os.environ.get("FLASHATTN2_SM90_BWD", "0") not in ("", "0")
+# True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
+# sm_90 GPUs for what it supports (d 97-128, dense, full or causal, MHA / GQA, fp16 / bf16,
+# not deterministic; the rest runs the mma.sync backward). FLASHATTN2_SM90_BWD=0 at import
+# turns it off; force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
+SM90_BWD = os.environ.get("FLASHATTN2_SM90_BWD", "1") not in ("", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 
 
 @contextlib.contextmanager
 def force_sm80(enabled=True):
-    """Inside the block, forwards run the mma.sync (sm80) kernels even on Hopper GPUs
-    (``enabled=False``: the default choice). For comparisons and tests; not thread-safe."""
+    """Inside the block, forwards and backwards run the mma.sync (sm80) kernels even on
+    Hopper GPUs (``enabled=False``: the default choice). For comparisons and tests; not
+    thread-safe."""
     global FORCE_SM80
     previous, FORCE_SM80 = FORCE_SM80, bool(enabled)
     try:

@@ -243,7 +243,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         softmax_scale, window_left, window_right,
         1 if q.dtype is _BF16 else 0,
         device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}),
-        dq_chains=dq_chains, allow_sm90=_ext.SM90_BWD,
+        dq_chains=dq_chains, allow_sm90=_ext.SM90_BWD and not _ext.FORCE_SM80,
     )  # fmt: skip
 
 

@@ -217,12 +217,13 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     ptr = (lambda t: 0 if t is None else t.data_ptr())
     seqlen_new = 0 if k is None else k.shape[1]
     if seqlen_new:
-        k, v = _kernel_ready(k, 0), _kernel_ready(v, 0)
+        # The append kernel takes q's strides too (it rotates q with rotary): all three
+        # must be readable, as for the attention kernel.
+        q, k, v = _kernel_ready(q, 0), _kernel_ready(k, 0), _kernel_ready(v, 0)
         rotary_dim = 0 if rotary_cos is None else 2 * rotary_cos.shape[1]
         q_rot = None
         if rotary_dim:
             rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
-            q = _kernel_ready(q, 0)
             q_rot = torch.empty_like(q, memory_format=_CONTIGUOUS)
         _C.append_kv(
             k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
