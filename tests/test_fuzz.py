@@ -237,7 +237,9 @@ def check_results(c, out, lse, grads, ref, ref_pt, lse_atol=LSE_ATOL):
     assert out.dtype == dtype
     check_rule("out", out, ref[0], ref_pt[0], dtype)
     if lse is not None:
-        check_lse(lse, ref[1], lse_atol)
+        # softcap: tanh.approx.f32 (relative error <= 2^-10.99) moves each logit by up to
+        # softcap * 2^-10.99, and the LSE (a smooth max of the logits) by no more.
+        check_lse(lse, ref[1], lse_atol + c["softcap"] * 2**-10.99)
     if grads is not None:
         given = ref[3] if ref[3] is not None else (None,) * 3
         for name, g, g_ref, g_pt, g_given in zip(("dq", "dk", "dv"), grads, ref[2], ref_pt[1],

@@ -81,7 +81,7 @@ def run_case(dtype=torch.bfloat16, batch=3, seqlen_q=1, nheads=8, nheads_k=2, he
     if strided:
         widened = (lambda t: None if t is None else F.pad(t, (0, 3))[..., :headdim])
         q, k, v = widened(q), widened(k), widened(v)
-        assert q.stride(1) % 8
+        assert q.stride(2) % 8  # the head stride: headdim + 3
     seqlens = torch.randint(0, cache_len - new + 1, (batch,), generator=gen)
     seqlens[0] = cache_len - new  # one entry exactly full
     pads = torch.randint(0, 40, (batch,), generator=gen).minimum(seqlens) if leftpad else None
