@@ -11,8 +11,10 @@ cheap: a minute covers a few hundred cases.
 
 Each result is held to the error rule of test_fwd.py / test_bwd.py: ``max|x - ref| <=
 2 * max|x_pt - ref| + ATOL``, ref the float32 reference and x_pt the same reference in the
-input dtype (dropout: with the kernels' keep mask, from the package's mask helper). LSE as
-in test_fwd.py. Every tensor the package allocates with torch.empty / torch.empty_like
+input dtype (dropout: with the kernels' keep mask, from the package's mask helper), with
+two refinements for what small random cases reach: ATOL scaled to the binade of max|ref|,
+and for gradients the closer of two float32 references (``reference``). LSE as in
+test_fwd.py, plus the softcap tanh.approx bound. Every tensor the package allocates with torch.empty / torch.empty_like
 during the call starts NaN-filled (outputs, LSE, workspaces), so an element the kernels
 leave unwritten fails the case. The appended cache rows are checked exactly (within one
 rounding with rotary), and nothing else in the cache may change.
@@ -222,7 +224,12 @@ def check_rule(name, got, ref, ref_pt, dtype, ref_given=None):
     if ref_given is not None:
         err = min(err, (got.float() - ref_given.float()).abs().max().item())
     err_pt = (ref_pt.float() - ref.float()).abs().max().item()
-    bound = 2 * err_pt + ATOL[dtype]
+    # ATOL is a rounding at magnitude 1 (test_bwd.py); sampled cases reach larger values (rows
+    # that see one or two keys give |out| ~ |v| up to ~4), where one rounding is that much
+    # larger: ATOL times the binade of the largest reference value.
+    peak = ref.float().abs().max().item()
+    binade = 2.0 ** math.floor(math.log2(peak)) if peak >= 1 else 1.0
+    bound = 2 * err_pt + ATOL[dtype] * binade
     assert err <= bound, (f"{name}: max |{name} - ref| = {err:.3e} > {bound:.3e} "
                           f"(PyTorch: {err_pt:.3e})")
 
