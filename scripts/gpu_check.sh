@@ -8,10 +8,11 @@
 #
 # Switches: SKIP_BUILD SKIP_TESTS SKIP_SM80_TESTS SKIP_SANITIZER SKIP_BENCH SKIP_DECODE (=1),
 # TEST_TIMEOUT (seconds per test step, default 480: a hang fails the step, the rest runs),
-# BENCH_ARGS, DECODE_ARGS, PYTEST_ARGS, SM80_TESTS (forward and backward test files run a second time
-# with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are tested),
-# ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS (default:
-# all), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
+# BENCH_ARGS, DECODE_ARGS, PYTEST_ARGS, SM80_TESTS (forward and backward test files run a
+# second time with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are
+# tested), ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS
+# (default: all), SM90_BWD_HEAD_DIMS (default: CMake's, 128; "64;128" adds the d64 Hopper
+# backward), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
 # SANITIZER_ARGS (extra flags), PYTHON (default python3).
 #
 # Output, at most 8 files and 2 levels under ${OUT:-gpu_logs} (the device tool returns
@@ -106,7 +107,8 @@ if [ "${SKIP_BUILD:-0}" = 1 ]; then
 else
     run_step build 0 "$PYTHON" -m pip install --no-build-isolation --no-deps -v . \
         -C "cmake.define.FLASHATTN2_CUDA_ARCHS=${ARCHS:-90a-real}" \
-        ${HEAD_DIMS:+-C "cmake.define.FLASHATTN2_HEAD_DIMS=$HEAD_DIMS"}
+        ${HEAD_DIMS:+-C "cmake.define.FLASHATTN2_HEAD_DIMS=$HEAD_DIMS"} \
+        ${SM90_BWD_HEAD_DIMS:+-C "cmake.define.FLASHATTN2_SM90_BWD_HEAD_DIMS=$SM90_BWD_HEAD_DIMS"}
 fi
 
 # 3. what was built, GPU check, quick correctness and speed check

@@ -8,7 +8,8 @@ Covers fp16 and bf16, head dims 64, 128 and a padded 40, causal (bottom-right al
 also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
 sq = 1, strided q/k/v views of one packed qkv tensor, softcap alone at d64 (its own
 kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is every case of
-more than 64 query rows there); then varlen (empty and
+more than 64 query rows there); dense backwards of head dims 128, 64 and 40 (on sm_90 the
+Hopper backward where built); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
 16-row pages, appended tokens, split-KV and its combine kernel). Inputs are made on the CPU
 and copied over, and the float32 reference runs on the CPU, so the kernels the
@@ -87,6 +88,40 @@ def run_case(case, gen):
     return ok, f"out err {out_err:.2e}, lse err {lse_err:.2e}"
 
 
+# Dense backwards: (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype). On
+# sm_90 those of head dims 64 (where built) and 128 run the Hopper backward (TMA, wgmma,
+# mbarriers, red.global.add into dq_accum); the name says which backward ran.
+BWD_CASES = [
+    (1, 200, 333, 4, 2, 128, True, torch.bfloat16),
+    (2, 113, 113, 2, 2, 128, False, torch.float16),
+    (1, 77, 130, 4, 1, 64, True, torch.bfloat16),  # sq <= sk: every row sees a key
+    (1, 65, 129, 2, 2, 40, False, torch.float16),
+]
+
+
+def backward_cases(gen):
+    """(name, ok, detail) for dense backwards against float32 autograd through the CPU
+    reference on the same data (error bound as ATOL, scaled: a sanitizer harness)."""
+    results = []
+    for b, sq, sk, h, hk, d, causal, dtype in BWD_CASES:
+        q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
+                   for s, n in ((sq, h), (sk, hk), (sk, hk)))
+        dout = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+        leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
+        out = flashattn2.flash_attn_func(*leaves, causal=causal)
+        grads = torch.autograd.grad(out, leaves, dout.cuda())
+        torch.cuda.synchronize()
+        arch = flashattn2._ext.last_bwd_arch
+        ref_leaves = [x.float().requires_grad_() for x in (q, k, v)]
+        ref_out, _ = reference(*ref_leaves, causal)
+        ref_grads = torch.autograd.grad(ref_out, ref_leaves, dout.float())
+        err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref_grads))
+        name = (f"bwd b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
+                f"{str(dtype).removeprefix('torch.')} (sm{arch} backward)")
+        results.append((name, err <= 4 * ATOL[dtype], f"max grad err {err:.2e}"))
+    return results
+
+
 def layout_cases(gen):
     """(name, ok, detail) for the varlen and KV-cache paths, checked against the dense path
     (itself checked above) on the same data."""
@@ -156,10 +191,12 @@ def main():
             ok, detail = False, f"{type(e).__name__}: {e}"
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
-    try:
-        layout = layout_cases(gen)
-    except Exception as e:
-        layout = [("varlen / kvcache", False, f"{type(e).__name__}: {e}")]
+    layout = []
+    for part, cases in (("dense backward", backward_cases), ("varlen / kvcache", layout_cases)):
+        try:
+            layout += cases(gen)
+        except Exception as e:
+            layout.append((part, False, f"{type(e).__name__}: {e}"))
     for name, ok, detail in layout:
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)

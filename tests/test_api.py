@@ -85,8 +85,8 @@ def test_build_info_and_version():
     assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
         info["bwd_head_dims"], default=0
     )
-    # The Hopper backward (first version): d128 only, built with sm_90a SASS; opt-in.
-    assert set(info["sm90_bwd_head_dims"]) <= {128} & set(head_dims)
+    # The Hopper backward: kernel head dims 64 / 128 (FLASHATTN2_SM90_BWD_HEAD_DIMS), sm_90a.
+    assert set(info["sm90_bwd_head_dims"]) <= {64, 128} & set(head_dims)
     if info["sm90_bwd_head_dims"]:
         assert 90 in info["archs"]
     for d in range(1, 257):

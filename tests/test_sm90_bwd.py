@@ -27,9 +27,15 @@ def sm90_bwd(monkeypatch):
     """Turns the Hopper backward on for the test (skips where it cannot run)."""
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)):
         pytest.skip("needs an sm_90 GPU")
-    if 128 not in SM90_BWD_HEAD_DIMS:
-        pytest.skip("this build has no sm90 backward (needs 90a-real and head dim 128)")
+    if not SM90_BWD_HEAD_DIMS:
+        pytest.skip("this build has no sm90 backward (needs 90a-real)")
     monkeypatch.setattr(_ext, "SM90_BWD", True)
+
+
+def require_sm90_bwd(kernel_head_dim):
+    if kernel_head_dim not in SM90_BWD_HEAD_DIMS:
+        pytest.skip(f"this build has no sm90 backward for kernel head dim {kernel_head_dim} "
+                    f"(FLASHATTN2_SM90_BWD_HEAD_DIMS)")
 
 
 def arch_of_backward(*args, **kwargs):
@@ -44,20 +50,24 @@ def arch_of_backward(*args, **kwargs):
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
-def test_sm90_backward_d128(sm90_bwd, seqlen_q, seqlen_k, causal, nheads, nheads_k, dtype):
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward(sm90_bwd, headdim, seqlen_q, seqlen_k, causal, nheads, nheads_k, dtype):
+    require_sm90_bwd(headdim)
     torch.manual_seed(0)
-    q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, nheads, nheads_k, 128, dtype)
+    q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype)
     grads, arch = arch_of_backward(q, k, v, dout, causal=causal)
     assert arch == 90
     check_grads(grads, q, k, v, dout, causal=causal)
 
 
-# Head dims that run on kernel head dim 128 with columns past d (zero-filled by TMA, not
-# written back): 100 is padded to 104 by the Python layer, 120 is a multiple of 8.
-@pytest.mark.parametrize("headdim", [100, 120])
+# Head dims that run on kernel head dims 64 / 128 with columns past d (zero-filled by TMA,
+# not written back): 36 and 100 are padded to 40 and 104 by the Python layer, 56 and 120 are
+# multiples of 8.
+@pytest.mark.parametrize("headdim", [36, 56, 100, 120])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(65, 129), (257, 255)])
 def test_sm90_backward_padded_head_dims(sm90_bwd, seqlen_q, seqlen_k, causal, headdim):
+    require_sm90_bwd(64 if headdim <= 64 else 128)
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, 8, 2, headdim, torch.bfloat16)
     _ext.last_bwd_arch = None
@@ -68,6 +78,7 @@ def test_sm90_backward_padded_head_dims(sm90_bwd, seqlen_q, seqlen_k, causal, he
 def test_sm90_backward_strided_inputs(sm90_bwd):
     """q, k, v, dout as column slices of wider tensors (row strides > d): TMA maps and the dk /
     dv stores take BwdParams' strides."""
+    require_sm90_bwd(128)
     torch.manual_seed(0)
     wide = [torch.randn(2, 200, 4, 256, device="cuda", dtype=torch.float16) for _ in range(4)]
     q, k, v, dout = (t[..., 64:192] for t in wide)
@@ -77,15 +88,17 @@ def test_sm90_backward_strided_inputs(sm90_bwd):
 
 
 def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatch):
+    require_sm90_bwd(128)
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(1, 200, 200, 4, 2, 128, torch.bfloat16)
     # Out of scope: windows, softcap (through the public API), deterministic, other dims.
     _, arch = arch_of_backward(q, k, v, dout, window_size=(32, 8))
     assert arch == 80
-    if 64 in _ext.build_info()["bwd_head_dims"]:
-        q64, k64, v64, dout64 = make_inputs(1, 200, 200, 4, 2, 64, torch.bfloat16)
-        _, arch = arch_of_backward(q64, k64, v64, dout64, causal=True)
-        assert arch == 80
+    for d in (32, 64, 256):  # kernel head dims of the build without a Hopper backward
+        if d in _ext.build_info()["bwd_head_dims"] and d not in SM90_BWD_HEAD_DIMS:
+            qd, kd, vd, doutd = make_inputs(1, 200, 200, 4, 2, d, torch.bfloat16)
+            _, arch = arch_of_backward(qd, kd, vd, doutd, causal=True)
+            assert arch == 80, d
     for kwargs in (dict(deterministic=True), dict(softcap=20.0)):
         qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
         _ext.last_bwd_arch = None

@@ -18,15 +18,18 @@ struct Sm90BwdTile {
 
 // Registers (d128): dK + dV 128 f32, S^T + dP^T 64, P^T + dS^T A fragments 32, dQ 32 (after
 // S^T / dP^T die) of 240; producer 24: 24 + 2 x 240 = 3 x 168, the launch's allocation at
-// 384 threads (the setmaxnreg rule of sm90/fwd_config.h).
-// Shared memory: K, V 64 KiB; per stage Q, dO 32 KiB and LSE, dsum 512 B; dS^T 2 x 16 KiB
-// (double-buffered so that one named barrier per step suffices); mbarriers; 1 KiB alignment.
-constexpr Sm90BwdTile sm90_bwd_tile(int /*head_dim: 128 only*/) {
+// 384 threads (the setmaxnreg rule of sm90/fwd_config.h). d64 needs 64 fewer for dK + dV.
+// Shared memory (d128; d64 half of K, V, Q, dO): K, V 64 KiB; per stage Q, dO 32 KiB and
+// LSE, dsum 512 B; dS^T 2 x 16 KiB (double-buffered so that one named barrier per step
+// suffices); mbarriers; 1 KiB alignment.
+constexpr Sm90BwdTile sm90_bwd_tile(int /*head_dim: 64 or 128*/) {
   return Sm90BwdTile{64, 128, 2, 240, 24};
 }
 
-// Kernel head dims of the sm90 backward: 128 only in this version.
-constexpr bool sm90_bwd_head_dim(int kernel_head_dim) { return kernel_head_dim == 128; }
+// Kernel head dims of the sm90 backward (those built: FLASHATTN2_SM90_BWD_HEAD_DIMS).
+constexpr bool sm90_bwd_head_dim(int kernel_head_dim) {
+  return kernel_head_dim == 64 || kernel_head_dim == 128;
+}
 
 constexpr int sm90_bwd_smem_bytes(int head_dim) {
   return 2 * head_dim * (2 * sm90_bwd_tile(head_dim).block_n +
@@ -37,7 +40,7 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 }
 
 // The backwards the sm90 kernel serves (everything else runs the mma.sync backward of
-// cpp/sm80): dense fp16 / bf16 of kernel head dim 128 (head dims 97-128), full or causal
+// cpp/sm80): dense fp16 / bf16 of kernel head dims 64 (33-64) and 128 (97-128), full or causal
 // attention, MHA or GQA. Not yet: varlen, sliding windows, softcap, ALiBi, dropout,
 // deterministic mode, other head dims.
 inline bool sm90_bwd_supports(const BwdParams& p) {

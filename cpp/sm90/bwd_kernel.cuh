@@ -23,12 +23,15 @@
 //            dS^T = P^T o (dP^T - dsum) -> A fragments and sdS[s] (4-byte stores)
 //            dK += dS^T Q (RS, n128)
 //            named barrier of both consumers (sdS[s] complete)
-//            dQ[:, 64 c..+64] = dS K[:, 64 c..+64] (SS, A = sdS read M-major, K MN-major)
+//            d128: dQ[:, 64 c..+64] = dS K[:, 64 c..+64] over the block's 128 keys
+//            d64:  dQ += dS[:, keys of c] K[keys of c, :] (each warpgroup its own keys,
+//                  both adding into dq_accum)
+//                  (SS, A = sdS read M-major, K MN-major)
 //            wait all; release stage s; red.add.v4 of dQ into dq_accum
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
-// Limits: kernel head dim 128 (d 97-128, multiple of 8), dense, full or causal attention,
+// Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense, full or causal attention,
 // no score mods / dropout / deterministic mode (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
@@ -65,7 +68,13 @@ struct BwdTraits {
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;   // one dS^T buffer
   static constexpr int kRowBytes = kBlockM * 4;            // one of LSE, dsum per stage
   static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
-  static_assert(kHeadDim == 128, "first version: kernel head dim 128 only");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
+  // dQ = dS K: with one 64-column chunk per consumer (d128) each warpgroup sums its columns
+  // over the block's 128 keys; with a single chunk (d64) each sums its own 64 keys, all
+  // columns, and both add into dq_accum.
+  static constexpr bool kDqSplitsKeys = kChunks < kConsumers;
+  static_assert(kChunks == kConsumers || kChunks == 1, "dQ split: columns or keys");
+  static constexpr int kDqKeys = kDqSplitsKeys ? 64 : kBlockN;  // keys of one dQ GEMM
   static_assert(kBlockM == 64 && kBlockN == 128 && kConsumers == 2, "tile of this version");
   static_assert(kBlockM * 2 == kSwizzleBytes, "a dS^T row (64 queries) is one swizzle chunk row");
   // sdS has 2 buffers indexed by the stage (t % kStages): its reuse argument (one named
@@ -340,15 +349,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       fence_proxy_async();
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
 
-      // dQ (64 queries x this warpgroup's 64 columns) = dS K: A = dS^T read M-major (k16
-      // step kk: keys 16 kk..+15), B = K's column chunk `consumer` (MN-major).
+      // dQ (64 queries x 64 columns: chunk dq_chunk) = dS K over keys dq_key0..+kDqKeys:
+      // A = dS^T read M-major (k16 step kk: keys dq_key0 + 16 kk..+15), B = K's column
+      // chunk (MN-major).
+      const int dq_chunk = Traits::kDqSplitsKeys ? 0 : consumer;
+      const int dq_key0 = Traits::kDqSplitsKeys ? key0 : 0;
       float acc_dq[kBlockM / 2];
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint64_t a = desc_mn_major(sdS_t + kk * 16 * kSwizzleBytes, Traits::kDSBytes);
-        const uint64_t b = desc_mn_major(sK + consumer * Traits::kKChunkBytes +
-                                         kk * 16 * kSwizzleBytes, Traits::kKChunkBytes);
+      for (int kk = 0; kk < Traits::kDqKeys / 16; ++kk) {
+        const int key = dq_key0 + 16 * kk;
+        const uint64_t a = desc_mn_major(sdS_t + key * kSwizzleBytes, Traits::kDSBytes);
+        const uint64_t b = desc_mn_major(sK + dq_chunk * Traits::kKChunkBytes +
+                                         key * kSwizzleBytes, Traits::kKChunkBytes);
         Wgmma<kBlockM, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
@@ -366,10 +379,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         float* const dq = p.dq_accum +
                           ((int64_t(batch) * p.nheads + head) * round16(p.seqlen_q) + dq_row) *
                               p.headdim +
-                          16 * 64 * consumer + 4 * lane;
+                          16 * 64 * dq_chunk + 4 * lane;
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
-          if (64 * consumer + 8 * nt < p.headdim) {
+          if (64 * dq_chunk + 8 * nt < p.headdim) {
             ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1],
                             acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
           }
