@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -418,6 +419,14 @@ py::dict build_info() {
   info["head_dims"] = flashattn2::built_head_dims();
   info["sm90_fwd_head_dims"] = flashattn2::built_sm90_head_dims();
   info["sm90_bwd_head_dims"] = flashattn2::built_sm90_bwd_head_dims();
+  py::list experimental;
+  std::string items = flashattn2::built_sm90_bwd_experimental();
+  for (size_t start = 0; start < items.size();) {
+    const size_t end = std::min(items.find(',', start), items.size());
+    if (end > start) experimental.append(items.substr(start, end - start));
+    start = end + 1;
+  }
+  info["sm90_bwd_experimental"] = experimental;
   info["bwd_head_dims"] = bwd_head_dims();
   return info;
 }
@@ -590,7 +599,8 @@ PYBIND11_MODULE(_C, m) {
         "What this build contains: {'version': str, 'cuda_version': int (e.g. 13000), "
         "'archs': SASS compute capabilities, 'ptx_archs': PTX compute capabilities, "
         "'head_dims': kernel head dims, 'bwd_head_dims': backward kernel head dims, "
-        "'sm90_fwd_head_dims' / 'sm90_bwd_head_dims': those of the Hopper forward / backward}.");
+        "'sm90_fwd_head_dims' / 'sm90_bwd_head_dims': those of the Hopper forward / backward, "
+        "'sm90_bwd_experimental': its unvalidated extensions built in (development builds)}.");
 
   m.attr("__version__") = flashattn2::version();
 }

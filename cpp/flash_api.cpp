@@ -94,6 +94,7 @@ int kernel_head_dim(int headdim) {
 std::vector<int> built_head_dims() { return HeadDims::vec(); }
 std::vector<int> built_sm90_head_dims() { return Sm90HeadDims::vec(); }
 std::vector<int> built_sm90_bwd_head_dims() { return Sm90BwdHeadDims::vec(); }
+std::string built_sm90_bwd_experimental() { return FLASHATTN2_SM90_BWD_EXPERIMENTAL; }
 std::vector<int> built_archs() { return SassArchs::vec(); }
 std::vector<int> built_ptx_archs() { return PtxArchs::vec(); }
 int cuda_runtime_version() { return CUDART_VERSION; }

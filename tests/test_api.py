@@ -85,10 +85,14 @@ def test_build_info_and_version():
     assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
         info["bwd_head_dims"], default=0
     )
-    # The Hopper backward: kernel head dims 64 / 128 (FLASHATTN2_SM90_BWD_HEAD_DIMS), sm_90a.
+    # The Hopper backward: kernel head dim 128 (and 64 with FLASHATTN2_SM90_BWD_EXPERIMENTAL d64).
     assert set(info["sm90_bwd_head_dims"]) <= {64, 128} & set(head_dims)
     if info["sm90_bwd_head_dims"]:
         assert 90 in info["archs"]
+    # Unvalidated extensions appear only in development builds that ask for them.
+    assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "dq_bulk"}
+    if 64 in info["sm90_bwd_head_dims"]:
+        assert "d64" in info["sm90_bwd_experimental"]
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]
         expected = larger[0] if larger else -1

@@ -12,6 +12,8 @@ from test_bwd import check_grads, check_kernel, make_inputs, run_backward
 pytestmark = pytest.mark.gpu
 
 SM90_BWD_HEAD_DIMS = tuple(_ext.build_info().get("sm90_bwd_head_dims", ()))
+# Extensions built in for testing before they are on by default (FLASHATTN2_SM90_BWD_EXPERIMENTAL).
+EXPERIMENTAL = set(_ext.build_info().get("sm90_bwd_experimental", ()))
 
 # Around the tiles: 1, a partial step, exactly one step / one warpgroup's keys, one past,
 # one CTA's keys, one past, several CTAs; and sq != sk both ways (causal: bottom-right
@@ -35,7 +37,7 @@ def sm90_bwd(monkeypatch):
 def require_sm90_bwd(kernel_head_dim):
     if kernel_head_dim not in SM90_BWD_HEAD_DIMS:
         pytest.skip(f"this build has no sm90 backward for kernel head dim {kernel_head_dim} "
-                    f"(FLASHATTN2_SM90_BWD_HEAD_DIMS)")
+                    f"(FLASHATTN2_SM90_BWD_EXPERIMENTAL=d64 builds 64)")
 
 
 def arch_of_backward(*args, **kwargs):
@@ -75,6 +77,26 @@ def test_sm90_backward_padded_head_dims(sm90_bwd, seqlen_q, seqlen_k, causal, he
     assert _ext.last_bwd_arch == 90
 
 
+# Sliding windows (experimental "window"): both bounds, one side only, a window narrower than
+# a warpgroup's 64 keys, one wider than the CTA's 128, sq != sk both ways.
+WINDOWS = [(32, 8), (0, 0), (100, -1), (-1, 50), (200, 200), (63, 0)]
+
+
+@pytest.mark.parametrize("window_size", WINDOWS, ids=str)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(65, 129), (300, 300), (500, 100), (100, 500)])
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward_window(sm90_bwd, headdim, seqlen_q, seqlen_k, window_size):
+    if "window" not in EXPERIMENTAL:
+        pytest.skip("sliding windows are an experimental extension of the Hopper backward "
+                    "(FLASHATTN2_SM90_BWD_EXPERIMENTAL=window)")
+    require_sm90_bwd(headdim)
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, 8, 2, headdim, torch.bfloat16)
+    _ext.last_bwd_arch = None
+    check_kernel(q, k, v, dout, window_size=window_size)
+    assert _ext.last_bwd_arch == 90
+
+
 def test_sm90_backward_strided_inputs(sm90_bwd):
     """q, k, v, dout as column slices of wider tensors (row strides > d): TMA maps and the dk /
     dv stores take BwdParams' strides."""
@@ -91,9 +113,10 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
     require_sm90_bwd(128)
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(1, 200, 200, 4, 2, 128, torch.bfloat16)
-    # Out of scope: windows, softcap (through the public API), deterministic, other dims.
+    # Out of scope: windows (unless built in), softcap (through the public API),
+    # deterministic, other dims.
     _, arch = arch_of_backward(q, k, v, dout, window_size=(32, 8))
-    assert arch == 80
+    assert arch == (90 if "window" in EXPERIMENTAL else 80)
     for d in (32, 64, 256):  # kernel head dims of the build without a Hopper backward
         if d in _ext.build_info()["bwd_head_dims"] and d not in SM90_BWD_HEAD_DIMS:
             qd, kd, vd, doutd = make_inputs(1, 200, 200, 4, 2, d, torch.bfloat16)

@@ -2,6 +2,7 @@
 // backward"): the tile, its budgets, and the host's test of which backwards it serves.
 #pragma once
 
+#include "built_config.h"
 #include "common/flash.h"
 
 namespace flashattn2 {
@@ -26,15 +27,24 @@ constexpr Sm90BwdTile sm90_bwd_tile(int /*head_dim: 64 or 128*/) {
   return Sm90BwdTile{64, 128, 2, 240, 24};
 }
 
-// Kernel head dims of the sm90 backward (those built: FLASHATTN2_SM90_BWD_HEAD_DIMS).
+// Kernel head dims of the sm90 backward (built: 128, and 64 with FLASHATTN2_SM90_BWD_EXPERIMENTAL
+// d64; built_config.h FLASHATTN2_SM90_BWD_HEAD_DIMS).
 constexpr bool sm90_bwd_head_dim(int kernel_head_dim) {
   return kernel_head_dim == 64 || kernel_head_dim == 128;
+}
+
+// dq_bulk (FLASHATTN2_SM90_BWD_EXPERIMENTAL): each consumer warp stages its 16 x 64 f32 block
+// of dQ per step (4 KiB) for one bulk reduce-add.
+constexpr int sm90_bwd_dq_stage_bytes(int head_dim) {
+  return FLASHATTN2_SM90_BWD_DQ_BULK ? (sm90_bwd_tile(head_dim).block_n / 64) * 4 * 16 * 64 * 4
+                                     : 0;
 }
 
 constexpr int sm90_bwd_smem_bytes(int head_dim) {
   return 2 * head_dim * (2 * sm90_bwd_tile(head_dim).block_n +
                          2 * sm90_bwd_tile(head_dim).stages * sm90_bwd_tile(head_dim).block_m) +
          2 * 2 * sm90_bwd_tile(head_dim).block_n * sm90_bwd_tile(head_dim).block_m +
+         sm90_bwd_dq_stage_bytes(head_dim) +
          sm90_bwd_tile(head_dim).stages * sm90_bwd_tile(head_dim).block_m * 8 +
          8 * (1 + 4 * sm90_bwd_tile(head_dim).stages) + 1024;
 }
@@ -43,10 +53,14 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 // cpp/sm80): dense fp16 / bf16 of kernel head dims 64 (33-64) and 128 (97-128), full or causal
 // attention, MHA or GQA. Not yet: varlen, sliding windows, softcap, ALiBi, dropout,
 // deterministic mode, other head dims.
+// Experimental (FLASHATTN2_SM90_BWD_EXPERIMENTAL=window, not yet run on a GPU): any sliding
+// window, not only causal or full (the kernel's masks and query-block range take both bounds).
+// (dq_chains > 1 only comes with deterministic mode: bwd_dq_chains.)
 inline bool sm90_bwd_supports(const BwdParams& p) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
-  return !p.cu_seqlens_q && !p.cu_seqlens_k && causal_or_full && p.softcap == 0.f &&
-         !p.alibi_slopes && p.dropout_threshold == 0 && !p.deterministic && p.dq_chains == 1;
+  return !p.cu_seqlens_q && !p.cu_seqlens_k && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
+         p.softcap == 0.f && !p.alibi_slopes && p.dropout_threshold == 0 && !p.deterministic &&
+         p.dq_chains == 1;
 }
 
 }  // namespace flashattn2

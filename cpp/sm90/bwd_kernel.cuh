@@ -67,6 +67,11 @@ struct BwdTraits {
   static constexpr int kKBytes = kChunks * kKChunkBytes;   // one of sK, sV
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;   // one dS^T buffer
   static constexpr int kRowBytes = kBlockM * 4;            // one of LSE, dsum per stage
+  // dq_bulk: dQ staged per consumer warp (16 rows x 64 columns f32) for one bulk reduce-add.
+  static constexpr bool kDqBulk = FLASHATTN2_SM90_BWD_DQ_BULK != 0;
+  static constexpr int kDqWarpBytes = 16 * 64 * 4;
+  static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
+  static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
   static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
   static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
   // dQ = dS K: with one 64-column chunk per consumer (d128) each warpgroup sums its columns
@@ -81,7 +86,7 @@ struct BwdTraits {
   // barrier per step) and the smem layout below hold for 2 stages only.
   static_assert(kStages == 2, "sdS buffer = stage index: 2 stages");
   static_assert(2 * kKBytes + kStages * (2 * kQBytes + 2 * kRowBytes) + 2 * kDSBytes +
-                        8 * (1 + 4 * kStages) + 1024 <= kSmemBytes &&
+                        kDqStageBytes + 8 * (1 + 4 * kStages) + 1024 <= kSmemBytes &&
                     kSmemBytes <= 227 * 1024,
                 "smem budget");
   static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
@@ -131,7 +136,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t sQ = sV + Traits::kKBytes;                 // stage s: + s kQBytes
   const uint32_t sdO = sQ + kStages * Traits::kQBytes;      // stage s: + s kQBytes
   const uint32_t sdS = sdO + kStages * Traits::kQBytes;     // buffer b: + b kDSBytes
-  const uint32_t sLse = sdS + 2 * Traits::kDSBytes;         // stage s: + 2 s kRowBytes
+  [[maybe_unused]] const uint32_t sDq = sdS + 2 * Traits::kDSBytes;  // dq_bulk: warp w at w kDqWarpBytes
+  const uint32_t sLse = sDq + Traits::kDqStageBytes;        // stage s: + 2 s kRowBytes
   auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
   auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
   const uint32_t bars = sLse + kStages * 2 * Traits::kRowBytes;
@@ -371,11 +377,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       fence_regs(acc_dv);
       release(bar_empty(s));  // sQ, sdO, LSE, dsum of stage s are read
 
-      // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index), one 16-byte reduction
-      // per lane and n8 tile. Rows past seqlen_q in a 16-row block add zeros (P = 0) to the
-      // padding; blocks past it and columns past a padded head dim are skipped.
+      // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64
+      // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at
+      // 4 lane. Rows past seqlen_q in a 16-row block add zeros (P = 0) to the padding; blocks
+      // past it and columns past a padded head dim are skipped.
       const int dq_row = m0 + 16 * warp_in_wg;
-      if (dq_row < p.seqlen_q) {
+      if constexpr (Traits::kDqBulk) {
+        // Stage the 4 KiB in shared memory (each store: the warp's 512 contiguous bytes) and
+        // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
+        // the previous step's reduce has read the staging buffer.
+        const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
+        if (lane == 0) tma_store_wait_read();
+        __syncwarp();
+        if (dq_row < p.seqlen_q) {
+#pragma unroll
+          for (int nt = 0; nt < kBlockM / 8; ++nt)
+            st_shared_v4(sdq + 4 * (128 * nt + 4 * lane), acc_dq[4 * nt], acc_dq[4 * nt + 1],
+                         acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
+          fence_proxy_async();  // the generic-proxy stores, before the async-proxy read
+          __syncwarp();
+          const int tiles = min(kBlockM / 8, (p.headdim - 64 * dq_chunk) / 8);
+          if (lane == 0 && tiles > 0) {
+            float* const dq =
+                p.dq_accum +
+                ((int64_t(batch) * p.nheads + head) * round16(p.seqlen_q) + dq_row) * p.headdim +
+                16 * 64 * dq_chunk;
+            bulk_reduce_add_f32(dq, sdq, tiles * 128 * 4);
+            tma_store_commit();
+          }
+        }
+      } else if (dq_row < p.seqlen_q) {
         float* const dq = p.dq_accum +
                           ((int64_t(batch) * p.nheads + head) * round16(p.seqlen_q) + dq_row) *
                               p.headdim +
@@ -393,6 +424,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ++head;
       }
     }
+
+    // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits.
+    if (Traits::kDqBulk && lane == 0) tma_store_wait();
 
     // ---- epilogue: dK * scale, dV in the input dtype, from registers ----
     Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +

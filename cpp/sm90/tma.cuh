@@ -36,6 +36,16 @@ __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, 
       "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32: adds `bytes` (a multiple of 16;
+// both addresses 16-byte aligned) of f32 at shared address src element-wise into global
+// memory at dst, each element a reduction in L2 as red.add's; completes in a bulk async-group
+// like tma_store (commit, then wait_read before src is overwritten).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
 // cp.async.bulk.commit_group / wait_group 0: close this thread's bulk stores into a group;
 // wait until they are complete (their global writes performed).
 __device__ __forceinline__ void tma_store_commit() {
