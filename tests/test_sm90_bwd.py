@@ -8,6 +8,7 @@ import pytest
 import torch
 from flashattn2 import _ext, flash_attn_func
 from test_bwd import check_grads, check_kernel, make_inputs, run_backward
+from test_varlen import check_varlen_backward
 
 pytestmark = pytest.mark.gpu
 
@@ -94,6 +95,22 @@ def test_sm90_backward_window(sm90_bwd, headdim, seqlen_q, seqlen_k, window_size
     q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, 8, 2, headdim, torch.bfloat16)
     _ext.last_bwd_arch = None
     check_kernel(q, k, v, dout, window_size=window_size)
+    assert _ext.last_bwd_arch == 90
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lengths", ["ragged", "same"])
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward_varlen(sm90_bwd, headdim, lengths, causal):
+    """Packed sequences (experimental "varlen"): empty and one-token sequences, ragged tails,
+    sq != sk, GQA; each sequence's gradients against its own reference (test_varlen.py)."""
+    if "varlen" not in EXPERIMENTAL:
+        pytest.skip("varlen is an experimental extension of the Hopper backward "
+                    "(FLASHATTN2_SM90_BWD_EXPERIMENTAL=varlen)")
+    require_sm90_bwd(headdim)
+    torch.manual_seed(0)
+    _ext.last_bwd_arch = None
+    check_varlen_backward(torch.bfloat16, headdim, lengths, (6, 2), causal, False)
     assert _ext.last_bwd_arch == 90
 
 

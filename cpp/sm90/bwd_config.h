@@ -53,12 +53,14 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 // cpp/sm80): dense fp16 / bf16 of kernel head dims 64 (33-64) and 128 (97-128), full or causal
 // attention, MHA or GQA. Not yet: varlen, sliding windows, softcap, ALiBi, dropout,
 // deterministic mode, other head dims.
-// Experimental (FLASHATTN2_SM90_BWD_EXPERIMENTAL=window, not yet run on a GPU): any sliding
-// window, not only causal or full (the kernel's masks and query-block range take both bounds).
+// Experimental (FLASHATTN2_SM90_BWD_EXPERIMENTAL, not yet run on a GPU): window, any sliding
+// window, not only causal or full (the kernel's masks and query-block range take both
+// bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>).
 // (dq_chains > 1 only comes with deterministic mode: bwd_dq_chains.)
 inline bool sm90_bwd_supports(const BwdParams& p) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
-  return !p.cu_seqlens_q && !p.cu_seqlens_k && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
+  const bool dense = !p.cu_seqlens_q && !p.cu_seqlens_k;
+  return (dense || FLASHATTN2_SM90_BWD_VARLEN) && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
          p.softcap == 0.f && !p.alibi_slopes && p.dropout_threshold == 0 && !p.deterministic &&
          p.dq_chains == 1;
 }

@@ -31,7 +31,8 @@
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
-// Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense, full or causal attention,
+// Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense (varlen: experimental, BwdSeq),
+// full or causal attention (windows: experimental),
 // no score mods / dropout / deterministic mode (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
@@ -41,6 +42,7 @@
 
 #include "common/flash.h"
 #include "common/ptx.cuh"
+#include "common/seqlen.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
 #include "sm90/mbarrier.cuh"
@@ -69,6 +71,8 @@ struct BwdTraits {
   static constexpr int kRowBytes = kBlockM * 4;            // one of LSE, dsum per stage
   // dq_bulk: dQ staged per consumer warp (16 rows x 64 columns f32) for one bulk reduce-add.
   static constexpr bool kDqBulk = FLASHATTN2_SM90_BWD_DQ_BULK != 0;
+  // varlen (experimental): packed sequences (cu_seqlens), through BwdSeq<true>.
+  static constexpr bool kVarlen = FLASHATTN2_SM90_BWD_VARLEN != 0;
   static constexpr int kDqWarpBytes = 16 * 64 * 4;
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
@@ -102,18 +106,63 @@ struct BwdArgs {
 // Named barrier of the two consumer warpgroups (0 is __syncthreads).
 constexpr int kBarDS = 1;
 
+// The batch entry's sequences. Dense (BwdSeq<false>, what the default build compiles): the
+// params' lengths, rows from 0 of batch entry `batch`, read straight from the params.
+// Varlen (BwdSeq<true>, FLASHATTN2_SM90_BWD_EXPERIMENTAL=varlen; dense calls too): SeqInfo's
+// lengths and first rows; packed tensors are one batch entry of the TMA maps (bwd_launch.cuh),
+// and the workspaces use ws_row0's per-sequence layout.
+template <bool kVarlen>
+struct BwdSeq {
+  const BwdParams& p;
+  const int batch;
+  __device__ __forceinline__ BwdSeq(const BwdParams& params, int b) : p(params), batch(b) {}
+  __device__ __forceinline__ int seqlen_q() const { return p.seqlen_q; }
+  __device__ __forceinline__ int seqlen_k() const { return p.seqlen_k; }
+  __device__ __forceinline__ int q_row0() const { return 0; }
+  __device__ __forceinline__ int k_row0() const { return 0; }
+  __device__ __forceinline__ int tma_batch_q() const { return batch; }
+  __device__ __forceinline__ int tma_batch_k() const { return batch; }
+  __device__ __forceinline__ int64_t ws_row0(int head) const {
+    return (int64_t(batch) * p.nheads + head) * round16(p.seqlen_q);
+  }
+};
+template <>
+struct BwdSeq<true> {
+  const BwdParams& p;
+  const int batch;
+  const SeqInfo seq;
+  __device__ __forceinline__ BwdSeq(const BwdParams& params, int b)
+      : p(params), batch(b), seq(params, b) {}
+  __device__ __forceinline__ int seqlen_q() const { return seq.seqlen_q; }
+  __device__ __forceinline__ int seqlen_k() const { return seq.seqlen_k; }
+  __device__ __forceinline__ int q_row0() const { return int(seq.q_row0); }
+  __device__ __forceinline__ int k_row0() const { return int(seq.k_row0); }
+  __device__ __forceinline__ int tma_batch_q() const { return p.cu_seqlens_q ? 0 : batch; }
+  __device__ __forceinline__ int tma_batch_k() const { return p.cu_seqlens_k ? 0 : batch; }
+  __device__ __forceinline__ int64_t ws_row0(int head) const {
+    return flashattn2::ws_row0(p, seq, batch, head);
+  }
+};
+
 // The CTA's query blocks: m_block_min .. m_block_max - 1 (those with a row that sees one of
-// the block's keys; bounds as the sm80 backward's), for each of the group's query heads.
+// the block's keys; bounds as the sm80 backward's), for each of the group's query heads. A
+// key block at or past seqlen_k (varlen: past this sequence's keys) has none.
 struct BwdRange {
   int m_block_min, m_block_max, steps;
-  __device__ __forceinline__ BwdRange(const BwdParams& p, int n0, int block_m, int group) {
-    const int offset = p.seqlen_k - p.seqlen_q;
-    const int n_last = min(n0 + 128, p.seqlen_k) - 1;
+  template <bool kVarlen>
+  __device__ __forceinline__ BwdRange(const BwdParams& p, const BwdSeq<kVarlen>& seq, int n0,
+                                      int block_m, int group) {
+    const int offset = seq.seqlen_k() - seq.seqlen_q();
+    const int n_last = min(n0 + 128, seq.seqlen_k()) - 1;
     const int m_lo = p.window_right >= 0 ? max(0, n0 - offset - p.window_right) : 0;
-    const int m_hi = p.window_left >= 0 ? min(p.seqlen_q - 1, n_last - offset + p.window_left)
-                                        : p.seqlen_q - 1;
+    const int m_hi = p.window_left >= 0
+                         ? min(seq.seqlen_q() - 1, n_last - offset + p.window_left)
+                         : seq.seqlen_q() - 1;
     m_block_min = m_lo / block_m;
     m_block_max = m_hi < m_lo ? m_block_min : m_hi / block_m + 1;
+    if constexpr (kVarlen) {
+      if (n0 >= seq.seqlen_k()) m_block_max = m_block_min;
+    }
     steps = group * (m_block_max - m_block_min);
   }
 };
@@ -153,7 +202,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
   const int n0 = n_block * kBlockN;
   const int group = p.nheads / p.nheads_k;
-  const BwdRange range(p, n0, kBlockM, group);
+  const BwdSeq<Traits::kVarlen> seq(p, batch);
+  const BwdRange range(p, seq, n0, kBlockM, group);
   if (tid == 0) {
     mbar_init(bar_kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -175,10 +225,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mbar_arrive_expect_tx(bar_kv_full, 2 * Traits::kKBytes);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        tma_load(sK + c * Traits::kKChunkBytes, &args.k, c * kChunkCols, n0, head_k, batch,
-                 bar_kv_full);
-        tma_load(sV + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, n0, head_k, batch,
-                 bar_kv_full);
+        tma_load(sK + c * Traits::kKChunkBytes, &args.k, c * kChunkCols, seq.k_row0() + n0,
+                 head_k, seq.tma_batch_k(), bar_kv_full);
+        tma_load(sV + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, seq.k_row0() + n0,
+                 head_k, seq.tma_batch_k(), bar_kv_full);
       }
       int head = head_k * group, m_block = range.m_block_min;
       for (int t = 0; t < range.steps; ++t) {
@@ -188,12 +238,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
           tma_load(sQ + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
-                   m_block * kBlockM, head, batch, bar_q_full(s));
+                   seq.q_row0() + m_block * kBlockM, head, seq.tma_batch_q(), bar_q_full(s));
         mbar_arrive_expect_tx(bar_do_full(s), Traits::kQBytes);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
           tma_load(sdO + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.dout,
-                   c * kChunkCols, m_block * kBlockM, head, batch, bar_do_full(s));
+                   c * kChunkCols, seq.q_row0() + m_block * kBlockM, head, seq.tma_batch_q(),
+                   bar_do_full(s));
         if (++m_block == range.m_block_max) {
           m_block = range.m_block_min;
           ++head;
@@ -206,12 +257,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int t = 0; t < range.steps; ++t) {
         const int s = t % kStages;
         mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
-        const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-        const float* dsum = p.dsum + (int64_t(batch) * p.nheads + head) * round16(p.seqlen_q);
+        const float* lse =
+            p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_row0();
+        const float* dsum = p.dsum + seq.ws_row0(head);
 #pragma unroll
         for (int i = 0; i < kBlockM / 32; ++i) {
           const int r = 32 * i + lane, row = m_block * kBlockM + r;
-          const bool valid = row < p.seqlen_q;
+          const bool valid = row < seq.seqlen_q();
           const float l = valid ? lse[row] : INFINITY;
           const float d = valid ? dsum[row] : 0.f;
           st_shared(s_lse(s) + 4 * r, l);
@@ -233,7 +285,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int q = lane % 4;
     const int key0 = 64 * consumer;                  // the warpgroup's first key of the block
     const int lane_key = key0 + 16 * warp_in_wg + g;  // + 8 r: the lane's key rows
-    const int offset = p.seqlen_k - p.seqlen_q;
+    const int offset = seq.seqlen_k() - seq.seqlen_q();
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
 
@@ -292,7 +344,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // n0 + lane_key + 8 r, query m0 + 8 nt + 2 q + e.
       const int k_first = n0 + key0;
       const bool need_mask =
-          k_first + 64 > p.seqlen_k ||
+          k_first + 64 > seq.seqlen_k() ||
           (p.window_right >= 0 && k_first + 63 > m0 + offset + p.window_right) ||
           (p.window_left >= 0 && k_first < m0 + kBlockM - 1 + offset - p.window_left);
       if (need_mask) {
@@ -300,9 +352,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         for (int r = 0; r < 2; ++r) {
           const int key = n0 + lane_key + 8 * r;
           const int q_lo = (p.window_right >= 0 ? key - offset - p.window_right : 0) - m0 - 2 * q;
-          const int q_hi = (key >= p.seqlen_k       ? -1
+          const int q_hi = (key >= seq.seqlen_k()   ? -1
                             : p.window_left >= 0 ? key - offset + p.window_left
-                                                 : p.seqlen_q - 1) - m0 - 2 * q;
+                                                 : seq.seqlen_q() - 1) - m0 - 2 * q;
 #pragma unroll
           for (int nt = 0; nt < kBlockM / 8; ++nt)
 #pragma unroll
@@ -389,7 +441,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
         if (lane == 0) tma_store_wait_read();
         __syncwarp();
-        if (dq_row < p.seqlen_q) {
+        if (dq_row < seq.seqlen_q()) {
 #pragma unroll
           for (int nt = 0; nt < kBlockM / 8; ++nt)
             st_shared_v4(sdq + 4 * (128 * nt + 4 * lane), acc_dq[4 * nt], acc_dq[4 * nt + 1],
@@ -399,17 +451,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const int tiles = min(kBlockM / 8, (p.headdim - 64 * dq_chunk) / 8);
           if (lane == 0 && tiles > 0) {
             float* const dq =
-                p.dq_accum +
-                ((int64_t(batch) * p.nheads + head) * round16(p.seqlen_q) + dq_row) * p.headdim +
-                16 * 64 * dq_chunk;
+                p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 16 * 64 * dq_chunk;
             bulk_reduce_add_f32(dq, sdq, tiles * 128 * 4);
             tma_store_commit();
           }
         }
-      } else if (dq_row < p.seqlen_q) {
-        float* const dq = p.dq_accum +
-                          ((int64_t(batch) * p.nheads + head) * round16(p.seqlen_q) + dq_row) *
-                              p.headdim +
+      } else if (dq_row < seq.seqlen_q()) {
+        float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
                           16 * 64 * dq_chunk + 4 * lane;
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
@@ -430,13 +478,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // ---- epilogue: dK * scale, dV in the input dtype, from registers ----
     Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
-                        head_k * p.dk_head_stride;
+                        head_k * p.dk_head_stride + int64_t(seq.k_row0()) * p.dk_row_stride;
     Element* const dv = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
-                        head_k * p.dv_head_stride;
+                        head_k * p.dv_head_stride + int64_t(seq.k_row0()) * p.dv_row_stride;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = n0 + lane_key + 8 * r;
-      if (key < p.seqlen_k) {
+      if (key < seq.seqlen_k()) {
 #pragma unroll
         for (int dt = 0; dt < kHeadDim / 8; ++dt) {
           const int col = 8 * dt + 2 * q;

@@ -17,14 +17,20 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Traits = sm90::BwdTraits<kHeadDim>;
   sm90::BwdArgs args;
   args.p = p;
+  // Varlen tensors (experimental) are one batch entry of total_q / total_k rows, as in the
+  // forward (fwd_launch.cuh).
+  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
+  const int64_t rows_q = varlen_q ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = varlen_k ? p.total_k : p.seqlen_k;
+  const int64_t batch_q = varlen_q ? 1 : p.batch, batch_k = varlen_k ? 1 : p.batch;
   const bool mapped =
-      sm90::make_tma_map(&args.q, p.q, p.dtype, p.headdim, p.seqlen_q, p.nheads, p.batch,
+      sm90::make_tma_map(&args.q, p.q, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
                          p.q_row_stride, p.q_head_stride, p.q_batch_stride, Traits::kBlockM) &&
-      sm90::make_tma_map(&args.dout, p.dout, p.dtype, p.headdim, p.seqlen_q, p.nheads, p.batch,
+      sm90::make_tma_map(&args.dout, p.dout, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
                          p.do_row_stride, p.do_head_stride, p.do_batch_stride, Traits::kBlockM) &&
-      sm90::make_tma_map(&args.k, p.k, p.dtype, p.headdim, p.seqlen_k, p.nheads_k, p.batch,
+      sm90::make_tma_map(&args.k, p.k, p.dtype, p.headdim, rows_k, p.nheads_k, batch_k,
                          p.k_row_stride, p.k_head_stride, p.k_batch_stride, Traits::kBlockN) &&
-      sm90::make_tma_map(&args.v, p.v, p.dtype, p.headdim, p.seqlen_k, p.nheads_k, p.batch,
+      sm90::make_tma_map(&args.v, p.v, p.dtype, p.headdim, rows_k, p.nheads_k, batch_k,
                          p.v_row_stride, p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
   if (!mapped) return false;
   run_bwd_preprocess<Element, kHeadDim>(p, stream);
