@@ -12,7 +12,7 @@
 # second time with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are
 # tested), ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS
 # (default: all), SM90_BWD_EXPERIMENTAL (the Hopper backward's unvalidated extensions, e.g.
-# "d64;window;varlen;dq_bulk"; default none), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
+# "d64;window;varlen;mods;dq_bulk"; default none), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
 # SANITIZER_ARGS (extra flags), PYTHON (default python3).
 #
 # Output, at most 8 files and 2 levels under ${OUT:-gpu_logs} (the device tool returns

@@ -90,7 +90,7 @@ def test_build_info_and_version():
     if info["sm90_bwd_head_dims"]:
         assert 90 in info["archs"]
     # Unvalidated extensions appear only in development builds that ask for them.
-    assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "dq_bulk"}
+    assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk"}
     if 64 in info["sm90_bwd_head_dims"]:
         assert "d64" in info["sm90_bwd_experimental"]
     for d in range(1, 257):

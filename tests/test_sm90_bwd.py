@@ -8,6 +8,9 @@ import pytest
 import torch
 from flashattn2 import _ext, flash_attn_func
 from test_bwd import check_grads, check_kernel, make_inputs, run_backward
+from test_variants import CASES as MOD_CASES
+from test_variants import case_inputs, ref_kwargs, run_kernels
+from test_variants import check_grads as check_mod_grads
 from test_varlen import check_varlen_backward
 
 pytestmark = pytest.mark.gpu
@@ -114,6 +117,25 @@ def test_sm90_backward_varlen(sm90_bwd, headdim, lengths, causal):
     assert _ext.last_bwd_arch == 90
 
 
+@pytest.mark.parametrize("case", list(MOD_CASES))
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward_score_mods(sm90_bwd, headdim, case):
+    """softcap and ALiBi (experimental "mods"; the windowed cases also need "window"), the
+    cases of test_variants.py."""
+    if "mods" not in EXPERIMENTAL:
+        pytest.skip("softcap / ALiBi are an experimental extension of the Hopper backward "
+                    "(FLASHATTN2_SM90_BWD_EXPERIMENTAL=mods)")
+    require_sm90_bwd(headdim)
+    torch.manual_seed(0)
+    q, k, v, dout, mods, causal, window = case_inputs(case, headdim, torch.bfloat16)
+    if window != (-1, -1) and "window" not in EXPERIMENTAL:
+        pytest.skip("a sliding window: needs the experimental window extension too")
+    _ext.last_bwd_arch = None
+    _, _, grads = run_kernels(q, k, v, dout, causal, window, None, mods)
+    check_mod_grads(grads, q, k, v, dout, ref_kwargs(causal, window, None, mods))
+    assert _ext.last_bwd_arch == 90
+
+
 def test_sm90_backward_strided_inputs(sm90_bwd):
     """q, k, v, dout as column slices of wider tensors (row strides > d): TMA maps and the dk /
     dv stores take BwdParams' strides."""
@@ -144,7 +166,8 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
         _ext.last_bwd_arch = None
         flash_attn_func(qg, kg, vg, causal=True, **kwargs).backward(dout)
         torch.cuda.synchronize()
-        assert _ext.last_bwd_arch == 80, kwargs
+        in_scope = "softcap" in kwargs and "mods" in EXPERIMENTAL
+        assert _ext.last_bwd_arch == (90 if in_scope else 80), kwargs
     # Forced to sm80, or switched off: the mma.sync backward even in scope.
     with _ext.force_sm80():
         _, arch = arch_of_backward(q, k, v, dout, causal=True)

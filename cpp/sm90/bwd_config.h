@@ -55,13 +55,14 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 // deterministic mode, other head dims.
 // Experimental (FLASHATTN2_SM90_BWD_EXPERIMENTAL, not yet run on a GPU): window, any sliding
 // window, not only causal or full (the kernel's masks and query-block range take both
-// bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>).
+// bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>); mods, softcap and ALiBi.
 // (dq_chains > 1 only comes with deterministic mode: bwd_dq_chains.)
 inline bool sm90_bwd_supports(const BwdParams& p) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
   const bool dense = !p.cu_seqlens_q && !p.cu_seqlens_k;
   return (dense || FLASHATTN2_SM90_BWD_VARLEN) && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
-         p.softcap == 0.f && !p.alibi_slopes && p.dropout_threshold == 0 && !p.deterministic &&
+         ((p.softcap == 0.f && !p.alibi_slopes) || FLASHATTN2_SM90_BWD_MODS) &&
+         p.dropout_threshold == 0 && !p.deterministic &&
          p.dq_chains == 1;
 }
 

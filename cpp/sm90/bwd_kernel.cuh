@@ -42,6 +42,7 @@
 
 #include "common/flash.h"
 #include "common/ptx.cuh"
+#include "common/score_mod.cuh"
 #include "common/seqlen.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
@@ -73,6 +74,8 @@ struct BwdTraits {
   static constexpr bool kDqBulk = FLASHATTN2_SM90_BWD_DQ_BULK != 0;
   // varlen (experimental): packed sequences (cu_seqlens), through BwdSeq<true>.
   static constexpr bool kVarlen = FLASHATTN2_SM90_BWD_VARLEN != 0;
+  // mods (experimental): softcap and ALiBi (common/score_mod.cuh).
+  static constexpr bool kMods = FLASHATTN2_SM90_BWD_MODS != 0;
   static constexpr int kDqWarpBytes = 16 * 64 * 4;
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
@@ -364,21 +367,49 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             }
         }
       }
-      // P^T in place (LSE of the lane's two query columns per n8 tile: one 8-byte load).
+      if constexpr (Traits::kMods) {
+        // Score mods (experimental): softcap and ALiBi through ScoreMod, the forward's
+        // logits, with the masked scores (-inf above) kept at -inf (tanh(-inf) is finite).
+        // One pass per n8 tile: P^T packed into the A fragments, then acc_s = P^T o
+        // d logit / d(scale s) (1 - t^2 with softcap, else 1), which the dS^T pass below
+        // multiplies, so that the derivative needs no registers of its own.
+        const ScoreMod mod(p, batch, head);
+        // ALiBi distance query + sk - sq - key of element (nt, e): dist0 + 8 nt + (e & 1) - 8 r.
+        const float dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
 #pragma unroll
-      for (int nt = 0; nt < kBlockM / 8; ++nt) {
-        const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
+        for (int nt = 0; nt < kBlockM / 8; ++nt) {
+          const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
+          float pv[4], dl[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          acc_s[4 * nt + e] = ptx::exp2_approx(
-              fmaf(acc_s[4 * nt + e], scale_log2, -(e & 1 ? lse.y : lse.x) * kLog2e));
+          for (int e = 0; e < 4; ++e) {
+            const float score = acc_s[4 * nt + e];
+            const float x = mod.logit2(score, dist0 + float(8 * nt + (e & 1) - 8 * (e >> 1)),
+                                       &dl[e]);
+            pv[e] = ptx::exp2_approx((score == -INFINITY ? -INFINITY : x) -
+                                     (e & 1 ? lse.y : lse.x) * kLog2e);
+          }
+          rP[nt / 2][(nt & 1) * 2] = ptx::pack2<Element>(pv[0], pv[1]);
+          rP[nt / 2][(nt & 1) * 2 + 1] = ptx::pack2<Element>(pv[2], pv[3]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[4 * nt + e] = pv[e] * dl[e];
+        }
+      } else {
+        // P^T in place (LSE of the lane's two query columns per n8 tile: one 8-byte load).
+#pragma unroll
+        for (int nt = 0; nt < kBlockM / 8; ++nt) {
+          const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_s[4 * nt + e] = ptx::exp2_approx(
+                fmaf(acc_s[4 * nt + e], scale_log2, -(e & 1 ? lse.y : lse.x) * kLog2e));
+        }
+        // P^T as A fragments (n8 tiles 2 kk, 2 kk + 1: the k16 step kk over the queries).
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            rP[kk][i] = ptx::pack2<Element>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
       }
-      // P^T as A fragments (n8 tiles 2 kk, 2 kk + 1: the k16 step kk over the queries).
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          rP[kk][i] = ptx::pack2<Element>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
       gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
       wgmma_wait<1>();  // dP^T (the dV GEMM may still run)
       fence_regs(acc_dp);
