@@ -1,6 +1,8 @@
 """``python -m flashattn2``: what this build contains, whether it runs on this GPU, a short
-correctness check against a float32 PyTorch reference and a short benchmark against PyTorch
-SDPA. Exits non-zero if the GPU cannot run this build or the correctness check fails."""
+correctness check of the forward and the backward against a float32 PyTorch reference (and
+which kernels ran: sm90 = the Hopper ones, sm80 = the mma.sync ones) and a short benchmark
+of both against PyTorch SDPA. Exits non-zero if the GPU cannot run this build or the
+correctness check fails."""
 import argparse
 import ctypes
 import statistics
@@ -14,8 +16,10 @@ import flashattn2
 
 from . import _ext
 from ._reference import attention_ref
+from .interface import _check_backward
 
-# Same rule as tests/test_fwd.py: error <= 2 * PyTorch's own same-dtype error + ATOL.
+# Same rule as tests/test_fwd.py / test_bwd.py: error <= 2 * PyTorch's own same-dtype error
+# + ATOL, for the output and for each gradient.
 ATOL = {torch.float16: 1e-3, torch.bfloat16: 4e-3}
 LSE_ATOL, LSE_RTOL = 1e-4, 1e-5
 
@@ -74,28 +78,57 @@ def _check_cases(head_dims):
     return cases
 
 
+def _reference_grads(q, k, v, dout, causal, upcast):
+    """(out, lse, (dq, dk, dv)) of the reference: float32 on upcast inputs, or in q's dtype."""
+    cast = (lambda t: t.detach().float()) if upcast else (lambda t: t.detach().clone())
+    leaves = [cast(t).requires_grad_() for t in (q, k, v)]
+    out, lse = attention_ref(*leaves, causal=causal, upcast=upcast)
+    return out.detach(), lse, torch.autograd.grad(out, leaves, cast(dout))
+
+
+def _backward_runs(device, d):
+    try:
+        _check_backward(d, device)
+    except NotImplementedError:
+        return False
+    return True
+
+
 def _correctness_check(device, head_dims):
-    print("correctness (max |out - fp32 reference|, vs PyTorch's own error in the same dtype):")
+    print("correctness (max |x - fp32 reference| over out and dq, dk, dv, vs PyTorch's own "
+          "error in the same dtype; the kernels that ran):")
     ok = True
     for batch, seqlen_q, seqlen_k, nheads, nheads_k, d, causal, dtype in _check_cases(head_dims):
         q = torch.randn(batch, seqlen_q, nheads, d, device=device, dtype=dtype)
         k = torch.randn(batch, seqlen_k, nheads_k, d, device=device, dtype=dtype)
         v = torch.randn(batch, seqlen_k, nheads_k, d, device=device, dtype=dtype)
-        out, lse, _ = flashattn2.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-        out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
-        out_pt, _ = attention_ref(q, k, v, causal=causal, upcast=False)
-        err = (out.float() - out_ref.float()).abs().max().item()
-        err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
-        lse_err = (lse - lse_ref).nan_to_num(posinf=0.0).abs().max().item()
-        passed = err <= 2 * err_pt + ATOL[dtype] and torch.allclose(
-            lse, lse_ref, rtol=LSE_RTOL, atol=LSE_ATOL
-        )
+        backward = _backward_runs(device, d)
+        leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
+        out, lse, _ = flashattn2.flash_attn_func(*leaves, causal=causal, return_attn_probs=True)
+        fwd_arch = _ext.last_fwd_arch
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, leaves, dout) if backward else ()
+        bwd_arch = _ext.last_bwd_arch if backward else None
+        out_ref, lse_ref, grads_ref = _reference_grads(q, k, v, dout, causal, True)
+        out_pt, _, grads_pt = _reference_grads(q, k, v, dout, causal, False)
+        passed = torch.allclose(lse, lse_ref, rtol=LSE_RTOL, atol=LSE_ATOL)
+        worst = None  # (name, error, PyTorch's error) with the least margin
+        for name, x, ref, pt in zip(("out", "dq", "dk", "dv"), (out, *grads),
+                                    (out_ref, *grads_ref), (out_pt, *grads_pt)):  # fmt: skip
+            err = (x.float() - ref.float()).abs().max().item()
+            err_pt = (pt.float() - ref.float()).abs().max().item()
+            bound = 2 * err_pt + ATOL[dtype]
+            passed &= err <= bound
+            if worst is None or err / bound > worst[1] / worst[3]:
+                worst = (name, err, err_pt, bound)
         ok &= passed
+        lse_err = (lse - lse_ref).nan_to_num(posinf=0.0).abs().max().item()
+        kernels = f"fwd sm{fwd_arch}" + (f", bwd sm{bwd_arch}" if backward else ", no bwd")
         name = str(dtype).removeprefix("torch.")
         print(
             f"  {name:8} b={batch} sq={seqlen_q:<4} sk={seqlen_k:<4} h={nheads}/{nheads_k} "
-            f"d={d:<3} causal={causal!s:5}  out {err:.2e} (PyTorch {err_pt:.2e})  "
-            f"lse {lse_err:.2e}  {'ok' if passed else 'FAILED'}"
+            f"d={d:<3} causal={causal!s:5}  {worst[0]} {worst[1]:.2e} (PyTorch "
+            f"{worst[2]:.2e})  lse {lse_err:.2e}  {kernels}  {'ok' if passed else 'FAILED'}"
         )
     return ok
 
@@ -118,7 +151,8 @@ def _benchmark(device, d):
 
     batch, nheads, seqlen, dtype = 4, 16, 2048, torch.bfloat16
     print(f"benchmark: bf16, batch {batch}, heads {nheads}, seqlen {seqlen}, head dim {d}")
-    print("  (median of 20 runs timed with CUDA events; TFLOP/s = 4*b*s*s*h*d, halved if causal)")
+    print("  (median of 20 runs timed with CUDA events; TFLOP/s = 4*b*s*s*h*d, halved if causal, "
+          "x3.5 for fwd+bwd)")
     q, k, v = (
         torch.randn(batch, seqlen, nheads, d, device=device, dtype=dtype) for _ in range(3)
     )
@@ -131,16 +165,46 @@ def _benchmark(device, d):
 
         return run
 
+    def fwd_bwd(attend):
+        """forward + backward of attend(q, k, v) on leaves that require grad."""
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        dout = torch.randn_like(q)
+
+        def run():
+            torch.autograd.grad(attend(*leaves), leaves, dout)
+
+        return run
+
+    def sdpa_attend(backend, causal):
+        """SDPA on BSHD tensors (transposed views in, the output transposed back)."""
+        def attend(q, k, v):
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                     v.transpose(1, 2), is_causal=causal)
+            return out.transpose(1, 2)
+
+        return attend
+
     impls = (
         ("flashattn2", lambda causal: lambda: flashattn2.flash_attn_func(q, k, v, causal=causal)),
         ("sdpa-flash", lambda causal: sdpa(SDPBackend.FLASH_ATTENTION, causal)),
         ("sdpa-cudnn", lambda causal: sdpa(SDPBackend.CUDNN_ATTENTION, causal)),
     )
-    print(f"  {'':12}{'non-causal':>28}{'causal':>28}")
-    for name, make in impls:
+    if _backward_runs(device, d):
+        impls += (
+            ("flashattn2", lambda causal: fwd_bwd(
+                lambda q, k, v: flashattn2.flash_attn_func(q, k, v, causal=causal))),
+            ("sdpa-flash", lambda causal: fwd_bwd(sdpa_attend(SDPBackend.FLASH_ATTENTION, causal))),
+            ("sdpa-cudnn", lambda causal: fwd_bwd(sdpa_attend(SDPBackend.CUDNN_ATTENTION, causal))),
+        )  # fmt: skip
+    print(f"  {'':22}{'non-causal':>28}{'causal':>28}")
+    for i, (name, make) in enumerate(impls):
+        label = f"{name} {'fwd' if i < 3 else 'fwd+bwd'}"
         cells = []
         for causal in (False, True):
-            flops = 4 * batch * seqlen * seqlen * nheads * d / (2 if causal else 1)
+            # fwd+bwd: 3.5x the forward's FLOPs, as flash-attn counts them
+            flops = (4 * batch * seqlen * seqlen * nheads * d / (2 if causal else 1)
+                     * (1 if i < 3 else 3.5))  # fmt: skip
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -148,7 +212,7 @@ def _benchmark(device, d):
                 cells.append(f"{ms:9.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s")
             except RuntimeError:
                 cells.append("n/a")
-        print(f"  {name:12}{cells[0]:>28}{cells[1]:>28}")
+        print(f"  {label:22}{cells[0]:>28}{cells[1]:>28}")
 
 
 def main(argv=None):
