@@ -17,12 +17,7 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Traits = sm90::BwdTraits<kHeadDim>;
   sm90::BwdArgs args;
   args.p = p;
-  // Varlen tensors (experimental) are one batch entry of total_q / total_k rows, as in the
-  // forward (fwd_launch.cuh).
-  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
-  const int64_t rows_q = varlen_q ? p.total_q : p.seqlen_q;
-  const int64_t rows_k = varlen_k ? p.total_k : p.seqlen_k;
-  const int64_t batch_q = varlen_q ? 1 : p.batch, batch_k = varlen_k ? 1 : p.batch;
+  const auto [rows_q, rows_k, batch_q, batch_k] = sm90::map_rows(p);  // varlen: experimental
   const bool mapped =
       sm90::make_tma_map(&args.q, p.q, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
                          p.q_row_stride, p.q_head_stride, p.q_batch_stride, Traits::kBlockM) &&

@@ -48,5 +48,18 @@ inline bool make_tma_map(CUtensorMap* map, const void* ptr, DType dtype, int64_t
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Rows and batch entries of the maps of the query-side (q, o, dout) and key-side (k, v)
+// tensors: a varlen tensor (cu_seqlens, SeqLayout) is one batch entry of total_q / total_k
+// rows, a dense one batch entries of seqlen_q / seqlen_k rows.
+struct MapRows {
+  int64_t rows_q, rows_k, batch_q, batch_k;
+};
+template <typename Params>
+MapRows map_rows(const Params& p) {
+  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
+  return MapRows{varlen_q ? p.total_q : p.seqlen_q, varlen_k ? p.total_k : p.seqlen_k,
+                 varlen_q ? 1 : p.batch, varlen_k ? 1 : p.batch};
+}
+
 }  // namespace sm90
 }  // namespace flashattn2

@@ -185,26 +185,27 @@ def _benchmark(device, d):
 
         return attend
 
+    # (name, FLOPs / the forward's: fwd+bwd 3.5x as flash-attn counts them, timed function)
     impls = (
-        ("flashattn2", lambda causal: lambda: flashattn2.flash_attn_func(q, k, v, causal=causal)),
-        ("sdpa-flash", lambda causal: sdpa(SDPBackend.FLASH_ATTENTION, causal)),
-        ("sdpa-cudnn", lambda causal: sdpa(SDPBackend.CUDNN_ATTENTION, causal)),
-    )
+        ("flashattn2 fwd", 1.0,
+         lambda causal: lambda: flashattn2.flash_attn_func(q, k, v, causal=causal)),
+        ("sdpa-flash fwd", 1.0, lambda causal: sdpa(SDPBackend.FLASH_ATTENTION, causal)),
+        ("sdpa-cudnn fwd", 1.0, lambda causal: sdpa(SDPBackend.CUDNN_ATTENTION, causal)),
+    )  # fmt: skip
     if _backward_runs(device, d):
         impls += (
-            ("flashattn2", lambda causal: fwd_bwd(
+            ("flashattn2 fwd+bwd", 3.5, lambda causal: fwd_bwd(
                 lambda q, k, v: flashattn2.flash_attn_func(q, k, v, causal=causal))),
-            ("sdpa-flash", lambda causal: fwd_bwd(sdpa_attend(SDPBackend.FLASH_ATTENTION, causal))),
-            ("sdpa-cudnn", lambda causal: fwd_bwd(sdpa_attend(SDPBackend.CUDNN_ATTENTION, causal))),
+            ("sdpa-flash fwd+bwd", 3.5,
+             lambda causal: fwd_bwd(sdpa_attend(SDPBackend.FLASH_ATTENTION, causal))),
+            ("sdpa-cudnn fwd+bwd", 3.5,
+             lambda causal: fwd_bwd(sdpa_attend(SDPBackend.CUDNN_ATTENTION, causal))),
         )  # fmt: skip
     print(f"  {'':22}{'non-causal':>28}{'causal':>28}")
-    for i, (name, make) in enumerate(impls):
-        label = f"{name} {'fwd' if i < 3 else 'fwd+bwd'}"
+    for label, factor, make in impls:
         cells = []
         for causal in (False, True):
-            # fwd+bwd: 3.5x the forward's FLOPs, as flash-attn counts them
-            flops = (4 * batch * seqlen * seqlen * nheads * d / (2 if causal else 1)
-                     * (1 if i < 3 else 3.5))  # fmt: skip
+            flops = factor * 4 * batch * seqlen * seqlen * nheads * d / (2 if causal else 1)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
