@@ -16,6 +16,7 @@ the 2x rule against single-GPU flash_attn_func on the full sequence.
 import datetime
 import json
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -179,10 +180,17 @@ def _worker(rank, world_size, backend, init_file, cases, result_dir):
     finally:
         with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
-        # gloo's destroy_process_group could wait forever on torch 2.4 for a rank that had
-        # already exited (CI hung there); the process ends next, which frees the group.
         if backend == "nccl":
             dist.destroy_process_group()
+    # gloo: destroy_process_group could wait forever on torch 2.4 for a rank that had already
+    # exited (CI hung there), and leaving the group to the interpreter's teardown aborted a
+    # rank in about one run in four on torch 2.13 ("terminate called without an active
+    # exception": a gloo thread still joinable when its destructor ran). The results are on
+    # disk, so the rank ends here without any teardown. Reached only when no exception
+    # escaped (one that did is the rank's failure and still surfaces through spawn).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_world(world_size, backend, cases, timeout=600):
