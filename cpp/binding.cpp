@@ -121,6 +121,44 @@ void set_mods(Params& params, float softcap, std::uintptr_t alibi_slopes,
   params.dropout_scale = static_cast<float>(1.0 / (1.0 - dropout_p));
 }
 
+// The attention-bias fields (BiasLayout) of FwdParams / BwdParams: bias_strides (batch, head,
+// row, col) in elements, bias_dtype 0 / 1 / 2 = float16 / bfloat16 / float32; dbias (float32,
+// the backward's) with dbias_strides (batch, head, row) and column stride 1. A build without
+// FLASHATTN2_EXPERIMENTAL=bias takes none (attn_bias 0).
+template <typename Params>
+void set_bias(Params& params, std::uintptr_t attn_bias, const Strides& bias_strides,
+              int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides) {
+  if (!attn_bias) {
+    if (dbias) throw std::invalid_argument("dbias needs an attn_bias");
+    return;
+  }
+#if FLASHATTN2_BIAS
+  check_strides("bias_strides", bias_strides, 4, "(batch, head, row, col)");
+  if (bias_dtype < 0 || bias_dtype > 2) {
+    throw std::invalid_argument("bias_dtype must be 0 (float16), 1 (bfloat16) or 2 (float32), got " +
+                                std::to_string(bias_dtype));
+  }
+  params.attn_bias = reinterpret_cast<const void*>(attn_bias);
+  params.bias_batch_stride = bias_strides[0];
+  params.bias_head_stride = bias_strides[1];
+  params.bias_row_stride = bias_strides[2];
+  params.bias_col_stride = bias_strides[3];
+  params.bias_dtype = static_cast<flashattn2::DType>(bias_dtype);
+  if (dbias) {
+    check_strides("dbias_strides", dbias_strides, 3, "(batch, head, row)");
+    if (dbias % 4) throw std::invalid_argument("dbias must be 4-byte aligned (float32)");
+    params.dbias = reinterpret_cast<float*>(dbias);
+    params.dbias_batch_stride = dbias_strides[0];
+    params.dbias_head_stride = dbias_strides[1];
+    params.dbias_row_stride = dbias_strides[2];
+  }
+#else
+  (void)params, (void)bias_strides, (void)bias_dtype, (void)dbias_strides;
+  throw std::invalid_argument(
+      "attn_bias needs a build with FLASHATTN2_EXPERIMENTAL=bias (not yet validated on a GPU)");
+#endif
+}
+
 int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          std::uintptr_t lse, const Strides& q_strides, const Strides& k_strides,
          const Strides& v_strides, const Strides& o_strides, const Strides& lse_strides,
@@ -133,7 +171,8 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          int total_k, int seqlen_k_new,
          float softcap, std::uintptr_t alibi_slopes,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack,
-         bool allow_sm90, std::uintptr_t tile_counter) {
+         bool allow_sm90, std::uintptr_t tile_counter, std::uintptr_t attn_bias,
+         const Strides& bias_strides, int bias_dtype) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -170,6 +209,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.lse_accum = reinterpret_cast<float*>(lse_accum);
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
   params.tile_counter = reinterpret_cast<int*>(tile_counter);
+  set_bias(params, attn_bias, bias_strides, bias_dtype, 0, {});
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
@@ -188,7 +228,8 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          std::uintptr_t cu_seqlens_k, int total_q, int total_k,
          float softcap, std::uintptr_t alibi_slopes,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains,
-         int smem_limit, bool allow_sm90) {
+         int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
+         int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -238,6 +279,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.total_q = total_q;
   params.total_k = total_k;
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
+  set_bias(params, attn_bias, bias_strides, bias_dtype, dbias, dbias_strides);
 
   py::gil_scoped_release no_gil;  // as in fwd
   return flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream), smem_limit,
@@ -410,6 +452,17 @@ std::vector<int> bwd_head_dims() {
   return dims;
 }
 
+// "a,b" -> ["a", "b"] ("" -> []).
+py::list csv_list(const std::string& items) {
+  py::list out;
+  for (size_t start = 0; start < items.size();) {
+    const size_t end = std::min(items.find(',', start), items.size());
+    if (end > start) out.append(items.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
 py::dict build_info() {
   py::dict info;
   info["version"] = flashattn2::version();
@@ -419,14 +472,8 @@ py::dict build_info() {
   info["head_dims"] = flashattn2::built_head_dims();
   info["sm90_fwd_head_dims"] = flashattn2::built_sm90_head_dims();
   info["sm90_bwd_head_dims"] = flashattn2::built_sm90_bwd_head_dims();
-  py::list experimental;
-  std::string items = flashattn2::built_sm90_bwd_experimental();
-  for (size_t start = 0; start < items.size();) {
-    const size_t end = std::min(items.find(',', start), items.size());
-    if (end > start) experimental.append(items.substr(start, end - start));
-    start = end + 1;
-  }
-  info["sm90_bwd_experimental"] = experimental;
+  info["sm90_bwd_experimental"] = csv_list(flashattn2::built_sm90_bwd_experimental());
+  info["experimental"] = csv_list(FLASHATTN2_EXPERIMENTAL);
   info["bwd_head_dims"] = bwd_head_dims();
   return info;
 }
@@ -450,7 +497,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("q_pack") = 1,
-        py::arg("allow_sm90") = true, py::arg("tile_counter") = 0,
+        py::arg("allow_sm90") = true, py::arg("tile_counter") = 0, py::arg("attn_bias") = 0,
+        py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = 2,
         "Attention forward; returns the generation of the kernel that ran: 90 (the Hopper "
         "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false) or 80; "
         "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "
@@ -470,7 +518,11 @@ PYBIND11_MODULE(_C, m) {
         "none) indexed batch * alibi_batch_stride + head; dropout_p > 0 needs rng_state, a "
         "device pointer to int64 (seed, offset). q_pack: 1, or nheads / nheads_k to pack "
         "each GQA group's query heads into the KV-cache kernel's query tiles (flash.h "
-        "FwdParams::q_pack; not with ALiBi or dropout; the plain kernel ignores it).");
+        "FwdParams::q_pack; not with ALiBi or dropout; the plain kernel ignores it). "
+        "attn_bias (builds with FLASHATTN2_EXPERIMENTAL=bias): a device pointer to an "
+        "additive logit bias of a (batch, nheads, seqlen_q, seqlen_k) view with bias_strides "
+        "(4, elements, 0 = broadcast) and bias_dtype (0 float16, 1 bfloat16, 2 float32); "
+        "dense attention only (flash.h BiasLayout).");
 
 
   m.def("bwd", &bwd, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
@@ -486,7 +538,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("softcap") = 0.f,
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("dq_chains") = 1,
-        py::arg("smem_limit") = 0, py::arg("allow_sm90") = true,
+        py::arg("smem_limit") = 0, py::arg("allow_sm90") = true, py::arg("attn_bias") = 0,
+        py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = 2, py::arg("dbias") = 0,
+        py::arg("dbias_strides") = Strides{},
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80. "
@@ -498,7 +552,10 @@ PYBIND11_MODULE(_C, m) {
         "cu_seqlens_q/k: varlen as in fwd, with total_q/k the rows of q/k. Score modifiers "
         "as in fwd, with the forward's values (the same rng_state for dropout). "
         "smem_limit > 0 caps the shared memory per block below the GPU's (a test hook: "
-        "the tiles an sm_86 / sm_89 GPU gets).");
+        "the tiles an sm_86 / sm_89 GPU gets). attn_bias as in fwd; dbias (0 = not asked "
+        "for): a zero-filled float32 (batch, nheads, seqlen_q, seqlen_k) buffer with "
+        "dbias_strides (batch, head, row) and column stride 1 that receives d loss / d logit "
+        "(flash.h BiasLayout).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),
@@ -600,7 +657,8 @@ PYBIND11_MODULE(_C, m) {
         "'archs': SASS compute capabilities, 'ptx_archs': PTX compute capabilities, "
         "'head_dims': kernel head dims, 'bwd_head_dims': backward kernel head dims, "
         "'sm90_fwd_head_dims' / 'sm90_bwd_head_dims': those of the Hopper forward / backward, "
-        "'sm90_bwd_experimental': its unvalidated extensions built in (development builds)}.");
+        "'sm90_bwd_experimental': its unvalidated extensions built in, 'experimental': other "
+        "unvalidated features built in (development builds)}.");
 
   m.attr("__version__") = flashattn2::version();
 }

@@ -256,6 +256,11 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90) 
           "num_splits must be in [1, " + std::to_string(kMaxSplits) + "], got " +
               std::to_string(params.num_splits));
   require(int64_t(params.batch) * params.num_splits <= 65535, "batch * num_splits must be at most 65535");
+  require(!has_bias(params) || (params.num_splits == 1 && !params.cu_seqlens_q &&
+                                !params.cu_seqlens_k && !params.seqused_k && !params.leftpad_k &&
+                                !params.kv_batch_idx && !params.block_table &&
+                                params.seqlen_k_new == 0),
+          "an attention bias runs dense attention only: no varlen, KV cache or split-KV");
   require(params.num_splits == 1 || params.dropout_threshold == 0,
           "dropout runs with num_splits = 1");
   if (params.num_splits > 1) {
@@ -522,6 +527,8 @@ int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, i
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, bool allow_sm90) {
   require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
           "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
+  require(!has_bias(params) || (!params.cu_seqlens_q && !params.cu_seqlens_k),
+          "an attention bias runs dense attention only: no varlen");
 
   BwdParams p = checked(
       params,

@@ -12,7 +12,8 @@
 # second time with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are
 # tested), ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS
 # (default: all), SM90_BWD_EXPERIMENTAL (the Hopper backward's unvalidated extensions, e.g.
-# "d64;window;varlen;mods;dq_bulk"; default none), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
+# "d64;window;varlen;mods;dq_bulk"; default none), EXPERIMENTAL (other unvalidated features,
+# FLASHATTN2_EXPERIMENTAL: "bias"; default none), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
 # SANITIZER_ARGS (extra flags), PYTHON (default python3).
 #
 # Output, at most 8 files and 2 levels under ${OUT:-gpu_logs} (the device tool returns
@@ -108,7 +109,8 @@ else
     run_step build 0 "$PYTHON" -m pip install --no-build-isolation --no-deps -v . \
         -C "cmake.define.FLASHATTN2_CUDA_ARCHS=${ARCHS:-90a-real}" \
         ${HEAD_DIMS:+-C "cmake.define.FLASHATTN2_HEAD_DIMS=$HEAD_DIMS"} \
-        ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"}
+        ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"} \
+        ${EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_EXPERIMENTAL=$EXPERIMENTAL"}
 fi
 
 # 3. what was built, GPU check, quick correctness and speed check

@@ -39,7 +39,12 @@ FLAGS = dict(
     ],
 )
 def test_signature_matches_flash_attn(func, tensors):
+    """flash-attn's parameters in its order; ours (attn_bias) only after them, keyword-only."""
     params = list(inspect.signature(func).parameters.values())
+    extra = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert [p.name for p in extra] == (["attn_bias"] if func is flashattn2.flash_attn_func else [])
+    assert all(p.default is None for p in extra)
+    params = [p for p in params if p not in extra]
     assert [p.name for p in params] == tensors + list(FLAGS)
     assert all(p.default is inspect.Parameter.empty for p in params[: len(tensors)])
     assert {p.name: p.default for p in params[len(tensors) :]} == FLAGS
@@ -93,6 +98,7 @@ def test_build_info_and_version():
     assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk"}
     if 64 in info["sm90_bwd_head_dims"]:
         assert "d64" in info["sm90_bwd_experimental"]
+    assert set(info["experimental"]) <= {"bias"}
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]
         expected = larger[0] if larger else -1

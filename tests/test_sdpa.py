@@ -62,8 +62,11 @@ def test_signature_is_torchs():
      torch.ones(2, 4, 5, 7, dtype=torch.bool)],  # fmt: skip
     ids=["bool all-True", "float zeros", "bool 4-D"],
 )
-def test_any_attn_mask_raises(mask):
-    message = "does not support attn_mask yet; use is_causal=True"
+def test_any_attn_mask_raises_without_the_bias_kernels(mask):
+    """Builds without FLASHATTN2_EXPERIMENTAL=bias; with it, test_bias.py tests masks."""
+    if "bias" in _ext.build_info().get("experimental", ()):
+        pytest.skip("this build has the bias kernels (tests/test_bias.py)")
+    message = "attn_mask needs a build with FLASHATTN2_EXPERIMENTAL=bias"
     with pytest.raises(NotImplementedError, match=message):
         sdpa(*cpu_qkv(), attn_mask=mask)
     message = "or torch.nn.functional.scaled_dot_product_attention for other masks"

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "built_config.h"
+
 namespace flashattn2 {
 
 // kFloat32: the rotary kernel only (RotaryParams); attention takes fp16 / bf16.
@@ -39,7 +41,31 @@ struct SeqLayout {
   int seqlen_k_new = 0;
 };
 
-struct FwdParams : SeqLayout {
+// Additive attention bias (flashattn2's attn_bias), in builds with FLASHATTN2_EXPERIMENTAL=bias
+// only: without it the parameter blocks keep the layout the default kernels were validated
+// with. Element (b, h, i, j) of a (batch, nheads, seqlen_q, seqlen_k) view, at
+//   attn_bias + b * bias_batch_stride + h * bias_head_stride + i * bias_row_stride
+//             + j * bias_col_stride        (elements of bias_dtype; 0 strides broadcast),
+// is added to the logit in natural units (after softmax_scale, softcap and ALiBi, before the
+// masks; -inf hides the key). Dense, plain-tile mma.sync kernels only (mha_fwd / mha_bwd
+// refuse varlen, KV caches and split-KV with it; the Hopper kernels pass it on).
+// The backward writes d loss / d logit (float32) of every visible (b, h, i, j) to dbias at
+// its strides (column stride 1) when dbias is not null, and nothing elsewhere: the caller
+// zero-fills it and sums it over the bias's broadcast dims.
+struct BiasLayout {
+  const void* attn_bias = nullptr;
+  int64_t bias_batch_stride = 0, bias_head_stride = 0, bias_row_stride = 0, bias_col_stride = 0;
+  DType bias_dtype = DType::kFloat32;
+  float* dbias = nullptr;
+  int64_t dbias_batch_stride = 0, dbias_head_stride = 0, dbias_row_stride = 0;
+};
+#if FLASHATTN2_BIAS
+#define FLASHATTN2_BIAS_BASE , BiasLayout
+#else
+#define FLASHATTN2_BIAS_BASE
+#endif
+
+struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   const void* q;  // (batch, seqlen_q, nheads,   headdim)
   const void* k;  // (batch, seqlen_k, nheads_k, headdim)
   const void* v;  // (batch, seqlen_k, nheads_k, headdim)
@@ -93,7 +119,7 @@ struct FwdParams : SeqLayout {
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements
 // with a unit head-dim stride. dk/dv are summed over each GQA group by the kernel.
-struct BwdParams : SeqLayout {
+struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   const void* q;     // (batch, seqlen_q, nheads,   headdim)
   const void* k;     // (batch, seqlen_k, nheads_k, headdim)
   const void* v;     // (batch, seqlen_k, nheads_k, headdim)
@@ -246,10 +272,20 @@ enum FwdMods : int {
   kModSoftcapBounded = 4
 };
 
+// True when an attention bias is given (BiasLayout; always false without FLASHATTN2_BIAS).
+template <typename Params>
+constexpr bool has_bias(const Params& p) {
+#if FLASHATTN2_BIAS
+  return p.attn_bias != nullptr;
+#else
+  return (void)p, false;
+#endif
+}
+
 // True when any score modifier is on (the kernels then run their kMods instance).
 template <typename Params>
 bool has_score_mods(const Params& p) {
-  return p.softcap > 0.f || p.alibi_slopes != nullptr || p.dropout_threshold != 0;
+  return p.softcap > 0.f || p.alibi_slopes != nullptr || p.dropout_threshold != 0 || has_bias(p);
 }
 
 // Dropout threshold of a probability p in [0, 1): an element is dropped iff its 32-bit

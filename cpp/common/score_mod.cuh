@@ -22,6 +22,8 @@
 // and word .x is (i, j), .y (i, j + 8), .z (i + 8, j), .w (i + 8, j + 8).
 // python/flashattn2/_reference.py holds a torch twin of this (dropout_keep_mask) for tests.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -84,6 +86,9 @@ struct ScoreMod {
     const float slope = p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] : 0.f;
     slope_log2 = slope * kLog2e;
     init_dropout(p.rng_state, p.dropout_threshold, batch * p.nheads + head);
+#if FLASHATTN2_BIAS
+    init_bias(p, batch, head);
+#endif
   }
 
   // Dropout state of (batch * nheads + head) = bh; rng_state is read only when threshold > 0.
@@ -121,6 +126,48 @@ struct ScoreMod {
     *dlogit = d;
     return fmaf(t, mult(), slope_log2 != 0.f ? bias(dist) : 0.f);
   }
+
+#if FLASHATTN2_BIAS
+  // Attention bias (BiasLayout) of this (batch, head): its (seqlen_q, seqlen_k) plane, and
+  // the plane of dbias (the backward's, when asked for).
+  const void* bias_plane;
+  int64_t bias_row, bias_col;
+  DType bias_dtype;
+  float* dbias_plane;
+  int64_t dbias_row;
+
+  template <typename Params>
+  __device__ __forceinline__ void init_bias(const Params& p, int batch, int head) {
+    bias_dtype = p.bias_dtype;
+    bias_row = p.bias_row_stride;
+    bias_col = p.bias_col_stride;
+    const int64_t at = batch * p.bias_batch_stride + head * p.bias_head_stride;
+    const int bytes = p.bias_dtype == DType::kFloat32 ? 4 : 2;
+    bias_plane = p.attn_bias ? static_cast<const char*>(p.attn_bias) + at * bytes : nullptr;
+    dbias_plane = p.dbias ? p.dbias + batch * p.dbias_batch_stride + head * p.dbias_head_stride
+                          : nullptr;
+    dbias_row = p.dbias_row_stride;
+  }
+  __device__ __forceinline__ bool has_bias() const { return bias_plane != nullptr; }
+  // Bias of query i, key j (natural units); the caller checks i < seqlen_q, j < seqlen_k.
+  __device__ __forceinline__ float bias_at(int i, int j) const {
+    const int64_t at = i * bias_row + j * bias_col;
+    if (bias_dtype == DType::kFloat32) return __ldg(static_cast<const float*>(bias_plane) + at);
+    if (bias_dtype == DType::kBFloat16) {
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(bias_plane)[at]);
+    }
+    return __half2float(static_cast<const __half*>(bias_plane)[at]);
+  }
+  // The backward's d loss / d logit of (i, j) into dbias (when asked for; i, j visible rows
+  // and columns).
+  __device__ __forceinline__ void store_dbias(int i, int j, float ds) const {
+    if (dbias_plane) dbias_plane[i * dbias_row + j] = ds;
+  }
+#else
+  static constexpr bool has_bias() { return false; }
+  __device__ __forceinline__ float bias_at(int, int) const { return 0.f; }
+  __device__ __forceinline__ void store_dbias(int, int, float) const {}
+#endif
 
   // The four Philox words of the group {i, i + 8} x {j, j + 8} (i % 16 < 8, j % 16 < 8).
   __device__ __forceinline__ uint4 dropout_words(int i, int j) const {

@@ -32,6 +32,8 @@
 //          S becomes the base-2 logits (the softmax then uses scale 1); after the row
 //          sums (LSE stays that of the undropped softmax), dropped P elements are zeroed;
 //          the epilogue multiplies O by 1 / (1 - p). Dropout has its own instance (kMods).
+//          An attention bias (FLASHATTN2_BIAS builds, flash.h BiasLayout) is one more pass
+//          over S after the ALiBi one: x = fmaf(bias, log2 e, x), one load per score.
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers and strides a multiple of 8
 //          elements (checked by the host API); ragged seqlen_q / seqlen_k tails are zero-
 //          filled on load and masked.
@@ -237,7 +239,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   if constexpr (kMods) mod = ScoreMod(p, batch, head0);
   float scale_log2 = p.softmax_scale * kLog2e, lse_scale = p.softmax_scale;
   if constexpr (kMods) {
-    scale_log2 = !kSoftcapOnly && mod.slope_log2 != 0.f ? 1.f : mod.mult();
+    scale_log2 = !kSoftcapOnly && (mod.slope_log2 != 0.f || mod.has_bias()) ? 1.f : mod.mult();
     lse_scale = scale_log2 * 0.6931471805599453f;
   }
   constexpr bool kDropout = kMods == kModDropout;
@@ -356,6 +358,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
               acc_s[mt][nt][e] = fmaf(acc_s[mt][nt][e], mult,
                                       mod.bias(dist0 + float(16 * mt + 8 * (e >> 1) - 8 * nt - (e & 1))));
       }  // (else: mult is scale_log2)
+      if constexpr (!kSoftcapOnly && !kKv) {
+        if (mod.has_bias()) {
+          // + bias (BiasLayout), after S became logits (above with ALiBi, here without),
+          // in the order of the backward's recomputation: fmaf(bias, log2 e, logit).
+          const float mult = mod.slope_log2 != 0.f ? 1.f : mod.mult();
+          const int col0 = n_block * kBlockN + 2 * q;
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int i = lane_pos(mt, e >> 1), j = col0 + 8 * nt + (e & 1);
+                const float b = i < seqlen_q && j < seqlen_k ? mod.bias_at(i, j) : 0.f;
+                acc_s[mt][nt][e] = fmaf(b, kLog2e, acc_s[mt][nt][e] * mult);
+              }
+        }
+      }
     }
 
     if constexpr (kMask) {

@@ -31,7 +31,8 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
     constexpr bool kBoundedInstance = fwd_softcap_bounded(
         Traits::kHeadDim, std::is_same_v<Element, __nv_bfloat16>, Traits::kKv);
     constexpr float kLog2e = 1.4426950408889634f;
-    if (kSoftcapInstance && params.softcap > 0.f && params.alibi_slopes == nullptr) {
+    if (kSoftcapInstance && params.softcap > 0.f && params.alibi_slopes == nullptr &&
+        !has_bias(params)) {
       if constexpr (kSoftcapInstance) {
         if (kBoundedInstance && params.softcap * kLog2e <= kSoftcapBoundedLog2) {
           constexpr int kMods = kBoundedInstance ? kModSoftcapBounded : kModSoftcap;
@@ -50,10 +51,12 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
 }
 
 // The KV-cache variant runs paged K/V, split-KV, and any problem of at most 64 query rows
-// (decoding), where its 64-row tile wastes less than the 128-row one; not dropout.
+// (decoding), where its 64-row tile wastes less than the 128-row one; not dropout, not an
+// attention bias (mha_fwd refuses one with pages or splits).
 inline bool use_kv_kernel(const FwdParams& params) {
-  return params.block_table != nullptr || params.num_splits > 1 ||
-         (params.seqlen_q <= 64 && params.dropout_threshold == 0);
+  return !has_bias(params) &&
+         (params.block_table != nullptr || params.num_splits > 1 ||
+          (params.seqlen_q <= 64 && params.dropout_threshold == 0));
 }
 
 template <typename Element, int kHeadDim>

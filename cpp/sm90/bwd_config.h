@@ -62,7 +62,7 @@ inline bool sm90_bwd_supports(const BwdParams& p) {
   const bool dense = !p.cu_seqlens_q && !p.cu_seqlens_k;
   return (dense || FLASHATTN2_SM90_BWD_VARLEN) && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
          ((p.softcap == 0.f && !p.alibi_slopes) || FLASHATTN2_SM90_BWD_MODS) &&
-         p.dropout_threshold == 0 && !p.deterministic &&
+         p.dropout_threshold == 0 && !p.deterministic && !has_bias(p) &&
          p.dq_chains == 1;
 }
 

@@ -50,7 +50,7 @@ _MAX_HEADDIM = 256
 
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=None, lse=None,
                         softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None,
-                        num_splits=0):
+                        num_splits=0, attn_bias=None):
     """Launches the forward kernel with no argument checks; returns ``(out, lse)``.
 
     q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16, d a multiple of 8 with a
@@ -61,7 +61,9 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     Score modifiers: ``softcap``, ``alibi_slopes`` (float32 ``(h,)`` or ``(b, h)`` with a unit
     last stride, on q's device) and ``dropout_p`` with ``rng_state`` (int64 ``(2,)`` on q's
     device; see ``_rng_state``). ``num_splits``: split-KV count, 0 = the heuristic (splits
-    only when the grid would not fill the GPU).
+    only when the grid would not fill the GPU). ``attn_bias``: None, or a
+    ``(b, h, sq, sk)`` view (any strides) in fp16 / bf16 / fp32 added to the logits
+    (``bias.py``; builds with FLASHATTN2_EXPERIMENTAL=bias).
     """
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -78,7 +80,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     _launch_fwd(q, k, v, out, lse, q.stride()[:3], k.stride()[:3], v.stride()[:3],
                 out.stride()[:3], lse.stride()[:2], batch, seqlen_q, seqlen_k, nheads, nheads_k,
                 headdim, softmax_scale, window_left, window_right, num_splits,
-                _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state))
+                _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state, attn_bias))
     return out, lse
 
 
@@ -99,12 +101,13 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     """
     mods = mods or {}
     dropout = mods.get("dropout_p", 0.0) > 0
-    per_head = mods.get("alibi_slopes", 0) or dropout
+    bias = bool(mods.get("attn_bias", 0))
+    per_head = mods.get("alibi_slopes", 0) or dropout or bias
     q_pack = 1 if per_head else nheads // nheads_k
     device = q.get_device()
-    if dropout:
-        num_splits = 1  # dropout runs in the plain-tile kernel only (cpp/sm80/fwd_launch.cuh)
-    sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80
+    if dropout or bias:
+        num_splits = 1  # dropout and bias run in the plain-tile kernel only (cpp/sm80/fwd_launch.cuh)
+    sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80 and not bias
             and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
     # The Hopper forward's persistent CTAs take causal, windowed and varlen tiles (unequal
     # work) from a shared counter that starts at 0 where that pays (short tiles), else it
@@ -151,16 +154,24 @@ def _kv_cache(layout):
                                            "block_table", "seqlen_k_new"))
 
 
-def _mod_kwargs(softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None):
-    """The score-modifier keyword arguments of ``_C.fwd`` / ``_C.bwd``."""
+_BIAS_DTYPE_CODES = {_HALF: 0, _BF16: 1, _FP32: 2}
+
+
+def _mod_kwargs(softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None, attn_bias=None):
+    """The score-modifier keyword arguments of ``_C.fwd`` / ``_C.bwd`` (``attn_bias``: a
+    ``(b, h, sq, sk)`` view, passed only when given)."""
     if alibi_slopes is None:
         alibi, alibi_batch_stride = 0, 0
     else:
         alibi = alibi_slopes.data_ptr()
         alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
     rng = rng_state.data_ptr() if dropout_p > 0 else 0
-    return dict(softcap=float(softcap), alibi_slopes=alibi, alibi_batch_stride=alibi_batch_stride,
+    mods = dict(softcap=float(softcap), alibi_slopes=alibi, alibi_batch_stride=alibi_batch_stride,
                 rng_state=rng, dropout_p=float(dropout_p))
+    if attn_bias is not None:
+        mods.update(attn_bias=attn_bias.data_ptr(), bias_strides=tuple(attn_bias.stride()),
+                    bias_dtype=_BIAS_DTYPE_CODES[attn_bias.dtype])
+    return mods
 
 
 def _rng_state(device):
@@ -185,7 +196,8 @@ def _dropout_keep_mask(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p):
 
 def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                          deterministic=False, dq=None, dk=None, dv=None, softcap=0.0,
-                         alibi_slopes=None, dropout_p=0.0, rng_state=None):
+                         alibi_slopes=None, dropout_p=0.0, rng_state=None, attn_bias=None,
+                         dbias=None):
     """Launches the backward kernels with no argument checks; returns ``(dq, dk, dv)``.
 
     q, k, v, out and lse as ``_flash_attn_forward`` takes / returns them (kernel-ready; lse
@@ -194,7 +206,9 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     allocated contiguous when not given; with GQA the kernel sums dk/dv over each group.
     Empty problems never reach the kernel and give zero gradients. ``deterministic`` makes dq
     bitwise reproducible (the kernel orders its accumulation). Score modifiers as the
-    forward took them (the same ``rng_state`` regenerates its dropout mask).
+    forward took them (the same ``rng_state`` regenerates its dropout mask), ``attn_bias``
+    too; ``dbias``: None, or a zero-filled float32 ``(b, h, sq, sk)`` tensor with a unit
+    last stride that receives d loss / d logit (``bias.py``).
     """
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -209,13 +223,14 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     dout = _kernel_ready(dout, 0)
     _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse.stride()[:2], batch, seqlen_q,
                 seqlen_k, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
-                deterministic, _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state))
+                deterministic, _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state, attn_bias),
+                dbias=dbias)
     return dq, dk, dv
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_q, seqlen_k,
                 nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
-                deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None):
+                deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None, dbias=None):
     """``_C.bwd`` with its workspaces. Dense: 4-D tensors. Varlen (cu_seqlens_q/k given):
     3-D ``(total, heads, d)`` tensors read with batch stride 0, lse ``(nheads, total_q)``."""
     if cu_seqlens_q is None:
@@ -235,6 +250,8 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
+    if dbias is not None:
+        varlen = dict(varlen, dbias=dbias.data_ptr(), dbias_strides=tuple(dbias.stride()[:3]))
     _ext.last_bwd_arch = _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
@@ -530,18 +547,25 @@ def _kernel_ready(t, pad):
     return t
 
 
-def _check_inputs(q, k, v, alibi_slopes):
-    """Shapes (alibi_slopes included), then devices: steps 2 and 3 of the module doc."""
+def _check_inputs(q, k, v, alibi_slopes, attn_bias=None):
+    """Shapes (alibi_slopes and attn_bias included), then devices: steps 2 and 3 of the
+    module doc."""
     _check_qkv_shapes(q, k, v)
     _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     named = [("q", q), ("k", k), ("v", v)]
     if alibi_slopes is not None:
         named.append(("alibi_slopes", alibi_slopes))
+    if attn_bias is not None:
+        from .bias import check_bias
+
+        check_bias(attn_bias, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+        named.append(("attn_bias", attn_bias))
     _check_devices(*named)
 
 
 def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
-               return_attn_probs, softcap=0.0, alibi_slopes=None, dropout_p=0.0):  # fmt: skip
+               return_attn_probs, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+               attn_bias=None):  # fmt: skip
     """Checked inputs in, flash-attn style result out."""
     softmax_scale = _scale(q, softmax_scale)
     # flash-attn treats a window bound >= seqlen_k as unbounded.
@@ -550,8 +574,15 @@ def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
         window_left = -1
     if window_right >= seqlen_k:
         window_right = -1
-    out, lse, rng_state = _run(q, k, v, softmax_scale, window_left, window_right, deterministic,
-                               softcap, alibi_slopes, dropout_p)  # fmt: skip
+    if attn_bias is None:
+        out, lse, rng_state = _run(q, k, v, softmax_scale, window_left, window_right,
+                                   deterministic, softcap, alibi_slopes, dropout_p)  # fmt: skip
+    else:
+        from .bias import run_with_bias
+
+        out, lse, rng_state = run_with_bias(q, k, v, attn_bias, softmax_scale, window_left,
+                                            window_right, deterministic, softcap, alibi_slopes,
+                                            dropout_p)  # fmt: skip
     if not return_attn_probs:
         return out
     probs = None
@@ -619,6 +650,8 @@ def flash_attn_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    *,
+    attn_bias=None,
 ):
     """Scaled dot-product attention, flash-attn v2 interface.
 
@@ -645,6 +678,11 @@ def flash_attn_func(
             float32 dq accumulators instead of one). The forward is always deterministic.
         return_attn_probs: also return the log-sum-exp of each row and, with dropout, the
             probabilities (for testing).
+        attn_bias: keyword only, None or a tensor broadcastable to ``(batch, nheads,
+            seqlen_q, seqlen_k)`` (float16 / bfloat16 / float32, added to the logits after
+            softcap and ALiBi; or bool, True = attend), differentiable. Experimental: needs a
+            build with ``FLASHATTN2_EXPERIMENTAL=bias`` (``bias.py``), else
+            NotImplementedError; not with ``return_attn_probs`` and dropout.
 
     Returns:
         ``out`` like q, or ``(out, softmax_lse, S_dmask)`` when ``return_attn_probs``:
@@ -664,9 +702,11 @@ def flash_attn_func(
     """
     dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
-    _check_inputs(q, k, v, alibi_slopes)
+    _check_inputs(q, k, v, alibi_slopes, attn_bias)
+    if attn_bias is not None and return_attn_probs and dropout_p > 0:
+        raise NotImplementedError("flashattn2: return_attn_probs with dropout and attn_bias")
     return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
-                      return_attn_probs, softcap, alibi_slopes, dropout_p)  # fmt: skip
+                      return_attn_probs, softcap, alibi_slopes, dropout_p, attn_bias)  # fmt: skip
 
 
 def flash_attn_qkvpacked_func(

@@ -21,7 +21,10 @@ place. How torch's semantics map onto the kernels':
   to a multiple of 8, and the output sliced back (zeros change neither q.k nor the output);
 - ``dropout_p`` as in torch (applied to the attention weights, kept weights scaled by
   ``1 / (1 - dropout_p)``), drawn from torch's CUDA generator;
-- deterministic backward when ``torch.are_deterministic_algorithms_enabled()``.
+- deterministic backward when ``torch.are_deterministic_algorithms_enabled()``;
+- ``attn_mask`` (builds with the bias kernels, ``bias.py``): broadcast to ``(..., Hq, L, S)``
+  and flattened like the leading dims, then read in place as the kernels' attention bias
+  (a bool mask becomes 0 / -inf first).
 """
 import math
 
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from . import interface
+from .bias import bias_built, check_bias, run_with_bias
 from .interface import _BF16, _HALF, _MAX_HEADDIM
 
 _NAMES = ("query", "key", "value")
@@ -42,7 +46,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         query: ``(..., Hq, L, E)``; key: ``(..., Hk, S, E)``; value: ``(..., Hk, S, Ev)``:
             float16 or bfloat16 CUDA tensors of one dtype and device, at least 2-D, leading
             dims broadcastable as in torch, ``E, Ev <= 256``.
-        attn_mask: must be None (masks are not supported yet: NotImplementedError).
+        attn_mask: None, or broadcastable to ``(..., Hq, L, S)``: bool (True = attend) or
+            float16 / bfloat16 / float32 (added to the scaled scores), as torch; not with
+            ``is_causal``. A float mask that requires grad gets its gradient. Experimental:
+            builds with ``FLASHATTN2_EXPERIMENTAL=bias`` only (``bias.py``), else
+            NotImplementedError. A row whose keys are all masked gives 0 (as torch >= 2.5).
         dropout_p: in [0, 1) (torch also takes 1.0).
         is_causal: top-left aligned causal mask, as torch: key j visible to query i iff j <= i.
         scale: positive and finite (torch also takes 0 and negative values); default
@@ -56,18 +64,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Raises:
         NotImplementedError for what torch computes and this function does not: an
-        ``attn_mask``, float32 / float64 inputs, a head dim above 256, ``scale <= 0``.
+        ``attn_mask`` in builds without the bias kernels, float32 / float64 inputs, a head
+        dim above 256, ``scale <= 0``.
         ValueError for what torch rejects too (shapes, dtypes, heads), for ``dropout_p = 1``,
         for key and value with different head counts, and for CPU tensors or tensors on
         different devices.
     """
-    if attn_mask is not None:
+    if attn_mask is not None and not bias_built():
         raise NotImplementedError(
-            "flashattn2.scaled_dot_product_attention does not support attn_mask yet; use "
+            "flashattn2.scaled_dot_product_attention: attn_mask needs a build with "
+            "FLASHATTN2_EXPERIMENTAL=bias (not yet validated on a GPU); use "
             "is_causal=True for a causal mask, flashattn2.flash_attn_func(window_size=...) for "
             "a sliding window, flash_attn_varlen_func for padding masks (packed sequences), "
             "or torch.nn.functional.scaled_dot_product_attention for other masks"
         )
+    if attn_mask is not None and is_causal is True:
+        raise ValueError("attn_mask and is_causal=True cannot both be given (as in torch)")
     dropout_p, _ = interface._check_mod_values(dropout_p, 0.0)
     for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
         if not isinstance(flag, bool):
@@ -80,7 +92,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 f"{scale!r} (torch.nn.functional.scaled_dot_product_attention takes any float)"
             )
     batch_shape, heads = _check_shapes(query, key, value, enable_gqa)
-    interface._check_devices(*zip(_NAMES, (query, key, value)))
+    named = list(zip(_NAMES, (query, key, value)))
+    if attn_mask is not None:
+        mask = _mask_as_bias(attn_mask, batch_shape, heads, query.shape[-2], key.shape[-2])
+        named.append(("attn_mask", attn_mask))
+    interface._check_devices(*named)
 
     seqlen_q, headdim = query.shape[-2:]
     seqlen_k, headdim_v = value.shape[-2:]
@@ -102,14 +118,38 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     interface._check_qkv_shapes(q, k, v)  # the build has a kernel for this head dim
     softmax_scale = headdim**-0.5 if scale is None else scale
     deterministic = torch.are_deterministic_algorithms_enabled()
-    out = interface._run(q, k, v, softmax_scale, -1, window_right, deterministic,
-                         dropout_p=dropout_p)[0]  # fmt: skip
+    if attn_mask is None:
+        out = interface._run(q, k, v, softmax_scale, -1, window_right, deterministic,
+                             dropout_p=dropout_p)[0]  # fmt: skip
+    else:
+        out = run_with_bias(q, k, v, mask, softmax_scale, -1, -1, deterministic,
+                            dropout_p=dropout_p)[0]  # fmt: skip
     if out.shape[3] != headdim_v:
         out = out.narrow(3, 0, headdim_v)  # (narrow: indexing trips make_fx on fake CUDA)
     out = out.transpose(1, 2)
     rank = max(query.dim(), key.dim(), value.dim())
     lead = (*batch_shape, heads) if rank > 2 else ()
     return out.reshape(*lead, seqlen_q, headdim_v)
+
+
+def _mask_as_bias(attn_mask, batch_shape, heads, seqlen_q, seqlen_k):
+    """``attn_mask`` (bool, True = attend, or float, added), broadcastable to torch's
+    ``(*batch_shape, heads, L, S)``, as the kernels' ``(batch, heads, L, S)`` bias: a view
+    (a copy only where several broadcast leading dims must be flattened)."""
+    interface._require_tensor("attn_mask", attn_mask, "a tensor or None")
+    full = (*batch_shape, heads, seqlen_q, seqlen_k)
+    try:
+        ok = torch.broadcast_shapes(attn_mask.shape, full) == torch.Size(full)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"attn_mask must be broadcastable to (..., heads, L, S) = {full}; got "
+            f"{tuple(attn_mask.shape)}"
+        )
+    mask = attn_mask.expand(full).reshape(math.prod(batch_shape), heads, seqlen_q, seqlen_k)
+    check_bias(mask, mask.shape, "attn_mask")
+    return mask
 
 
 def _heads(t):

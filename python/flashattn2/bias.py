@@ -1,0 +1,153 @@
+"""``attn_bias``: an additive bias (or a boolean mask) on the logits, forward and backward.
+
+Experimental: the kernels have it only in builds with ``FLASHATTN2_EXPERIMENTAL=bias``
+(``build_info()["experimental"]``), until a GPU run validates them; other builds raise
+NotImplementedError. What the kernels compute (``cpp/common/flash.h`` BiasLayout):
+
+    logit[b, h, i, j] = softmax_scale * q_i . k_j (or its softcap form) + ALiBi
+                        + attn_bias[b, h, i, j]
+
+before the causal / window masks and the softmax, so ``-inf`` hides a key. The bias is read
+in place from its broadcast view: any strides, a stride of 0 for a broadcast dim (no copy),
+float16, bfloat16 or float32 whatever q's dtype. A boolean mask (True = attend, as torch's
+SDPA) becomes a bias of 0 / -inf in q's dtype (one copy of the mask's own size, before the
+broadcast). A row whose keys are all hidden gives out = 0 and lse = +inf (torch's SDPA gives
+0 too since 2.5).
+
+Gradient: when the bias requires grad, the backward writes d loss / d logit of every
+(b, h, i, j) to a zero-filled float32 ``(b, h, sq, sk)`` buffer (memory: 4 bytes per score,
+like a full float32 bias), sums it over the bias's broadcast dims and returns it in the
+bias's dtype and shape. Dense attention only: varlen, KV caches and split-KV raise.
+
+Cost: the kernels run their score-modifier instance with one load per score (scalar loads
+through the L1 cache; a (b, h, sq, sk) bf16 bias is read once); the Hopper forward and
+backward do not take a bias, so these calls run the mma.sync kernels.
+"""
+import torch
+
+from . import _ext
+from .interface import (
+    _BF16,
+    _FP32,
+    _HALF,
+    _alibi_ready,
+    _check_backward,
+    _flash_attn_backward,
+    _flash_attn_forward,
+    _kernel_ready,
+    _require_tensor,
+    _rng_state,
+    _tracing,
+)
+
+_DTYPES = (_HALF, _BF16, _FP32, torch.bool)
+
+
+def bias_built():
+    """True when this build's kernels take an attention bias."""
+    return "bias" in _ext.build_info().get("experimental", ())
+
+
+def check_bias(attn_bias, full, name="attn_bias"):
+    """Type, dtype and shape of ``attn_bias`` (None passes): a tensor of at most 4 dims,
+    broadcastable to ``full`` = ``(batch, nheads, seqlen_q, seqlen_k)``; then
+    NotImplementedError in builds without the bias kernels. (Its device is checked with
+    q's, after every shape.)"""
+    if attn_bias is None:
+        return
+    _require_tensor(name, attn_bias, "a tensor or None")
+    if attn_bias.dtype not in _DTYPES:
+        raise ValueError(f"{name} must be float16, bfloat16, float32 or bool; got "
+                         f"{attn_bias.dtype}")
+    full = tuple(full)
+    shape = tuple(attn_bias.shape)
+    if len(shape) > 4 or any(s not in (1, f) for s, f in zip(shape[::-1], full[::-1])):
+        raise ValueError(
+            f"{name} must be broadcastable to (batch, nheads, seqlen_q, seqlen_k) = {full}"
+            f" (dims of size 1 or equal, at most 4 dims); got {shape}"
+        )
+    if not bias_built():
+        raise NotImplementedError(
+            f"flashattn2: {name} needs a build with FLASHATTN2_EXPERIMENTAL=bias (its "
+            "kernels have not been validated on a GPU yet)"
+        )
+
+
+def bias_view(attn_bias, full, dtype):
+    """The kernels' ``(b, h, sq, sk)`` view of a checked bias: expanded without a copy;
+    a boolean mask first becomes 0 / -inf in ``dtype``."""
+    if attn_bias.dtype is torch.bool:
+        hidden = torch.full((), float("-inf"), dtype=dtype, device=attn_bias.device)
+        attn_bias = torch.where(attn_bias, torch.zeros((), dtype=dtype, device=attn_bias.device),
+                                hidden)
+    return attn_bias.expand(full)
+
+
+def reduce_to(grad, shape):
+    """``grad`` ``(b, h, sq, sk)`` summed over the dims that ``shape`` broadcast, as ``shape``."""
+    padded = (1,) * (4 - len(shape)) + tuple(shape)
+    dims = [d for d in range(4) if padded[d] == 1 and grad.shape[d] != 1]
+    if dims:
+        grad = grad.sum(dims, keepdim=True)
+    return grad.reshape(shape)
+
+
+class _FlashAttnBiasFunc(torch.autograd.Function):
+    """Autograd node of attention with a bias: differentiable in q, k, v and a float bias.
+    As ``interface._FlashAttnFunc`` (kernel-ready inputs saved, padded out returned)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_bias, softmax_scale, window_left, window_right,
+                deterministic, softcap, alibi_slopes, dropout_p, rng_state):  # fmt: skip
+        headdim = q.shape[3]
+        pad = -headdim % 8
+        full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+        q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
+        alibi_slopes = _alibi_ready(alibi_slopes)
+        view = bias_view(attn_bias, full, q.dtype)
+        out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right,
+                                       softcap=softcap, alibi_slopes=alibi_slopes,
+                                       dropout_p=dropout_p, rng_state=rng_state,
+                                       attn_bias=view)  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, view)
+        ctx.mark_non_differentiable(lse)
+        ctx.args = (softmax_scale, window_left, window_right, deterministic)
+        ctx.softcap, ctx.dropout_p, ctx.headdim = softcap, dropout_p, headdim
+        ctx.bias_shape, ctx.bias_dtype = tuple(attn_bias.shape), attn_bias.dtype
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, alibi_slopes, rng_state, view = ctx.saved_tensors
+        _check_backward(ctx.headdim, q.device)
+        dbias = None
+        if ctx.needs_input_grad[3]:
+            dbias = torch.zeros(view.shape, dtype=_FP32, device=q.device)
+        dq, dk, dv = _flash_attn_backward(
+            dout, q, k, v, out, lse, *ctx.args, softcap=ctx.softcap, alibi_slopes=alibi_slopes,
+            dropout_p=ctx.dropout_p, rng_state=rng_state, attn_bias=view, dbias=dbias,
+        )  # fmt: skip
+        if q.shape[3] != ctx.headdim:
+            h = ctx.headdim
+            dq, dk, dv = dq[..., :h], dk[..., :h], dv[..., :h]
+        if dbias is not None:
+            dbias = reduce_to(dbias, ctx.bias_shape).to(ctx.bias_dtype)
+        return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
+
+
+def run_with_bias(q, k, v, attn_bias, softmax_scale, window_left, window_right, deterministic,
+                  softcap=0.0, alibi_slopes=None, dropout_p=0.0):  # fmt: skip
+    """``(out, lse, rng_state)`` for checked inputs (``check_bias`` included), as
+    ``interface._run`` with a bias: eager only (torch.compile / dispatch modes raise)."""
+    if _tracing():
+        raise NotImplementedError(
+            "flashattn2: attn_bias under torch.compile / torch.export / dispatch modes is not "
+            "supported yet; call it eagerly"
+        )
+    rng_state = _rng_state(q.device) if dropout_p > 0 else None
+    out, lse = _FlashAttnBiasFunc.apply(q, k, v, attn_bias, softmax_scale, window_left,
+                                        window_right, deterministic, softcap, alibi_slopes,
+                                        dropout_p, rng_state)  # fmt: skip
+    if out.shape[3] != q.shape[3]:
+        out = out[..., : q.shape[3]]
+    return out, lse, rng_state
