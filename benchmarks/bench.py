@@ -23,6 +23,23 @@ comparable with full attention's and its time should scale with the window):
     python benchmarks/bench.py --headdims 64,128 --seqlens 2048,8192 --dtypes bf16 \
         --impls flashattn2 --softcap 30 --alibi                     # modifier cost vs plain
 
+The grid people use to judge an FA2 implementation (issue 21), one flag: batch 1, causal,
+seqlen 128..65536, head dims 16/32/64/128, bf16 and fp32, forward / backward / forward +
+backward latency, against plain PyTorch attention (eager, where it fits in memory) and
+SDPA's backends (a backend that declines a dtype or size leaves its cell empty):
+
+    python benchmarks/bench.py --grid
+
+An additive bias (flashattn2's attn_bias, builds with FLASHATTN2_EXPERIMENTAL=bias):
+`--bias` adds rows with a full (b, h, sq, sk) bias in q's dtype, for flashattn2 and for the
+SDPA backends that take an attn_mask (the causal mask folded into their bias), and a
+`bias_read_ms` column: the time to read the bias once (a float32 sum over it). The issue's
+targets: flashattn2 with the bias <= its plain forward + 1.2 x bias_read_ms, and >= 1.5x
+sdpa_efficient with the same bias.
+
+    python benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096 --dtypes bf16 \
+        --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias
+
 Writes results.json ({"meta": ..., "rows": [...]}), results.csv and results.png to --out.
 """
 import argparse
@@ -38,20 +55,29 @@ import statistics
 import sys
 
 COLUMNS = ["gpu", "impl", "mode", "dtype", "batch", "nheads", "nheads_k", "headdim",
-           "seqlen_q", "seqlen_k", "causal", "ms", "tflops", "gbps", "deterministic", "variant"]
+           "seqlen_q", "seqlen_k", "causal", "ms", "tflops", "gbps", "deterministic", "variant",
+           "bias_read_ms"]
 # flashattn2_det: flashattn2 with deterministic=True (rows: impl flashattn2, deterministic).
 # flashattn2_sm80: flashattn2 on its mma.sync kernels (force_sm80), beside the Hopper ones.
+# sdpa_efficient: SDPA's memory-efficient backend; torch_eager: softmax(q k^T) v in plain
+# PyTorch ops (eager_attention), as a model without fused attention runs it.
 IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "sdpa_math", "flashattn2_det",
-         "flashattn2_sm80")
+         "flashattn2_sm80", "sdpa_efficient", "torch_eager")
 SHORT = {"flashattn2": "fa2", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn", "sdpa_math": "math",
-         "flashattn2_det": "fa2det", "flashattn2_sm80": "fa2sm80"}
+         "flashattn2_det": "fa2det", "flashattn2_sm80": "fa2sm80", "sdpa_efficient": "effic",
+         "torch_eager": "eager"}
+# The impls that take a bias (--bias): flashattn2's attn_bias, SDPA's attn_mask.
+BIAS_IMPLS = ("flashattn2", "sdpa_cudnn", "sdpa_math", "sdpa_efficient", "torch_eager")
 REFS = ("sdpa_flash", "sdpa_cudnn")        # flashattn2 is reported as a ratio to these
 MODES = ("fwd", "bwd", "fwd_bwd")
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
-DTYPES = ("bf16", "fp16")
+DTYPES = ("bf16", "fp16", "fp32")
 TARGET = {64: 1.0, 128: 1.0, 256: 0.9}     # flashattn2 / sdpa_flash on every bf16 fwd config
 QUICK = dict(headdims=[64, 128], seqlens=[1024, 4096], causal="both", dtypes=["bf16"],
              warmup=10, rep=30)
+GRID = dict(headdims=[16, 32, 64, 128], seqlens=[128 << i for i in range(10)], causal="true",
+            dtypes=["bf16", "fp32"], modes=["fwd", "bwd", "fwd_bwd"], tokens=0,
+            impls=["flashattn2", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "torch_eager"])
 
 
 def csv_list(kind):
@@ -63,12 +89,20 @@ def parse_args(argv=None):
     p.add_argument("--headdims", type=csv_list(int), help="default 64,128,256")
     p.add_argument("--seqlens", type=csv_list(int), help="default 512,1024,...,16384")
     p.add_argument("--causal", choices=["both", "true", "false"], help="default both")
-    p.add_argument("--dtypes", type=csv_list(str), help="bf16,fp16 (default both)")
-    p.add_argument("--modes", type=csv_list(str), default=["fwd"], help="fwd,bwd,fwd_bwd")
-    p.add_argument("--impls", type=csv_list(str), default=list(IMPLS[:3]),
-                   help="flashattn2,sdpa_flash,sdpa_cudnn[,sdpa_math]")
+    p.add_argument("--dtypes", type=csv_list(str), help="bf16,fp16[,fp32] (default bf16,fp16)")
+    p.add_argument("--modes", type=csv_list(str), help="fwd,bwd,fwd_bwd (default fwd)")
+    p.add_argument("--impls", type=csv_list(str),
+                   help="default flashattn2,sdpa_flash,sdpa_cudnn; also sdpa_math, "
+                        "sdpa_efficient, torch_eager, flashattn2_det, flashattn2_sm80")
     p.add_argument("--hidden", type=int, default=2048, help="nheads = hidden // headdim")
-    p.add_argument("--tokens", type=int, default=16384, help="batch = tokens // seqlen")
+    p.add_argument("--tokens", type=int, help="batch = max(1, tokens // seqlen) (default 16384)")
+    p.add_argument("--grid", action="store_true",
+                   help="issue 21's grid: batch 1, causal, seqlen 128..65536, d16-128, bf16 "
+                        "and fp32, fwd/bwd/fwd_bwd, against torch_eager and SDPA (options "
+                        "given explicitly still win)")
+    p.add_argument("--bias", action="store_true",
+                   help="rows with a full (b, h, sq, sk) additive bias, for the impls that "
+                        "take one, and the bias read time")
     p.add_argument("--warmup", type=float, help="warm-up per measurement, ms (default 25)")
     p.add_argument("--rep", type=float, help="measuring time per measurement, ms (default 100)")
     p.add_argument("--quick", action="store_true", help="a few configs, short timings")
@@ -87,7 +121,10 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     base = QUICK if a.quick else dict(headdims=[64, 128, 256], causal="both",
                                       seqlens=[512 << i for i in range(6)],
-                                      dtypes=list(DTYPES), warmup=25, rep=100)
+                                      dtypes=["bf16", "fp16"], warmup=25, rep=100)
+    base = dict(base, modes=["fwd"], impls=list(IMPLS[:3]), tokens=16384)
+    if a.grid:
+        base = dict(base, warmup=25, rep=100, **GRID)
     for key, value in base.items():
         if getattr(a, key) is None:
             setattr(a, key, value)
@@ -119,12 +156,13 @@ def config_key(r):
 def variants(args):
     """["plain", then one name per --window / --softcap value and --alibi]."""
     return (["plain"] + [f"window={w}" for w in args.window]
-            + [f"softcap={x:g}" for x in args.softcap] + (["alibi"] if args.alibi else []))
+            + [f"softcap={x:g}" for x in args.softcap] + (["alibi"] if args.alibi else [])
+            + (["bias"] if args.bias else []))
 
 
 def variant_kwargs(variant, nheads, causal, device):
-    """flash_attn_func keyword arguments of a variant name."""
-    if variant == "plain":
+    """flash_attn_func keyword arguments of a variant name (the bias: make_call)."""
+    if variant in ("plain", "bias"):
         return {}
     name, _, value = variant.partition("=")
     if name == "window":
@@ -338,35 +376,75 @@ def attn_flops(b, sq, sk, h, d, causal, mode, variant="plain"):
     return 4 * b * sq * sk * h * d / (2 if causal else 1) * FLOP_FACTOR[mode]
 
 
-def make_call(impl, q, k, v, causal, variant="plain"):
-    """(context, fn): fn() computes attention on the BSHD tensors inside context."""
+_CAUSAL_MASKS = {}
+
+
+def causal_hidden(sq, sk, device):
+    """Bool (sq, sk), True where a bottom-right aligned causal mask hides the key (cached, as
+    a model keeps its mask in a buffer)."""
+    key = (sq, sk, str(device))
+    if key not in _CAUSAL_MASKS:
+        import torch
+        _CAUSAL_MASKS[key] = torch.ones(sq, sk, dtype=torch.bool, device=device).triu(sk - sq + 1)
+    return _CAUSAL_MASKS[key]
+
+
+def eager_attention(q, k, v, causal, bias=None):
+    """softmax(q k^T / sqrt(d) + bias) v in plain PyTorch ops (float32 softmax), BSHD in and
+    out; the causal mask bottom-right aligned as flashattn2's."""
+    import torch
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    if kt.shape[1] != qt.shape[1]:
+        group = qt.shape[1] // kt.shape[1]
+        kt, vt = kt.repeat_interleave(group, 1), vt.repeat_interleave(group, 1)
+    scores = torch.matmul(qt, kt.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    if bias is not None:
+        scores = scores + bias
+    if causal:
+        scores = scores.masked_fill(causal_hidden(q.shape[1], k.shape[1], q.device), float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, vt).transpose(1, 2)
+
+
+def make_call(impl, q, k, v, causal, variant="plain", bias=None):
+    """(context, fn): fn() computes attention on the BSHD tensors inside context. Variant
+    "bias": ``bias`` is (flashattn2's, the others') (b, h, sq, sk) bias; the others' has the
+    causal mask folded in (SDPA takes attn_mask or is_causal, not both)."""
     import contextlib
     import torch.nn.functional as F
     if impl in ("flashattn2", "flashattn2_det", "flashattn2_sm80"):
         import flashattn2
         det = impl == "flashattn2_det"
         kwargs = variant_kwargs(variant, q.shape[2], causal, q.device)
+        if variant == "bias":
+            kwargs["attn_bias"] = bias[0]
         ctx = flashattn2.force_sm80() if impl == "flashattn2_sm80" else contextlib.nullcontext()
         return ctx, lambda: flashattn2.flash_attn_func(
             q, k, v, causal=causal, deterministic=det, **kwargs)
+    mask = bias[1] if variant == "bias" else None
+    if impl == "torch_eager":
+        return contextlib.nullcontext(), lambda: eager_attention(q, k, v, causal and mask is None,
+                                                                 mask)  # fmt: skip
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-               "sdpa_math": SDPBackend.MATH}[impl]
+               "sdpa_math": SDPBackend.MATH, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[impl]
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))     # BHSD views, no copies
     extra = {"enable_gqa": True} if q.shape[2] != k.shape[2] else {}
+    if mask is not None:
+        extra["attn_mask"] = mask
     return sdpa_kernel(backend), lambda: F.scaled_dot_product_attention(
-        qt, kt, vt, is_causal=causal, **extra).transpose(1, 2)  # back to BSHD, like dout
+        qt, kt, vt, is_causal=causal and mask is None, **extra).transpose(1, 2)  # BSHD, like dout
 
 
 class BackwardMissing(Exception):
     """The impl has no backward pass (NotImplementedError from autograd)."""
 
 
-def measure(impl, mode, q, k, v, dout, causal, timer, variant="plain"):
+def measure(impl, mode, q, k, v, dout, causal, timer, variant="plain", bias=None):
     """Median ms of one impl/mode. A first untimed call surfaces refusals: whatever the
     forward raises, or BackwardMissing."""
     import torch
-    ctx, fwd = make_call(impl, q, k, v, causal, variant)
+    ctx, fwd = make_call(impl, q, k, v, causal, variant, bias)
     with ctx, torch.set_grad_enabled(mode != "fwd"):
         out = fwd()
         if mode != "fwd":
@@ -419,9 +497,10 @@ def run_sweep(args):
     causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
     configs = [(dt, d, c, s) for dt in args.dtypes for d in args.headdims
                for c in causals for s in args.seqlens]
-    # (impl, variant) pairs: the variants run on flashattn2 only.
-    runs = [(i, "plain") for i in impls] + [(i, var) for var in variants(args)[1:]
-                                            for i in impls if i == "flashattn2"]
+    # (impl, variant) pairs: the variants run on flashattn2 only, the bias on BIAS_IMPLS.
+    runs = [(i, "plain") for i in impls] + [
+        (i, var) for var in variants(args)[1:] for i in impls
+        if i == "flashattn2" or (var == "bias" and i in BIAS_IMPLS)]
     total = len(configs) * len(args.modes) * len(runs)
     try:
         from tqdm import tqdm
@@ -435,10 +514,20 @@ def run_sweep(args):
     torch.manual_seed(0)
     for dt, d, causal, s in configs:
         b, h = max(1, args.tokens // s), args.hidden // d
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(4))
         for x in (q, k, v):
             x.requires_grad_(True)
+        bias, bias_read_ms = None, None
+        if args.bias:  # (flashattn2's, the others': the causal mask folded in), no grad
+            try:
+                full = torch.randn(b, h, s, s, device="cuda", dtype=dtype)
+                others = full.masked_fill(causal_hidden(s, s, full.device), float("-inf")) \
+                    if causal else full
+                bias = (full, others)
+                bias_read_ms = timer(lambda: full.sum(dtype=torch.float32))
+            except RuntimeError as e:  # out of memory
+                note(f"note: no bias for d{d} s{s}: {str(e).splitlines()[0][:100]}")
         for mode in args.modes:
             cfg_rows = []
             for impl, variant in runs:
@@ -450,15 +539,15 @@ def run_sweep(args):
                 elif sys.stderr.isatty() or done % max(1, total // 20) == 0 or done == total:
                     end = "" if sys.stderr.isatty() else "\n"
                     print(f"\r[{done}/{total}]", end=end, file=sys.stderr, flush=True)
-                if (impl, mode, d) in skipped:
+                if (impl, mode, d) in skipped or (variant == "bias" and bias is None):
                     continue
                 try:
-                    ms = measure(impl, mode, q, k, v, dout, causal, timer, variant)
+                    ms = measure(impl, mode, q, k, v, dout, causal, timer, variant, bias)
                 except BackwardMissing as e:   # per head dim (flashattn2: d > 128 on sm_86/89)
                     skipped.add((impl, mode, d))
                     note(f"note: {impl} {mode}: no backward for d{d} ({e}); skipping it for d{d}")
                     continue
-                except (RuntimeError, ValueError) as e:   # "No available kernel", OOM, ...
+                except (RuntimeError, ValueError, NotImplementedError) as e:  # declined, OOM
                     first = (str(e).strip().splitlines() or [""])[0][:120]
                     note(f"note: {impl} unavailable for d{d} s{s} causal={causal} {dt} "
                          f"{mode}: {first}")
@@ -468,14 +557,15 @@ def run_sweep(args):
                     mode=mode, dtype=dt, batch=b, nheads=h, nheads_k=h,
                     headdim=d, seqlen_q=s, seqlen_k=s, causal=causal, ms=ms,
                     tflops=attn_flops(b, s, s, h, d, causal, mode, variant) / (ms * 1e-3) / 1e12,
-                    gbps=None, deterministic=impl == "flashattn2_det", variant=variant))
+                    gbps=None, deterministic=impl == "flashattn2_det", variant=variant,
+                    bias_read_ms=bias_read_ms if variant == "bias" else None))
             for var in variants(args):
                 var_rows = [r for r in cfg_rows if r["variant"] == var]
                 if var_rows:
                     note(table_line(var_rows, impls) + (
                         f"   {var_rows[0]['ms']:.3f} ms" if var != "plain" else ""))
             rows += cfg_rows
-        del q, k, v, dout
+        del q, k, v, dout, bias
         torch.cuda.empty_cache()
     if bar is not None:
         bar.close()

@@ -1,0 +1,54 @@
+"""benchmarks/bench.py without a GPU: its options and the attention its reference impls
+compute (so a GPU session does not spend device time on a broken benchmark)."""
+import os
+import sys
+
+import pytest
+import torch
+from reference import attention_ref
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import bench  # noqa: E402
+
+
+def test_grid_flag_sets_issue_21s_grid_and_explicit_options_win():
+    a = bench.parse_args(["--grid"])
+    assert a.seqlens == [128 << i for i in range(10)] and a.seqlens[-1] == 65536
+    assert (a.headdims, a.dtypes, a.causal, a.tokens) == ([16, 32, 64, 128], ["bf16", "fp32"],
+                                                          "true", 0)  # fmt: skip
+    assert a.modes == ["fwd", "bwd", "fwd_bwd"] and "torch_eager" in a.impls
+    assert bench.parse_args(["--grid", "--dtypes", "bf16", "--impls", "flashattn2"]).dtypes == [
+        "bf16"]
+    default = bench.parse_args([])
+    assert default.dtypes == ["bf16", "fp16"] and default.tokens == 16384
+    assert default.modes == ["fwd"] and default.impls == ["flashattn2", "sdpa_flash", "sdpa_cudnn"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--impls", "nope"])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)])
+def test_eager_and_sdpa_rows_compute_attention(causal, heads):
+    nheads, nheads_k = heads
+    q = torch.randn(2, 9, nheads, 16)
+    k, v = torch.randn(2, 2, 9, nheads_k, 16)
+    expected, _ = attention_ref(q, k, v, causal=causal)
+    torch.testing.assert_close(bench.eager_attention(q, k, v, causal), expected)
+    _, fn = bench.make_call("torch_eager", q, k, v, causal)
+    torch.testing.assert_close(fn(), expected)
+    ctx, fn = bench.make_call("sdpa_math", q, k, v, causal)
+    with ctx:
+        torch.testing.assert_close(fn(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bias_rows_fold_the_causal_mask_into_the_others_bias():
+    q, k, v = torch.randn(3, 1, 7, 2, 16)
+    full = torch.randn(1, 2, 7, 7)
+    others = full.masked_fill(bench.causal_hidden(7, 7, full.device), float("-inf"))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * 0.25 + others
+    expected = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, -1), v)
+    for impl in ("torch_eager", "sdpa_math"):
+        ctx, fn = bench.make_call(impl, q, k, v, True, "bias", (full, others))
+        with ctx:
+            torch.testing.assert_close(fn(), expected, atol=1e-5, rtol=1e-5)
+    assert bench.variants(bench.parse_args(["--bias"])) == ["plain", "bias"]
