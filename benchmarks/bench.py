@@ -426,8 +426,8 @@ def make_call(impl, q, k, v, causal, variant="plain", bias=None):
         return contextlib.nullcontext(), lambda: eager_attention(q, k, v, causal and mask is None,
                                                                  mask)  # fmt: skip
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-               "sdpa_math": SDPBackend.MATH, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[impl]
+    backend = getattr(SDPBackend, {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
+                                   "sdpa_math": "MATH", "sdpa_efficient": "EFFICIENT_ATTENTION"}[impl])
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))     # BHSD views, no copies
     extra = {"enable_gqa": True} if q.shape[2] != k.shape[2] else {}
     if mask is not None:
