@@ -53,3 +53,31 @@ def test_bias_rows_fold_the_causal_mask_into_the_others_bias():
         with ctx:
             torch.testing.assert_close(fn(), expected, atol=1e-5, rtol=1e-5)
     assert bench.variants(bench.parse_args(["--bias"])) == ["plain", "bias"]
+
+
+def test_decode_summary_reports_issue_20s_targets(capsys):
+    import bench_decode as bd
+
+    def row(**kw):
+        r = dict.fromkeys(bd.COLUMNS)
+        r.update(gpu="g", nheads=32, nheads_k=8, headdim=128, causal=False, **kw)
+        return r
+
+    rows = []
+    for sq in (1, 4):
+        rows.append(row(bench="decode", impl="flashattn2", layout="contiguous", num_splits=0,
+                        batch=1, seqlen_q=sq, seqlen_k=8192, us=20.0 + sq))
+        rows.append(row(bench="decode", impl="sdpa_cudnn", layout="contiguous", batch=1,
+                        seqlen_q=sq, seqlen_k=8192, us=22.0))
+    rows.append(row(bench="decode", impl="read_floor", layout="contiguous", batch=1, seqlen_q=0,
+                    seqlen_k=8192, us=17.0))
+    rows += [row(bench="host", impl=impl, layout="contiguous", batch=1, seqlen_q=1,
+                 seqlen_k=1024, us=us) for impl, us in (("flashattn2", 9.0), ("sdpa_flash", 8.0))]
+    assert "host time" in bd.line(rows[-1])
+    bd.print_summary(rows, {"timer": "t", "skipped": []})
+    out = capsys.readouterr().out
+    assert "worst 0.92x (b1 sq4 8k), best 1.05x" in out  # 22 / 24, 22 / 21
+    assert "sq1 21.0 us = 1.24x" in out and "1.2x the read floor" in out
+    assert "sq4 within 10% of sq1: worst +14.3% (b1 sq4 8k), 1 cfgs -> MISSED" in out
+    assert "flashattn2 9.0 us, sdpa_flash 8.0 us -> MISSED" in out
+    assert bd.parse_args([]).parts == ["decode", "varlen", "host"]
