@@ -153,6 +153,42 @@ def test_bias_reaches_the_binding_as_a_broadcast_view(monkeypatch, bias_dtype, c
         assert bias.grad.shape == bias.shape and bias.grad.dtype == bias_dtype
 
 
+def test_bias_operators_fake_implementations():
+    """flashattn2::fwd_bias / ::bwd_bias on meta tensors (their fake implementations): outputs
+    like fwd / bwd's, dbias float32 of the bias view's shape, or empty when not asked for."""
+    q = torch.empty(2, 33, 4, 64, device="meta", dtype=torch.bfloat16)
+    k = v = torch.empty(2, 40, 2, 64, device="meta", dtype=torch.bfloat16)
+    bias = torch.empty(2, 1, 1, 40, device="meta", dtype=torch.float32).expand(2, 4, 33, 40)
+    out, lse = torch.ops.flashattn2.fwd_bias(q, k, v, bias, 0.125, -1, 0)
+    assert out.shape == q.shape and lse.shape == (2, 4, 33) and lse.dtype == torch.float32
+    for bias_grad in (True, False):
+        dq, dk, dv, dbias = torch.ops.flashattn2.bwd_bias(out, q, k, v, out, lse, bias, 0.125,
+                                                          -1, 0, False, bias_grad)  # fmt: skip
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+        assert dbias.dtype == torch.float32
+        assert dbias.shape == ((2, 4, 33, 40) if bias_grad else (0,))
+
+
+@needs_bias
+def test_make_fx_records_the_bias_operators(monkeypatch):
+    from test_compile import NoLaunch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    monkeypatch.setattr(interface, "_C", NoLaunch(interface._C))
+
+    def f(q, k, v, mask):
+        return flashattn2.flash_attn_func(q, k, v, causal=True, attn_bias=mask)
+
+    with FakeTensorMode():
+        q, k, v = _qkv(2, 33, 40, 4, 2, 64, device="cuda", dtype=torch.float16)
+        mask = torch.empty(2, 1, 1, 40, device="cuda", dtype=torch.bool)
+        graph = make_fx(f)(q, k, v, mask).code
+        assert f(q, k, v, mask).shape == q.shape
+    assert graph.count("torch.ops.flashattn2.fwd_bias.default(") == 1
+    assert "torch.ops.flashattn2.fwd.default(" not in graph
+
+
 # ---- GPU: the kernels (builds with the bias) -------------------------------------------------
 
 
@@ -310,6 +346,46 @@ def test_every_output_element_is_written():
     low = _reference(q, k, v, bias, False)
     assert torch.isfinite(lse).all()
     _check(out, ref, low, "out", 5e-4)
+
+
+@gpu
+@needs_bias
+@pytest.mark.parametrize("shape", [(2, 4, 129, 257), (1, 1, 1, 257)])
+def test_compile_fullgraph_matches_eager(shape):
+    q, k, v = _qkv(2, 129, 257, 4, 2, 64, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn_like(q)
+
+    def loss_fn(q, k, v, bias):
+        out = flashattn2.flash_attn_func(q, k, v, causal=True, attn_bias=bias)
+        return (out.float() * dout.float()).sum(), out
+
+    results = []
+    for fn in (loss_fn, torch.compile(loss_fn, fullgraph=True)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
+        loss, out = fn(*leaves)
+        loss.backward()
+        results.append([out] + [t.grad for t in leaves])
+    for a, b in zip(results[0][:4], results[1][:4]):  # the same kernels on the same inputs
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # (the bias gradient's sum over broadcast dims may run in another order once compiled)
+    torch.testing.assert_close(results[0][4], results[1][4])
+
+
+@gpu
+@needs_bias
+def test_opcheck_bias_operators():
+    q, k, v = _qkv(2, 77, 130, 4, 2, 64, device="cuda", dtype=torch.float16)
+    bias = torch.randn(2, 1, 77, 130, device="cuda").expand(2, 4, 77, 130)
+    args = (q, k, v, bias, 0.125, -1, 0)
+    torch.library.opcheck(torch.ops.flashattn2.fwd_bias.default, args)
+    out, lse = torch.ops.flashattn2.fwd_bias(*args)
+    torch.testing.assert_close(out, flashattn2.flash_attn_func(q, k, v, attn_bias=bias),
+                               atol=0, rtol=0)  # fmt: skip
+    dout = torch.randn_like(q)
+    for bias_grad in (True, False):
+        torch.library.opcheck(torch.ops.flashattn2.bwd_bias.default,
+                              (dout, q, k, v, out, lse, bias, 0.125, -1, 0, False, bias_grad))
 
 
 # SDPA entry point: against torch's SDPA math backend in float32 (the truth); PyTorch's own

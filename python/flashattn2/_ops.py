@@ -13,6 +13,15 @@
         functionalization orders it correctly (no graph break)
     flashattn2::dropout_mask(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p)
         -> keep (bool, (batch, nheads, seqlen_q, seqlen_k))
+    flashattn2::fwd_bias(q, k, v, attn_bias, softmax_scale, window_left, window_right, ...mods)
+        -> (out, lse)
+    flashattn2::bwd_bias(dout, q, k, v, out, lse, attn_bias, softmax_scale, window_left,
+                         window_right, deterministic, bias_grad, ...mods)
+        -> (dq, dk, dv, dbias)
+        with an attention bias (bias.py; builds with FLASHATTN2_EXPERIMENTAL=bias):
+        ``attn_bias`` is the (batch, nheads, seqlen_q, seqlen_k) view (any strides, 0 for
+        broadcast dims) in fp16 / bf16 / fp32; dbias float32 (batch, nheads, seqlen_q,
+        seqlen_k) when ``bias_grad``, else an empty (0,) tensor
 
 Dropout's randomness is an input (``rng_state``, drawn by the caller), so every operator is
 a pure function of its arguments.
@@ -60,6 +69,17 @@ torch.library.define(
     " -> (Tensor, Tensor, Tensor)",
 )
 torch.library.define(
+    "flashattn2::fwd_bias",
+    "(Tensor q, Tensor k, Tensor v, Tensor attn_bias, float softmax_scale, int window_left, "
+    "int window_right, " + _MODS + ") -> (Tensor, Tensor)",
+)
+torch.library.define(
+    "flashattn2::bwd_bias",
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor attn_bias,"
+    " float softmax_scale, int window_left, int window_right, bool deterministic, bool bias_grad,"
+    " " + _MODS + ") -> (Tensor, Tensor, Tensor, Tensor)",
+)
+torch.library.define(
     "flashattn2::dropout_mask",
     "(Tensor rng_state, int batch, int nheads, int seqlen_q, int seqlen_k, float dropout_p)"
     " -> Tensor",
@@ -102,6 +122,35 @@ def _bwd_cuda(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
     grads = _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                           deterministic, softcap, alibi_slopes, dropout_p, rng_state)
     return tuple(g.contiguous() for g in grads)
+
+
+def _fwd_bias_cuda(q, k, v, attn_bias, softmax_scale, window_left, window_right, softcap=0.0,
+                   alibi_slopes=None, dropout_p=0.0, rng_state=None):
+    out, lse = _forward_any(q, k, v, softmax_scale, window_left, window_right, softcap,
+                            alibi_slopes, dropout_p, rng_state, attn_bias)
+    return out.contiguous(), lse
+
+
+def _bwd_bias_cuda(dout, q, k, v, out, lse, attn_bias, softmax_scale, window_left, window_right,
+                   deterministic, bias_grad, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+                   rng_state=None):
+    dbias = (torch.zeros(attn_bias.shape, dtype=torch.float32, device=q.device) if bias_grad
+             else q.new_empty((0,), dtype=torch.float32))  # fmt: skip
+    grads = _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
+                          deterministic, softcap, alibi_slopes, dropout_p, rng_state, attn_bias,
+                          dbias if bias_grad else None)
+    return (*(g.contiguous() for g in grads), dbias)
+
+
+def _fwd_bias_fake(q, k, v, attn_bias, *args):
+    return _fwd_fake(q, k, v, *args)
+
+
+def _bwd_bias_fake(dout, q, k, v, out, lse, attn_bias, softmax_scale, window_left, window_right,
+                   deterministic, bias_grad, *args):
+    dbias = (attn_bias.new_empty(attn_bias.shape, dtype=torch.float32) if bias_grad
+             else q.new_empty((0,), dtype=torch.float32))  # fmt: skip
+    return (*_bwd_fake(dout, q, k, v, out, lse, softmax_scale, window_left, window_right), dbias)
 
 
 def _dropout_mask_cuda(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p):
@@ -162,3 +211,7 @@ torch.library.register_fake("flashattn2::varlen_fwd")(_varlen_fwd_fake)
 torch.library.register_fake("flashattn2::varlen_bwd")(_varlen_bwd_fake)
 torch.library.register_fake("flashattn2::fwd_kvcache")(_fwd_kvcache_fake)
 torch.library.register_fake("flashattn2::dropout_mask")(_dropout_mask_fake)
+torch.library.impl("flashattn2::fwd_bias", "cuda")(_fwd_bias_cuda)
+torch.library.impl("flashattn2::bwd_bias", "cuda")(_bwd_bias_cuda)
+torch.library.register_fake("flashattn2::fwd_bias")(_fwd_bias_fake)
+torch.library.register_fake("flashattn2::bwd_bias")(_bwd_bias_fake)

@@ -19,11 +19,16 @@ Gradient: when the bias requires grad, the backward writes d loss / d logit of e
 like a full float32 bias), sums it over the bias's broadcast dims and returns it in the
 bias's dtype and shape. Dense attention only: varlen, KV caches and split-KV raise.
 
+torch.compile / torch.export / dispatch modes trace the ``flashattn2::fwd_bias`` and
+``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion, the broadcast view and
+the gradient's reduction are ordinary torch ops in the graph.
+
 Cost: the kernels run their score-modifier instance with one load per score (scalar loads
 through the L1 cache; a (b, h, sq, sk) bf16 bias is read once); the Hopper forward and
 backward do not take a bias, so these calls run the mma.sync kernels.
 """
 import torch
+import torch.nn.functional as F
 
 from . import _ext
 from .interface import (
@@ -94,7 +99,8 @@ def reduce_to(grad, shape):
 
 class _FlashAttnBiasFunc(torch.autograd.Function):
     """Autograd node of attention with a bias: differentiable in q, k, v and a float bias.
-    As ``interface._FlashAttnFunc`` (kernel-ready inputs saved, padded out returned)."""
+    As ``interface._FlashAttnFunc`` (kernel-ready inputs saved, padded out returned; while
+    tracing, the ``flashattn2::fwd_bias`` / ``bwd_bias`` operators of ``_ops.py``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, attn_bias, softmax_scale, window_left, window_right,
@@ -102,13 +108,20 @@ class _FlashAttnBiasFunc(torch.autograd.Function):
         headdim = q.shape[3]
         pad = -headdim % 8
         full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
-        q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
-        alibi_slopes = _alibi_ready(alibi_slopes)
         view = bias_view(attn_bias, full, q.dtype)
-        out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right,
-                                       softcap=softcap, alibi_slopes=alibi_slopes,
-                                       dropout_p=dropout_p, rng_state=rng_state,
-                                       attn_bias=view)  # fmt: skip
+        if _tracing():
+            if pad:
+                q, k, v = F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad))
+            out, lse = torch.ops.flashattn2.fwd_bias(q, k, v, view, softmax_scale, window_left,
+                                                     window_right, softcap, alibi_slopes,
+                                                     dropout_p, rng_state)  # fmt: skip
+        else:
+            q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
+            alibi_slopes = _alibi_ready(alibi_slopes)
+            out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right,
+                                           softcap=softcap, alibi_slopes=alibi_slopes,
+                                           dropout_p=dropout_p, rng_state=rng_state,
+                                           attn_bias=view)  # fmt: skip
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, view)
         ctx.mark_non_differentiable(lse)
         ctx.args = (softmax_scale, window_left, window_right, deterministic)
@@ -120,30 +133,28 @@ class _FlashAttnBiasFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, alibi_slopes, rng_state, view = ctx.saved_tensors
         _check_backward(ctx.headdim, q.device)
-        dbias = None
-        if ctx.needs_input_grad[3]:
-            dbias = torch.zeros(view.shape, dtype=_FP32, device=q.device)
-        dq, dk, dv = _flash_attn_backward(
-            dout, q, k, v, out, lse, *ctx.args, softcap=ctx.softcap, alibi_slopes=alibi_slopes,
-            dropout_p=ctx.dropout_p, rng_state=rng_state, attn_bias=view, dbias=dbias,
-        )  # fmt: skip
+        bias_grad = ctx.needs_input_grad[3]
+        mods = dict(softcap=ctx.softcap, alibi_slopes=alibi_slopes, dropout_p=ctx.dropout_p,
+                    rng_state=rng_state)
+        if _tracing():
+            scale, left, right, det = ctx.args
+            dq, dk, dv, dbias = torch.ops.flashattn2.bwd_bias(
+                dout, q, k, v, out, lse, view, scale, left, right, det, bias_grad, **mods)
+        else:
+            dbias = torch.zeros(view.shape, dtype=_FP32, device=q.device) if bias_grad else None
+            dq, dk, dv = _flash_attn_backward(dout, q, k, v, out, lse, *ctx.args,
+                                              attn_bias=view, dbias=dbias, **mods)  # fmt: skip
         if q.shape[3] != ctx.headdim:
             h = ctx.headdim
             dq, dk, dv = dq[..., :h], dk[..., :h], dv[..., :h]
-        if dbias is not None:
-            dbias = reduce_to(dbias, ctx.bias_shape).to(ctx.bias_dtype)
+        dbias = reduce_to(dbias, ctx.bias_shape).to(ctx.bias_dtype) if bias_grad else None
         return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
 
 
 def run_with_bias(q, k, v, attn_bias, softmax_scale, window_left, window_right, deterministic,
                   softcap=0.0, alibi_slopes=None, dropout_p=0.0):  # fmt: skip
     """``(out, lse, rng_state)`` for checked inputs (``check_bias`` included), as
-    ``interface._run`` with a bias: eager only (torch.compile / dispatch modes raise)."""
-    if _tracing():
-        raise NotImplementedError(
-            "flashattn2: attn_bias under torch.compile / torch.export / dispatch modes is not "
-            "supported yet; call it eagerly"
-        )
+    ``interface._run`` with a bias (always through the autograd node)."""
     rng_state = _rng_state(q.device) if dropout_p > 0 else None
     out, lse = _FlashAttnBiasFunc.apply(q, k, v, attn_bias, softmax_scale, window_left,
                                         window_right, deterministic, softcap, alibi_slopes,

@@ -290,23 +290,26 @@ def _alibi_ready(alibi_slopes):
 
 
 def _forward_any(q, k, v, softmax_scale, window_left, window_right, softcap=0.0,
-                 alibi_slopes=None, dropout_p=0.0, rng_state=None):
+                 alibi_slopes=None, dropout_p=0.0, rng_state=None, attn_bias=None):
     """``(out, lse)`` for checked q, k, v of any head dim and strides, no autograd: copies what
-    the kernel cannot read; when the head dim is padded, out is a view of the padded out."""
+    the kernel cannot read; when the head dim is padded, out is a view of the padded out.
+    ``attn_bias``: None or the ``(b, h, sq, sk)`` view of ``bias.py``."""
     headdim = q.shape[3]
     pad = -headdim % 8
     q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
     out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right,
                                    softcap=softcap, alibi_slopes=_alibi_ready(alibi_slopes),
-                                   dropout_p=dropout_p, rng_state=rng_state)  # fmt: skip
+                                   dropout_p=dropout_p, rng_state=rng_state,
+                                   attn_bias=attn_bias)  # fmt: skip
     return (out[..., :headdim] if pad else out), lse
 
 
 def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                   deterministic=False, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
-                  rng_state=None):
+                  rng_state=None, attn_bias=None, dbias=None):
     """``(dq, dk, dv)`` for checked tensors of any head dim and strides, like ``_forward_any``
-    (views of the padded gradients when the head dim is padded)."""
+    (views of the padded gradients when the head dim is padded); ``dbias`` as
+    ``_flash_attn_backward`` takes it."""
     headdim = q.shape[3]
     pad = -headdim % 8
     grads = _flash_attn_backward(
@@ -314,7 +317,7 @@ def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_ri
         _kernel_ready(v, pad), _kernel_ready(out, pad), _lse_ready(lse),
         softmax_scale, window_left, window_right, deterministic,
         softcap=softcap, alibi_slopes=_alibi_ready(alibi_slopes), dropout_p=dropout_p,
-        rng_state=rng_state,
+        rng_state=rng_state, attn_bias=attn_bias, dbias=dbias,
     )  # fmt: skip
     return tuple(g[..., :headdim] for g in grads) if pad else grads
 
