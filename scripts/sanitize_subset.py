@@ -11,7 +11,10 @@ kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is eve
 more than 64 query rows there); dense backwards of head dims 128, 64 and 40 (on sm_90 the
 Hopper backward where built); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
-16-row pages, appended tokens, split-KV and its combine kernel). Inputs are made on the CPU
+16-row pages, appended tokens, split-KV and its combine kernel); in builds with the
+attention bias (FLASHATTN2_EXPERIMENTAL=bias), forward + backward with a broadcast bias
+read through strides and its gradient written (ragged tails: reads and writes at the
+bias's edges). Inputs are made on the CPU
 and copied over, and the float32 reference runs on the CPU, so the kernels the
 sanitizer instruments are (almost) only ours. Exits 1 on any mismatch or error.
 
@@ -175,6 +178,46 @@ def layout_cases(gen):
     return results
 
 
+def bias_cases(gen):
+    """(name, ok, detail) for attention with a bias (where built): forward + backward against
+    float32 autograd on the CPU, a (b, 1, sq, sk) bias (0-stride heads) and a bool key mask."""
+    if "bias" not in flashattn2.build_info().get("experimental", ()):
+        return []
+    results = []
+    for b, sq, sk, h, hk, d, causal, kind in ((2, 77, 113, 4, 2, 64, True, "float"),
+                                              (1, 70, 200, 2, 2, 128, False, "bool")):
+        q, k, v = (torch.randn(b, s, n, d, generator=gen).to(torch.bfloat16)
+                   for s, n in ((sq, h), (sk, hk), (sk, hk)))
+        if kind == "float":
+            bias = torch.randn(b, 1, sq, sk, generator=gen)
+        else:
+            bias = torch.rand(b, 1, 1, sk, generator=gen) > 0.3
+        dout = torch.randn(b, sq, h, d, generator=gen).to(torch.bfloat16)
+        leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
+        bias_g = bias.cuda().requires_grad_(kind == "float")
+        out = flashattn2.flash_attn_func(*leaves, causal=causal, attn_bias=bias_g)
+        wrt = leaves + ([bias_g] if kind == "float" else [])
+        grads = torch.autograd.grad(out, wrt, dout.cuda())
+        torch.cuda.synchronize()
+        ref_leaves = [x.float().requires_grad_() for x in (q, k, v)]
+        ref_bias = bias.float().requires_grad_() if kind == "float" else \
+            torch.zeros(bias.shape).masked_fill(~bias, -math.inf)
+        qf, kf, vf = (x.transpose(1, 2) for x in ref_leaves)
+        kf, vf = kf.repeat_interleave(h // hk, 1), vf.repeat_interleave(h // hk, 1)
+        scores = qf @ kf.transpose(-1, -2) / math.sqrt(d) + ref_bias
+        if causal:
+            scores = scores.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq),
+                                        -math.inf)
+        ref_out = (torch.softmax(scores, -1).nan_to_num(0.0) @ vf).transpose(1, 2)
+        ref_wrt = ref_leaves + ([ref_bias] if kind == "float" else [])
+        ref_grads = torch.autograd.grad(ref_out, ref_wrt, dout.float())
+        err = max((g.cpu().float() - r).abs().max().item()
+                  for g, r in zip((out, *grads), (ref_out, *ref_grads)))
+        results.append((f"bias {kind} b{b} sq{sq} sk{sk} d{d} {'causal' if causal else 'full'}",
+                        err <= 4 * ATOL[torch.bfloat16], f"max err {err:.2e}"))
+    return results
+
+
 def main():
     if not torch.cuda.is_available():
         sys.exit("sanitize_subset.py: no CUDA device")
@@ -192,7 +235,8 @@ def main():
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
     layout = []
-    for part, cases in (("dense backward", backward_cases), ("varlen / kvcache", layout_cases)):
+    for part, cases in (("dense backward", backward_cases), ("varlen / kvcache", layout_cases),
+                        ("bias", bias_cases)):
         try:
             layout += cases(gen)
         except Exception as e:
