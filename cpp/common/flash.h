@@ -263,13 +263,17 @@ struct DropoutMaskParams {
 
 // The forward's kernel instances by score modifier (fwd_kernel's kMods): kModSoftcap is
 // softcap alone (no ALiBi, no dropout), only where fwd_softcap_instance() (fwd_config.h);
-// kModSoftcapBounded the same without a running max (bf16, fwd_softcap_bounded()).
+// kModSoftcapBounded the same without a running max (bf16, fwd_softcap_bounded());
+// kModBias / kModBiasDropout are kModLogits / kModDropout with an attention bias
+// (FLASHATTN2_BIAS builds only), so that the instances without a bias keep their registers.
 enum FwdMods : int {
   kModNone = 0,
   kModLogits = 1,
   kModDropout = 2,
   kModSoftcap = 3,
-  kModSoftcapBounded = 4
+  kModSoftcapBounded = 4,
+  kModBias = 5,
+  kModBiasDropout = 6
 };
 
 // True when an attention bias is given (BiasLayout; always false without FLASHATTN2_BIAS).

@@ -86,9 +86,6 @@ struct ScoreMod {
     const float slope = p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] : 0.f;
     slope_log2 = slope * kLog2e;
     init_dropout(p.rng_state, p.dropout_threshold, batch * p.nheads + head);
-#if FLASHATTN2_BIAS
-    init_bias(p, batch, head);
-#endif
   }
 
   // Dropout state of (batch * nheads + head) = bh; rng_state is read only when threshold > 0.
@@ -129,7 +126,8 @@ struct ScoreMod {
 
 #if FLASHATTN2_BIAS
   // Attention bias (BiasLayout) of this (batch, head): its (seqlen_q, seqlen_k) plane, and
-  // the plane of dbias (the backward's, when asked for).
+  // the plane of dbias (the backward's, when asked for). Set by init_bias, which only the
+  // kernels' bias instances call (the others keep the registers they had without it).
   const void* bias_plane;
   int64_t bias_row, bias_col;
   DType bias_dtype;
@@ -164,6 +162,8 @@ struct ScoreMod {
     if (dbias_plane) dbias_plane[i * dbias_row + j] = ds;
   }
 #else
+  template <typename Params>
+  __device__ __forceinline__ void init_bias(const Params&, int, int) {}
   static constexpr bool has_bias() { return false; }
   __device__ __forceinline__ float bias_at(int, int) const { return 0.f; }
   __device__ __forceinline__ void store_dbias(int, int, float) const {}

@@ -242,7 +242,9 @@ static __device__ __noinline__ void dq_order_step(int* release, const int* count
   while (ptx::ld_acquire(counter) != turn) __nanosleep(32);
 }
 
-template <typename Traits, typename Element, bool kMods>
+// kMods: the score-modifier instance; kBias (with kMods): it also takes an attention bias
+// (FLASHATTN2_BIAS builds), so the instance without keeps its registers.
+template <typename Traits, typename Element, bool kMods, bool kBias = false>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     bwd_kernel(const BwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -471,13 +473,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             // Attention bias (BiasLayout): query m0 + col, key n0 + kr + 16 mt + g + 8 (e / 2).
             const int query = m0 + col, key = n0 + kr + 16 * mt + g + 8 * (e >> 1);
             const bool inside = query < seqlen_q && key < seqlen_k;
-            if (mod.has_bias()) x = fmaf(inside ? mod.bias_at(query, key) : 0.f, kLog2e, x);
+            if (kBias && mod.has_bias()) x = fmaf(inside ? mod.bias_at(query, key) : 0.f, kLog2e, x);
             if (kMask && acc_s[mt][nt][e] == -INFINITY) x = -INFINITY;
             const float prob = ptx::exp2_approx(x - sLse_t[col] * kLog2e);
             const bool kept = (keep >> (4 * (kSTiles * mt + nt) + e)) & 1;
             const float dp = kept ? acc_dp[mt][nt][e] * p.dropout_scale : 0.f;
             const float ds = prob * (dp - sDsum_t[col]);  // d loss / d logit
-            if (mod.has_bias() && inside) mod.store_dbias(query, key, ds);
+            if (kBias && mod.has_bias() && inside) mod.store_dbias(query, key, ds);
             acc_dp[mt][nt][e] = ds * dlogit;
             acc_s[mt][nt][e] = kept ? prob * p.dropout_scale : 0.f;
           }
@@ -552,6 +554,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     next_step(next_head, next_m_block);
     ScoreMod mod;
     if constexpr (kMods) mod = ScoreMod(p, batch, head);
+    if constexpr (kBias) mod.init_bias(p, batch, head);
     // Q, dO, LSE, dsum of step t have landed; sP, sdS are free (previous step done), and
     // with two stages so is the other one: prefetch the next query tile into it.
     ptx::cp_async_wait<0>();

@@ -27,9 +27,9 @@ void run_bwd_convert_dq(const BwdParams& params, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
   run_bwd_preprocess<Element, kHeadDim>(params, stream);
-  auto launch = [&](auto traits, auto mods) {
+  auto launch = [&](auto traits, auto mods, auto bias) {
     using Traits = decltype(traits);
-    constexpr auto kernel = bwd_kernel<Traits, Element, decltype(mods)::value>;
+    constexpr auto kernel = bwd_kernel<Traits, Element, decltype(mods)::value, decltype(bias)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_kernel, smem)");
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
                     params.batch);
@@ -38,10 +38,12 @@ void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
   // Score modifiers in their own instance, as in run_fwd; the small-smem tile where the
   // full one does not fit the GPU's blocks (bwd_config.h; the host checked that one fits).
   auto launch_mods = [&](auto traits) {
-    if (has_score_mods(params)) {
-      launch(traits, std::true_type{});
+    if (has_bias(params)) {  // (FLASHATTN2_BIAS builds only)
+      if constexpr (FLASHATTN2_BIAS) launch(traits, std::true_type{}, std::true_type{});
+    } else if (has_score_mods(params)) {
+      launch(traits, std::true_type{}, std::false_type{});
     } else {
-      launch(traits, std::false_type{});
+      launch(traits, std::false_type{}, std::false_type{});
     }
   };
   if constexpr (bwd_smem_bytes(kHeadDim, true) < bwd_smem_bytes(kHeadDim, false)) {

@@ -74,6 +74,7 @@ struct FwdTraits {
 
 // kMods (FwdMods): kModNone plain attention; kModLogits softcap / ALiBi; kModDropout those
 // and dropout (its own instance: the Philox state spills the d128 tile's registers);
+// kModBias / kModBiasDropout: kModLogits / kModDropout with an attention bias;
 // kModSoftcap softcap alone (fwd_config.h fwd_softcap_instance), kModSoftcapBounded the same
 // without a running max (fwd_softcap_bounded).
 template <typename Traits, typename Element, int kMods>
@@ -235,14 +236,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   constexpr bool kBounded = kMods == kModSoftcapBounded;
   constexpr bool kSoftcapOnly = kMods == kModSoftcap || kBounded;
   constexpr float kLog2e = 1.4426950408889634f;
+  // The instances that take an attention bias (FLASHATTN2_BIAS builds; BiasLayout).
+  constexpr bool kBias = kMods == kModBias || kMods == kModBiasDropout;
   ScoreMod mod;  // (ALiBi and dropout run with pack = 1: head0 is the head)
   if constexpr (kMods) mod = ScoreMod(p, batch, head0);
+  if constexpr (kBias) mod.init_bias(p, batch, head0);
   float scale_log2 = p.softmax_scale * kLog2e, lse_scale = p.softmax_scale;
   if constexpr (kMods) {
-    scale_log2 = !kSoftcapOnly && (mod.slope_log2 != 0.f || mod.has_bias()) ? 1.f : mod.mult();
+    scale_log2 = !kSoftcapOnly && (mod.slope_log2 != 0.f || (kBias && mod.has_bias()))
+                     ? 1.f : mod.mult();
     lse_scale = scale_log2 * 0.6931471805599453f;
   }
-  constexpr bool kDropout = kMods == kModDropout;
+  constexpr bool kDropout = kMods == kModDropout || kMods == kModBiasDropout;
   // Query position of the lane's row r of m16 tile mt. Packed: one division per row and CTA,
   // kept in registers; plain: the row itself, recomputed where used.
   int lane_pos_kv[kKv ? kMTiles : 1][2];
@@ -358,7 +363,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
               acc_s[mt][nt][e] = fmaf(acc_s[mt][nt][e], mult,
                                       mod.bias(dist0 + float(16 * mt + 8 * (e >> 1) - 8 * nt - (e & 1))));
       }  // (else: mult is scale_log2)
-      if constexpr (!kSoftcapOnly && !kKv) {
+      if constexpr (kBias) {
         if (mod.has_bias()) {
           // + bias (BiasLayout), after S became logits (above with ALiBi, here without),
           // in the order of the backward's recomputation: fmaf(bias, log2 e, logit).

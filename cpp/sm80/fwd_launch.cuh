@@ -26,13 +26,20 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   using Mods = std::integral_constant<int, kModLogits>;
   if (!has_score_mods(params)) {
     launch(std::integral_constant<int, kModNone>{});
+  } else if (has_bias(params)) {  // (mha_fwd refuses a bias with splits or pages)
+    if constexpr (FLASHATTN2_BIAS && !Traits::kKv) {
+      if (params.dropout_threshold == 0) {
+        launch(std::integral_constant<int, kModBias>{});
+      } else {
+        launch(std::integral_constant<int, kModBiasDropout>{});
+      }
+    }
   } else if (params.dropout_threshold == 0) {
     constexpr bool kSoftcapInstance = fwd_softcap_instance(Traits::kHeadDim, Traits::kKv);
     constexpr bool kBoundedInstance = fwd_softcap_bounded(
         Traits::kHeadDim, std::is_same_v<Element, __nv_bfloat16>, Traits::kKv);
     constexpr float kLog2e = 1.4426950408889634f;
-    if (kSoftcapInstance && params.softcap > 0.f && params.alibi_slopes == nullptr &&
-        !has_bias(params)) {
+    if (kSoftcapInstance && params.softcap > 0.f && params.alibi_slopes == nullptr) {
       if constexpr (kSoftcapInstance) {
         if (kBoundedInstance && params.softcap * kLog2e <= kSoftcapBoundedLog2) {
           constexpr int kMods = kBoundedInstance ? kModSoftcapBounded : kModSoftcap;
