@@ -122,28 +122,27 @@ void set_mods(Params& params, float softcap, std::uintptr_t alibi_slopes,
 }
 
 // The attention-bias fields (BiasLayout) of FwdParams / BwdParams: bias_strides (batch, head,
-// row, col) in elements, bias_dtype 0 / 1 / 2 = float16 / bfloat16 / float32; dbias (float32,
-// the backward's) with dbias_strides (batch, head, row) and column stride 1. A build without
-// FLASHATTN2_EXPERIMENTAL=bias takes none (attn_bias 0).
+// row, col) in elements, bias_dtype (0 float16, 1 bfloat16) that of the attention (dtype);
+// dbias (float32, the backward's) with dbias_strides (batch, head, row) and column stride 1.
+// A build without FLASHATTN2_EXPERIMENTAL=bias takes none (attn_bias 0).
 template <typename Params>
 void set_bias(Params& params, std::uintptr_t attn_bias, const Strides& bias_strides,
-              int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides) {
+              int bias_dtype, int dtype, std::uintptr_t dbias, const Strides& dbias_strides) {
   if (!attn_bias) {
     if (dbias) throw std::invalid_argument("dbias needs an attn_bias");
     return;
   }
 #if FLASHATTN2_BIAS
   check_strides("bias_strides", bias_strides, 4, "(batch, head, row, col)");
-  if (bias_dtype < 0 || bias_dtype > 2) {
-    throw std::invalid_argument("bias_dtype must be 0 (float16), 1 (bfloat16) or 2 (float32), got " +
-                                std::to_string(bias_dtype));
+  if (bias_dtype != dtype) {
+    throw std::invalid_argument("bias_dtype must be the attention's dtype (" +
+                                std::to_string(dtype) + "), got " + std::to_string(bias_dtype));
   }
   params.attn_bias = reinterpret_cast<const void*>(attn_bias);
   params.bias_batch_stride = bias_strides[0];
   params.bias_head_stride = bias_strides[1];
   params.bias_row_stride = bias_strides[2];
   params.bias_col_stride = bias_strides[3];
-  params.bias_dtype = static_cast<flashattn2::DType>(bias_dtype);
   if (dbias) {
     check_strides("dbias_strides", dbias_strides, 3, "(batch, head, row)");
     if (dbias % 4) throw std::invalid_argument("dbias must be 4-byte aligned (float32)");
@@ -153,7 +152,7 @@ void set_bias(Params& params, std::uintptr_t attn_bias, const Strides& bias_stri
     params.dbias_row_stride = dbias_strides[2];
   }
 #else
-  (void)params, (void)bias_strides, (void)bias_dtype, (void)dbias_strides;
+  (void)params, (void)bias_strides, (void)bias_dtype, (void)dtype, (void)dbias_strides;
   throw std::invalid_argument(
       "attn_bias needs a build with FLASHATTN2_EXPERIMENTAL=bias (not yet validated on a GPU)");
 #endif
@@ -209,7 +208,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.lse_accum = reinterpret_cast<float*>(lse_accum);
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
   params.tile_counter = reinterpret_cast<int*>(tile_counter);
-  set_bias(params, attn_bias, bias_strides, bias_dtype, 0, {});
+  set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, 0, {});
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
@@ -279,7 +278,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.total_q = total_q;
   params.total_k = total_k;
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
-  set_bias(params, attn_bias, bias_strides, bias_dtype, dbias, dbias_strides);
+  set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, dbias, dbias_strides);
 
   py::gil_scoped_release no_gil;  // as in fwd
   return flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream), smem_limit,
@@ -498,7 +497,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("q_pack") = 1,
         py::arg("allow_sm90") = true, py::arg("tile_counter") = 0, py::arg("attn_bias") = 0,
-        py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = 2,
+        py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1,
         "Attention forward; returns the generation of the kernel that ran: 90 (the Hopper "
         "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false) or 80; "
         "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "
@@ -521,7 +520,7 @@ PYBIND11_MODULE(_C, m) {
         "FwdParams::q_pack; not with ALiBi or dropout; the plain kernel ignores it). "
         "attn_bias (builds with FLASHATTN2_EXPERIMENTAL=bias): a device pointer to an "
         "additive logit bias of a (batch, nheads, seqlen_q, seqlen_k) view with bias_strides "
-        "(4, elements, 0 = broadcast) and bias_dtype (0 float16, 1 bfloat16, 2 float32); "
+        "(4, elements, 0 = broadcast) and bias_dtype, which must be dtype; "
         "dense attention only (flash.h BiasLayout).");
 
 
@@ -539,7 +538,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("alibi_slopes") = 0, py::arg("alibi_batch_stride") = 0,
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("dq_chains") = 1,
         py::arg("smem_limit") = 0, py::arg("allow_sm90") = true, py::arg("attn_bias") = 0,
-        py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = 2, py::arg("dbias") = 0,
+        py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1, py::arg("dbias") = 0,
         py::arg("dbias_strides") = Strides{},
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "

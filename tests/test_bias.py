@@ -117,6 +117,9 @@ class _FakeC:
     def bwd(self, *args, **kwargs):
         return self._record("bwd", kwargs)
 
+    def sm90_fwd_applies(self, *args):
+        return False
+
     def bwd_dq_chains(self, *args):
         return 1
 
@@ -125,9 +128,11 @@ class _FakeC:
 
 
 @needs_bias
-@pytest.mark.parametrize("bias_dtype,code", [(torch.float16, 0), (torch.bfloat16, 1),
-                                             (torch.float32, 2), (torch.bool, 0)])  # fmt: skip
-def test_bias_reaches_the_binding_as_a_broadcast_view(monkeypatch, bias_dtype, code):
+@pytest.mark.parametrize("bias_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.bool])
+def test_bias_reaches_the_binding_as_a_broadcast_view(monkeypatch, bias_dtype):
+    """Whatever the bias's dtype, the kernels get q's (fp16 here: code 0), the broadcast dims
+    as 0 strides; the gradient comes back in the bias's dtype and shape."""
+    code = 0
     fake = _FakeC(interface._C)
     monkeypatch.setattr(interface, "_C", fake)
     monkeypatch.setattr(bias_mod._ext, "current_stream", lambda device: 0)
@@ -275,6 +280,24 @@ def test_bias_dtypes_and_head_dims(bias_dtype, headdim):
                                   dict(window_size=(40, 8)), dict(causal=True, window_size=(30, 0))])
 def test_bias_with_other_modifiers(mods):
     _run_case(2, 190, 170, 4, 4, 64, torch.bfloat16, torch.bfloat16, "full", **mods)
+
+
+@gpu
+@needs_bias
+@pytest.mark.parametrize("sm80", [False, True], ids=["default", "force_sm80"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_bias_forward_on_both_kernel_families(sm80, headdim):
+    """On an sm_90 GPU the Hopper forward takes the bias (more than 64 query rows); forced to
+    the mma.sync kernels, the same inputs give the same answer within the 2x rule."""
+    from flashattn2 import _ext
+
+    with flashattn2.force_sm80(sm80):
+        _run_case(2, 200, 333, 4, 2, headdim, torch.bfloat16, torch.bfloat16, "heads",
+                  causal=True)  # fmt: skip
+        arch = _ext.last_fwd_arch
+    hopper = (torch.cuda.get_device_capability() == (9, 0)
+              and headdim in _ext.build_info()["sm90_fwd_head_dims"])  # fmt: skip
+    assert arch == (90 if hopper and not sm80 else 80)
 
 
 @gpu

@@ -45,17 +45,18 @@ struct SeqLayout {
 // only: without it the parameter blocks keep the layout the default kernels were validated
 // with. Element (b, h, i, j) of a (batch, nheads, seqlen_q, seqlen_k) view, at
 //   attn_bias + b * bias_batch_stride + h * bias_head_stride + i * bias_row_stride
-//             + j * bias_col_stride        (elements of bias_dtype; 0 strides broadcast),
+//             + j * bias_col_stride        (elements of the attention's dtype, fp16 / bf16;
+//                                           0 strides broadcast),
 // is added to the logit in natural units (after softmax_scale, softcap and ALiBi, before the
-// masks; -inf hides the key). Dense, plain-tile mma.sync kernels only (mha_fwd / mha_bwd
-// refuse varlen, KV caches and split-KV with it; the Hopper kernels pass it on).
+// masks; -inf hides the key). Dense attention only (mha_fwd / mha_bwd refuse varlen, KV
+// caches and split-KV with it): the plain-tile mma.sync kernels and the Hopper forward (the
+// Hopper backward passes it on to the mma.sync one).
 // The backward writes d loss / d logit (float32) of every visible (b, h, i, j) to dbias at
 // its strides (column stride 1) when dbias is not null, and nothing elsewhere: the caller
 // zero-fills it and sums it over the bias's broadcast dims.
 struct BiasLayout {
   const void* attn_bias = nullptr;
   int64_t bias_batch_stride = 0, bias_head_stride = 0, bias_row_stride = 0, bias_col_stride = 0;
-  DType bias_dtype = DType::kFloat32;
   float* dbias = nullptr;
   int64_t dbias_batch_stride = 0, dbias_head_stride = 0, dbias_row_stride = 0;
 };

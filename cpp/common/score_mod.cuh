@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/flash.h"
 #include "common/ptx.cuh"
@@ -128,33 +129,31 @@ struct ScoreMod {
   // Attention bias (BiasLayout) of this (batch, head): its (seqlen_q, seqlen_k) plane, and
   // the plane of dbias (the backward's, when asked for). Set by init_bias, which only the
   // kernels' bias instances call (the others keep the registers they had without it).
-  const void* bias_plane;
+  const void* bias_plane;  // elements of the attention's own dtype (BiasLayout)
   int64_t bias_row, bias_col;
-  DType bias_dtype;
   float* dbias_plane;
   int64_t dbias_row;
 
   template <typename Params>
   __device__ __forceinline__ void init_bias(const Params& p, int batch, int head) {
-    bias_dtype = p.bias_dtype;
     bias_row = p.bias_row_stride;
     bias_col = p.bias_col_stride;
     const int64_t at = batch * p.bias_batch_stride + head * p.bias_head_stride;
-    const int bytes = p.bias_dtype == DType::kFloat32 ? 4 : 2;
-    bias_plane = p.attn_bias ? static_cast<const char*>(p.attn_bias) + at * bytes : nullptr;
+    bias_plane = p.attn_bias ? static_cast<const char*>(p.attn_bias) + at * 2 : nullptr;
     dbias_plane = p.dbias ? p.dbias + batch * p.dbias_batch_stride + head * p.dbias_head_stride
                           : nullptr;
     dbias_row = p.dbias_row_stride;
   }
   __device__ __forceinline__ bool has_bias() const { return bias_plane != nullptr; }
   // Bias of query i, key j (natural units); the caller checks i < seqlen_q, j < seqlen_k.
+  template <typename Element>
   __device__ __forceinline__ float bias_at(int i, int j) const {
-    const int64_t at = i * bias_row + j * bias_col;
-    if (bias_dtype == DType::kFloat32) return __ldg(static_cast<const float*>(bias_plane) + at);
-    if (bias_dtype == DType::kBFloat16) {
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(bias_plane)[at]);
+    const Element b = static_cast<const Element*>(bias_plane)[i * bias_row + j * bias_col];
+    if constexpr (std::is_same_v<Element, __half>) {
+      return __half2float(b);
+    } else {
+      return __bfloat162float(b);
     }
-    return __half2float(static_cast<const __half*>(bias_plane)[at]);
   }
   // The backward's d loss / d logit of (i, j) into dbias (when asked for; i, j visible rows
   // and columns).
@@ -165,6 +164,7 @@ struct ScoreMod {
   template <typename Params>
   __device__ __forceinline__ void init_bias(const Params&, int, int) {}
   static constexpr bool has_bias() { return false; }
+  template <typename Element>
   __device__ __forceinline__ float bias_at(int, int) const { return 0.f; }
   __device__ __forceinline__ void store_dbias(int, int, float) const {}
 #endif

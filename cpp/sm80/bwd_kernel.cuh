@@ -473,7 +473,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             // Attention bias (BiasLayout): query m0 + col, key n0 + kr + 16 mt + g + 8 (e / 2).
             const int query = m0 + col, key = n0 + kr + 16 * mt + g + 8 * (e >> 1);
             const bool inside = query < seqlen_q && key < seqlen_k;
-            if (kBias && mod.has_bias()) x = fmaf(inside ? mod.bias_at(query, key) : 0.f, kLog2e, x);
+            if (kBias && mod.has_bias()) {
+              x = fmaf(inside ? mod.template bias_at<Element>(query, key) : 0.f, kLog2e, x);
+            }
             if (kMask && acc_s[mt][nt][e] == -INFINITY) x = -INFINITY;
             const float prob = ptx::exp2_approx(x - sLse_t[col] * kLog2e);
             const bool kept = (keep >> (4 * (kSTiles * mt + nt) + e)) & 1;

@@ -376,7 +376,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
                 const int i = lane_pos(mt, e >> 1), j = col0 + 8 * nt + (e & 1);
-                const float b = i < seqlen_q && j < seqlen_k ? mod.bias_at(i, j) : 0.f;
+                const float b =
+                    i < seqlen_q && j < seqlen_k ? mod.template bias_at<Element>(i, j) : 0.f;
                 acc_s[mt][nt][e] = fmaf(b, kLog2e, acc_s[mt][nt][e] * mult);
               }
         }

@@ -86,7 +86,7 @@ constexpr bool sm90_fwd_supports(int seqlen_q, bool dropout, bool kv_cache_layou
 inline bool sm90_fwd_supports(const FwdParams& p) {
   const bool kv_cache = p.block_table != nullptr || p.seqused_k != nullptr ||
                         p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.seqlen_k_new != 0;
-  return sm90_fwd_supports(p.seqlen_q, p.dropout_threshold != 0, kv_cache) && !has_bias(p);
+  return sm90_fwd_supports(p.seqlen_q, p.dropout_threshold != 0, kv_cache);
 }
 
 }  // namespace flashattn2

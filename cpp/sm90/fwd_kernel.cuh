@@ -37,7 +37,8 @@
 //          LSE = max * scale + ln(sum), +inf for rows that see no key. With O staged in sQ,
 //          sQ is released after the epilogue instead.
 //   mods   kMods: softcap / ALiBi as the sm80 kMods instance (common/score_mod.cuh): S becomes
-//          base-2 logits before the mask. Dropout runs on the sm80 kernels.
+//          base-2 logits before the mask. Dropout runs on the sm80 kernels. kBias (with
+//          kMods, FLASHATTN2_BIAS builds): an attention bias too, one load per score.
 //   limits kernel head dims 64, 128, 192, 256 (whole chunks); d <= kHeadDim (TMA zero-fills
 //          the columns past d and clips them on store); 16-byte aligned pointers, strides
 //          multiples of 8 elements (TMA needs 16 bytes), checked by the host API.
@@ -140,7 +141,7 @@ struct FwdTileWork {
   __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
 };
 
-template <typename Traits, typename Element, bool kMods>
+template <typename Traits, typename Element, bool kMods, bool kBias = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       const int row0_pos = w.m_block * kBlockM + lane_row;  // query position of row r = 0
       const int wg_first = w.m_block * kBlockM + wg_row0;
       const int wg_last = min(wg_first + 64, seqlen_q) - 1;
-      FwdSoftmax<kBlockN, kMods> softmax(p, w.batch, w.head);
+      FwdSoftmax<kBlockN, kMods, kBias> softmax(p, w.batch, w.head);
       softmax.reset();
 #pragma unroll
       for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
@@ -314,7 +315,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // Mods, mask (only on blocks that need it) and online softmax of S (n_block).
       auto step_softmax = [&](float (&acc_s)[kBlockN / 2], int n_block, float (&correction)[2]) {
         const int col0 = n_block * kBlockN;
-        softmax.apply_mods(acc_s, row0_pos + offset - col0 - 2 * q);
+        softmax.template apply_mods<Element>(acc_s, row0_pos + offset - col0 - 2 * q, row0_pos, col0 + 2 * q,
+                           seqlen_q, seqlen_k);
         const bool need_mask =
             col0 + kBlockN > seqlen_k ||
             (p.window_right >= 0 && col0 + kBlockN - 1 > wg_first + offset + p.window_right) ||
@@ -353,7 +355,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         fence_regs(acc_s);
         release(bar_k_empty(s));
         step_softmax(acc_s, n_block, correction);
-        FwdSoftmax<kBlockN, kMods>::template to_p<Element>(acc_s, rP);
+        FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         for (--n_block; n_block >= w.n_block_min; --n_block) {
           const int s_prev = s;
           const uint32_t phase_prev = (j / kStages) & 1;
@@ -372,7 +374,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           fence_regs(acc_o);
           release(bar_v_empty(s_prev));
           rescale_o(correction);
-          FwdSoftmax<kBlockN, kMods>::template to_p<Element>(acc_s, rP);
+          FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
         // The tile's last S is done: the producer may load the next tile's Q.
         if constexpr (Traits::kSeparateO) release(bar_q_empty);

@@ -44,15 +44,18 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   args.tile_counter = equal_tiles ? nullptr : p.tile_counter;
   const bool persistent = equal_tiles || args.tile_counter != nullptr;
   const dim3 grid(unsigned(persistent ? std::min<int64_t>(tiles, num_sms) : tiles));
-  auto launch = [&](auto mods) {
-    constexpr auto kernel = sm90::fwd_kernel<Traits, Element, decltype(mods)::value>;
+  auto launch = [&](auto mods, auto bias) {
+    constexpr auto kernel =
+        sm90::fwd_kernel<Traits, Element, decltype(mods)::value, decltype(bias)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");
     kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
   };
-  if (has_score_mods(p)) {
-    launch(std::true_type{});
+  if (has_bias(p)) {  // (FLASHATTN2_BIAS builds only)
+    if constexpr (FLASHATTN2_BIAS) launch(std::true_type{}, std::true_type{});
+  } else if (has_score_mods(p)) {
+    launch(std::true_type{}, std::false_type{});
   } else {
-    launch(std::false_type{});
+    launch(std::false_type{}, std::false_type{});
   }
   check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
   if (p.num_splits > 1) launch_combine<Element>(p, stream);

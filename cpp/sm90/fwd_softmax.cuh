@@ -15,7 +15,8 @@
 namespace flashattn2 {
 namespace sm90 {
 
-template <int kBlockN, bool kMods>
+// kBias (with kMods; FLASHATTN2_BIAS builds): the instance that also adds an attention bias.
+template <int kBlockN, bool kMods, bool kBias = false>
 struct FwdSoftmax {
   static constexpr int kNTiles = kBlockN / 8;  // n8 column tiles
   static constexpr float kLog2e = 1.4426950408889634f;
@@ -31,7 +32,8 @@ struct FwdSoftmax {
     lse_scale = p.softmax_scale;
     if constexpr (kMods) {
       mod = ScoreMod(p, batch, head);
-      scale_log2 = mod.slope_log2 != 0.f ? 1.f : mod.mult();
+      if constexpr (kBias) mod.init_bias(p, batch, head);
+      scale_log2 = mod.slope_log2 != 0.f || (kBias && mod.has_bias()) ? 1.f : mod.mult();
       lse_scale = scale_log2 * 0.6931471805599453f;
     }
   }
@@ -44,9 +46,14 @@ struct FwdSoftmax {
     }
   }
 
-  // Softcap / ALiBi (before the mask, which then sets -inf). dist0: row + offset - col of
-  // the thread's element (r = 0, nt = 0, e = 0).
-  __device__ __forceinline__ void apply_mods(float (&s)[kBlockN / 2], int dist0) const {
+  // Softcap / ALiBi, then the attention bias (before the mask, which then sets -inf). dist0:
+  // row + offset - col of the thread's element (r = 0, nt = 0, e = 0); row0 / col0: its
+  // query and key (bias instance only, with the sequence's lengths for the tails; the bias
+  // is of the attention's Element type).
+  template <typename Element>
+  __device__ __forceinline__ void apply_mods(float (&s)[kBlockN / 2], int dist0, int row0 = 0,
+                                             int col0 = 0, int seqlen_q = 0,
+                                             int seqlen_k = 0) const {
     if constexpr (kMods) {
       if (mod.softcap > 0.f) {
 #pragma unroll
@@ -61,6 +68,21 @@ struct FwdSoftmax {
           for (int e = 0; e < 4; ++e)
             s[4 * nt + e] = fmaf(s[4 * nt + e], mult,
                                  mod.bias(float(dist0 + 8 * (e >> 1) - 8 * nt - (e & 1))));
+      }
+      if constexpr (kBias) {
+        if (mod.has_bias()) {
+          // fmaf(bias, log2 e, logit) as the sm80 kernels (and their backward) compute it.
+          const float mult = mod.slope_log2 != 0.f ? 1.f : mod.mult();
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = row0 + 8 * (e >> 1), j = col0 + 8 * nt + (e & 1);
+              const float b =
+                  i < seqlen_q && j < seqlen_k ? mod.template bias_at<Element>(i, j) : 0.f;
+              s[4 * nt + e] = fmaf(b, kLog2e, s[4 * nt + e] * mult);
+            }
+        }
       }
     }
   }

@@ -9,9 +9,10 @@ NotImplementedError. What the kernels compute (``cpp/common/flash.h`` BiasLayout
 
 before the causal / window masks and the softmax, so ``-inf`` hides a key. The bias is read
 in place from its broadcast view: any strides, a stride of 0 for a broadcast dim (no copy),
-float16, bfloat16 or float32 whatever q's dtype. A boolean mask (True = attend, as torch's
-SDPA) becomes a bias of 0 / -inf in q's dtype (one copy of the mask's own size, before the
-broadcast). A row whose keys are all hidden gives out = 0 and lse = +inf (torch's SDPA gives
+in q's dtype. A bias of another float dtype (float16, bfloat16, float32 are accepted) is cast
+to q's first, and a boolean mask (True = attend, as torch's SDPA) becomes 0 / -inf in q's
+dtype: one copy each, of the tensor's own size, before the broadcast. (PyTorch's own
+attention in q's dtype rounds the bias the same way.) A row whose keys are all hidden gives out = 0 and lse = +inf (torch's SDPA gives
 0 too since 2.5).
 
 Gradient: when the bias requires grad, the backward writes d loss / d logit of every
@@ -23,9 +24,10 @@ torch.compile / torch.export / dispatch modes trace the ``flashattn2::fwd_bias``
 ``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion, the broadcast view and
 the gradient's reduction are ordinary torch ops in the graph.
 
-Cost: the kernels run their score-modifier instance with one load per score (scalar loads
-through the L1 cache; a (b, h, sq, sk) bf16 bias is read once); the Hopper forward and
-backward do not take a bias, so these calls run the mma.sync kernels.
+Cost: the kernels run their bias instances with one load per score (scalar 2-byte loads
+through the L1 cache; a (b, h, sq, sk) bias is read once per forward and once per backward):
+on sm_90 the Hopper forward (more than 64 query rows, no dropout) and the mma.sync backward
+(the Hopper backward does not take a bias yet), elsewhere the mma.sync kernels.
 """
 import torch
 import torch.nn.functional as F
@@ -79,12 +81,15 @@ def check_bias(attn_bias, full, name="attn_bias"):
 
 
 def bias_view(attn_bias, full, dtype):
-    """The kernels' ``(b, h, sq, sk)`` view of a checked bias: expanded without a copy;
-    a boolean mask first becomes 0 / -inf in ``dtype``."""
+    """The kernels' ``(b, h, sq, sk)`` view of a checked bias in ``dtype`` (q's): expanded
+    without a copy; a boolean mask first becomes 0 / -inf, a bias of another dtype is cast
+    (each a copy of the bias's own, unbroadcast size)."""
     if attn_bias.dtype is torch.bool:
         hidden = torch.full((), float("-inf"), dtype=dtype, device=attn_bias.device)
         attn_bias = torch.where(attn_bias, torch.zeros((), dtype=dtype, device=attn_bias.device),
                                 hidden)
+    elif attn_bias.dtype is not dtype:
+        attn_bias = attn_bias.to(dtype)
     return attn_bias.expand(full)
 
 

@@ -62,8 +62,8 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     last stride, on q's device) and ``dropout_p`` with ``rng_state`` (int64 ``(2,)`` on q's
     device; see ``_rng_state``). ``num_splits``: split-KV count, 0 = the heuristic (splits
     only when the grid would not fill the GPU). ``attn_bias``: None, or a
-    ``(b, h, sq, sk)`` view (any strides) in fp16 / bf16 / fp32 added to the logits
-    (``bias.py``; builds with FLASHATTN2_EXPERIMENTAL=bias).
+    ``(b, h, sq, sk)`` view (any strides) in q's dtype added to the logits (``bias.py``;
+    builds with FLASHATTN2_EXPERIMENTAL=bias).
     """
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -107,7 +107,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     device = q.get_device()
     if dropout or bias:
         num_splits = 1  # dropout and bias run in the plain-tile kernel only (cpp/sm80/fwd_launch.cuh)
-    sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80 and not bias
+    sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80
             and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
     # The Hopper forward's persistent CTAs take causal, windowed and varlen tiles (unequal
     # work) from a shared counter that starts at 0 where that pays (short tiles), else it
@@ -154,9 +154,6 @@ def _kv_cache(layout):
                                            "block_table", "seqlen_k_new"))
 
 
-_BIAS_DTYPE_CODES = {_HALF: 0, _BF16: 1, _FP32: 2}
-
-
 def _mod_kwargs(softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None, attn_bias=None):
     """The score-modifier keyword arguments of ``_C.fwd`` / ``_C.bwd`` (``attn_bias``: a
     ``(b, h, sq, sk)`` view, passed only when given)."""
@@ -168,9 +165,9 @@ def _mod_kwargs(softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None, a
     rng = rng_state.data_ptr() if dropout_p > 0 else 0
     mods = dict(softcap=float(softcap), alibi_slopes=alibi, alibi_batch_stride=alibi_batch_stride,
                 rng_state=rng, dropout_p=float(dropout_p))
-    if attn_bias is not None:
+    if attn_bias is not None:  # (in q's dtype: bias.bias_view)
         mods.update(attn_bias=attn_bias.data_ptr(), bias_strides=tuple(attn_bias.stride()),
-                    bias_dtype=_BIAS_DTYPE_CODES[attn_bias.dtype])
+                    bias_dtype=1 if attn_bias.dtype is _BF16 else 0)
     return mods
 
 
