@@ -47,15 +47,18 @@ CASES = [
 ATOL = {torch.float16: 1e-2, torch.bfloat16: 4e-2}   # loose: this is a sanitizer harness
 
 
-def reference(q, k, v, causal, softcap=0.0):
+def reference(q, k, v, causal, softcap=0.0, bias=None):
     """float32 SDPA math on the CPU, flash-attn semantics: bottom-right causal, GQA, softcap,
-    fully masked rows give out = 0 and lse = +inf. Returns out (b, sq, h, d), lse (b, h, sq)."""
+    an additive ``bias`` (broadcastable to (b, h, sq, sk)), fully masked rows give out = 0
+    and lse = +inf. Returns out (b, sq, h, d), lse (b, h, sq)."""
     qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))    # (b, h, s, d)
     group = qf.shape[1] // kf.shape[1]
     kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
     scores = qf @ kf.transpose(-1, -2) / math.sqrt(qf.shape[-1])
     if softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
     if causal:
         sq, sk = scores.shape[-2:]
         visible = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
@@ -202,13 +205,7 @@ def bias_cases(gen):
         ref_leaves = [x.float().requires_grad_() for x in (q, k, v)]
         ref_bias = bias.float().requires_grad_() if kind == "float" else \
             torch.zeros(bias.shape).masked_fill(~bias, -math.inf)
-        qf, kf, vf = (x.transpose(1, 2) for x in ref_leaves)
-        kf, vf = kf.repeat_interleave(h // hk, 1), vf.repeat_interleave(h // hk, 1)
-        scores = qf @ kf.transpose(-1, -2) / math.sqrt(d) + ref_bias
-        if causal:
-            scores = scores.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq),
-                                        -math.inf)
-        ref_out = (torch.softmax(scores, -1).nan_to_num(0.0) @ vf).transpose(1, 2)
+        ref_out, _ = reference(*ref_leaves, causal, bias=ref_bias)
         ref_wrt = ref_leaves + ([ref_bias] if kind == "float" else [])
         ref_grads = torch.autograd.grad(ref_out, ref_wrt, dout.float())
         err = max((g.cpu().float() - r).abs().max().item()

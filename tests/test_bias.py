@@ -11,7 +11,7 @@ import torch
 from flashattn2 import bias as bias_mod
 from flashattn2 import interface
 from reference import attention_scores, dropout_keep_mask
-from test_sdpa import expand_gqa, torch_sdpa
+from test_sdpa import plain_attention, torch_sdpa
 
 gpu = pytest.mark.gpu
 BUILT = bias_mod.bias_built()
@@ -416,16 +416,6 @@ def test_opcheck_bias_operators():
 # (test_sdpa.py's rule).
 
 
-def _plain_sdpa(q, k, v, attn_mask, enable_gqa):
-    k, v = expand_gqa(q, k, v, enable_gqa)
-    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))
-    if attn_mask.dtype is torch.bool:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
-    else:
-        scores = scores + attn_mask
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
 @gpu
 @needs_bias
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
@@ -455,7 +445,7 @@ def test_sdpa_attn_mask_matches_torch(mask_kind, shape, enable_gqa):
         q, k, v, attn_mask=m, enable_gqa=enable_gqa), False)
     truth = run(lambda q, k, v, m: torch_sdpa(q, k, v, enable_gqa, attn_mask=m), True)
     pt_sdpa = run(lambda q, k, v, m: torch_sdpa(q, k, v, enable_gqa, attn_mask=m), False)
-    pt_plain = run(lambda q, k, v, m: _plain_sdpa(q, k, v, m, enable_gqa), False)
+    pt_plain = run(lambda q, k, v, m: plain_attention(q, k, v, enable_gqa, attn_mask=m), False)
     for name, x, t, a, b in zip(("out", "dq", "dk", "dv", "dmask"), ours, truth, pt_sdpa, pt_plain):
         assert x.shape == t.shape and x.dtype == torch.bfloat16, name
         err = (x.float() - t).abs().max().item()

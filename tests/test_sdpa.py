@@ -302,13 +302,18 @@ def torch_sdpa(query, key, value, enable_gqa=False, **kwargs):
 
 
 def plain_attention(query, key, value, enable_gqa=False, is_causal=False, scale=None, keep=None,
-                    dropout_p=0.0):
+                    dropout_p=0.0, attn_mask=None):
     """softmax(q k^T * scale) v with plain PyTorch ops in the inputs' dtype: top-left causal,
     matmul broadcasting; ``keep`` (bool, broadcastable to the weights) drops the other
-    weights and scales the kept ones by ``1 / (1 - dropout_p)``."""
+    weights and scales the kept ones by ``1 / (1 - dropout_p)``; ``attn_mask`` as torch's
+    (bool: True attends; float: added)."""
     key, value = expand_gqa(query, key, value, enable_gqa)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(query * scale, key.transpose(-2, -1))
+    if attn_mask is not None and attn_mask.dtype is torch.bool:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:
+        scores = scores + attn_mask
     if is_causal:
         seqlen_q, seqlen_k = scores.shape[-2:]
         visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=query.device).tril()
