@@ -106,7 +106,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     q_pack = 1 if per_head else nheads // nheads_k
     device = q.get_device()
     if dropout or bias:
-        num_splits = 1  # dropout and bias run in the plain-tile kernel only (cpp/sm80/fwd_launch.cuh)
+        num_splits = 1  # no split-KV with dropout or a bias (cpp/sm80/fwd_launch.cuh)
     sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80
             and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
     # The Hopper forward's persistent CTAs take causal, windowed and varlen tiles (unequal
@@ -247,8 +247,8 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
-    if dbias is not None:
-        varlen = dict(varlen, dbias=dbias.data_ptr(), dbias_strides=tuple(dbias.stride()[:3]))
+    bias_grad = {} if dbias is None else dict(dbias=dbias.data_ptr(),
+                                              dbias_strides=tuple(dbias.stride()[:3]))
     _ext.last_bwd_arch = _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
@@ -256,7 +256,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
         1 if q.dtype is _BF16 else 0,
-        device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}),
+        device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_grad,
         dq_chains=dq_chains, allow_sm90=_ext.SM90_BWD and not _ext.FORCE_SM80,
     )  # fmt: skip
 
