@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The whole GPU session as one detached job (scripts/gpu_detach.sh start bash scripts/gpu_job.sh):
+# build, self-check, the suite (less the CPU-only test_distributed.py, which CI runs), the
+# mma.sync backward tests again under FLASHATTN2_FORCE_SM80, compute-sanitizer, then the
+# benchmarks in priority order, each into its own folder of $JOB_OUT. Steps to skip: SKIP
+# (space-separated names of the steps below). Meanwhile a second build without dq_bulk
+# (d128 only) serves as the A of the dq_bulk A/B.
+set -u
+O=${JOB_OUT:-gpu_logs}
+SKIP=" ${SKIP:-} "
+want() { [[ "$SKIP" != *" $1 "* ]]; }
+stamp() { echo "=== $(date -Is) $*"; }
+mkdir -p "$O"
+
+if want check; then
+    stamp build
+    OUT=$O/build SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE=1 bash scripts/gpu_check.sh
+fi
+if want ab; then
+    stamp "A/B build (no dq_bulk), in the background"
+    ( python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/ab_whl . \
+        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real -C cmake.define.FLASHATTN2_HEAD_DIMS=128 \
+        -C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=d64;window;varlen;mods" \
+        -C cmake.define.FLASHATTN2_EXPERIMENTAL=none -C build-dir=/tmp/build-ab \
+      && rm -rf /tmp/ab && python3 -m zipfile -e /tmp/ab_whl/*.whl /tmp/ab ) \
+        > "$O/ab_build.txt" 2>&1 &
+    AB_PID=$!
+fi
+if want check; then
+    stamp tests
+    OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
+        PYTEST_ARGS=--ignore=tests/test_distributed.py SM80_TESTS=tests/test_bwd.py \
+        bash scripts/gpu_check.sh
+fi
+if want bwd; then
+    stamp "bench bwd"
+    python3 benchmarks/bench.py --modes bwd,fwd_bwd --headdims 64,128 --dtypes bf16 \
+        --impls flashattn2,flashattn2_sm80,sdpa_flash,sdpa_cudnn --out "$O/bwd"
+fi
+if want ab; then
+    stamp "bench dq_bulk A/B"
+    wait "$AB_PID"
+    tail -n 3 "$O/ab_build.txt"
+    for run in nobulk bulk nobulk2 bulk2; do
+        pp=""; [[ $run == nobulk* ]] && pp=/tmp/ab
+        PYTHONPATH=$pp python3 benchmarks/bench.py --modes bwd --headdims 128 --dtypes bf16 \
+            --impls flashattn2 --no-summary --out "$O/ab_$run" | tail -n 16
+    done
+fi
+if want bias; then
+    stamp "bench bias"
+    python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \
+        --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias --out "$O/bias"
+fi
+if want decode; then
+    stamp "bench decode"
+    python3 benchmarks/bench_decode.py --out "$O/decode"
+fi
+if want grid; then
+    stamp "bench grid"
+    python3 benchmarks/bench.py --grid --rep 30 --warmup 10 --out "$O/grid"
+fi
+stamp done
