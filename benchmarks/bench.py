@@ -500,7 +500,7 @@ def run_sweep(args):
     # (impl, variant) pairs: the variants run on flashattn2 only, the bias on BIAS_IMPLS.
     runs = [(i, "plain") for i in impls] + [
         (i, var) for var in variants(args)[1:] for i in impls
-        if i == "flashattn2" or (var == "bias" and i in BIAS_IMPLS)]
+        if i in ("flashattn2", "flashattn2_sm80") or (var == "bias" and i in BIAS_IMPLS)]
     total = len(configs) * len(args.modes) * len(runs)
     try:
         from tqdm import tqdm

@@ -47,6 +47,12 @@ if want ab; then
             --impls flashattn2 --no-summary --out "$O/ab_$run" | tail -n 16
     done
 fi
+if want variants; then
+    stamp "bench backward variants, Hopper vs mma.sync"
+    python3 benchmarks/bench.py --modes bwd --headdims 128 --dtypes bf16 --seqlens 2048,8192 \
+        --impls flashattn2,flashattn2_sm80 --softcap 30 --alibi --window 1024 --no-summary \
+        --out "$O/variants"
+fi
 if want bias; then
     stamp "bench bias"
     python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \

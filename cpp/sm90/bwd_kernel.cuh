@@ -72,10 +72,6 @@ struct BwdTraits {
   static constexpr int kRowBytes = kBlockM * 4;            // one of LSE, dsum per stage
   // dq_bulk: dQ staged per consumer warp (16 rows x 64 columns f32) for one bulk reduce-add.
   static constexpr bool kDqBulk = FLASHATTN2_SM90_BWD_DQ_BULK != 0;
-  // varlen (experimental): packed sequences (cu_seqlens), through BwdSeq<true>.
-  static constexpr bool kVarlen = FLASHATTN2_SM90_BWD_VARLEN != 0;
-  // mods (experimental): softcap and ALiBi (common/score_mod.cuh).
-  static constexpr bool kMods = FLASHATTN2_SM90_BWD_MODS != 0;
   static constexpr int kDqWarpBytes = 16 * 64 * 4;
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
@@ -170,7 +166,10 @@ struct BwdRange {
   }
 };
 
-template <typename Traits, typename Element>
+// kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
+// Instances of their own, so that plain calls run none of their code (with kMods in the one
+// d128 kernel, 24 B of spills and the logit pass cost every call ~10 %, H100 2026-11-25).
+template <typename Traits, typename Element, bool kVarlen, bool kMods>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -205,7 +204,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
   const int n0 = n_block * kBlockN;
   const int group = p.nheads / p.nheads_k;
-  const BwdSeq<Traits::kVarlen> seq(p, batch);
+  const BwdSeq<kVarlen> seq(p, batch);
   const BwdRange range(p, seq, n0, kBlockM, group);
   if (tid == 0) {
     mbar_init(bar_kv_full, 1);
@@ -213,7 +212,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mbar_init(bar_q_full(s), 1);
       mbar_init(bar_do_full(s), 1);
       mbar_init(bar_lse_full(s), 32);
-      mbar_init(bar_empty(s), 4 * Traits::kConsumers);  // one arrival per consumer warp
+      // One arrival per consumer thread: each releases its own reads of the LSE / dsum that
+      // warp 1 overwrites next (an arrive releases only the arriving thread's accesses;
+      // compute-sanitizer's racecheck flagged the one-lane-per-warp form).
+      mbar_init(bar_empty(s), 128 * Traits::kConsumers);
     }
     mbar_fence_init();
   }
@@ -296,10 +298,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
-    auto release = [&](uint32_t bar) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar);
-    };
     // acc (64 keys x 64 queries) = rows key0.. of sA times the stage's 64 rows of sB^T.
     auto gemm_t = [&](float (&acc)[kBlockM / 2], uint32_t a_base, uint32_t b_base) {
       wgmma_fence();
@@ -367,7 +365,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             }
         }
       }
-      if constexpr (Traits::kMods) {
+      if constexpr (kMods) {
         // Score mods (experimental): softcap and ALiBi through ScoreMod, the forward's
         // logits, with the masked scores (-inf above) kept at -inf (tanh(-inf) is finite).
         // One pass per n8 tile: P^T packed into the A fragments, then acc_s = P^T o
@@ -458,7 +456,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       fence_regs(acc_dq);
       fence_regs(acc_dk);
       fence_regs(acc_dv);
-      release(bar_empty(s));  // sQ, sdO, LSE, dsum of stage s are read
+      mbar_arrive(bar_empty(s));  // sQ, sdO, LSE, dsum of stage s are read
 
       // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64
       // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at

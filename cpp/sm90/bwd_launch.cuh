@@ -11,6 +11,20 @@
 #include "sm90/tma_map.h"
 
 namespace flashattn2 {
+namespace sm90 {
+
+template <typename Traits, typename Element, bool kVarlen, bool kMods>
+void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
+  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods>;
+  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
+  // Causal: the first key blocks see the most query blocks and launch first.
+  const BwdParams& p = args.p;
+  const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch");
+}
+
+}  // namespace sm90
 
 template <typename Element, int kHeadDim>
 bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
@@ -29,12 +43,19 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
                          p.v_row_stride, p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
   if (!mapped) return false;
   run_bwd_preprocess<Element, kHeadDim>(p, stream);
-  constexpr auto kernel = sm90::bwd_kernel<Traits, Element>;
-  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
-  // Causal: the first key blocks see the most query blocks and launch first.
-  const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
-  check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch");
+  // Only the instances a build can reach (sm90_bwd_supports) are compiled.
+  constexpr bool kVarlenBuilt = FLASHATTN2_SM90_BWD_VARLEN != 0;
+  constexpr bool kModsBuilt = FLASHATTN2_SM90_BWD_MODS != 0;
+  const bool varlen = kVarlenBuilt && (p.cu_seqlens_q || p.cu_seqlens_k);
+  const bool mods = kModsBuilt && (p.softcap > 0.f || p.alibi_slopes);
+  if (varlen && mods)
+    sm90::launch_bwd<Traits, Element, kVarlenBuilt, kModsBuilt>(args, stream);
+  else if (varlen)
+    sm90::launch_bwd<Traits, Element, kVarlenBuilt, false>(args, stream);
+  else if (mods)
+    sm90::launch_bwd<Traits, Element, false, kModsBuilt>(args, stream);
+  else
+    sm90::launch_bwd<Traits, Element, false, false>(args, stream);
   run_bwd_convert_dq<Element, kHeadDim>(p, stream);
   return true;
 }

@@ -27,6 +27,9 @@ __version__ = _C.__version__
 KERNEL_HEAD_DIM = tuple(_C.kernel_head_dim(d) if d else -1 for d in range(257))
 # Largest head dim the backward supports in this build (0 if none).
 BWD_MAX_HEAD_DIM = _C.bwd_max_head_dim()
+# FLASHATTN2_EXPERIMENTAL features built in ("bias"), read once: the per-call checks (traced
+# by torch.compile, which cannot call into _C) only look at this set.
+EXPERIMENTAL = frozenset(dict(_C.build_info()).get("experimental", ()))
 
 # On Hopper (sm_90) GPUs the forward and backward run the wgmma / TMA kernels of cpp/sm90 for
 # what they support; True sends every call to the mma.sync kernels of cpp/sm80 instead (set by

@@ -29,7 +29,6 @@ through the L1 cache; a (b, h, sq, sk) bias is read once per forward and once pe
 on sm_90 the Hopper forward (more than 64 query rows, no dropout) and the mma.sync backward
 (the Hopper backward does not take a bias yet), elsewhere the mma.sync kernels.
 """
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -52,11 +51,9 @@ from .interface import (
 _DTYPES = (_HALF, _BF16, _FP32, torch.bool)
 
 
-@functools.lru_cache(maxsize=None)
 def bias_built():
-    """True when this build's kernels take an attention bias (read once: it is checked on
-    every call with a bias or mask)."""
-    return "bias" in _ext.build_info().get("experimental", ())
+    """True when this build's kernels take an attention bias."""
+    return "bias" in _ext.EXPERIMENTAL
 
 
 def check_bias(attn_bias, full, name="attn_bias"):

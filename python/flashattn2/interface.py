@@ -166,6 +166,9 @@ def _mod_kwargs(softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None, a
     mods = dict(softcap=float(softcap), alibi_slopes=alibi, alibi_batch_stride=alibi_batch_stride,
                 rng_state=rng, dropout_p=float(dropout_p))
     if attn_bias is not None:  # (in q's dtype: bias.bias_view)
+        if attn_bias.dtype not in (_HALF, _BF16):  # the kernels read 2-byte elements
+            raise TypeError(f"flashattn2: the kernels' attn_bias is float16 or bfloat16 (q's "
+                            f"dtype), got {attn_bias.dtype}; bias.bias_view casts it")
         mods.update(attn_bias=attn_bias.data_ptr(), bias_strides=tuple(attn_bias.stride()),
                     bias_dtype=1 if attn_bias.dtype is _BF16 else 0)
     return mods
