@@ -656,8 +656,8 @@ PYBIND11_MODULE(_C, m) {
         "'archs': SASS compute capabilities, 'ptx_archs': PTX compute capabilities, "
         "'head_dims': kernel head dims, 'bwd_head_dims': backward kernel head dims, "
         "'sm90_fwd_head_dims' / 'sm90_bwd_head_dims': those of the Hopper forward / backward, "
-        "'sm90_bwd_experimental': its unvalidated extensions built in, 'experimental': other "
-        "unvalidated features built in (development builds)}.");
+        "'sm90_bwd_experimental': its optional parts built in (FLASHATTN2_SM90_BWD_EXPERIMENTAL), "
+        "'experimental': other optional features built in (FLASHATTN2_EXPERIMENTAL)}.");
 
   m.attr("__version__") = flashattn2::version();
 }

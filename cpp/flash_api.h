@@ -104,7 +104,7 @@ int kernel_head_dim(int headdim);
 std::vector<int> built_head_dims();  // e.g. {32, 64, 96, 128, 192, 256}
 std::vector<int> built_sm90_head_dims();  // the Hopper forward's, e.g. {64, 128, 192, 256}
 std::vector<int> built_sm90_bwd_head_dims();  // the Hopper backward's: {128}, {64, 128} or {}
-// FLASHATTN2_SM90_BWD_EXPERIMENTAL as built, comma-separated ("" in release builds).
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL as built, comma-separated (default "window,varlen,mods,dq_bulk").
 std::string built_sm90_bwd_experimental();
 std::vector<int> built_archs();      // SASS archs, e.g. {80, 90}
 std::vector<int> built_ptx_archs();  // PTX archs, e.g. {90}

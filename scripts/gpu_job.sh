@@ -2,7 +2,8 @@
 # The whole GPU session as one detached job (scripts/gpu_detach.sh start bash scripts/gpu_job.sh):
 # build, self-check, the suite (less the CPU-only test_distributed.py, which CI runs), the
 # mma.sync backward tests again under FLASHATTN2_FORCE_SM80, compute-sanitizer, then the
-# benchmarks in priority order, each into its own folder of $JOB_OUT. Steps to skip: SKIP
+# benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
+# own folder of $JOB_OUT. Steps to skip: SKIP
 # (space-separated names of the steps below). Meanwhile a second build without dq_bulk
 # (d128 only) serves as the A of the dq_bulk A/B.
 set -u
@@ -65,5 +66,9 @@ fi
 if want grid; then
     stamp "bench grid"
     python3 benchmarks/bench.py --grid --rep 30 --warmup 10 --out "$O/grid"
+fi
+if want cp; then
+    stamp "bench context parallel (2 GPUs)"
+    bash scripts/cp_bench.sh --out "$O/cp"
 fi
 stamp done

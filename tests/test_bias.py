@@ -224,31 +224,17 @@ def _reference(q, k, v, bias, upcast, causal=False, window_size=(-1, -1), softca
     return torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v).to(dtype)
 
 
-def _check(ours, ref, low, name, atol, ref_given=None):
-    """The 2x rule; ``ref_given``: the float32 FA2 backward at our output (``_dbias_given``),
-    the closer of the two references counts (as test_fuzz.check_rule)."""
+def _check(ours, ref, low, name, atol):
+    """The 2x rule, the atol a rounding at magnitude 1 scaled to the binade of the largest
+    reference value (test_fuzz.check_rule): dbias of a bias shared by all heads sums their
+    dS, which reach ~10 (|dP| ~ sqrt(d)), where one bf16 rounding is 0.03 (H100, d64 bf16:
+    ours 2.2e-2, PyTorch's 8.8e-3 on the same inputs, both below that rounding)."""
     err = (ours.float() - ref.float()).abs().max().item()
-    if ref_given is not None:
-        err = min(err, (ours.float() - ref_given.float()).abs().max().item())
     base = (low.float() - ref.float()).abs().max().item()
+    peak = ref.float().abs().max().item()
+    atol *= 2.0 ** math.floor(math.log2(peak)) if peak >= 1 else 1.0
     assert not math.isnan(err), f"{name}: NaN"
     assert err <= 2 * base + atol, f"{name}: max error {err:.3e} > 2 x {base:.3e} + {atol}"
-
-
-def _dbias_given(q, k, bias_full, out, ref_out, dout, shape, causal, window_size, softcap,
-                 alibi_slopes):  # fmt: skip
-    """dbias of the float32 FA2 backward evaluated at our (rounded) output: its D =
-    rowsum(dO * out) is off by delta = rowsum(dO * (out - ref_out)), which moves dS = P (dP -
-    D) by -P delta. A bias shared by all heads ("keys") sums that shift over the heads, where
-    the same keys dominate, so it adds up instead of averaging out (one bf16 case: 2.7e-2
-    against PyTorch's 8.8e-3 on an H100)."""
-    scores, _ = attention_scores(q.float(), k.float(), causal, window_size, None, softcap,
-                                 alibi_slopes)  # fmt: skip
-    scores = scores + bias_full.float()
-    dead = torch.isneginf(scores).all(-1, keepdim=True)
-    probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
-    delta = (dout.float() * (out.float() - ref_out.float())).sum(-1).transpose(1, 2)
-    return bias_mod.reduce_to(probs * delta.unsqueeze(-1), shape)
 
 
 def _make_bias(kind, batch, nheads, seqlen_q, seqlen_k, dtype):
@@ -277,13 +263,10 @@ def _run_case(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, bias_
                              window_size, softcap, slopes)  # fmt: skip
         results[upcast] = (ref_out, *torch.autograd.grad(ref_out, ref_leaves, dout))
     atol = 4e-3 if dtype is torch.bfloat16 else 1e-3  # test_sdpa.py ATOL
-    shift = _dbias_given(q, k, bias.expand(full), out, results[True][0], dout, bias.shape, causal,
-                         window_size, softcap, slopes)  # fmt: skip
     for i, name in enumerate(("out", "dq", "dk", "dv", "dbias")):
         ours = out if i == 0 else grads[i - 1]
         assert ours.shape == results[True][i].shape and ours.dtype == results[True][i].dtype
-        given = results[True][4].float() - shift if name == "dbias" else None
-        _check(ours, results[True][i], results[False][i], name, atol, given)
+        _check(ours, results[True][i], results[False][i], name, atol)
     return out, grads
 
 
@@ -432,7 +415,7 @@ def test_compile_fullgraph_matches_eager(shape):
 def test_opcheck_bias_operators():
     q, k, v = _qkv(2, 77, 130, 4, 2, 64, device="cuda", dtype=torch.float16)
     bias = torch.randn(2, 1, 77, 130, device="cuda").expand(2, 4, 77, 130)
-    args = (q, k, v, bias, 0.125, -1, 0)
+    args = (q, k, v, bias, 0.125, -1, -1)  # (window -1, -1: full, as flash_attn_func's default)
     torch.library.opcheck(torch.ops.flashattn2.fwd_bias.default, args)
     out, lse = torch.ops.flashattn2.fwd_bias(*args)
     torch.testing.assert_close(out, flashattn2.flash_attn_func(q, k, v, attn_bias=bias),

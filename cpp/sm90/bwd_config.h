@@ -27,14 +27,14 @@ constexpr Sm90BwdTile sm90_bwd_tile(int /*head_dim: 64 or 128*/) {
   return Sm90BwdTile{64, 128, 2, 240, 24};
 }
 
-// Kernel head dims of the sm90 backward (built: 128, and 64 with FLASHATTN2_SM90_BWD_EXPERIMENTAL
-// d64; built_config.h FLASHATTN2_SM90_BWD_HEAD_DIMS).
+// Kernel head dims of the sm90 backward (built: 128, and 64 with the opt-in d64 of
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL; built_config.h FLASHATTN2_SM90_BWD_HEAD_DIMS).
 constexpr bool sm90_bwd_head_dim(int kernel_head_dim) {
   return kernel_head_dim == 64 || kernel_head_dim == 128;
 }
 
-// dq_bulk (FLASHATTN2_SM90_BWD_EXPERIMENTAL): each consumer warp stages its 16 x 64 f32 block
-// of dQ per step (4 KiB) for one bulk reduce-add.
+// dq_bulk (FLASHATTN2_SM90_BWD_EXPERIMENTAL, on by default): each consumer warp stages its
+// 16 x 64 f32 block of dQ per step (4 KiB) for one bulk reduce-add.
 constexpr int sm90_bwd_dq_stage_bytes(int head_dim) {
   return FLASHATTN2_SM90_BWD_DQ_BULK ? (sm90_bwd_tile(head_dim).block_n / 64) * 4 * 16 * 64 * 4
                                      : 0;
@@ -50,12 +50,12 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 }
 
 // The backwards the sm90 kernel serves (everything else runs the mma.sync backward of
-// cpp/sm80): dense fp16 / bf16 of kernel head dims 64 (33-64) and 128 (97-128), full or causal
-// attention, MHA or GQA. Not yet: varlen, sliding windows, softcap, ALiBi, dropout,
-// deterministic mode, other head dims.
-// Experimental (FLASHATTN2_SM90_BWD_EXPERIMENTAL, not yet run on a GPU): window, any sliding
-// window, not only causal or full (the kernel's masks and query-block range take both
-// bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>); mods, softcap and ALiBi.
+// cpp/sm80): dense fp16 / bf16 of kernel head dims 128 (97-128) and, where built (d64,
+// opt-in), 64 (33-64), full or causal attention, MHA or GQA; and with the extensions of
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL (validated on an H100, on by default): window, any
+// sliding window, not only causal or full (the kernel's masks and query-block range take
+// both bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>); mods, softcap and
+// ALiBi. Not served: dropout, deterministic mode, an attention bias, other head dims.
 // (dq_chains > 1 only comes with deterministic mode: bwd_dq_chains.)
 inline bool sm90_bwd_supports(const BwdParams& p) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;

@@ -31,9 +31,9 @@
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
-// Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense (varlen: experimental, BwdSeq),
-// full or causal attention (windows: experimental),
-// no score mods / dropout / deterministic mode (sm90_bwd_supports).
+// Limits: kernel head dims 64 and 128 (d 33-64, 97-128; d64 an opt-in build), dense or varlen
+// (BwdSeq), full, causal or sliding-window attention, softcap / ALiBi (kMods); no dropout /
+// attention bias / deterministic mode (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -105,11 +105,11 @@ struct BwdArgs {
 // Named barrier of the two consumer warpgroups (0 is __syncthreads).
 constexpr int kBarDS = 1;
 
-// The batch entry's sequences. Dense (BwdSeq<false>, what the default build compiles): the
-// params' lengths, rows from 0 of batch entry `batch`, read straight from the params.
-// Varlen (BwdSeq<true>, FLASHATTN2_SM90_BWD_EXPERIMENTAL=varlen; dense calls too): SeqInfo's
-// lengths and first rows; packed tensors are one batch entry of the TMA maps (bwd_launch.cuh),
-// and the workspaces use ws_row0's per-sequence layout.
+// The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
+// what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read
+// straight from the params. Varlen (BwdSeq<true>, varlen calls only): SeqInfo's lengths and
+// first rows; packed tensors are one batch entry of the TMA maps (bwd_launch.cuh), and the
+// workspaces use ws_row0's per-sequence layout.
 template <bool kVarlen>
 struct BwdSeq {
   const BwdParams& p;
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       if constexpr (kMods) {
-        // Score mods (experimental): softcap and ALiBi through ScoreMod, the forward's
+        // Score mods: softcap and ALiBi through ScoreMod, the forward's
         // logits, with the masked scores (-inf above) kept at -inf (tanh(-inf) is finite).
         // One pass per n8 tile: P^T packed into the A fragments, then acc_s = P^T o
         // d logit / d(scale s) (1 - t^2 with softcap, else 1), which the dS^T pass below

@@ -31,7 +31,7 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Traits = sm90::BwdTraits<kHeadDim>;
   sm90::BwdArgs args;
   args.p = p;
-  const auto [rows_q, rows_k, batch_q, batch_k] = sm90::map_rows(p);  // varlen: experimental
+  const auto [rows_q, rows_k, batch_q, batch_k] = sm90::map_rows(p);  // varlen: one batch entry
   const bool mapped =
       sm90::make_tma_map(&args.q, p.q, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
                          p.q_row_stride, p.q_head_stride, p.q_batch_stride, Traits::kBlockM) &&

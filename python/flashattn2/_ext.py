@@ -44,9 +44,10 @@ if SM90_TILE_WALK not in ("auto", "counter", "blocks"):
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
-# sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense, full or causal,
-# MHA / GQA, fp16 / bf16, not deterministic; the rest runs the mma.sync backward). FLASHATTN2_SM90_BWD=0 at import
-# turns it off; force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
+# sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
+# window, softcap / ALiBi, MHA / GQA, fp16 / bf16; not dropout, deterministic mode or a bias:
+# those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at import turns it off;
+# force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
 SM90_BWD = os.environ.get("FLASHATTN2_SM90_BWD", "1") not in ("", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None

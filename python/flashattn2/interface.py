@@ -63,7 +63,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     device; see ``_rng_state``). ``num_splits``: split-KV count, 0 = the heuristic (splits
     only when the grid would not fill the GPU). ``attn_bias``: None, or a
     ``(b, h, sq, sk)`` view (any strides) in q's dtype added to the logits (``bias.py``;
-    builds with FLASHATTN2_EXPERIMENTAL=bias).
+    builds with FLASHATTN2_EXPERIMENTAL=bias, the default).
     """
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -683,9 +683,9 @@ def flash_attn_func(
             probabilities (for testing).
         attn_bias: keyword only, None or a tensor broadcastable to ``(batch, nheads,
             seqlen_q, seqlen_k)`` (float16 / bfloat16 / float32, added to the logits after
-            softcap and ALiBi; or bool, True = attend), differentiable. Experimental: needs a
-            build with ``FLASHATTN2_EXPERIMENTAL=bias`` (``bias.py``), else
-            NotImplementedError; not with ``return_attn_probs`` and dropout.
+            softcap and ALiBi; or bool, True = attend), differentiable. Needs the bias
+            kernels (``FLASHATTN2_EXPERIMENTAL=bias``, the default; ``bias.py``): builds
+            without them raise NotImplementedError; not with ``return_attn_probs`` and dropout.
 
     Returns:
         ``out`` like q, or ``(out, softmax_lse, S_dmask)`` when ``return_attn_probs``:

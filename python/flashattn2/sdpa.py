@@ -48,9 +48,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             dims broadcastable as in torch, ``E, Ev <= 256``.
         attn_mask: None, or broadcastable to ``(..., Hq, L, S)``: bool (True = attend) or
             float16 / bfloat16 / float32 (added to the scaled scores), as torch; not with
-            ``is_causal``. A float mask that requires grad gets its gradient. Experimental:
-            builds with ``FLASHATTN2_EXPERIMENTAL=bias`` only (``bias.py``), else
-            NotImplementedError. A row whose keys are all masked gives 0 (as torch >= 2.5).
+            ``is_causal``. A float mask that requires grad gets its gradient. Needs the bias
+            kernels (``FLASHATTN2_EXPERIMENTAL=bias``, the default; ``bias.py``): builds
+            without them raise NotImplementedError. A row whose keys are all masked gives 0
+            (as torch >= 2.5).
         dropout_p: in [0, 1) (torch also takes 1.0).
         is_causal: top-left aligned causal mask, as torch: key j visible to query i iff j <= i.
         scale: positive and finite (torch also takes 0 and negative values); default
@@ -73,7 +74,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None and not bias_built():
         raise NotImplementedError(
             "flashattn2.scaled_dot_product_attention: attn_mask needs a build with "
-            "FLASHATTN2_EXPERIMENTAL=bias (not yet validated on a GPU); use "
+            "FLASHATTN2_EXPERIMENTAL=bias (the default; this build was made without it); use "
             "is_causal=True for a causal mask, flashattn2.flash_attn_func(window_size=...) for "
             "a sliding window, flash_attn_varlen_func for padding masks (packed sequences), "
             "or torch.nn.functional.scaled_dot_product_attention for other masks"
