@@ -4,8 +4,8 @@
 # mma.sync backward tests again under FLASHATTN2_FORCE_SM80, compute-sanitizer, then the
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
 # own folder of $JOB_OUT. Steps to skip: SKIP
-# (space-separated names of the steps below). Meanwhile a second build without dq_bulk
-# (d128 only) serves as the A of the dq_bulk A/B.
+# (space-separated names of the steps below). Meanwhile second builds serve A/B runs: ab,
+# without dq_bulk (d128); bias_smem, with the staged bias of the Hopper forward (d64, d128).
 set -u
 O=${JOB_OUT:-gpu_logs}
 SKIP=" ${SKIP:-} "
@@ -26,6 +26,15 @@ if want ab; then
       && rm -rf /tmp/ab && python3 -m zipfile -e /tmp/ab_whl/*.whl /tmp/ab ) \
         > "$O/ab_build.txt" 2>&1 &
     AB_PID=$!
+fi
+if want bias_smem; then
+    stamp "bias_smem build (d64, d128), in the background"
+    ( python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/bs_whl . \
+        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
+        -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;bias_smem" -C build-dir=/tmp/build-bs \
+      && rm -rf /tmp/bs && python3 -m zipfile -e /tmp/bs_whl/*.whl /tmp/bs ) \
+        > "$O/bias_smem_build.txt" 2>&1 &
+    BS_PID=$!
 fi
 if want check; then
     stamp tests
@@ -53,6 +62,24 @@ if want variants; then
     python3 benchmarks/bench.py --modes bwd --headdims 128 --dtypes bf16 --seqlens 2048,8192 \
         --impls flashattn2,flashattn2_sm80 --softcap 30 --alibi --window 1024 --no-summary \
         --out "$O/variants"
+fi
+if want bias_smem; then
+    stamp "bias_smem: tests, sanitizers and the A/B against the default build"
+    wait "$BS_PID"
+    tail -n 2 "$O/bias_smem_build.txt"
+    PYTHONPATH=/tmp/bs timeout 600 python3 -m pytest tests/test_bias.py tests/test_sdpa.py -q -ra \
+        --junitxml="$O/junit_bias_smem.xml" | tail -n 5
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck; do
+        PYTHONPATH=/tmp/bs PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$san" --tool $tool \
+            --error-exitcode 1 python3 scripts/sanitize_subset.py 2>&1 | tail -n 3
+    done
+    for run in default staged default2 staged2; do
+        pp=""; [[ $run == staged* ]] && pp=/tmp/bs
+        PYTHONPATH=$pp python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 \
+            --dtypes bf16 --modes fwd --impls flashattn2 --bias --no-summary \
+            --out "$O/bias_$run" | tail -n 14
+    done
 fi
 if want bias; then
     stamp "bench bias"

@@ -287,6 +287,18 @@ constexpr bool has_bias(const Params& p) {
 #endif
 }
 
+// True when every row of every (batch, head) plane of the bias starts on 16 bytes and its
+// keys are contiguous (the staged bias of the Hopper forward; FLASHATTN2_BIAS_SMEM).
+template <typename Params>
+bool bias_rows_16b(const Params& p) {
+#if FLASHATTN2_BIAS
+  return p.bias_col_stride == 1 && p.bias_row_stride % 8 == 0 && p.bias_head_stride % 8 == 0 &&
+         p.bias_batch_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.attn_bias) % 16 == 0;
+#else
+  return (void)p, false;
+#endif
+}
+
 // True when any score modifier is on (the kernels then run their kMods instance).
 template <typename Params>
 bool has_score_mods(const Params& p) {

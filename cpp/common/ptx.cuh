@@ -23,6 +23,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(src_bytes));
 }
 
+// The same with the first src_bytes (0..16) read and the rest of the 16 zero-filled.
+__device__ __forceinline__ void cp_async_16_bytes(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
 // cp.async.ca.shared.global, 4 bytes (for per-row float vectors); zero-fill when !pred.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool pred) {
   const int src_bytes = pred ? 4 : 0;

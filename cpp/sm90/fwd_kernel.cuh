@@ -38,7 +38,8 @@
 //          sQ is released after the epilogue instead.
 //   mods   kMods: softcap / ALiBi as the sm80 kMods instance (common/score_mod.cuh): S becomes
 //          base-2 logits before the mask. Dropout runs on the sm80 kernels. kBias (with
-//          kMods, FLASHATTN2_BIAS builds): an attention bias too, one load per score.
+//          kMods, FLASHATTN2_BIAS builds): an attention bias too, one load per score, or
+//          (kBiasSmem, experimental) staged per key step in shared memory by cp.async.
 //   limits kernel head dims 64, 128, 192, 256 (whole chunks); d <= kHeadDim (TMA zero-fills
 //          the columns past d and clips them on store); 16-byte aligned pointers, strides
 //          multiples of 8 elements (TMA needs 16 bytes), checked by the host API.
@@ -83,6 +84,15 @@ struct FwdTraits {
                         1024 <= kSmemBytes, "smem budget");
   static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
                 "register budget: setmaxnreg.inc would hang");
+  // Staged bias (experimental, FLASHATTN2_BIAS_SMEM): one 64 x 128 tile per consumer
+  // warpgroup, 256-byte rows, after the barriers (+ 128 bytes to align it); where it fits
+  // (d64, d128: 128-key steps).
+  static constexpr int kBiasSmemBytes = kConsumers * 64 * 256;
+  static constexpr bool kBiasSmemFits =
+      kBlockN == 128 && kSmemBytes + kBiasSmemBytes + 128 <= kSm90SmemLimit;
+  static constexpr int smem_bytes(bool bias_smem) {
+    return kSmemBytes + (bias_smem ? kBiasSmemBytes + 128 : 0);
+  }
 };
 
 // The kernel's arguments: TMA maps of q, k, v, o (tma_map.h), the forward params, and the
@@ -96,11 +106,12 @@ struct FwdArgs {
   int* tile_counter;
 };
 
-// Named barriers (0 is __syncthreads): the consumers' MMA turn (1 + c) and each consumer's
-// epilogue (1 + kMaxConsumers + c).
+// Named barriers (0 is __syncthreads): the consumers' MMA turn (1 + c), each consumer's
+// epilogue (1 + kMaxConsumers + c) and its staged bias tile (1 + 2 kMaxConsumers + c).
 constexpr int kMaxConsumers = 3;
 constexpr int kBarTurn = 1;
 constexpr int kBarEpilogue = 1 + kMaxConsumers;
+constexpr int kBarBias = 1 + 2 * kMaxConsumers;
 
 // One tile of the persistent loop: its coordinates, sequence and visible key blocks.
 template <int kBlockM, int kBlockN>
@@ -141,7 +152,11 @@ struct FwdTileWork {
   __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
 };
 
-template <typename Traits, typename Element, bool kMods, bool kBias = false>
+// kBiasSmem (with kBias; experimental): the bias tile of each key step is staged in shared
+// memory by cp.async one step ahead, instead of one global load per score (fwd_launch.cuh
+// picks it for 16-byte aligned biases with unit key stride).
+template <typename Traits, typename Element, bool kMods, bool kBias = false,
+          bool kBiasSmem = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -171,6 +186,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   auto bar_tile_empty = [&](int t) { return bars + 8 * (4 + 4 * kStages + (t & 1)); };
   const uint32_t tile_slots = bars + 8 * (6 + 4 * kStages);
   auto tile_slot = [&](int t) { return tile_slots + 4 * (t & 1); };
+  static_assert(!kBiasSmem || (kBias && Traits::kBiasSmemFits), "staged bias");
+  [[maybe_unused]] const uint32_t sBias = (tile_slots + 8 + 127) & ~127u;  // kBiasSmem
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -312,11 +329,46 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 #pragma unroll
       for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
 
+      // kBiasSmem: the warpgroup's 64 rows x 128 keys of the bias for key block n_block
+      // into its tile of sBias, 8 16-byte cp.async per thread (consecutive threads take a
+      // row's consecutive chunks), chunk c of row r at (c ^ r % 8) 16 bytes; rows past
+      // seqlen_q and keys past seqlen_k are zero-filled (the global path's 0 there).
+      const uint32_t sBias_wg = sBias + consumer * 64 * 256;
+      auto bias_issue = [&](int n_block) {
+        if constexpr (kBiasSmem) {
+          const int tid_wg = tid % 128;
+          const auto* plane = static_cast<const Element*>(softmax.mod.bias_plane);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int idx = tid_wg + 128 * i, row = idx / 16, chunk = idx % 16;
+            const int query = wg_first + row, key = n_block * kBlockN + 8 * chunk;
+            const int bytes = query < seqlen_q ? 2 * min(max(seqlen_k - key, 0), 8) : 0;
+            const Element* src =
+                bytes > 0 ? plane + int64_t(query) * softmax.mod.bias_row + key : plane;
+            ptx::cp_async_16_bytes(sBias_wg + row * 256 + ((chunk ^ (row % 8)) * 16), src,
+                                   bytes);
+          }
+          ptx::cp_async_commit();
+        }
+      };
+
       // Mods, mask (only on blocks that need it) and online softmax of S (n_block).
       auto step_softmax = [&](float (&acc_s)[kBlockN / 2], int n_block, float (&correction)[2]) {
         const int col0 = n_block * kBlockN;
-        softmax.template apply_mods<Element>(acc_s, row0_pos + offset - col0 - 2 * q, row0_pos, col0 + 2 * q,
-                           seqlen_q, seqlen_k);
+        if constexpr (kBiasSmem) {
+          // This step's tile is in (every thread's copies, then the warpgroup's barrier);
+          // after the reads, a second barrier frees the buffer for the next step's tile.
+          ptx::cp_async_wait<0>();
+          named_sync(kBarBias + consumer, 128);
+          softmax.template apply_mods<Element, true>(
+              acc_s, row0_pos + offset - col0 - 2 * q, row0_pos, col0 + 2 * q, seqlen_q,
+              seqlen_k, sBias_wg + (16 * warp_in_wg + g) * 256 + 4 * q, uint32_t(g) << 4);
+          named_sync(kBarBias + consumer, 128);
+          if (n_block > w.n_block_min) bias_issue(n_block - 1);
+        } else {
+          softmax.template apply_mods<Element>(acc_s, row0_pos + offset - col0 - 2 * q, row0_pos,
+                                               col0 + 2 * q, seqlen_q, seqlen_k);
+        }
         const bool need_mask =
             col0 + kBlockN > seqlen_k ||
             (p.window_right >= 0 && col0 + kBlockN - 1 > wg_first + offset + p.window_right) ||
@@ -343,6 +395,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
       mbar_wait(bar_q_full, t++ & 1);
       int n_block = w.n_block_max - 1;
+      if (kBiasSmem && n_block >= w.n_block_min) bias_issue(n_block);
       if (n_block >= w.n_block_min) {
         float acc_s[kBlockN / 2];
         float correction[2];

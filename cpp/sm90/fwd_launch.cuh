@@ -44,18 +44,28 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   args.tile_counter = equal_tiles ? nullptr : p.tile_counter;
   const bool persistent = equal_tiles || args.tile_counter != nullptr;
   const dim3 grid(unsigned(persistent ? std::min<int64_t>(tiles, num_sms) : tiles));
-  auto launch = [&](auto mods, auto bias) {
-    constexpr auto kernel =
-        sm90::fwd_kernel<Traits, Element, decltype(mods)::value, decltype(bias)::value>;
-    raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  auto launch = [&](auto mods, auto bias, auto bias_smem) {
+    constexpr bool kBiasSmem = decltype(bias_smem)::value;
+    constexpr auto kernel = sm90::fwd_kernel<Traits, Element, decltype(mods)::value,
+                                             decltype(bias)::value, kBiasSmem>;
+    constexpr int kSmem = Traits::smem_bytes(kBiasSmem);
+    raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");
+    kernel<<<grid, Traits::kThreads, kSmem, stream>>>(args);
   };
   if (has_bias(p)) {  // (FLASHATTN2_BIAS builds only)
-    if constexpr (FLASHATTN2_BIAS) launch(std::true_type{}, std::true_type{});
+    if constexpr (FLASHATTN2_BIAS) {
+      // The staged bias (experimental, FLASHATTN2_BIAS_SMEM) copies 16-byte chunks of 8 keys:
+      // unit key stride, and every row of every (batch, head) plane 16-byte aligned.
+      constexpr bool kStaged = FLASHATTN2_BIAS_SMEM && Traits::kBiasSmemFits;
+      if (kStaged && bias_rows_16b(p))
+        launch(std::true_type{}, std::true_type{}, std::bool_constant<kStaged>{});
+      else
+        launch(std::true_type{}, std::true_type{}, std::false_type{});
+    }
   } else if (has_score_mods(p)) {
-    launch(std::true_type{}, std::false_type{});
+    launch(std::true_type{}, std::false_type{}, std::false_type{});
   } else {
-    launch(std::false_type{}, std::false_type{});
+    launch(std::false_type{}, std::false_type{}, std::false_type{});
   }
   check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
   if (p.num_splits > 1) launch_combine<Element>(p, stream);

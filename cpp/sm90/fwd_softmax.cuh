@@ -11,6 +11,7 @@
 #include "common/flash.h"
 #include "common/ptx.cuh"
 #include "common/score_mod.cuh"
+#include "sm90/warpgroup.cuh"
 
 namespace flashattn2 {
 namespace sm90 {
@@ -49,11 +50,15 @@ struct FwdSoftmax {
   // Softcap / ALiBi, then the attention bias (before the mask, which then sets -inf). dist0:
   // row + offset - col of the thread's element (r = 0, nt = 0, e = 0); row0 / col0: its
   // query and key (bias instance only, with the sequence's lengths for the tails; the bias
-  // is of the attention's Element type).
-  template <typename Element>
+  // is of the attention's Element type). kBiasSmem (experimental, FLASHATTN2_BIAS_SMEM): the
+  // tile's bias is staged in shared memory (fwd_kernel.cuh, zero past the tails): sbias is
+  // the address of the thread's row r = 0 plus 4 q, row r = 1 is 8 rows (2 KiB) on, and n8
+  // tile nt of a row sits at chunk nt ^ g (gx = 16 g), so that the 8 rows of a warp's reads
+  // fall in distinct banks.
+  template <typename Element, bool kBiasSmem = false>
   __device__ __forceinline__ void apply_mods(float (&s)[kBlockN / 2], int dist0, int row0 = 0,
-                                             int col0 = 0, int seqlen_q = 0,
-                                             int seqlen_k = 0) const {
+                                             int col0 = 0, int seqlen_q = 0, int seqlen_k = 0,
+                                             uint32_t sbias = 0, uint32_t gx = 0) const {
     if constexpr (kMods) {
       if (mod.softcap > 0.f) {
 #pragma unroll
@@ -73,15 +78,29 @@ struct FwdSoftmax {
         if (mod.has_bias()) {
           // fmaf(bias, log2 e, logit) as the sm80 kernels (and their backward) compute it.
           const float mult = mod.slope_log2 != 0.f ? 1.f : mod.mult();
+          if constexpr (kBiasSmem) {
+            static_assert(kBlockN == 128, "staged bias rows: 16 chunks of 8 keys");
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
+            for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = row0 + 8 * (e >> 1), j = col0 + 8 * nt + (e & 1);
-              const float b =
-                  i < seqlen_q && j < seqlen_k ? mod.template bias_at<Element>(i, j) : 0.f;
-              s[4 * nt + e] = fmaf(b, kLog2e, s[4 * nt + e] * mult);
-            }
+              for (int r = 0; r < 2; ++r) {
+                const uint32_t pair =
+                    ld_shared_b32(sbias + r * 8 * 256 + ((uint32_t(nt) << 4) ^ gx));
+                const float2 b = ptx::unpack2<Element>(pair);
+                s[4 * nt + 2 * r] = fmaf(b.x, kLog2e, s[4 * nt + 2 * r] * mult);
+                s[4 * nt + 2 * r + 1] = fmaf(b.y, kLog2e, s[4 * nt + 2 * r + 1] * mult);
+              }
+          } else {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int i = row0 + 8 * (e >> 1), j = col0 + 8 * nt + (e & 1);
+                const float b =
+                    i < seqlen_q && j < seqlen_k ? mod.template bias_at<Element>(i, j) : 0.f;
+                s[4 * nt + e] = fmaf(b, kLog2e, s[4 * nt + e] * mult);
+              }
+          }
         }
       }
     }
