@@ -12,7 +12,7 @@ so a failed comparison on one rank cannot leave the others waiting.
 CPU (gloo): the block attention is the float32 reference, so results must equal
 single-process reference attention within float32 rounding. CUDA (NCCL): bf16, held to
 the 2x rule (the larger of single-GPU flash_attn_func's and plain PyTorch bf16's error on the
-full sequence); past 16k tokens the references run by query chunks (_chunked).
+full sequence); past 16k tokens the references run by query chunks (_reference).
 """
 import datetime
 import json
@@ -72,25 +72,27 @@ def _shards(tensors, rank, world_size, layout):
             + [shard_sequence(g, rank, world_size, layout) for g in grads])  # fmt: skip
 
 
-# Sequences longer than this get their references by query chunks (_chunked): the dense
-# reference's (b, h, S, S) scores would not fit (8 heads at 128k: 512 GiB in float32).
+# Sequences up to this length get their references in one piece; longer ones by query
+# chunks of about 1 GiB of float32 scores (8 heads at 128k in one piece: 512 GiB).
 _DENSE_MAX = 16384
 
 
-def _chunked(q, k, v, dout, case, upcast, chunk=None):
-    """(out, lse, dq, dk, dv) of attention_ref on the full sequence, by query chunks: rows
-    i0..i1 against keys :i1 where the right window bound is 0 (causal: bottom-right aligned,
-    so each chunk's mask is the full sequence's rows of it), else all keys; dK / dV summed
-    over the chunks in float32. ``upcast``: float32 (the reference), else the inputs' dtype
-    (PyTorch's own error; its dK / dV then round once, after the sum). ``chunk`` rows (default:
-    about 1 GiB of float32 scores)."""
+def _reference(q, k, v, dout, case, upcast=True, chunk=None):
+    """(out, lse, dq, dk, dv) of attention_ref on the full sequence: ``upcast`` float32 (the
+    reference), else in the inputs' dtype (PyTorch's own error, the brief's base for the 2x
+    rule). By query chunks of ``chunk`` rows (default: the whole sequence up to _DENSE_MAX):
+    rows i0..i1 against keys :i1 where the right window bound is 0 (causal: bottom-right
+    aligned, so each chunk's mask is the full sequence's rows of it), else all keys; dK / dV
+    summed over the chunks in float32 (in the inputs' dtype they round once, after the sum)."""
     from flashattn2._reference import attention_ref
 
     kwargs = _attn_kwargs(case)
     right_bound_0 = kwargs["causal"] or kwargs["window_size"][1] == 0
-    assert right_bound_0 or kwargs["window_size"] == (-1, -1), "chunks: causal or full"
     batch, seqlen, nheads, _ = q.shape
-    chunk = chunk or max(128, min(seqlen, 2**28 // (batch * nheads * seqlen)))
+    if chunk is None:
+        chunk = seqlen if seqlen <= _DENSE_MAX else max(128, 2**28 // (batch * nheads * seqlen))
+    assert chunk >= seqlen or right_bound_0 or kwargs["window_size"] == (-1, -1), \
+        "chunks: causal or full attention"
     cast = (lambda t: t.detach().float()) if upcast else (lambda t: t.detach().clone())
     outs, lses, dqs = [], [], []
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
@@ -109,31 +111,6 @@ def _chunked(q, k, v, dout, case, upcast, chunk=None):
     dtype = torch.float32 if upcast else q.dtype
     return [torch.cat(outs, 1), torch.cat(lses, 2), torch.cat(dqs, 1), dk.to(dtype),
             dv.to(dtype)]
-
-
-def _reference(q, k, v, dout, case):
-    """(out, lse, dq, dk, dv) of float32 reference attention on the full sequence."""
-    from flashattn2._reference import attention_ref
-
-    if q.shape[1] > _DENSE_MAX:
-        return _chunked(q, k, v, dout, case, upcast=True)
-    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    out, lse = attention_ref(*leaves, **_attn_kwargs(case))
-    out.backward(dout.float())
-    return [out.detach(), lse] + [t.grad for t in leaves]
-
-
-def _torch_lowp(q, k, v, dout, case):
-    """(out, lse, dq, dk, dv) of plain PyTorch attention in the inputs' dtype: PyTorch's own
-    error, the brief's base for the 2x rule."""
-    from flashattn2._reference import attention_ref
-
-    if q.shape[1] > _DENSE_MAX:
-        return _chunked(q, k, v, dout, case, upcast=False)
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out, lse = attention_ref(*leaves, upcast=False, **_attn_kwargs(case))
-    out.backward(dout)
-    return [out.detach(), lse] + [t.grad for t in leaves]
 
 
 def _flash_single(q, k, v, dout, case):
@@ -184,7 +161,7 @@ def _run_case(case, rank, world_size, device):
     q, k, v, dout = _full_inputs(case, device, torch.bfloat16)
     ours = _distributed(case, q, k, v, dout, rank, world_size)
     flash = _shards(_flash_single(q, k, v, dout, case), rank, world_size, layout)
-    lowp = _shards(_torch_lowp(q, k, v, dout, case), rank, world_size, layout)
+    lowp = _shards(_reference(q, k, v, dout, case, upcast=False), rank, world_size, layout)
     ref = _shards(_reference(q, k, v, dout, case), rank, world_size, layout)
     _compare_gpu(ours, flash, lowp, ref, atol=case.get("atol", 4e-3))
     del ref, lowp, flash, ours

@@ -156,15 +156,15 @@ def test_chunked_references_match_the_dense_ones(case, upcast):
     """The long-sequence GPU cases' references (by query chunks) equal the dense ones: the
     chunk's rows against keys up to its last row reproduce the causal / window mask, and
     dK / dV sum over the chunks."""
-    from distributed_cases import _chunked, _reference, _torch_lowp
+    from distributed_cases import _reference
 
     case = dict(case, world_size=2, seqlen_local=80, nheads=4, nheads_k=2, headdim=16)
     gen = torch.Generator().manual_seed(7)
     dtype = torch.float32 if upcast else torch.bfloat16
     q, k, v, dout = (torch.randn(s, generator=gen).to(dtype)
                      for s in ((2, 160, 4, 16), (2, 160, 2, 16), (2, 160, 2, 16), (2, 160, 4, 16)))
-    dense = (_reference if upcast else _torch_lowp)(q, k, v, dout, case)
-    chunked = _chunked(q, k, v, dout, case, upcast, chunk=48)
+    dense = _reference(q, k, v, dout, case, upcast)
+    chunked = _reference(q, k, v, dout, case, upcast, chunk=48)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), chunked, dense):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         tol = dict(atol=1e-5, rtol=1e-5) if upcast else dict(atol=3e-2, rtol=2e-2)

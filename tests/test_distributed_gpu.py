@@ -4,7 +4,7 @@ all-gather / Ulysses, causal and not, GQA. Each rank's output and gradients are 
 ``ref`` the float32 reference, ``flash`` single-GPU flash_attn_func and ``torch`` plain
 PyTorch in bf16 on the full sequence (ATOL 4e-3, as test_fwd / test_bwd for bf16); the LSE
 within float32 rounding of the reference. Past 16k tokens the references run by query
-chunks (distributed_cases._chunked; the 32k-128k cases have not run on a GPU yet).
+chunks (distributed_cases._reference; the 32k-128k cases have not run on a GPU yet).
 
 Run: ``pytest tests/test_distributed_gpu.py`` on a machine with >= 2 GPUs (marker gpu2;
 the processes are spawned here and meet through a file, no network).
@@ -34,7 +34,7 @@ def _cases():
         dict(base, variant="gather", causal=True, nheads_k=2, window=(1500, 0)),
         dict(base, variant="ring", causal=True, seqlen_local=8192, nheads=4, nheads_k=1),
         dict(base, variant="ring", causal=False, seqlen_local=8192, nheads=4, nheads_k=4),
-        # 32k-128k tokens in all: references by query chunks (distributed_cases._chunked)
+        # 32k-128k tokens in all: references by query chunks (distributed_cases._reference)
         dict(base, variant="ulysses", causal=False, seqlen_local=16384, nheads_k=8),
         dict(base, variant="gather", causal=True, seqlen_local=32768, nheads_k=2),
         dict(base, variant="ring", causal=True, seqlen_local=65536, nheads_k=2),
