@@ -206,6 +206,14 @@ def test_make_fx_records_the_bias_operators(monkeypatch):
 # ---- GPU: the kernels (builds with the bias) -------------------------------------------------
 
 
+def _probs(q, k, bias, causal, window_size, softcap, alibi_slopes):
+    """Softmax of the logits plus ``bias`` in q's dtype; rows that see no key give 0."""
+    scores, _ = attention_scores(q, k, causal, window_size, None, softcap, alibi_slopes)
+    scores = scores + bias.to(scores.dtype)
+    dead = torch.isneginf(scores).all(-1, keepdim=True)
+    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+
+
 def _reference(q, k, v, bias, upcast, causal=False, window_size=(-1, -1), softcap=0.0,
                alibi_slopes=None, keep=None, dropout_p=0.0):  # fmt: skip
     """out of attention with ``bias`` (a (b, h, sq, sk) float view) added to the logits, by
@@ -214,10 +222,7 @@ def _reference(q, k, v, bias, upcast, causal=False, window_size=(-1, -1), softca
     dtype = q.dtype
     if upcast:
         q, k, v, bias = q.float(), k.float(), v.float(), bias.float()
-    scores, _ = attention_scores(q, k, causal, window_size, None, softcap, alibi_slopes)
-    scores = scores + bias.to(scores.dtype)
-    dead = torch.isneginf(scores).all(-1, keepdim=True)
-    probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    probs = _probs(q, k, bias, causal, window_size, softcap, alibi_slopes)
     if keep is not None:
         probs = probs.masked_fill(~keep, 0.0) / (1.0 - dropout_p)
     v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
@@ -244,11 +249,8 @@ def _dbias_shift(q, k, v, bias_full, out, dout, shape, causal, window_size, soft
     the exact one, moves dbias by: dS = P (dP - D) changes by -P delta, delta = rowsum(dO o
     (out - out_exact)). A bias shared by the heads ("keys") sums that over the heads, where
     the same keys dominate (H100, d64 bf16, sq 1: dbias 2.7e-2 against PyTorch's 8.8e-3)."""
-    scores, _ = attention_scores(q.float(), k.float(), causal, window_size, None, softcap,
-                                 alibi_slopes)  # fmt: skip
-    scores = scores + bias_full.float()
-    dead = torch.isneginf(scores).all(-1, keepdim=True)
-    probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    probs = _probs(q.float(), k.float(), bias_full.float(), causal, window_size, softcap,
+                   alibi_slopes)  # fmt: skip
     v = v.float().repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     exact = torch.einsum("bhqk,bkhd->bqhd", probs, v)  # (the reference's out before rounding)
     delta = (dout.float() * (out.float() - exact)).sum(-1).transpose(1, 2)
