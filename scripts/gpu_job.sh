@@ -17,23 +17,38 @@ if want check; then
     stamp build
     OUT=$O/build SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE=1 bash scripts/gpu_check.sh
 fi
+# side_build NAME CMAKE_DEFINES...: a wheel of this tree with the given -C options (90a only),
+# unpacked into /tmp/NAME for PYTHONPATH, built in the background; its log $O/NAME_build.txt.
+side_build() {
+    local name=$1
+    shift
+    ( python3 -m pip wheel --no-build-isolation --no-deps -w "/tmp/${name}_whl" . \
+        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real "$@" -C "build-dir=/tmp/build-$name" \
+      && rm -rf "/tmp/$name" && python3 -m zipfile -e "/tmp/${name}_whl"/*.whl "/tmp/$name" ) \
+        > "$O/${name}_build.txt" 2>&1 &
+}
+# ab_bench NAME A_NAME B_NAME BENCH_ARGS...: bench.py with the side build NAME (A) and the
+# default build (B) interleaved, A B A B, into $O/NAME_<A_NAME|B_NAME>[2].
+ab_bench() {
+    local name=$1 a=$2 b=$3 run pp
+    shift 3
+    for run in "$a" "$b" "${a}2" "${b}2"; do
+        pp=""; [[ $run == "$a"* ]] && pp=/tmp/$name
+        PYTHONPATH=$pp python3 benchmarks/bench.py --no-summary --out "$O/${name}_$run" "$@" \
+            | tail -n 16
+    done
+}
 if want ab; then
     stamp "A/B build (no dq_bulk), in the background"
-    ( python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/ab_whl . \
-        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real -C cmake.define.FLASHATTN2_HEAD_DIMS=128 \
+    side_build ab -C cmake.define.FLASHATTN2_HEAD_DIMS=128 \
         -C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=d64;window;varlen;mods" \
-        -C cmake.define.FLASHATTN2_EXPERIMENTAL=none -C build-dir=/tmp/build-ab \
-      && rm -rf /tmp/ab && python3 -m zipfile -e /tmp/ab_whl/*.whl /tmp/ab ) \
-        > "$O/ab_build.txt" 2>&1 &
+        -C cmake.define.FLASHATTN2_EXPERIMENTAL=none
     AB_PID=$!
 fi
 if want bias_smem; then
     stamp "bias_smem build (d64, d128), in the background"
-    ( python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/bs_whl . \
-        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
-        -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;bias_smem" -C build-dir=/tmp/build-bs \
-      && rm -rf /tmp/bs && python3 -m zipfile -e /tmp/bs_whl/*.whl /tmp/bs ) \
-        > "$O/bias_smem_build.txt" 2>&1 &
+    side_build bs -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
+        -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;bias_smem"
     BS_PID=$!
 fi
 if want check; then
@@ -51,11 +66,7 @@ if want ab; then
     stamp "bench dq_bulk A/B"
     wait "$AB_PID"
     tail -n 3 "$O/ab_build.txt"
-    for run in nobulk bulk nobulk2 bulk2; do
-        pp=""; [[ $run == nobulk* ]] && pp=/tmp/ab
-        PYTHONPATH=$pp python3 benchmarks/bench.py --modes bwd --headdims 128 --dtypes bf16 \
-            --impls flashattn2 --no-summary --out "$O/ab_$run" | tail -n 16
-    done
+    ab_bench ab nobulk bulk --modes bwd --headdims 128 --dtypes bf16 --impls flashattn2
 fi
 if want variants; then
     stamp "bench backward variants, Hopper vs mma.sync"
@@ -66,7 +77,7 @@ fi
 if want bias_smem; then
     stamp "bias_smem: tests, sanitizers and the A/B against the default build"
     wait "$BS_PID"
-    tail -n 2 "$O/bias_smem_build.txt"
+    tail -n 2 "$O/bs_build.txt"
     PYTHONPATH=/tmp/bs timeout 600 python3 -m pytest tests/test_bias.py tests/test_sdpa.py -q -ra \
         --junitxml="$O/junit_bias_smem.xml" | tail -n 5
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -74,12 +85,8 @@ if want bias_smem; then
         PYTHONPATH=/tmp/bs PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$san" --tool $tool \
             --error-exitcode 1 python3 scripts/sanitize_subset.py 2>&1 | tail -n 3
     done
-    for run in default staged default2 staged2; do
-        pp=""; [[ $run == staged* ]] && pp=/tmp/bs
-        PYTHONPATH=$pp python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 \
-            --dtypes bf16 --modes fwd --impls flashattn2 --bias --no-summary \
-            --out "$O/bias_$run" | tail -n 14
-    done
+    ab_bench bs staged default --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \
+        --modes fwd --impls flashattn2 --bias
 fi
 if want bias; then
     stamp "bench bias"
