@@ -288,7 +288,7 @@ constexpr bool has_bias(const Params& p) {
 }
 
 // True when every row of every (batch, head) plane of the bias starts on 16 bytes and its
-// keys are contiguous (the staged bias of the Hopper forward; FLASHATTN2_BIAS_SMEM).
+// keys are contiguous (the staged bias of the Hopper forward).
 template <typename Params>
 bool bias_rows_16b(const Params& p) {
 #if FLASHATTN2_BIAS

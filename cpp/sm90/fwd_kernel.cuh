@@ -39,7 +39,7 @@
 //   mods   kMods: softcap / ALiBi as the sm80 kMods instance (common/score_mod.cuh): S becomes
 //          base-2 logits before the mask. Dropout runs on the sm80 kernels. kBias (with
 //          kMods, FLASHATTN2_BIAS builds): an attention bias too, one load per score, or
-//          (kBiasSmem, experimental) staged per key step in shared memory by cp.async.
+//          (kBiasSmem) staged per key step in shared memory by cp.async.
 //   limits kernel head dims 64, 128, 192, 256 (whole chunks); d <= kHeadDim (TMA zero-fills
 //          the columns past d and clips them on store); 16-byte aligned pointers, strides
 //          multiples of 8 elements (TMA needs 16 bytes), checked by the host API.
@@ -84,7 +84,7 @@ struct FwdTraits {
                         1024 <= kSmemBytes, "smem budget");
   static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
                 "register budget: setmaxnreg.inc would hang");
-  // Staged bias (experimental, FLASHATTN2_BIAS_SMEM): one 64 x 128 tile per consumer
+  // Staged bias: one 64 x 128 tile per consumer
   // warpgroup, 256-byte rows, after the barriers (+ 128 bytes to align it); where it fits
   // (d64, d128: 128-key steps).
   static constexpr int kBiasSmemBytes = kConsumers * 64 * 256;
@@ -152,7 +152,7 @@ struct FwdTileWork {
   __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
 };
 
-// kBiasSmem (with kBias; experimental): the bias tile of each key step is staged in shared
+// kBiasSmem (with kBias): the bias tile of each key step is staged in shared
 // memory by cp.async one step ahead, instead of one global load per score (fwd_launch.cuh
 // picks it for 16-byte aligned biases with unit key stride).
 template <typename Traits, typename Element, bool kMods, bool kBias = false,

@@ -54,9 +54,10 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   };
   if (has_bias(p)) {  // (FLASHATTN2_BIAS builds only)
     if constexpr (FLASHATTN2_BIAS) {
-      // The staged bias (experimental, FLASHATTN2_BIAS_SMEM) copies 16-byte chunks of 8 keys:
-      // unit key stride, and every row of every (batch, head) plane 16-byte aligned.
-      constexpr bool kStaged = FLASHATTN2_BIAS_SMEM && Traits::kBiasSmemFits;
+      // The staged bias (d64, d128: where the tile fits) copies 16-byte chunks of 8 keys:
+      // unit key stride, and every row of every (batch, head) plane 16-byte aligned; else one
+      // global load per score.
+      constexpr bool kStaged = Traits::kBiasSmemFits;
       if (kStaged && bias_rows_16b(p))
         launch(std::true_type{}, std::true_type{}, std::bool_constant<kStaged>{});
       else

@@ -50,7 +50,7 @@ struct FwdSoftmax {
   // Softcap / ALiBi, then the attention bias (before the mask, which then sets -inf). dist0:
   // row + offset - col of the thread's element (r = 0, nt = 0, e = 0); row0 / col0: its
   // query and key (bias instance only, with the sequence's lengths for the tails; the bias
-  // is of the attention's Element type). kBiasSmem (experimental, FLASHATTN2_BIAS_SMEM): the
+  // is of the attention's Element type). kBiasSmem (16-byte aligned biases at d64 / d128): the
   // tile's bias is staged in shared memory (fwd_kernel.cuh, zero past the tails): sbias is
   // the address of the thread's row r = 0 plus 4 q, row r = 1 is 8 rows (2 KiB) on, and n8
   // tile nt of a row sits at chunk nt ^ g (gx = 16 g), so that the 8 rows of a warp's reads
