@@ -5,7 +5,7 @@
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
 # own folder of $JOB_OUT. Steps to skip: SKIP
 # (space-separated names of the steps below). Meanwhile second builds serve A/B runs: ab,
-# without dq_bulk (d128); bias_smem, with the staged bias of the Hopper forward (d64, d128).
+# without dq_bulk (d128).
 set -u
 O=${JOB_OUT:-gpu_logs}
 SKIP=" ${SKIP:-} "
@@ -45,12 +45,6 @@ if want ab; then
         -C cmake.define.FLASHATTN2_EXPERIMENTAL=none
     AB_PID=$!
 fi
-if want bias_smem; then
-    stamp "bias_smem build (d64, d128), in the background"
-    side_build bs -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
-        -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;bias_smem"
-    BS_PID=$!
-fi
 if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
@@ -60,7 +54,7 @@ fi
 if want bwd; then
     stamp "bench bwd"
     python3 benchmarks/bench.py --modes bwd,fwd_bwd --headdims 64,128 --dtypes bf16 \
-        --impls flashattn2,flashattn2_sm80,sdpa_flash,sdpa_cudnn --out "$O/bwd"
+        --impls flashattn2,flashattn2_det,flashattn2_sm80,sdpa_flash,sdpa_cudnn --out "$O/bwd"
 fi
 if want ab; then
     stamp "bench dq_bulk A/B"
@@ -73,20 +67,6 @@ if want variants; then
     python3 benchmarks/bench.py --modes bwd --headdims 128 --dtypes bf16 --seqlens 2048,8192 \
         --impls flashattn2,flashattn2_sm80 --softcap 30 --alibi --window 1024 --no-summary \
         --out "$O/variants"
-fi
-if want bias_smem; then
-    stamp "bias_smem: tests, sanitizers and the A/B against the default build"
-    wait "$BS_PID"
-    tail -n 2 "$O/bs_build.txt"
-    PYTHONPATH=/tmp/bs timeout 600 python3 -m pytest tests/test_bias.py tests/test_sdpa.py -q -ra \
-        --junitxml="$O/junit_bias_smem.xml" | tail -n 5
-    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in memcheck racecheck; do
-        PYTHONPATH=/tmp/bs PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$san" --tool $tool \
-            --error-exitcode 1 python3 scripts/sanitize_subset.py 2>&1 | tail -n 3
-    done
-    ab_bench bs staged default --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \
-        --modes fwd --impls flashattn2 --bias
 fi
 if want bias; then
     stamp "bench bias"

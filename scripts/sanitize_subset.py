@@ -94,14 +94,17 @@ def run_case(case, gen):
     return ok, f"out err {out_err:.2e}, lse err {lse_err:.2e}"
 
 
-# Dense backwards: (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype). On
-# sm_90 those of head dims 64 (where built) and 128 run the Hopper backward (TMA, wgmma,
-# mbarriers, red.global.add into dq_accum); the name says which backward ran.
+# Dense backwards: (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype[,
+# deterministic]). On sm_90 those of head dims 64 (where built) and 128 run the Hopper
+# backward (TMA, wgmma, mbarriers, bulk reduces into dq_accum; deterministic: its ordered
+# reduces, descending for causal, rotated for full attention); the name says which ran.
 BWD_CASES = [
     (1, 200, 333, 4, 2, 128, True, torch.bfloat16),
     (2, 113, 113, 2, 2, 128, False, torch.float16),
     (1, 77, 130, 4, 1, 64, True, torch.bfloat16),  # sq <= sk: every row sees a key
     (1, 65, 129, 2, 2, 40, False, torch.float16),
+    (1, 300, 333, 4, 2, 128, True, torch.bfloat16, True),
+    (2, 300, 257, 2, 2, 128, False, torch.bfloat16, True),
 ]
 
 
@@ -109,12 +112,13 @@ def backward_cases(gen):
     """(name, ok, detail) for dense backwards against float32 autograd through the CPU
     reference on the same data (error bound as ATOL, scaled: a sanitizer harness)."""
     results = []
-    for b, sq, sk, h, hk, d, causal, dtype in BWD_CASES:
+    for b, sq, sk, h, hk, d, causal, dtype, *det in BWD_CASES:
+        deterministic = bool(det and det[0])
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
         dout = torch.randn(b, sq, h, d, generator=gen).to(dtype)
         leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
-        out = flashattn2.flash_attn_func(*leaves, causal=causal)
+        out = flashattn2.flash_attn_func(*leaves, causal=causal, deterministic=deterministic)
         grads = torch.autograd.grad(out, leaves, dout.cuda())
         torch.cuda.synchronize()
         arch = flashattn2._ext.last_bwd_arch
@@ -123,7 +127,8 @@ def backward_cases(gen):
         ref_grads = torch.autograd.grad(ref_out, ref_leaves, dout.float())
         err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref_grads))
         name = (f"bwd b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
-                f"{str(dtype).removeprefix('torch.')} (sm{arch} backward)")
+                f"{str(dtype).removeprefix('torch.')}{' deterministic' if deterministic else ''} "
+                f"(sm{arch} backward)")
         results.append((name, err <= 4 * ATOL[dtype], f"max grad err {err:.2e}"))
     return results
 

@@ -72,7 +72,8 @@ def window_bounds(causal, window_size):
     return left, (0 if causal else right)
 
 
-def run_backward(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scale=None):
+def run_backward(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scale=None,
+                 deterministic=False):
     """Forward and backward through the kernels alone; gradients written into NaN-poisoned
     tensors (head dim zero-padded to a multiple of 8 as the public functions do)."""
     headdim = q.shape[-1]
@@ -85,7 +86,7 @@ def run_backward(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scal
     out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     result = _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left,
-                                  window_right, dq=dq, dk=dk, dv=dv)  # fmt: skip
+                                  window_right, deterministic, dq=dq, dk=dk, dv=dv)  # fmt: skip
     assert result[0] is dq and result[1] is dk and result[2] is dv
     for name, g in zip(("dq", "dk", "dv"), (dq, dk, dv)):
         assert not g.isnan().any(), f"the kernel left part of {name} unwritten (or wrote NaN)"

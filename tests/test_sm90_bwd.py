@@ -152,8 +152,8 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
     require_sm90_bwd(128)
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(1, 200, 200, 4, 2, 128, torch.bfloat16)
-    # Out of scope: windows (unless built in), softcap (through the public API),
-    # deterministic, other dims.
+    # Out of scope: windows (unless built in), softcap (through the public API) and
+    # deterministic mode unless built in, other dims.
     _, arch = arch_of_backward(q, k, v, dout, window_size=(32, 8))
     assert arch == (90 if "window" in EXPERIMENTAL else 80)
     for d in (32, 64, 256):  # kernel head dims of the build without a Hopper backward
@@ -166,7 +166,7 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
         _ext.last_bwd_arch = None
         flash_attn_func(qg, kg, vg, causal=True, **kwargs).backward(dout)
         torch.cuda.synchronize()
-        in_scope = "softcap" in kwargs and "mods" in EXPERIMENTAL
+        in_scope = EXPERIMENTAL >= ({"mods"} if "softcap" in kwargs else {"dq_bulk"})
         assert _ext.last_bwd_arch == (90 if in_scope else 80), kwargs
     # Forced to sm80, or switched off: the mma.sync backward even in scope.
     with _ext.force_sm80():
@@ -177,3 +177,77 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
     monkeypatch.setattr(_ext, "SM90_BWD", False)
     _, arch = arch_of_backward(q, k, v, dout, causal=True)
     assert arch == 80
+
+
+# Deterministic mode on the Hopper backward (dq_bulk builds): the orders of
+# common/dq_order.cuh that never stagger run here, the ascending one on the mma.sync kernels.
+@pytest.mark.parametrize(
+    "seqlens,causal,window_size,arch",
+    [((1025, 1025), True, (-1, -1), 90),  # descending, key blocks launched last first
+     ((700, 1500), True, (-1, -1), 90),  # sq < sk
+     ((1500, 700), True, (-1, -1), 90),  # sq > sk: the first query blocks see no key
+     ((1025, 1025), False, (256, 64), 90),  # band: descending
+     ((1025, 1025), False, (-1, -1), 90),  # rotated walk
+     ((1500, 700), False, (-1, -1), 90),  # rotated, fewer key blocks than query blocks
+     ((300, 1025), False, (-1, -1), 80),  # more key blocks than query blocks: ascending
+     ((1025, 1025), False, (256, -1), 80)],  # left bound only: ascending
+    ids=["causal", "causal-sq<sk", "causal-sq>sk", "band", "full", "full-sq>sk", "full-sq<sk",
+         "left"],
+)  # fmt: skip
+@pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
+def test_sm90_backward_deterministic(sm90_bwd, seqlens, causal, window_size, arch, nheads,
+                                     nheads_k):
+    require_sm90_bwd(128)
+    if "dq_bulk" not in EXPERIMENTAL:
+        pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
+    if window_size != (-1, -1) and "window" not in EXPERIMENTAL:
+        arch = 80
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, 128, torch.bfloat16)
+    runs = []
+    for _ in range(3):
+        grads, ran = arch_of_backward(q, k, v, dout, causal=causal, window_size=window_size,
+                                      deterministic=True)
+        assert ran == arch
+        runs.append(grads)
+    check_grads(runs[0], q, k, v, dout, causal=causal, window_size=window_size)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_backward_deterministic_varlen(sm90_bwd, causal):
+    """Packed sequences: each sequence's CTAs keep their own order (a sequence whose key
+    blocks outnumber its query blocks takes the ascending order, still bitwise)."""
+    require_sm90_bwd(128)
+    if not {"dq_bulk", "varlen"} <= EXPERIMENTAL:
+        pytest.skip("needs the dq_bulk and varlen extensions")
+    from flashattn2 import flash_attn_varlen_func
+
+    torch.manual_seed(0)
+    lengths_q, lengths_k = [300, 1, 640, 129], [300, 77, 640, 400]
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0)], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0)], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lengths_q), 8, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths_k), 2, 128, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    dout = torch.randn_like(q)
+    runs = []
+    for _ in range(3):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        _ext.last_bwd_arch = None
+        out = flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                     causal=causal, deterministic=True)
+        out.backward(dout)
+        torch.cuda.synchronize()
+        assert _ext.last_bwd_arch == 90
+        runs.append([t.grad for t in leaves])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    # Each sequence's gradients against the float32 reference (the 2x rule).
+    for i in range(len(lengths_q)):
+        qs, ks, vs = (t[c[i]:c[i + 1]].unsqueeze(0) for t, c in ((q, cu_q), (k, cu_k), (v, cu_k)))
+        grads = [g[c[i]:c[i + 1]].unsqueeze(0) for g, c in zip(runs[0], (cu_q, cu_k, cu_k))]
+        check_grads(grads, qs, ks, vs, dout[cu_q[i]:cu_q[i + 1]].unsqueeze(0), causal=causal)

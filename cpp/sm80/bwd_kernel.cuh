@@ -37,21 +37,13 @@
 // 3. bwd_convert_dq_kernel: dQ = accumulator (chains summed in order) * scale, cast, store
 //    (back from the accumulator order through shared memory).
 //
-// Deterministic mode: the K/V tiles that visit query tile m (a contiguous range n_first ..
-// n_last) add their dQ in a fixed order, each CTA waiting for the tile's counter to reach
-// its turn (launch order: blockIdx.x fastest, so a head's tiles launch together and share
-// its Q / dO in L2; a key-tile-major grid was tried and lost that: 1.5-1.8x). Three orders:
-//  - right window bound (causal): tile n + 1 reaches m one step before tile n; the order is
-//    descending and the tiles launch last first, so CTAs running in step never wait, and a
-//    CTA only ever waits for CTAs launched before it;
-//  - full attention with at most as many K/V tiles as query tiles, all of them fitting on
-//    the GPU at once: tile n starts its walk at query tile n (rotated), so each query tile
-//    has one visitor per step and the order is that of the steps: no stagger either (a
-//    CTA may wait for one launched after it, hence the fit: BwdParams::dq_rotate_tiles);
-//  - otherwise ascending: every tile starts at the first query tile it sees and each CTA
-//    runs one step behind the one before it in the order; the tiles are dealt to
-//    BwdParams::dq_chains accumulators in turn (tile n to chain n % chains, ordered within
-//    its chain), which divides that stagger by the chains.
+// Deterministic mode: the K/V tiles that visit query tile m add their dQ in a fixed order
+// (common/dq_order.cuh: descending with a right window bound, rotated for full attention
+// that fits, else ascending), each CTA waiting for the tile's counter to reach its turn
+// (launch order: blockIdx.x fastest, so a head's tiles launch together and share its Q /
+// dO in L2; a key-tile-major grid was tried and lost that: 1.5-1.8x). In the ascending
+// order the tiles are dealt to BwdParams::dq_chains accumulators in turn (tile n to chain
+// n % chains, ordered within its chain), which divides its stagger by the chains.
 //
 // Masks, tails and windows follow the forward: key j is visible to query i iff i < seqlen_q,
 // j < seqlen_k and the window bounds of FwdParams hold. Limits: d <= 256 (each warp's dK and
@@ -64,6 +56,7 @@
 #include <type_traits>
 
 #include "sm80/bwd_config.h"
+#include "common/dq_order.cuh"
 #include "common/flash.h"
 #include "common/ptx.cuh"
 #include "common/score_mod.cuh"
@@ -107,11 +100,6 @@ struct BwdTraits {
                 "backward warp tiles: register budget");
 };
 
-// The dQ-order counters (deterministic mode) follow the dsum rows in the same workspace;
-// layouts: ws_row0 / ws_tile0 (seqlen.cuh).
-__device__ __forceinline__ int* dq_counters(const BwdParams& p) {
-  return reinterpret_cast<int*>(p.dsum + ws_rows(p));
-}
 // Chain c's f32 dQ accumulator (BwdParams::dq_chains).
 __device__ __forceinline__ float* dq_chain(const BwdParams& p, int c) {
   return p.dq_accum + c * ws_rows(p) * p.headdim;
@@ -234,13 +222,6 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) 
   }
 }
 
-// Deterministic mode, thread 0 of a CTA once per step: release the previous step's dQ adds
-// (release != nullptr), then wait until `counter` reaches `turn`. Not inlined, so that the
-// mainloop's register allocation and schedule do not see it (it cost the default path 3 %).
-static __device__ __noinline__ void dq_order_step(int* release, const int* counter, int turn) {
-  if (release) ptx::red_release_add(release, 1);
-  while (ptx::ld_acquire(counter) != turn) __nanosleep(32);
-}
 
 // kMods: the score-modifier instance; kBias (with kMods): it also takes an attention bias
 // (FLASHATTN2_BIAS builds), so the instance without keeps its registers.
@@ -280,15 +261,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const int kvc = warp / Traits::kWarpsN * kKvCols;
   const int dqr = warp % Traits::kDqWarpsM * kDqRows;
   const int dqc = warp / Traits::kDqWarpsM * kDqCols;
-  // Deterministic with a right window bound: descending tile order, last tile launched
-  // first (see the top of this file).
-  const bool descending = p.deterministic && p.window_right >= 0;
-  const int n_block = descending ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int head_k = blockIdx.y, batch = blockIdx.z;
   const int group = p.nheads / p.nheads_k;
-  const int n0 = n_block * kBlockN;
   const SeqInfo seq(p, batch);
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  // The deterministic dQ order (common/dq_order.cuh); descending: last tile launched first.
+  const DqOrder<kBlockM, kBlockN> order(p, seqlen_q, seqlen_k,
+                                        (seqlen_q + kBlockM - 1) / kBlockM, true);
+  const int n_block = order.n_block();
+  const int n0 = n_block * kBlockN;
   if (n0 >= seqlen_k) return;  // varlen: the grid covers the longest sequence
 
   // Query rows that see at least one key of this tile.
@@ -299,17 +280,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
                                       : seqlen_q - 1;
   const int m_block_min = m_lo / kBlockM;
   const int m_block_max = m_hi < m_lo ? m_block_min : m_hi / kBlockM + 1;
-  // The first K/V tile that visits query tile m (from the same bounds: a tile visits m iff
-  // its last key reaches m's first query through the left window).
-  auto dq_first_n_block = [&](int m_block) {
-    const int x = m_block * kBlockM + offset - p.window_left;
-    return p.window_left >= 0 && x > 0 ? x / kBlockN : 0;
-  };
-  // The last one (window_right >= 0): its first key reaches m's last query.
-  auto dq_last_n_block = [&](int m_block) {
-    const int x = (m_block + 1) * kBlockM - 1 + offset + p.window_right;
-    return min((seqlen_k - 1) / kBlockN, max(x, 0) / kBlockN);
-  };
 
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
                       head_k * p.k_head_stride + (seq.k_row0 + n0) * p.k_row_stride;
@@ -326,10 +296,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // order of the steps, so nobody waits for a CTA running in step. Such a wait can be for a
   // CTA launched later: deterministic mode rotates only while all of a head's K/V tiles fit
   // on the GPU at once (dq_rotate_tiles).
-  const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
-  const bool rotate = p.window_left < 0 && p.window_right < 0 && n_tiles <= m_block_max &&
-                      (!p.deterministic || (p.dq_chains == 1 && n_tiles <= p.dq_rotate_tiles));
-  const int m_start = rotate ? n_block : m_block_min;
+  const int m_start = order.rotate ? n_block : m_block_min;
   const int n_steps = group * (m_block_max - m_block_min);
   auto next_step = [&](int& head, int& m_block) {
     if (++m_block == m_block_max) m_block = m_block_min;
@@ -583,7 +550,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     // to be performed, which a step later they are, and the CTA after this one in the
     // order needs it only at the end of its own step), then wait until the CTAs before
     // this one in the tile's order (of its chain) have added theirs: the visitors of a
-    // query tile are the K/V tiles n_first .. n_last (dq_first_n_block, dq_last_n_block).
+    // query tile are the K/V tiles first .. last (DqOrder).
     // Warp 0 does it before its dV / dK GEMMs, so that the other warps' GEMMs hide the
     // latency of the counter's load (one CTA per SM has nothing else to run); a barrier
     // after the GEMMs passes the acquire on to every thread before its dQ adds.
@@ -593,10 +560,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       const int prev_m_block = (m_block == m_block_min ? m_block_max : m_block) - 1;
       // This CTA's place among the visitors of the query tile: by K/V tile, or (rotating)
       // by the step of the visit, (m_block - n) mod m_block_max for tile n.
-      const int rank = descending ? dq_last_n_block(m_block) - n_block
-                       : rotate   ? (n_block <= m_block ? min(m_block, n_tiles - 1) - n_block
-                                                        : m_block + n_tiles - n_block)
-                                  : n_block - dq_first_n_block(m_block);
+      const int rank = order.rank(n_block, m_block);
       dq_order_step(t > 0 ? dq_counter(wrap ? head - 1 : head, prev_m_block) : nullptr,
                     dq_counter(head, m_block), rank >> (31 - __clz(p.dq_chains)));
     }

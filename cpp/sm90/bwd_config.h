@@ -55,15 +55,24 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 // FLASHATTN2_SM90_BWD_EXPERIMENTAL (validated on an H100, on by default): window, any
 // sliding window, not only causal or full (the kernel's masks and query-block range take
 // both bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>); mods, softcap and
-// ALiBi. Not served: dropout, deterministic mode, an attention bias, other head dims.
-// (dq_chains > 1 only comes with deterministic mode: bwd_dq_chains.)
+// ALiBi. Not served: dropout, an attention bias, other head dims, deterministic mode in the
+// ascending dQ order (below). (dq_chains > 1 only comes with deterministic mode: bwd_dq_chains.)
 inline bool sm90_bwd_supports(const BwdParams& p) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
   const bool dense = !p.cu_seqlens_q && !p.cu_seqlens_k;
+  // Deterministic (with dq_bulk): the orders of common/dq_order.cuh that never stagger, i.e.
+  // descending (a right window bound) or rotated (full attention with at most as many
+  // 128-key blocks as 64-row query blocks, all of a head's CTAs resident at once: one per
+  // SM); the ascending order runs on the mma.sync backward, which has dQ chains for it.
+  const Sm90BwdTile tile = sm90_bwd_tile(128);
+  const int n_tiles = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
+  const bool ordered = p.window_right >= 0 ||
+                       (p.window_left < 0 && n_tiles <= (p.seqlen_q + tile.block_m - 1) / tile.block_m &&
+                        n_tiles <= p.dq_rotate_tiles);
   return (dense || FLASHATTN2_SM90_BWD_VARLEN) && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
          ((p.softcap == 0.f && !p.alibi_slopes) || FLASHATTN2_SM90_BWD_MODS) &&
-         p.dropout_threshold == 0 && !p.deterministic && !has_bias(p) &&
-         p.dq_chains == 1;
+         p.dropout_threshold == 0 && !has_bias(p) && p.dq_chains == 1 &&
+         (!p.deterministic || (FLASHATTN2_SM90_BWD_DQ_BULK && ordered));
 }
 
 }  // namespace flashattn2

@@ -30,16 +30,23 @@
 //            wait all; release stage s; red.add.v4 of dQ into dq_accum
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
+//   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
+//          order of common/dq_order.cuh (descending: key blocks launched last first; or the
+//          rotated walk), one counter per 64-row query tile: before the sdS barrier each
+//          warp's lane 0 waits for its previous reduce to complete; thread 128, while its
+//          dQ GEMM runs, releases the previous tile (+1) and waits for this tile's turn; a
+//          second named barrier passes the turn on before the reduces.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128; d64 an opt-in build), dense or varlen
 // (BwdSeq), full, causal or sliding-window attention, softcap / ALiBi (kMods); no dropout /
-// attention bias / deterministic mode (sm90_bwd_supports).
+// attention bias / deterministic mode in the ascending order (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 
+#include "common/dq_order.cuh"
 #include "common/flash.h"
 #include "common/ptx.cuh"
 #include "common/score_mod.cuh"
@@ -102,8 +109,10 @@ struct BwdArgs {
   BwdParams p;
 };
 
-// Named barrier of the two consumer warpgroups (0 is __syncthreads).
+// Named barriers of the two consumer warpgroups (0 is __syncthreads): sdS complete; in
+// deterministic mode also the dQ turn reached.
 constexpr int kBarDS = 1;
+constexpr int kBarDqTurn = 2;
 
 // The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
 // what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read
@@ -124,6 +133,10 @@ struct BwdSeq {
   __device__ __forceinline__ int64_t ws_row0(int head) const {
     return (int64_t(batch) * p.nheads + head) * round16(p.seqlen_q);
   }
+  // The dQ-order counter of the head's first 64-row query tile (deterministic mode).
+  __device__ __forceinline__ int* dq_counter0(int head) const {
+    return dq_counters(p) + (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + 63) / 64);
+  }
 };
 template <>
 struct BwdSeq<true> {
@@ -141,16 +154,21 @@ struct BwdSeq<true> {
   __device__ __forceinline__ int64_t ws_row0(int head) const {
     return flashattn2::ws_row0(p, seq, batch, head);
   }
+  __device__ __forceinline__ int* dq_counter0(int head) const {
+    return dq_counters(p) + ws_tile0(p, seq, batch, head, 64);
+  }
 };
 
 // The CTA's query blocks: m_block_min .. m_block_max - 1 (those with a row that sees one of
-// the block's keys; bounds as the sm80 backward's), for each of the group's query heads. A
-// key block at or past seqlen_k (varlen: past this sequence's keys) has none.
+// the block's keys; bounds as the sm80 backward's), for each of the group's query heads,
+// from m_start on (the rotated walk of deterministic full attention: common/dq_order.cuh),
+// wrapping around. A key block at or past seqlen_k (varlen: past this sequence's keys) has
+// none.
 struct BwdRange {
-  int m_block_min, m_block_max, steps;
+  int m_block_min, m_block_max, m_start, steps;
   template <bool kVarlen>
   __device__ __forceinline__ BwdRange(const BwdParams& p, const BwdSeq<kVarlen>& seq, int n0,
-                                      int block_m, int group) {
+                                      int block_m, int group, bool rotate, int n_block) {
     const int offset = seq.seqlen_k() - seq.seqlen_q();
     const int n_last = min(n0 + 128, seq.seqlen_k()) - 1;
     const int m_lo = p.window_right >= 0 ? max(0, n0 - offset - p.window_right) : 0;
@@ -163,6 +181,12 @@ struct BwdRange {
       if (n0 >= seq.seqlen_k()) m_block_max = m_block_min;
     }
     steps = group * (m_block_max - m_block_min);
+    m_start = rotate ? n_block : m_block_min;
+  }
+  // (head, m_block) of the next step.
+  __device__ __forceinline__ void next(int& head, int& m_block) const {
+    if (++m_block == m_block_max) m_block = m_block_min;
+    if (m_block == m_start) ++head;
   }
 };
 
@@ -201,11 +225,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
-  const int n0 = n_block * kBlockN;
+  const int head_k = blockIdx.y, batch = blockIdx.z;
   const int group = p.nheads / p.nheads_k;
   const BwdSeq<kVarlen> seq(p, batch);
-  const BwdRange range(p, seq, n0, kBlockM, group);
+  // Deterministic mode: the dQ order (common/dq_order.cuh); otherwise the plain walk.
+  const DqOrder<kBlockM, kBlockN> order(p, seq.seqlen_q(), seq.seqlen_k(),
+                                        (seq.seqlen_q() + kBlockM - 1) / kBlockM, p.deterministic);
+  const int n_block = order.n_block();
+  const int n0 = n_block * kBlockN;
+  const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
   if (tid == 0) {
     mbar_init(bar_kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -235,7 +263,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         tma_load(sV + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, seq.k_row0() + n0,
                  head_k, seq.tma_batch_k(), bar_kv_full);
       }
-      int head = head_k * group, m_block = range.m_block_min;
+      int head = head_k * group, m_block = range.m_start;
       for (int t = 0; t < range.steps; ++t) {
         const int s = t % kStages;
         mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
@@ -250,15 +278,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           tma_load(sdO + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.dout,
                    c * kChunkCols, seq.q_row0() + m_block * kBlockM, head, seq.tma_batch_q(),
                    bar_do_full(s));
-        if (++m_block == range.m_block_max) {
-          m_block = range.m_block_min;
-          ++head;
-        }
+        range.next(head, m_block);
       }
     } else if (warp == 1) {
       // LSE (+inf past seqlen_q, so that P = 0 on the zero-filled rows) and dsum of each
       // step into its stage; every lane arrives after its stores (release / acquire).
-      int head = head_k * group, m_block = range.m_block_min;
+      int head = head_k * group, m_block = range.m_start;
       for (int t = 0; t < range.steps; ++t) {
         const int s = t % kStages;
         mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
@@ -275,10 +300,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           st_shared(s_dsum(s) + 4 * r, d);
         }
         mbar_arrive(bar_lse_full(s));
-        if (++m_block == range.m_block_max) {
-          m_block = range.m_block_min;
-          ++head;
-        }
+        range.next(head, m_block);
       }
     }
   } else {
@@ -323,8 +345,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       wgmma_commit();
     };
 
+    // Deterministic: the counter of the step before (head, m_block) (the previous query
+    // tile, or the previous head's last).
+    auto prev_dq_counter = [&](int head, int m_block) {
+      const bool wrap = m_block == range.m_start;
+      const int prev_m_block = (m_block == range.m_block_min ? range.m_block_max : m_block) - 1;
+      return seq.dq_counter0(wrap ? head - 1 : head) + prev_m_block;
+    };
+
     if (range.steps > 0) mbar_wait(bar_kv_full, 0);
-    int head = head_k * group, m_block = range.m_block_min;
+    int head = head_k * group, m_block = range.m_start;
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;
       const uint32_t phase = (t / kStages) & 1;
@@ -434,6 +464,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
       fence_proxy_async();
+      // Deterministic: the previous step's dQ reduces are complete (each warp's lane 0
+      // issued its own), so that the barrier below lets thread 128 release them.
+      if (p.deterministic && t > 0 && lane == 0) {
+        tma_store_wait();
+        fence_proxy_async_global();
+      }
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
 
       // dQ (64 queries x 64 columns: chunk dq_chunk) = dS K over keys dq_key0..+kDqKeys:
@@ -452,11 +488,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         Wgmma<kBlockM, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
+      // Deterministic (while the dQ GEMM runs): thread 128 releases the previous step's
+      // query tile and waits for this one's turn; the second barrier passes it on.
+      if (p.deterministic && tid == 128) {
+        // (the order rebuilt here from the params rather than kept live across the loop)
+        const DqOrder<kBlockM, kBlockN> order_t(p, seq.seqlen_q(), seq.seqlen_k(),
+                                                (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
+        dq_order_step(t > 0 ? prev_dq_counter(head, m_block) : nullptr,
+                      seq.dq_counter0(head) + m_block, order_t.rank(n_block, m_block));
+      }
       wgmma_wait<0>();
       fence_regs(acc_dq);
       fence_regs(acc_dk);
       fence_regs(acc_dv);
       mbar_arrive(bar_empty(s));  // sQ, sdO, LSE, dsum of stage s are read
+      if (p.deterministic) named_sync(kBarDqTurn, 256);
 
       // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64
       // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at
@@ -479,6 +525,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           __syncwarp();
           const int tiles = min(kBlockM / 8, (p.headdim - 64 * dq_chunk) / 8);
           if (lane == 0 && tiles > 0) {
+            if (p.deterministic) fence_proxy_async_global();  // after the turn's acquire
             float* const dq =
                 p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 16 * 64 * dq_chunk;
             bulk_reduce_add_f32(dq, sdq, tiles * 128 * 4);
@@ -496,14 +543,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
         }
       }
-      if (++m_block == range.m_block_max) {
-        m_block = range.m_block_min;
-        ++head;
-      }
+      range.next(head, m_block);
     }
 
-    // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits.
+    // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits;
+    // deterministic: then the last step's query tile is released.
     if (Traits::kDqBulk && lane == 0) tma_store_wait();
+    if (p.deterministic && range.steps > 0) {
+      if (lane == 0) fence_proxy_async_global();
+      named_sync(kBarDS, 256);
+      if (tid == 128) ptx::red_release_add(prev_dq_counter(head, m_block), 1);
+    }
 
     // ---- epilogue: dK * scale, dV in the input dtype, from registers ----
     Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +

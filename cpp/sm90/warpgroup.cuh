@@ -40,6 +40,11 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// fence.proxy.async.global: orders this thread's async-proxy global accesses (completed bulk
+// reduces) with its generic-proxy ones (the release of the deterministic dQ order).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 
 // st.shared.b32 / st.shared.f32 / ld.shared.v2.f32 at a shared-memory address (the sm90
 // kernels address shared memory as 32-bit offsets, as TMA and wgmma do).
