@@ -265,7 +265,9 @@ def _make_bias(kind, batch, nheads, seqlen_q, seqlen_k, dtype):
 
 def _run_case(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, bias_dtype, kind,
               causal=False, window_size=(-1, -1), softcap=0.0, alibi=False,
-              deterministic=False):  # fmt: skip
+              deterministic=False, bias_grad=True):  # fmt: skip
+    """Forward and backward against float32 autograd; without ``bias_grad`` the bias is a
+    constant (a mask): no dbias, which the Hopper backward takes."""
     from flashattn2 import _ext
 
     if max(_ext.build_info()["head_dims"]) < headdim:  # development builds of fewer head dims
@@ -273,23 +275,25 @@ def _run_case(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, bias_
     q, k, v = _qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, device="cuda", dtype=dtype)
     bias = _make_bias(kind, batch, nheads, seqlen_q, seqlen_k, bias_dtype)
     slopes = torch.rand(nheads, device="cuda") * 0.3 if alibi else None
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
+    n = 4 if bias_grad else 3
+    leaves = [t.detach().clone().requires_grad_(i < n) for i, t in enumerate((q, k, v, bias))]
     out = flashattn2.flash_attn_func(*leaves[:3], causal=causal, window_size=window_size,
                                      softcap=softcap, alibi_slopes=slopes,
                                      deterministic=deterministic, attn_bias=leaves[3])  # fmt: skip
     dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, leaves, dout)
+    grads = torch.autograd.grad(out, leaves[:n], dout)
     full = (batch, nheads, seqlen_q, seqlen_k)
     results = {}
     for upcast in (True, False):
-        ref_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
+        ref_leaves = [t.detach().clone().requires_grad_(i < n)
+                      for i, t in enumerate((q, k, v, bias))]
         ref_out = _reference(*ref_leaves[:3], ref_leaves[3].expand(full), upcast, causal,
                              window_size, softcap, slopes)  # fmt: skip
-        results[upcast] = (ref_out, *torch.autograd.grad(ref_out, ref_leaves, dout))
+        results[upcast] = (ref_out, *torch.autograd.grad(ref_out, ref_leaves[:n], dout))
     atol = 4e-3 if dtype is torch.bfloat16 else 1e-3  # test_sdpa.py ATOL
     shift = _dbias_shift(q, k, v, bias.expand(full), out, dout, bias.shape, causal, window_size,
                          softcap, slopes)  # fmt: skip
-    for i, name in enumerate(("out", "dq", "dk", "dv", "dbias")):
+    for i, name in enumerate(("out", "dq", "dk", "dv", "dbias")[:n + 1]):
         ours = out if i == 0 else grads[i - 1]
         assert ours.shape == results[True][i].shape and ours.dtype == results[True][i].dtype
         given = results[True][4].float() - shift if name == "dbias" else None
@@ -342,6 +346,38 @@ def test_bias_forward_on_both_kernel_families(sm80, headdim):
     hopper = (torch.cuda.get_device_capability() == (9, 0)
               and headdim in _ext.build_info()["sm90_fwd_head_dims"])  # fmt: skip
     assert arch == (90 if hopper and not sm80 else 80)
+
+
+@gpu
+@needs_bias
+@pytest.mark.parametrize("kind", ["full", "heads", "keys", "plane"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlens", [(200, 264), (256, 256), (1, 96), (300, 136)])
+def test_bias_without_grad_on_the_hopper_backward(kind, causal, seqlens):
+    """A constant bias (a mask: no dbias) with 16-byte aligned rows runs the Hopper backward's
+    staged-bias instance on an sm_90 GPU; gradients of q, k, v under the 2x rule. A bias that
+    needs its gradient, or unaligned rows, takes the mma.sync backward."""
+    from flashattn2 import _ext
+
+    _ext.last_bwd_arch = None
+    _run_case(2, *seqlens, 4, 2, 128, torch.bfloat16, torch.bfloat16, kind, causal=causal,
+              bias_grad=False)  # fmt: skip
+    hopper = (torch.cuda.get_device_capability() == (9, 0)
+              and 128 in _ext.build_info()["sm90_bwd_head_dims"]
+              and "mods" in _ext.build_info()["sm90_bwd_experimental"])  # fmt: skip
+    assert _ext.last_bwd_arch == (90 if hopper else 80)
+    _run_case(1, *seqlens, 2, 2, 128, torch.bfloat16, torch.bfloat16, kind, causal=causal)
+    assert _ext.last_bwd_arch == 80  # dbias: the mma.sync backward writes it
+    if seqlens[1] % 8:
+        return
+    # Unaligned rows (a view one key in): per-score loads of the mma.sync backward.
+    torch.manual_seed(0)
+    q, k, v = _qkv(1, seqlens[0], seqlens[1], 2, 2, 128, device="cuda", dtype=torch.bfloat16)
+    wide = torch.randn(1, 2, seqlens[0], seqlens[1] + 1, device="cuda", dtype=torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = flashattn2.flash_attn_func(*leaves, causal=causal, attn_bias=wide[..., 1:])
+    out.backward(torch.randn_like(out))
+    assert _ext.last_bwd_arch == 80
 
 
 @gpu

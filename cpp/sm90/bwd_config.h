@@ -55,8 +55,21 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 // FLASHATTN2_SM90_BWD_EXPERIMENTAL (validated on an H100, on by default): window, any
 // sliding window, not only causal or full (the kernel's masks and query-block range take
 // both bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>); mods, softcap and
-// ALiBi. Not served: dropout, an attention bias, other head dims, deterministic mode in the
-// ascending dQ order (below). (dq_chains > 1 only comes with deterministic mode: bwd_dq_chains.)
+// ALiBi; an attention bias without its gradient (below). Not served: dropout, dbias, other
+// head dims, deterministic mode in the ascending dQ order (below). (dq_chains > 1 only comes
+// with deterministic mode: bwd_dq_chains.)
+// An attention bias on the Hopper backward (its kBias instance, with the mods one built):
+// dense, no dbias asked for, rows 16-byte aligned with unit key stride (staged in shared
+// memory by 16-byte copies); the rest runs the mma.sync backward.
+inline bool sm90_bwd_takes_bias(const BwdParams& p) {
+#if FLASHATTN2_BIAS
+  return FLASHATTN2_SM90_BWD_MODS && !p.dbias && !p.cu_seqlens_q && !p.cu_seqlens_k &&
+         bias_rows_16b(p);
+#else
+  return (void)p, false;
+#endif
+}
+
 inline bool sm90_bwd_supports(const BwdParams& p) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
   const bool dense = !p.cu_seqlens_q && !p.cu_seqlens_k;
@@ -71,7 +84,8 @@ inline bool sm90_bwd_supports(const BwdParams& p) {
                         n_tiles <= p.dq_rotate_tiles);
   return (dense || FLASHATTN2_SM90_BWD_VARLEN) && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
          ((p.softcap == 0.f && !p.alibi_slopes) || FLASHATTN2_SM90_BWD_MODS) &&
-         p.dropout_threshold == 0 && !has_bias(p) && p.dq_chains == 1 &&
+         p.dropout_threshold == 0 && (!has_bias(p) || sm90_bwd_takes_bias(p)) &&
+         p.dq_chains == 1 &&
          (!p.deterministic || (FLASHATTN2_SM90_BWD_DQ_BULK && ordered));
 }
 

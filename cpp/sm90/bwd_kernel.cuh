@@ -83,6 +83,13 @@ struct BwdTraits {
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
   static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
+  // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's 64 queries
+  // (8 KiB, 128-byte rows) after the barriers (+ 128 bytes to align it).
+  static constexpr int kBiasWgBytes = 64 * 64 * 2;
+  static constexpr int smem_bytes(bool bias) {
+    return kSmemBytes + (bias ? kConsumers * kBiasWgBytes + 128 : 0);
+  }
+  static_assert(smem_bytes(true) <= 227 * 1024, "smem budget with the staged bias");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
   // dQ = dS K: with one 64-column chunk per consumer (d128) each warpgroup sums its columns
   // over the block's 128 keys; with a single chunk (d64) each sums its own 64 keys, all
@@ -109,10 +116,12 @@ struct BwdArgs {
   BwdParams p;
 };
 
-// Named barriers of the two consumer warpgroups (0 is __syncthreads): sdS complete; in
-// deterministic mode also the dQ turn reached.
+// Named barriers (0 is __syncthreads): of the two consumer warpgroups, sdS complete and, in
+// deterministic mode, the dQ turn reached; of consumer warpgroup c (kBias), its staged bias
+// tile landed (kBarBias + c).
 constexpr int kBarDS = 1;
 constexpr int kBarDqTurn = 2;
+constexpr int kBarBias = 3;
 
 // The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
 // what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read
@@ -193,7 +202,9 @@ struct BwdRange {
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
 // Instances of their own, so that plain calls run none of their code (with kMods in the one
 // d128 kernel, 24 B of spills and the logit pass cost every call ~10 %, H100 2026-11-25).
-template <typename Traits, typename Element, bool kVarlen, bool kMods>
+// kBias (with kMods, dense, FLASHATTN2_BIAS builds): an attention bias without its gradient,
+// 16-byte aligned rows of unit key stride (bias_rows_16b), staged per step in shared memory.
+template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -216,6 +227,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
   auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
   const uint32_t bars = sLse + kStages * 2 * Traits::kRowBytes;
+  [[maybe_unused]] const uint32_t sBias = (bars + 8 * (1 + 4 * kStages) + 127) & ~127u;  // kBias
   const uint32_t bar_kv_full = bars;
   auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
   auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
@@ -353,8 +365,34 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       return seq.dq_counter0(wrap ? head - 1 : head) + prev_m_block;
     };
 
+    // kBias: the warpgroup's 64 keys x 64 queries of the bias of step (head, m_block) into
+    // its tile of sBias, 4 16-byte cp.async per thread (consecutive threads take a query
+    // row's consecutive 8-key chunks), chunk c of row r at (c ^ r % 8) 16 bytes so that the
+    // fragment reads hit distinct banks; rows past seqlen_q, keys past seqlen_k zero-filled.
+    // Issued after the previous step's sdS barrier (every read of the tile is done by then),
+    // waited for before this step's logits.
+    [[maybe_unused]] const uint32_t sBias_wg = sBias + consumer * Traits::kBiasWgBytes;
+    auto bias_issue = [&](int head, int m_block) {
+      if constexpr (kBias) {
+#if FLASHATTN2_BIAS
+        const auto* plane = static_cast<const Element*>(p.attn_bias) +
+                            batch * p.bias_batch_stride + head * p.bias_head_stride;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int idx = tid % 128 + 128 * i, row = idx / 8, chunk = idx % 8;
+          const int query = m_block * kBlockM + row, key = n0 + key0 + 8 * chunk;
+          const int bytes = query < seq.seqlen_q() ? 2 * min(max(seq.seqlen_k() - key, 0), 8) : 0;
+          const Element* src = bytes > 0 ? plane + int64_t(query) * p.bias_row_stride + key : plane;
+          ptx::cp_async_16_bytes(sBias_wg + row * 128 + ((chunk ^ (row % 8)) * 16), src, bytes);
+        }
+        ptx::cp_async_commit();
+#endif
+      }
+    };
+
     if (range.steps > 0) mbar_wait(bar_kv_full, 0);
     int head = head_k * group, m_block = range.m_start;
+    if (kBias && range.steps > 0) bias_issue(head, m_block);
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;
       const uint32_t phase = (t / kStages) & 1;
@@ -404,6 +442,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const ScoreMod mod(p, batch, head);
         // ALiBi distance query + sk - sq - key of element (nt, e): dist0 + 8 nt + (e & 1) - 8 r.
         const float dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
+        if constexpr (kBias) {
+          ptx::cp_async_wait<0>();
+          named_sync(kBarBias + consumer, 128);  // the warpgroup's tile has landed
+        }
+        // kBias: element (nt, e) is query row 8 nt + 2 q + (e & 1), key 16 w + g + 8 (e >> 1)
+        // of the tile: chunk 2 w + (e >> 1) of the row, swizzled, 2-byte lane g of it.
+        [[maybe_unused]] const uint32_t sbias_lane =
+            sBias_wg + (2 * q) * 128 + 2 * g;
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
           const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
@@ -411,8 +457,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float score = acc_s[4 * nt + e];
-            const float x = mod.logit2(score, dist0 + float(8 * nt + (e & 1) - 8 * (e >> 1)),
-                                       &dl[e]);
+            float x = mod.logit2(score, dist0 + float(8 * nt + (e & 1) - 8 * (e >> 1)), &dl[e]);
+            if constexpr (kBias) {
+              // fmaf(bias, log2 e, logit), as the forward and the mma.sync backward
+              const uint32_t chunk = (2 * warp_in_wg + (e >> 1)) ^ (2 * q + (e & 1));
+              const float b = ptx::unpack2<Element>(
+                  ld_shared_u16(sbias_lane + (8 * nt + (e & 1)) * 128 + chunk * 16)).x;
+              x = fmaf(b, kLog2e, x);
+            }
             pv[e] = ptx::exp2_approx((score == -INFINITY ? -INFINITY : x) -
                                      (e & 1 ? lse.y : lse.x) * kLog2e);
           }
@@ -471,6 +523,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         fence_proxy_async_global();
       }
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
+      if constexpr (kBias) {
+        if (t + 1 < range.steps) {  // the next step's bias tile (this one's reads are done)
+          int next_head = head, next_m_block = m_block;
+          range.next(next_head, next_m_block);
+          bias_issue(next_head, next_m_block);
+        }
+      }
 
       // dQ (64 queries x 64 columns: chunk dq_chunk) = dS K over keys dq_key0..+kDqKeys:
       // A = dS^T read M-major (k16 step kk: keys dq_key0 + 16 kk..+15), B = K's column

@@ -13,14 +13,15 @@
 namespace flashattn2 {
 namespace sm90 {
 
-template <typename Traits, typename Element, bool kVarlen, bool kMods>
+template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false>
 void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
-  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods>;
-  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
+  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods, kBias>;
+  constexpr int kSmem = Traits::smem_bytes(kBias);
+  raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
   // Causal: the first key blocks see the most query blocks and launch first.
   const BwdParams& p = args.p;
   const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  kernel<<<grid, Traits::kThreads, kSmem, stream>>>(args);
   check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch");
 }
 
@@ -48,7 +49,11 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   constexpr bool kModsBuilt = FLASHATTN2_SM90_BWD_MODS != 0;
   const bool varlen = kVarlenBuilt && (p.cu_seqlens_q || p.cu_seqlens_k);
   const bool mods = kModsBuilt && (p.softcap > 0.f || p.alibi_slopes);
-  if (varlen && mods)
+  // An attention bias (no dbias, dense, aligned rows: sm90_bwd_supports): its own instance.
+  constexpr bool kBiasBuilt = FLASHATTN2_BIAS && kModsBuilt;
+  if (kBiasBuilt && has_bias(p))
+    sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
+  else if (varlen && mods)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, kModsBuilt>(args, stream);
   else if (varlen)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, false>(args, stream);
