@@ -188,34 +188,44 @@ def layout_cases(gen):
 
 def bias_cases(gen):
     """(name, ok, detail) for attention with a bias (where built): forward + backward against
-    float32 autograd on the CPU, a (b, 1, sq, sk) bias (0-stride heads) and a bool key mask."""
+    float32 autograd on the CPU, a (b, 1, sq, sk) bias (0-stride heads) with its gradient, a
+    bool key mask and a constant bias whose rows are a view of wider ones (sk = 203 of 208:
+    the staged copies' partial chunks; both without dbias: on sm_90 the Hopper backward)."""
     if "bias" not in flashattn2.build_info().get("experimental", ()):
         return []
     results = []
     for b, sq, sk, h, hk, d, causal, kind in ((2, 77, 113, 4, 2, 64, True, "float"),
-                                              (1, 70, 200, 2, 2, 128, False, "bool")):
+                                              (1, 70, 200, 2, 2, 128, False, "bool"),
+                                              (2, 130, 203, 2, 2, 128, True, "view")):
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(torch.bfloat16)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
         if kind == "float":
             bias = torch.randn(b, 1, sq, sk, generator=gen)
+        elif kind == "view":
+            bias = torch.randn(b, 1, sq, 208, generator=gen).to(torch.bfloat16)
         else:
             bias = torch.rand(b, 1, 1, sk, generator=gen) > 0.3
         dout = torch.randn(b, sq, h, d, generator=gen).to(torch.bfloat16)
         leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
         bias_g = bias.cuda().requires_grad_(kind == "float")
+        if kind == "view":
+            bias, bias_g = bias[..., :sk], bias_g[..., :sk]  # rows 416 bytes apart
         out = flashattn2.flash_attn_func(*leaves, causal=causal, attn_bias=bias_g)
         wrt = leaves + ([bias_g] if kind == "float" else [])
         grads = torch.autograd.grad(out, wrt, dout.cuda())
         torch.cuda.synchronize()
         ref_leaves = [x.float().requires_grad_() for x in (q, k, v)]
         ref_bias = bias.float().requires_grad_() if kind == "float" else \
+            bias.float() if kind == "view" else \
             torch.zeros(bias.shape).masked_fill(~bias, -math.inf)
         ref_out, _ = reference(*ref_leaves, causal, bias=ref_bias)
         ref_wrt = ref_leaves + ([ref_bias] if kind == "float" else [])
         ref_grads = torch.autograd.grad(ref_out, ref_wrt, dout.float())
         err = max((g.cpu().float() - r).abs().max().item()
                   for g, r in zip((out, *grads), (ref_out, *ref_grads)))
-        results.append((f"bias {kind} b{b} sq{sq} sk{sk} d{d} {'causal' if causal else 'full'}",
+        arch = flashattn2._ext.last_bwd_arch
+        results.append((f"bias {kind} b{b} sq{sq} sk{sk} d{d} {'causal' if causal else 'full'} "
+                        f"(sm{arch} backward)",
                         err <= 4 * ATOL[torch.bfloat16], f"max err {err:.2e}"))
     return results
 
