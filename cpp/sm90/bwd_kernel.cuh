@@ -32,10 +32,10 @@
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
 //          order of common/dq_order.cuh (descending: key blocks launched last first; or the
-//          rotated walk), one counter per 64-row query tile: before the sdS barrier each
-//          warp's lane 0 waits for its previous reduce to complete; thread 128, while its
-//          dQ GEMM runs, releases the previous tile (+1) and waits for this tile's turn; a
-//          second named barrier passes the turn on before the reduces.
+//          rotated walk), one counter per 64-row query tile: after issuing dV, each warp's
+//          lane 0 waits for its previous reduce to complete and adds 1 to that tile's
+//          counter (release); thread 128, while its dQ GEMM runs, waits for this tile's
+//          turn (8 adds per earlier visitor); a second named barrier passes it on.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128; d64 an opt-in build), dense or varlen
 // (BwdSeq), full, causal or sliding-window attention, softcap / ALiBi (kMods); no dropout /
@@ -491,6 +491,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             rP[kk][i] = ptx::pack2<Element>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
       }
       gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
+      // Deterministic: this warp's reduce of the previous step (issued before this step's
+      // softmax) is complete by now; its lane 0 releases it, one of the 4 kConsumers adds
+      // a visitor makes to the query tile's counter. (Released at the dQ point instead, the
+      // next visitor waited for it there in step: 1.84x the default time at 16k.)
+      if (p.deterministic && t > 0 && lane == 0) {
+        tma_store_wait();
+        fence_proxy_async_global();
+        ptx::red_release_add(prev_dq_counter(head, m_block), 1);
+      }
       wgmma_wait<1>();  // dP^T (the dV GEMM may still run)
       fence_regs(acc_dp);
 
@@ -516,12 +525,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
       fence_proxy_async();
-      // Deterministic: the previous step's dQ reduces are complete (each warp's lane 0
-      // issued its own), so that the barrier below lets thread 128 release them.
-      if (p.deterministic && t > 0 && lane == 0) {
-        tma_store_wait();
-        fence_proxy_async_global();
-      }
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
       if constexpr (kBias) {
         if (t + 1 < range.steps) {  // the next step's bias tile (this one's reads are done)
@@ -547,14 +550,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         Wgmma<kBlockM, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
-      // Deterministic (while the dQ GEMM runs): thread 128 releases the previous step's
-      // query tile and waits for this one's turn; the second barrier passes it on.
+      // Deterministic (while the dQ GEMM runs): thread 128 waits for this query tile's
+      // turn (every warp of the visitors before this CTA has released); the second barrier
+      // passes it on.
       if (p.deterministic && tid == 128) {
         // (the order rebuilt here from the params rather than kept live across the loop)
         const DqOrder<kBlockM, kBlockN> order_t(p, seq.seqlen_q(), seq.seqlen_k(),
                                                 (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
-        dq_order_step(t > 0 ? prev_dq_counter(head, m_block) : nullptr,
-                      seq.dq_counter0(head) + m_block, order_t.rank(n_block, m_block));
+        dq_order_step(nullptr, seq.dq_counter0(head) + m_block,
+                      4 * Traits::kConsumers * order_t.rank(n_block, m_block));
       }
       wgmma_wait<0>();
       fence_regs(acc_dq);
@@ -607,11 +611,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits;
     // deterministic: then the last step's query tile is released.
-    if (Traits::kDqBulk && lane == 0) tma_store_wait();
-    if (p.deterministic && range.steps > 0) {
-      if (lane == 0) fence_proxy_async_global();
-      named_sync(kBarDS, 256);
-      if (tid == 128) ptx::red_release_add(prev_dq_counter(head, m_block), 1);
+    if (Traits::kDqBulk && lane == 0) {
+      tma_store_wait();
+      if (p.deterministic && range.steps > 0) {
+        fence_proxy_async_global();
+        ptx::red_release_add(prev_dq_counter(head, m_block), 1);
+      }
     }
 
     // ---- epilogue: dK * scale, dV in the input dtype, from registers ----
