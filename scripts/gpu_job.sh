@@ -77,6 +77,11 @@ if want decode; then
     stamp "bench decode"
     python3 benchmarks/bench_decode.py --out "$O/decode"
 fi
+if want host; then
+    stamp "host time profile of flash_attn_with_kvcache"
+    python3 scripts/host_profile.py > "$O/host_profile.txt" 2>&1
+    head -n 4 "$O/host_profile.txt"
+fi
 if want grid; then
     stamp "bench grid"
     python3 benchmarks/bench.py --grid --rep 30 --warmup 10 --out "$O/grid"

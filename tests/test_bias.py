@@ -382,6 +382,25 @@ def test_bias_without_grad_on_the_hopper_backward(kind, causal, seqlens):
 
 @gpu
 @needs_bias
+@pytest.mark.parametrize("kind", ["full", "keys"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dbias_buffer_is_written_wherever_it_is_not_zeroed(monkeypatch, kind, causal):
+    """Full attention takes an unfilled dbias buffer (bias.dbias_buffer): NaN-filled here, every
+    entry must come back written (a broadcast bias sums the buffer, so one NaN shows)."""
+    from flashattn2 import bias as bias_mod
+
+    real = bias_mod.dbias_buffer
+
+    def poisoned(shape, device, window_left, window_right):
+        buf = real(shape, device, window_left, window_right)
+        return buf.fill_(float("nan")) if window_left < 0 and window_right < 0 else buf
+
+    monkeypatch.setattr(bias_mod, "dbias_buffer", poisoned)
+    _run_case(2, 200, 264, 4, 2, 64, torch.bfloat16, torch.bfloat16, kind, causal=causal)
+
+
+@gpu
+@needs_bias
 def test_bias_deterministic_is_bitwise_reproducible():
     runs = []
     for _ in range(2):

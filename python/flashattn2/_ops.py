@@ -52,6 +52,7 @@ warns); use the flash_attn_* functions for autograd.
 """
 import torch
 
+from . import bias as bias_mod
 from .bias import bias_view
 from .interface import _backward_any, _dropout_keep_mask, _forward_any
 from .kvcache import _kvcache_forward
@@ -136,8 +137,8 @@ def _fwd_bias_cuda(q, k, v, attn_bias, softmax_scale, window_left, window_right,
 def _bwd_bias_cuda(dout, q, k, v, out, lse, attn_bias, softmax_scale, window_left, window_right,
                    deterministic, bias_grad, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
                    rng_state=None):
-    dbias = (torch.zeros(attn_bias.shape, dtype=torch.float32, device=q.device) if bias_grad
-             else q.new_empty((0,), dtype=torch.float32))  # fmt: skip
+    dbias = (bias_mod.dbias_buffer(attn_bias.shape, q.device, window_left, window_right)
+             if bias_grad else q.new_empty((0,), dtype=torch.float32))  # fmt: skip
     attn_bias = bias_view(attn_bias, attn_bias.shape, q.dtype)
     grads = _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                           deterministic, softcap, alibi_slopes, dropout_p, rng_state, attn_bias,
