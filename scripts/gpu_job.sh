@@ -77,6 +77,14 @@ if want decode; then
     stamp "bench decode"
     python3 benchmarks/bench_decode.py --out "$O/decode"
 fi
+if want ncu; then
+    stamp "ncu: the Hopper backward, d128 8k full and causal"
+    for c in 0 1; do
+        PASS=bwd HEAD_DIM=128 SEQLEN=8192 CAUSAL=$c timeout 300 bash scripts/ncu.sh \
+            > "$O/ncu_bwd_d128_causal$c.txt" 2>&1
+        grep -E "Duration|Compute \(SM\) Throughput|stalled" "$O/ncu_bwd_d128_causal$c.txt" | head -n 12
+    done
+fi
 if want host; then
     stamp "host time profile of flash_attn_with_kvcache"
     python3 scripts/host_profile.py > "$O/host_profile.txt" 2>&1
