@@ -85,6 +85,10 @@ if want ncu; then
         grep -E "Duration|Compute \(SM\) Throughput|stalled" "$O/ncu_bwd_d128_causal$c.txt" | head -n 12
     done
 fi
+if want mem; then
+    stamp "backward workspace memory, ours and SDPA's"
+    python3 benchmarks/bwd_memory.py --out "$O/bwd_memory.json"
+fi
 if want host; then
     stamp "host time profile of flash_attn_with_kvcache"
     python3 scripts/host_profile.py > "$O/host_profile.txt" 2>&1
