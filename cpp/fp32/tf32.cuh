@@ -1,0 +1,109 @@
+// The float32 kernels' PTX (3xTF32 on mma.sync) and their shared-memory tiles.
+//
+// mma.m16n8k8 .tf32 fragments (PTX ISA "Matrix Fragments for mma.m16n8k8", g = lane / 4,
+// q = lane % 4):
+//   A (16x8, row):  a0 = (g, q)  a1 = (g+8, q)  a2 = (g, q+4)  a3 = (g+8, q+4)
+//   B (8x8,  col):  b0 = (k q, n g)             b1 = (k q+4, n g)
+//   C (16x8, f32):  c0, c1 = (g, 2q), (g, 2q+1)  c2, c3 = (g+8, 2q), (g+8, 2q+1)
+// 3xTF32: x = hi + lo, hi = rna_tf32(x), lo = rna_tf32(x - hi); a * b is taken as
+// lo_a hi_b + hi_a lo_b + hi_a hi_b (three MMAs, small terms first; lo_a lo_b < 2^-22 |ab|
+// is dropped), accumulated in f32.
+#pragma once
+#include <cstdint>
+
+#include "common/ptx.cuh"
+
+namespace flashattn2 {
+namespace tf32 {
+
+// cvt.rna.tf32.f32: x rounded to tf32 (10 mantissa bits, ties away), as a b32 register.
+__device__ __forceinline__ uint32_t round_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x as (hi, lo): hi = tf32(x), lo = tf32(x - hi) (x - hi is exact in f32).
+struct Split {
+  uint32_t hi, lo;
+};
+__device__ __forceinline__ Split split(float x) {
+  const uint32_t hi = round_tf32(x);
+  return {hi, round_tf32(x - __uint_as_float(hi))};
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: c += a * b (one tf32 product).
+__device__ __forceinline__ void mma_1688(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment (a0..a3 as floats) split once, reused over several B fragments.
+struct FragA {
+  uint32_t hi[4], lo[4];
+  __device__ __forceinline__ FragA(float a0, float a1, float a2, float a3) {
+    const float a[4] = {a0, a1, a2, a3};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const Split s = split(a[i]);
+      hi[i] = s.hi;
+      lo[i] = s.lo;
+    }
+  }
+};
+
+// c += a * b in 3xTF32, b given as floats (b0, b1).
+__device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, float b0, float b1) {
+  const Split s0 = split(b0), s1 = split(b1);
+  mma_1688(c, a.lo, s0.hi, s1.hi);
+  mma_1688(c, a.hi, s0.lo, s1.lo);
+  mma_1688(c, a.hi, s0.hi, s1.hi);
+}
+
+}  // namespace tf32
+
+// Shared-memory tiles of float32 [kRows x kCols] (kCols a multiple of 32), two layouts by
+// the fragment a warp reads with 32-bit LDS (bank = word offset mod 32):
+//  - RowTile (rows padded by 4 floats): A fragments (row g, col q) and B fragments read
+//    from n-major rows (row n = g, col k = q): word 4g + q + const, 32 distinct banks.
+//  - KRowTile (unpadded; 16-byte chunk c of row r at chunk c ^ 2 (r % 4)): B fragments
+//    read from k-major rows (row k = q, col n = g): word 8 ((col / 8) ^ q) + g + const,
+//    32 distinct banks for the 4 q x 8 g lanes.
+template <int kRows, int kCols>
+struct RowTile {
+  static constexpr int kStride = kCols + 4;
+  static constexpr int kFloats = kRows * kStride;
+  __device__ __forceinline__ static int offset(int r, int c) { return r * kStride + c; }
+};
+template <int kRows, int kCols>
+struct KRowTile {
+  static_assert(kCols % 32 == 0, "the swizzle permutes 8-column groups within 32 columns");
+  static constexpr int kFloats = kRows * kCols;
+  __device__ __forceinline__ static int offset(int r, int c) {
+    return r * kCols + (c ^ ((r & 3) << 3));
+  }
+};
+
+// cp.async of a [rows x cols] float32 block at g (row stride in elements, 16-byte aligned
+// rows) into a Tile; rows >= `rows` and columns >= `cols` (a multiple of 4) are zero-filled.
+template <typename Tile, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void load_tile_f32(float* s, const float* g, int64_t row_stride,
+                                              int rows, int cols, int tid) {
+  constexpr int kChunks = kCols / 4;
+  constexpr int kIters = (kRows * kChunks + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = tid + it * kThreads;
+    if (kIters * kThreads != kRows * kChunks && i >= kRows * kChunks) break;
+    const int r = i / kChunks, c = (i % kChunks) * 4;
+    const bool pred = r < rows && c < cols;
+    ptx::cp_async_16(ptx::smem_addr(s + Tile::offset(r, c)), pred ? g + r * row_stride + c : g,
+                     pred);
+  }
+}
+
+}  // namespace flashattn2
