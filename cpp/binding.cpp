@@ -478,6 +478,7 @@ py::dict build_info() {
   info["bwd_head_dims"] = bwd_head_dims();
   // Kernel head dims of the float32 forward and backward (FLASHATTN2_EXPERIMENTAL=fp32).
   info["fp32_head_dims"] = flashattn2::built_fp32_head_dims();
+  info["fp32_bwd"] = !flashattn2::built_fp32_head_dims().empty();  // (the same head dims)
   return info;
 }
 

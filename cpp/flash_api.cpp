@@ -304,6 +304,42 @@ int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
   return 80;
 }
 
+int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
+  require_fp32_supported(params);
+  require(!params.deterministic, "float32 has no deterministic backward (unordered dq adds)");
+  require(params.dq_chains == 1, "float32 runs one dq accumulator (dq_chains 1)");
+  const BwdParams p = checked(
+      params,
+      {params.q, params.k, params.v, params.o, params.dout, params.lse, params.dq, params.dk,
+       params.dv, params.dq_accum, params.dsum},
+      {params.q_batch_stride, params.q_row_stride, params.q_head_stride, params.k_batch_stride,
+       params.k_row_stride, params.k_head_stride, params.v_batch_stride, params.v_row_stride,
+       params.v_head_stride, params.o_batch_stride, params.o_row_stride, params.o_head_stride,
+       params.do_batch_stride, params.do_row_stride, params.do_head_stride,
+       params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride,
+       params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride,
+       params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride});
+  DeviceGuard guard(device);
+  require_supported_device(device);
+  const int kd = fp32_kernel_head_dim(p.headdim);
+  const int smem = fp32_bwd_smem_bytes(kd);
+  require(smem <= max_smem_per_block(device),
+          "the float32 backward for head dim " + std::to_string(p.headdim) + " needs " +
+              std::to_string(smem) + " bytes of shared memory per block; GPU " +
+              std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
+  auto s = static_cast<cudaStream_t>(stream);
+#if FLASHATTN2_FP32
+  switch (kd) {  // (workspaces: dense (batch, nheads, seqlen_q) rows, within bwd_workspace_floats)
+    case 32: run_bwd_fp32<32>(p, s); break;
+    case 64: run_bwd_fp32<64>(p, s); break;
+    default: run_bwd_fp32<128>(p, s); break;
+  }
+#else
+  (void)s;
+#endif
+  return 80;
+}
+
 }  // namespace
 
 bool sm90_fwd_tile_counter(int headdim, int seqlen_k) {
@@ -586,6 +622,7 @@ int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, i
 }
 
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, bool allow_sm90) {
+  if (params.dtype == DType::kFloat32) return mha_bwd_fp32(params, device, stream);
   require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
           "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
   require(!has_bias(params) || (!params.cu_seqlens_q && !params.cu_seqlens_k),

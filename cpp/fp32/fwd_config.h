@@ -23,4 +23,18 @@ constexpr int fp32_fwd_smem_bytes(int head_dim) {
               2 * fp32_fwd_block_n(head_dim) * (2 * head_dim + 4));
 }
 
+// Backward: 4 warps of 16 keys (a K/V tile of 64 keys per CTA); query tiles of 32 at d32,
+// else 16 (with 32, d64 spilled 16 bytes at the 255-register limit: dK + dV alone take
+// d / 2 registers per thread); 2 CTAs per SM.
+constexpr int kFp32BwdBlockN = 64;
+constexpr int fp32_bwd_block_m(int head_dim) { return head_dim <= 32 ? 32 : 16; }
+constexpr int fp32_bwd_min_blocks(int) { return 2; }
+// sK, sV [64 x d] + sQ, sdO [block_m x d] + sdS [64 x block_m] (rows padded by 4 floats when
+// block_m is 16) + lse, dsum [block_m], float32 (d32: 32.3 KiB; d64: 45.1; d128: 84.1).
+constexpr int fp32_bwd_smem_bytes(int head_dim) {
+  const int m = fp32_bwd_block_m(head_dim);
+  return 4 * (2 * kFp32BwdBlockN * head_dim + 2 * m * head_dim +
+              kFp32BwdBlockN * (m == 16 ? m + 4 : m) + 2 * m);
+}
+
 }  // namespace flashattn2

@@ -12,5 +12,8 @@ template <int kHeadDim>
 void run_fwd_fp32(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim>
 void run_bwd_fp32(const BwdParams& params, cudaStream_t stream);
+// bwd_prepost.cu: dsum and a zeroed dq_accum; dq from dq_accum (every head dim).
+void run_bwd_fp32_preprocess(const BwdParams& params, cudaStream_t stream);
+void run_bwd_fp32_convert(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace flashattn2

@@ -88,6 +88,19 @@ struct KRowTile {
   }
 };
 
+//  - SwzTile (unpadded; column c of row r at c ^ f(r), f(r) = 8 (r % 4) + 4 ((r / 4) % 2)):
+//    conflict free for both reads: n-major (rows g, col q + const): bank bits 0-1 = q, bits
+//    2-4 = f(g) (a bijection of g); k-major (rows q (+4), col g + const): bits 0-2 = g (bit 2
+//    ^ the +4), bits 3-4 ^= q. (The backward reads Q, dO, K and dS both ways.)
+template <int kRows, int kCols>
+struct SwzTile {
+  static_assert(kCols % 32 == 0, "the swizzle permutes columns within 32-column groups");
+  static constexpr int kFloats = kRows * kCols;
+  __device__ __forceinline__ static int offset(int r, int c) {
+    return r * kCols + (c ^ (((r & 3) << 3) | (r & 4)));
+  }
+};
+
 // cp.async of a [rows x cols] float32 block at g (row stride in elements, 16-byte aligned
 // rows) into a Tile; rows >= `rows` and columns >= `cols` (a multiple of 4) are zero-filled.
 template <typename Tile, int kRows, int kCols, int kThreads>

@@ -431,7 +431,8 @@ class _FlashAttnFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         headdim = ctx.headdim
         q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
-        _check_backward(headdim, q.device)
+        if q.dtype is not _FP32:  # (float32: _flash_attn_backward checks its own kernels)
+            _check_backward(headdim, q.device)
         args = (dout, q, k, v, out, lse, ctx.softmax_scale, ctx.window_left, ctx.window_right,
                 ctx.deterministic)
         mods = dict(softcap=ctx.softcap, alibi_slopes=alibi_slopes, dropout_p=ctx.dropout_p,
@@ -942,7 +943,10 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
     if lse.shape != (batch, nheads, seqlen_q):
         raise _shape_error("lse", f"(batch, nheads, seqlen_q) = {(batch, nheads, seqlen_q)}", lse)
     _devices(q, k, v, alibi_slopes, rng_state, (("o", o), ("lse", lse), ("dout", dout)))
-    _check_backward(headdim, q.device)
+    if q.dtype is _FP32:
+        _check_fp32_backward(deterministic)
+    else:
+        _check_backward(headdim, q.device)
     args = (dout, q, k, v, o, lse, _scale(q, softmax_scale), -1, 0 if causal else -1,
             bool(deterministic), softcap, alibi_slopes, dropout_p, rng_state)
     return torch.ops.flashattn2.bwd(*args) if _tracing() else _backward_any(*args)
