@@ -6,10 +6,11 @@ no GQA packing) through a recording _C. GPU, builds with fp32: out, lse and dq /
 against a float64 reference with the 2x rule: max |ours - f64| <= 2 * max |torch f32 - f64|
 + atol, torch's float32 attention computed with TF32 off (conftest.py).
 """
+import fp32_emulation as emu
 import flashattn2
+import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from flashattn2 import _ext, interface
 from reference import attention_ref, attention_scores
 
@@ -135,6 +136,60 @@ def test_fp32_operators_fake_implementations():
     out, lse = torch.ops.flashattn2.fwd(q, k, v, 0.125, -1, -1, 0.0, None, 0.0, None)
     assert out.dtype == torch.float32 and out.shape == q.shape
     assert lse.dtype == torch.float32 and lse.shape == (2, 4, 5)
+
+
+# ---- CPU: the kernels' index math, emulated lane by lane (fp32_emulation.py) ----------------
+
+
+def _torch_ref(q, k, v, causal, window, dtype, grad_of=None):
+    """out, lse (and dq, dk, dv with grad_of = dout) of attention_ref in ``dtype`` for
+    (b, s, h, d) float32 inputs."""
+    inputs = [t.clone().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, _ = attention_ref(*inputs, causal=causal, window_size=window, upcast=False)
+    lse = _lse(inputs[0].detach(), inputs[1].detach(), causal, window)
+    if grad_of is None:
+        return out.detach(), lse
+    out.backward(grad_of.to(dtype))
+    return out.detach(), lse, [t.grad for t in inputs]
+
+
+@pytest.mark.parametrize("shape", [(70, 90, 40, 64, False, (16, 8)), (33, 100, 128, 128, True, (-1, -1)),
+                                   (20, 70, 16, 32, False, (-1, -1))],
+                         ids=["d40-window", "d128-causal", "d16"])
+def test_fp32_forward_emulation(shape):
+    """fwd_kernel.cuh's fragment and index math (emulated) meets the 2x rule."""
+    sq, sk, d, kernel_d, causal, window = shape
+    q, k, v = _qkv(1, sq, sk, 1, 1, d)
+    wl, wr = window[0], 0 if causal else window[1]
+    out, lse = emu.forward(q[0, :, 0].numpy(), k[0, :, 0].numpy(), v[0, :, 0].numpy(), d**-0.5,
+                           wl, wr, kernel_d)
+    assert not np.isnan(out).any() and not np.isnan(lse).any(), "entries left unwritten"
+    out64, lse64 = _torch_ref(q, k, v, causal, window, torch.float64)
+    out32, lse32 = _torch_ref(q, k, v, causal, window, torch.float32)
+    _check("out", torch.from_numpy(out), out32[0, :, 0], out64[0, :, 0])
+    _check("lse", torch.from_numpy(lse), lse32[0, 0], lse64[0, 0])
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 40, 70, 64, 64, True, (-1, -1)),
+                                   (1, 1, 20, 50, 32, 32, False, (20, 5)),
+                                   (2, 2, 17, 33, 128, 128, False, (-1, -1)),
+                                   (2, 1, 30, 20, 24, 32, True, (-1, -1))],
+                         ids=["d64-gqa-causal", "d32-window", "d128", "d24-sq>sk"])
+def test_fp32_backward_emulation(shape):
+    """bwd_kernel.cuh's fragment and index math (emulated; out and lse from torch float32)
+    meets the 2x rule."""
+    h, hk, sq, sk, d, kernel_d, causal, window = shape
+    q, k, v = _qkv(1, sq, sk, h, hk, d)
+    dout = torch.randn(1, sq, h, d)
+    out32, lse32, g32 = _torch_ref(q, k, v, causal, window, torch.float32, dout)
+    _, _, g64 = _torch_ref(q, k, v, causal, window, torch.float64, dout)
+    heads = lambda t: t[0].transpose(0, 1).contiguous().numpy()  # (s, h, d) -> (h, s, d)
+    wl, wr = window[0], 0 if causal else window[1]
+    ours = emu.backward(heads(q), heads(k), heads(v), heads(out32), lse32[0].numpy(), heads(dout),
+                        d**-0.5, wl, wr, kernel_d, h // hk)
+    for name, a, b, c in zip(("dq", "dk", "dv"), ours, g32, g64):
+        assert not np.isnan(a).any(), f"{name}: entries left unwritten"
+        _check(name, torch.from_numpy(a).transpose(0, 1)[None], b, c)
 
 
 # ---- GPU: accuracy against float64 ---------------------------------------------------------
