@@ -136,6 +136,10 @@ def test_fp32_operators_fake_implementations():
     out, lse = torch.ops.flashattn2.fwd(q, k, v, 0.125, -1, -1, 0.0, None, 0.0, None)
     assert out.dtype == torch.float32 and out.shape == q.shape
     assert lse.dtype == torch.float32 and lse.shape == (2, 4, 5)
+    grads = torch.ops.flashattn2.bwd(out, q, k, v, out, lse, 0.125, -1, -1, False, 0.0, None,
+                                     0.0, None)  # fmt: skip
+    assert [g.dtype for g in grads] == [torch.float32] * 3
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
 
 
 # ---- CPU: the kernels' index math, emulated lane by lane (fp32_emulation.py) ----------------
