@@ -16,7 +16,7 @@
 //   smem   sK, sV [kBlockN x d], sQ, sdO [kBlockM x d], sdS [kBlockN x kBlockM], lse / dsum
 //          [kBlockM], float32, SwzTile (tf32.cuh): conflict-free 32-bit LDS for both the
 //          n-major (row g, col q) and the k-major (row q, col g) fragment reads (sdS at
-//          kBlockM 16: padded rows). fwd_config.h fp32_bwd_smem_bytes: d64 45 KiB, d128 84 KiB.
+//          kBlockM 16: padded rows). fwd_config.h fp32_bwd_smem_bytes: d64 45 KiB, d128 85 KiB.
 //   queries S^T's n8 column p of each 8-query group holds query p / 2 + 4 (p % 2) (the
 //          forward's key permutation, on queries): lane g reads Q / dO row perm(g) for the B
 //          fragments of S^T = K Q^T and dP^T = V dO^T, and P^T / dS^T's accumulators are the

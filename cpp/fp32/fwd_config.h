@@ -30,7 +30,7 @@ constexpr int kFp32BwdBlockN = 64;
 constexpr int fp32_bwd_block_m(int head_dim) { return head_dim <= 32 ? 32 : 16; }
 constexpr int fp32_bwd_min_blocks(int) { return 2; }
 // sK, sV [64 x d] + sQ, sdO [block_m x d] + sdS [64 x block_m] (rows padded by 4 floats when
-// block_m is 16) + lse, dsum [block_m], float32 (d32: 32.3 KiB; d64: 45.1; d128: 84.1).
+// block_m is 16) + lse, dsum [block_m], float32 (d32: 32.3 KiB; d64: 45.1; d128: 85.1).
 constexpr int fp32_bwd_smem_bytes(int head_dim) {
   const int m = fp32_bwd_block_m(head_dim);
   return 4 * (2 * kFp32BwdBlockN * head_dim + 2 * m * head_dim +
