@@ -56,7 +56,8 @@ struct Fp32BwdTraits {
   using QTile = SwzTile<kBlockM, kHeadDim>;  // sQ, sdO
   // sdS: swizzled at 32 columns; at 16, rows padded to 20 floats (n-major stores conflict
   // free, k-major reads 2-way on a quarter of the lanes).
-  using STile = std::conditional_t<kBlockM % 32 == 0, SwzTile<kBlockN, kBlockM>, RowTile<kBlockN, kBlockM>>;
+  using STile = std::conditional_t<kBlockM % 32 == 0, SwzTile<kBlockN, kBlockM>,
+                                   RowTile<kBlockN, kBlockM>>;
   static constexpr int kSmemFloats =
       2 * KTile::kFloats + 2 * QTile::kFloats + STile::kFloats + 2 * kBlockM;
   static_assert(4 * kSmemFloats == fp32_bwd_smem_bytes(kHeadDim), "bwd config and tiles agree");
@@ -117,15 +118,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const int n_m = max(0, m_block_max - m_block_min);
   const int n_steps = n_m * group;
 
+  // Row `row` of head `head` of a (batch, seqlen, heads, d) tensor.
+  auto row_ptr = [&](const void* base, int64_t batch_stride, int64_t head_stride,
+                     int64_t row_stride, int head, int row) {
+    return static_cast<const float*>(base) + batch * batch_stride + head * head_stride +
+           int64_t(row) * row_stride;
+  };
   auto load_q_tile = [&](int t) {  // step t: query head head_k * group + t / n_m
     const int head = head_k * group + t / n_m;
     const int m0 = (m_block_min + t % n_m) * kBlockM;
     const int rows = seqlen_q - m0;
     load_tile_f32<QTile, kBlockM, kHeadDim, kNThreads>(
-        sQ, static_cast<const float*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + int64_t(m0) * p.q_row_stride,
+        sQ, row_ptr(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, head, m0),
         p.q_row_stride, rows, p.headdim, tid);
     load_tile_f32<QTile, kBlockM, kHeadDim, kNThreads>(
-        sdO, static_cast<const float*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride + int64_t(m0) * p.do_row_stride,
+        sdO, row_ptr(p.dout, p.do_batch_stride, p.do_head_stride, p.do_row_stride, head, m0),
         p.do_row_stride, rows, p.headdim, tid);
     if (tid < kBlockM) {
       const bool in = tid < rows;
@@ -137,10 +144,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   };
 
   // Prologue: K, V and the first query tile.
-  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride + int64_t(n0) * p.k_row_stride;
-  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride + int64_t(n0) * p.v_row_stride;
-  load_tile_f32<KTile, kBlockN, kHeadDim, kNThreads>(sK, gK, p.k_row_stride, seqlen_k - n0, p.headdim, tid);
-  load_tile_f32<KTile, kBlockN, kHeadDim, kNThreads>(sV, gV, p.v_row_stride, seqlen_k - n0, p.headdim, tid);
+  const float* gK = row_ptr(p.k, p.k_batch_stride, p.k_head_stride, p.k_row_stride, head_k, n0);
+  const float* gV = row_ptr(p.v, p.v_batch_stride, p.v_head_stride, p.v_row_stride, head_k, n0);
+  load_tile_f32<KTile, kBlockN, kHeadDim, kNThreads>(sK, gK, p.k_row_stride, seqlen_k - n0,
+                                                     p.headdim, tid);
+  load_tile_f32<KTile, kBlockN, kHeadDim, kNThreads>(sV, gV, p.v_row_stride, seqlen_k - n0,
+                                                     p.headdim, tid);
   if (n_steps > 0) load_q_tile(0);
   ptx::cp_async_commit();
 
@@ -269,7 +278,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int i = 0; i < kHalfD; ++i) {
         const int dt = dt0 + i;
         // (dt is not a compile-time value here: the swizzle XOR at run time)
-        tf32::mma3(acc_dq[i], fa, sK[KTile::offset(r, 8 * dt + g)], sK[KTile::offset(r + 4, 8 * dt + g)]);
+        tf32::mma3(acc_dq[i], fa, sK[KTile::offset(r, 8 * dt + g)],
+                   sK[KTile::offset(r + 4, 8 * dt + g)]);
       }
     }
 #pragma unroll
@@ -301,8 +311,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int dt = 0; dt < kNTilesD; ++dt) {
         const int c = 8 * dt + 2 * q;
         if (c < p.headdim) {
-          *reinterpret_cast<float2*>(gdK + int64_t(j) * p.dk_row_stride + c) =
-              make_float2(acc_dk[dt][2 * rr] * p.softmax_scale, acc_dk[dt][2 * rr + 1] * p.softmax_scale);
+          *reinterpret_cast<float2*>(gdK + int64_t(j) * p.dk_row_stride + c) = make_float2(
+              acc_dk[dt][2 * rr] * p.softmax_scale, acc_dk[dt][2 * rr + 1] * p.softmax_scale);
           *reinterpret_cast<float2*>(gdV + int64_t(j) * p.dv_row_stride + c) =
               make_float2(acc_dv[dt][2 * rr], acc_dv[dt][2 * rr + 1]);
         }
