@@ -39,7 +39,8 @@ def mma3(c, a4, b0, b1):
 
 def forward(q, k, v, scale, wl, wr, D):  # q [sq, d], k/v [sk, d] float32 one head
     sq, d = q.shape; sk = k.shape[0]
-    BM = 64; BN = 64 if D <= 32 else 32
+    MT = 2 if D <= 64 else 1  # m16 tiles per warp (fwd_config.h fp32_fwd_m_tiles)
+    BM = 64 * MT; BN = 64 if D <= 32 else 32
     qs = D + 4; ks = D + 4
     q_off_r = lambda r, c: r * qs + c
     k_off = lambda r, c: r * ks + c
@@ -59,8 +60,10 @@ def forward(q, k, v, scale, wl, wr, D):  # q [sq, d], k/v [sk, d] float32 one he
         nmin = 0
         if wl >= 0:
             lo = i_first + offset - wl; nmin = 0 if lo <= 0 else lo // BN
-        for warp in range(4):
-            wr0 = warp * 16
+        for warp, mt in ((w, m) for w in range(4) for m in range(MT)):
+            # (each m tile's arithmetic is independent: the kernel shares only the split B
+            # fragments between them, which are the same values)
+            wr0 = warp * 16 * MT + 16 * mt
             key_g = (G >> 1) + 4 * (G & 1)
             qo = q_off_r(wr0 + G, Q); ko = k_off(key_g, Q)
             vo = [BN * ks + v_off(Q, 8 * j + G) for j in range(4)]

@@ -157,7 +157,8 @@ def _torch_ref(q, k, v, causal, window, dtype, grad_of=None):
     return out.detach(), lse, [t.grad for t in inputs]
 
 
-@pytest.mark.parametrize("shape", [(70, 90, 40, 64, False, (16, 8)), (33, 100, 128, 128, True, (-1, -1)),
+@pytest.mark.parametrize("shape", [(70, 90, 40, 64, False, (16, 8)),
+                                   (33, 100, 128, 128, True, (-1, -1)),
                                    (20, 70, 16, 32, False, (-1, -1))],
                          ids=["d40-window", "d128-causal", "d16"])
 def test_fp32_forward_emulation(shape):
@@ -209,7 +210,8 @@ def _errors(ours, ref32, ref64):
 
 def _check(name, ours, ref32, ref64, atol=ATOL):
     err, err_torch = _errors(ours, ref32, ref64)
-    assert err <= 2 * err_torch + atol, f"{name}: error {err:.3g} > 2 x torch float32's {err_torch:.3g} + {atol}"
+    assert err <= 2 * err_torch + atol, (
+        f"{name}: error {err:.3g} > 2 x torch float32's {err_torch:.3g} + {atol}")
 
 
 def _lse(q, k, causal, window):

@@ -13,13 +13,16 @@ constexpr int fp32_kernel_head_dim(int headdim) {
   return -1;
 }
 
-// Forward: 4 warps of 16 query rows; keys per tile: 64 at d32, else 32 (d64: 50 KiB, three
-// CTAs per A100 SM; d128: 98 KiB, within the 99 KiB of sm_86 / sm_89).
-constexpr int kFp32FwdBlockM = 64;
+// Forward: 4 warps of m16 query tiles, two per warp up to d64 (each K / V fragment split
+// once for 32 rows; d128 has no registers for a second acc_o), so 128 / 64 query rows per
+// CTA; keys per tile: 64 at d32, else 32. Shared memory: d32 52 KiB, d64 67 KiB, d128
+// 98 KiB (within the 99 KiB of sm_86 / sm_89).
+constexpr int fp32_fwd_m_tiles(int head_dim) { return head_dim <= 64 ? 2 : 1; }
+constexpr int fp32_fwd_block_m(int head_dim) { return 4 * 16 * fp32_fwd_m_tiles(head_dim); }
 constexpr int fp32_fwd_block_n(int head_dim) { return head_dim <= 32 ? 64 : 32; }
 // sQ (rows padded by 4 floats) + 2 stages of sK (padded) and sV (unpadded), float32.
 constexpr int fp32_fwd_smem_bytes(int head_dim) {
-  return 4 * (kFp32FwdBlockM * (head_dim + 4) +
+  return 4 * (fp32_fwd_block_m(head_dim) * (head_dim + 4) +
               2 * fp32_fwd_block_n(head_dim) * (2 * head_dim + 4));
 }
 

@@ -4,21 +4,24 @@
 // Tiling
 //   grid   (ceil(seqlen_q / kBlockM), nheads, batch), m blocks in reverse order (the longest
 //          causal rows first), as the 2-byte kernel (sm80/fwd_kernel.cuh).
-//   block  4 warps; warp w owns query rows [16w, 16w + 16) and all kBlockN keys of a tile,
-//          so row max / row sum reduce inside a quad.
-//   smem   sQ RowTile [64 x d] + 2 stages x (sK RowTile, sV KRowTile) [kBlockN x d], float32
-//          (tf32.cuh: padded / swizzled so every fragment LDS is conflict free); d128:
-//          33 + 2 x 32.5 KiB = 98 KiB (fits the 99 KiB of sm_86 / sm_89).
+//   block  4 warps; warp w owns kMTiles m16 query tiles (rows [16 kMTiles w, +16 kMTiles);
+//          kMTiles 2 up to d64, 1 at d128: fwd_config.h) and all kBlockN keys of a tile, so
+//          row max / row sum reduce inside a quad, and each K / V fragment is split once for
+//          the warp's kMTiles tiles.
+//   smem   sQ RowTile [kBlockM x d] + 2 stages x (sK RowTile, sV KRowTile) [kBlockN x d],
+//          float32 (tf32.cuh: padded / swizzled so every fragment LDS is conflict free);
+//          d128: 33 + 2 x 32.5 KiB = 98 KiB (fits the 99 KiB of sm_86 / sm_89).
 //   keys   S's n8 column p of each 8-key group holds key p / 2 + 4 (p % 2): lane g reads K
 //          row perm(g) for the B fragment of S = Q K^T, and then the C fragment of P is the
 //          A fragment of P V as it stands (a0 = c0, a1 = c2, a2 = c1, a3 = c3; keys q, q+4).
 //          Masks use the permuted key of each element.
 //   step   (K/V tiles from the last visible one down)
 //            wait tile n ; __syncthreads ; cp.async tile n-1 into the other stage
-//            S = Q K^T: per k8 step, Q's A fragment (4 LDS) split once into hi/lo, each n8
-//            tile's B (2 LDS) split, 3 MMAs (lo*hi, hi*lo, hi*hi) ; mask if the tile needs it
+//            S = Q K^T: per k8 step, Q's A fragments (4 LDS each) split once into hi/lo,
+//            each n8 tile's B (2 LDS) split once, 3 MMAs (lo*hi, hi*lo, hi*hi) per m tile ;
+//            mask if the tile needs it
 //            online softmax in base 2 (exact row max, rescale every step)
-//            O += P V: P's A fragments split, V's B (2 LDS each) split, 3 MMAs
+//            O += P V: P's A fragments split, V's B (2 LDS each) split once, 3 MMAs per m tile
 //   epilogue  quad-reduce the row sums, O = acc_o / sum written from the accumulators
 //          (float2 stores); LSE = max * scale + ln(sum), +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim (32, 64, 128); 16-byte aligned pointers and strides
@@ -42,9 +45,10 @@ namespace flashattn2 {
 template <int kHeadDim_>
 struct Fp32FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kFp32FwdBlockM;
+  static constexpr int kMTiles = fp32_fwd_m_tiles(kHeadDim);
+  static constexpr int kBlockM = fp32_fwd_block_m(kHeadDim);
   static constexpr int kBlockN = fp32_fwd_block_n(kHeadDim);
-  static constexpr int kNWarps = kBlockM / 16;
+  static constexpr int kNWarps = kBlockM / (16 * kMTiles);
   static constexpr int kNThreads = 32 * kNWarps;
   using QTile = RowTile<kBlockM, kHeadDim>;
   using KTile = RowTile<kBlockN, kHeadDim>;
@@ -60,6 +64,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kNThreads = Traits::kNThreads;
+  constexpr int kMTiles = Traits::kMTiles;  // m16 tiles per warp
   constexpr int kNTilesN = kBlockN / 8;  // n8 tiles of S = k8 steps of P V
   constexpr int kNTilesD = kHeadDim / 8;  // n8 tiles of O = k8 steps of Q K^T
   using QTile = typename Traits::QTile;
@@ -83,8 +88,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
 
   const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
                     head * p.q_head_stride + int64_t(row0) * p.q_row_stride;
-  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+  const float* gK =
+      static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
+  const float* gV =
+      static_cast<const float*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
 
   // Visible key range of the tile (bottom-right aligned window, FwdParams).
   const int offset = seqlen_k - seqlen_q;
@@ -118,11 +125,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
 
   const int g = lane / 4;
   const int q = lane % 4;
-  const int warp_row0 = warp * 16;
+  const int warp_row0 = warp * 16 * kMTiles;
   const int key_g = (g >> 1) + 4 * (g & 1);  // the key of S column g of an n8 tile
-  // The lane's word offsets (tf32.cuh layouts): Q A fragment (row g, col q); K B fragment
-  // (key row perm(g), col q); V B fragment (key row q, col g) for each column group parity
-  // class (col / 8) % 4 of the swizzle.
+  // The lane's word offsets (tf32.cuh layouts): Q A fragment (row g of m tile 0, col q);
+  // K B fragment (key row perm(g), col q); V B fragment (key row q, col g) for each column
+  // group parity class (col / 8) % 4 of the swizzle.
   const int q_off = QTile::offset(warp_row0 + g, q);
   const int k_off = KTile::offset(key_g, q);
   int v_off[4];
@@ -131,38 +138,56 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
 
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = p.softmax_scale * kLog2e;
-  float acc_o[kNTilesD][4];
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  float acc_o[kMTiles][kNTilesD][4];
+  float row_max[kMTiles][2], row_sum[kMTiles][2];
 #pragma unroll
-  for (int dt = 0; dt < kNTilesD; ++dt)
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
+    for (int dt = 0; dt < kNTilesD; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[mt][r] = -INFINITY;
+      row_sum[mt][r] = 0.f;
+    }
+  }
 
   auto step = [&](auto mask_tag, int n_block, const float* sK) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const float* sV = sK;  // (v_off includes the K tile)
-    float acc_s[kNTilesN][4];
+    float acc_s[kMTiles][kNTilesN][4];
 #pragma unroll
-    for (int nt = 0; nt < kNTilesN; ++nt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[nt][e] = 0.f;
+      for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
     // S = Q K^T over the d / 8 k steps.
 #pragma unroll
     for (int kk = 0; kk < kNTilesD; ++kk) {
-      const float* a = sQ + q_off + 8 * kk;
-      const tf32::FragA fa(a[0], a[8 * QTile::kStride], a[4], a[8 * QTile::kStride + 4]);
+      tf32::FragA fa[kMTiles];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const float* a = sQ + q_off + 16 * mt * QTile::kStride + 8 * kk;
+        fa[mt] = tf32::FragA(a[0], a[8 * QTile::kStride], a[4], a[8 * QTile::kStride + 4]);
+      }
 #pragma unroll
       for (int nt = 0; nt < kNTilesN; ++nt) {
         const float* b = sK + k_off + 8 * nt * KTile::kStride + 8 * kk;
-        tf32::mma3(acc_s[nt], fa, b[0], b[4]);
+        const tf32::FragB fb(b[0], b[4]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3(acc_s[mt][nt], fa[mt], fb);
       }
     }
 
     if constexpr (kMask) {
       const int col0 = n_block * kBlockN;
 #pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = row0 + warp_row0 + g + 8 * r;
+        const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
         const int col_hi = p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
                                                : seqlen_k - 1;
         const int col_lo = p.window_left >= 0 ? row + offset - p.window_left : 0;
@@ -171,7 +196,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
             const int col = col0 + 8 * nt + q + 4 * (e & 1);  // the permuted key
-            if (col < col_lo || col > col_hi) acc_s[nt][e] = -INFINITY;
+            if (col < col_lo || col > col_hi) acc_s[mt][nt][e] = -INFINITY;
           }
       }
     }
@@ -179,41 +204,49 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
     // Online softmax (base 2) per row r (g, g + 8): max over the quad, O and the sum
     // rescaled, p in place.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m = row_max[r];
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNTilesN; ++nt) m = fmaxf(m, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+    for (int r = 0; r < 2; ++r) {
+      float m = row_max[mt][r];
+#pragma unroll
+      for (int nt = 0; nt < kNTilesN; ++nt)
+        m = fmaxf(m, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       // A row with only masked scores so far keeps max -inf: use 0 so that -inf - -inf
       // never happens (its p and correction are then exp2(-inf) = 0).
       const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float correction = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
-      row_max[r] = m;
+      const float correction = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
+      row_max[mt][r] = m;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kNTilesN; ++nt)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          acc_s[nt][e] = ptx::exp2_approx(fmaf(acc_s[nt][e], scale_log2, -max_scaled));
-          sum += acc_s[nt][e];
+          acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
+          sum += acc_s[mt][nt][e];
         }
-      row_sum[r] = row_sum[r] * correction + sum;
+      row_sum[mt][r] = row_sum[mt][r] * correction + sum;
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {
-        acc_o[dt][2 * r] *= correction;
-        acc_o[dt][2 * r + 1] *= correction;
+        acc_o[mt][dt][2 * r] *= correction;
+        acc_o[mt][dt][2 * r + 1] *= correction;
       }
     }
 
     // O += P V: k8 step nt is S's n8 tile nt (keys 8nt + q, 8nt + q + 4 in the lane's c0/c1).
 #pragma unroll
     for (int nt = 0; nt < kNTilesN; ++nt) {
-      const tf32::FragA fa(acc_s[nt][0], acc_s[nt][2], acc_s[nt][1], acc_s[nt][3]);
+      tf32::FragA fa[kMTiles];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        fa[mt] = tf32::FragA(acc_s[mt][nt][0], acc_s[mt][nt][2], acc_s[mt][nt][1], acc_s[mt][nt][3]);
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {
         const float* b = sV + v_off[dt % 4] + 8 * nt * kHeadDim + 32 * (dt / 4);
-        tf32::mma3(acc_o[dt], fa, b[0], b[4 * kHeadDim]);
+        const tf32::FragB fb(b[0], b[4 * kHeadDim]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3(acc_o[mt][dt], fa[mt], fb);
       }
     }
   };
@@ -225,9 +258,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
     if (n_block > n_block_min) load_kv(n_block - 1, stage ^ 1);
     ptx::cp_async_commit();
     const int col0 = n_block * kBlockN;
-    const bool need_mask = col0 + kBlockN > seqlen_k ||
-                           (p.window_right >= 0 && col0 + kBlockN - 1 > i_first + offset + p.window_right) ||
-                           (p.window_left >= 0 && col0 < i_last + offset - p.window_left);
+    const bool need_mask =
+        col0 + kBlockN > seqlen_k ||
+        (p.window_right >= 0 && col0 + kBlockN - 1 > i_first + offset + p.window_right) ||
+        (p.window_left >= 0 && col0 < i_last + offset - p.window_left);
     const float* sK = stage ? sKV1 : sKV0;
     if (need_mask) {
       step(std::true_type{}, n_block, sK);
@@ -241,12 +275,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   float* gO = static_cast<float*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
   float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
 #pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
+    float sum = row_sum[mt][r];
     sum += __shfl_xor_sync(0xffffffff, sum, 1);
     sum += __shfl_xor_sync(0xffffffff, sum, 2);
     const float inv = sum == 0.f ? 0.f : 1.f / sum;
-    const int row = row0 + warp_row0 + g + 8 * r;
+    const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
     if (row < seqlen_q) {
       float* o_row = gO + int64_t(row) * p.o_row_stride;
 #pragma unroll
@@ -254,10 +290,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
         const int col = 8 * dt + 2 * q;
         if (col < p.headdim) {
           *reinterpret_cast<float2*>(o_row + col) =
-              make_float2(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+              make_float2(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
         }
       }
-      if (q == 0) gLse[row] = sum == 0.f ? INFINITY : row_max[r] * p.softmax_scale + logf(sum);
+      if (q == 0) gLse[row] = sum == 0.f ? INFINITY : row_max[mt][r] * p.softmax_scale + logf(sum);
     }
   }
 }

@@ -54,6 +54,7 @@ __device__ __forceinline__ void mma_1688(float (&c)[4], const uint32_t (&a)[4], 
 // A fragment (a0..a3 as floats) split once, reused over several B fragments.
 struct FragA {
   uint32_t hi[4], lo[4];
+  FragA() = default;
   __device__ __forceinline__ FragA(float a0, float a1, float a2, float a3) {
     const float a[4] = {a0, a1, a2, a3};
 #pragma unroll
@@ -65,12 +66,21 @@ struct FragA {
   }
 };
 
-// c += a * b in 3xTF32, b given as floats (b0, b1).
+// B fragment (b0, b1 as floats) split once, reused over several A fragments.
+struct FragB {
+  Split b0, b1;
+  __device__ __forceinline__ FragB(float x0, float x1) : b0(split(x0)), b1(split(x1)) {}
+};
+
+// c += a * b in 3xTF32.
+__device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, const FragB& b) {
+  mma_1688(c, a.lo, b.b0.hi, b.b1.hi);
+  mma_1688(c, a.hi, b.b0.lo, b.b1.lo);
+  mma_1688(c, a.hi, b.b0.hi, b.b1.hi);
+}
+// The same with b given as floats (b0, b1).
 __device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, float b0, float b1) {
-  const Split s0 = split(b0), s1 = split(b1);
-  mma_1688(c, a.lo, s0.hi, s1.hi);
-  mma_1688(c, a.hi, s0.lo, s1.lo);
-  mma_1688(c, a.hi, s0.hi, s1.hi);
+  mma3(c, a, FragB(b0, b1));
 }
 
 }  // namespace tf32
