@@ -89,9 +89,10 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
                         num_splits=0, attn_bias=None):
     """Launches the forward kernel with no argument checks; returns ``(out, lse)``.
 
-    q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16, d a multiple of 8 with a
-    compiled kernel, 16-byte aligned pointers, unit last-dim stride and other strides
-    multiples of 8 elements. ``out`` (like q, same requirements) and ``lse`` (float32
+    q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16 (or float32 in builds with
+    the float32 kernels: no score modifiers, no bias), d a multiple of 8 with a compiled
+    kernel, 16-byte aligned pointers, unit last-dim stride and other strides multiples of
+    16 bytes. ``out`` (like q, same requirements) and ``lse`` (float32
     ``(b, h, sq)`` with unit last stride) are allocated when not given. Empty problems
     never reach the kernel; ``seqlen_k == 0`` gives out = 0 and lse = +inf.
     Score modifiers: ``softcap``, ``alibi_slopes`` (float32 ``(h,)`` or ``(b, h)`` with a unit
