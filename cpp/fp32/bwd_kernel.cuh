@@ -58,8 +58,9 @@ struct Fp32BwdTraits {
   // free, k-major reads 2-way on a quarter of the lanes).
   using STile = std::conditional_t<kBlockM % 32 == 0, SwzTile<kBlockN, kBlockM>,
                                    RowTile<kBlockN, kBlockM>>;
-  static constexpr int kSmemFloats =
-      2 * KTile::kFloats + 2 * QTile::kFloats + STile::kFloats + 2 * kBlockM;
+  static constexpr bool kPreSplit = fp32_bwd_presplit(kHeadDim);  // lo halves in smem
+  static constexpr int kSmemFloats = (kPreSplit ? 2 : 1) * 2 * (KTile::kFloats + QTile::kFloats) +
+                                     STile::kFloats + 2 * kBlockM;
   static_assert(4 * kSmemFloats == fp32_bwd_smem_bytes(kHeadDim), "bwd config and tiles agree");
   // The dQ GEMM: warp w takes m16 query tile w % kMTiles and 1 / (4 / kMTiles) of the columns.
   static constexpr int kMTiles = kBlockM / 16;
@@ -86,11 +87,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   using STile = typename Traits::STile;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  constexpr bool kPreSplit = Traits::kPreSplit;
+  // sK, sV, sQ, sdO hold K, V, Q, dO; with kPreSplit their tf32 hi halves once split (K, V
+  // at the first step, Q, dO at every step), the lo halves in sKlo, sVlo, sQlo, sdOlo.
+  constexpr int kLo = kPreSplit ? 1 : 0;
   float* const sK = reinterpret_cast<float*>(smem_raw);
   float* const sV = sK + KTile::kFloats;
   float* const sQ = sV + KTile::kFloats;
   float* const sdO = sQ + QTile::kFloats;
-  float* const sdS = sdO + QTile::kFloats;
+  float* const sKlo = sdO + QTile::kFloats;
+  float* const sVlo = sKlo + kLo * KTile::kFloats;
+  float* const sQlo = sVlo + kLo * KTile::kFloats;
+  float* const sdOlo = sQlo + kLo * QTile::kFloats;
+  float* const sdS = sdOlo + kLo * QTile::kFloats;
   float* const sLse = sdS + STile::kFloats;
   float* const sDsum = sLse + kBlockM;
 
@@ -184,34 +193,53 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
 
   // acc[16 keys of the warp x kBlockM queries] = A (sA rows key_row.., the warp's keys) B^T
-  // (sB rows: queries, permuted), over the head dim.
-  auto gemm_keys_queries = [&](float (&acc)[kNTilesM][4], const float* sA, const float* sB) {
+  // (sB rows: queries, permuted), over the head dim; kPreSplit: read split from the hi / lo
+  // arrays.
+  auto gemm_keys_queries = [&](float (&acc)[kNTilesM][4], const float* sA, const float* sAlo,
+                               const float* sB, const float* sBlo) {
 #pragma unroll
     for (int nt = 0; nt < kNTilesM; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kNTilesD; ++kk) {
-      const tf32::FragA fa(sA[off_a(kHeadDim, 0, 2 * kk)], sA[off_a(kHeadDim, 8, 2 * kk)],
-                           sA[off_a(kHeadDim, 0, 2 * kk + 1)], sA[off_a(kHeadDim, 8, 2 * kk + 1)]);
+      const int a0 = off_a(kHeadDim, 0, 2 * kk), a1 = off_a(kHeadDim, 8, 2 * kk);
+      const int a2 = off_a(kHeadDim, 0, 2 * kk + 1), a3 = off_a(kHeadDim, 8, 2 * kk + 1);
+      tf32::FragA fa;
+      if constexpr (kPreSplit) {
+        fa = tf32::FragA(tf32::split_at(sA, sAlo, a0), tf32::split_at(sA, sAlo, a1),
+                         tf32::split_at(sA, sAlo, a2), tf32::split_at(sA, sAlo, a3));
+      } else {
+        fa = tf32::FragA(sA[a0], sA[a1], sA[a2], sA[a3]);
+      }
 #pragma unroll
       for (int nt = 0; nt < kNTilesM; ++nt) {
-        tf32::mma3(acc[nt], fa, sB[off_b(kHeadDim, 8 * nt, 2 * kk)],
-                   sB[off_b(kHeadDim, 8 * nt, 2 * kk + 1)]);
+        const int b0 = off_b(kHeadDim, 8 * nt, 2 * kk), b1 = off_b(kHeadDim, 8 * nt, 2 * kk + 1);
+        if constexpr (kPreSplit) {
+          tf32::mma3(acc[nt], fa,
+                     tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)));
+        } else {
+          tf32::mma3(acc[nt], fa, sB[b0], sB[b1]);
+        }
       }
     }
   };
   // acc_d[16 keys x d] += X^T (the warp's [16 keys x kBlockM] accumulators, A fragments as
-  // they stand) sB (rows: queries in natural order).
+  // they stand) sB (rows: queries in natural order; kPreSplit: split in sB / sBlo).
   auto gemm_accumulate = [&](float (&acc_d)[kNTilesD][4], const float (&x)[kNTilesM][4],
-                             const float* sB) {
+                             const float* sB, const float* sBlo) {
 #pragma unroll
     for (int nt = 0; nt < kNTilesM; ++nt) {
       const tf32::FragA fa(x[nt][0], x[nt][2], x[nt][1], x[nt][3]);
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {
-        tf32::mma3(acc_d[dt], fa, sB[off_k(kHeadDim, 8 * nt, 0, dt)],
-                   sB[off_k(kHeadDim, 8 * nt, 1, dt)]);
+        const int b0 = off_k(kHeadDim, 8 * nt, 0, dt), b1 = off_k(kHeadDim, 8 * nt, 1, dt);
+        if constexpr (kPreSplit) {
+          tf32::mma3(acc_d[dt], fa,
+                     tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)));
+        } else {
+          tf32::mma3(acc_d[dt], fa, sB[b0], sB[b1]);
+        }
       }
     }
   };
@@ -222,9 +250,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     // Q, dO, lse, dsum of step t have landed; every warp is done with the last dQ GEMM.
     ptx::cp_async_wait<0>();
     __syncthreads();
+    if constexpr (kPreSplit) {
+      // Each operand split once for all warps (else every warp splits every element it
+      // reads): K, V at the first step, Q, dO at every step.
+      if (t == 0) {
+        tf32::split_in_place<kNThreads>(sK, sKlo, KTile::kFloats, tid);
+        tf32::split_in_place<kNThreads>(sV, sVlo, KTile::kFloats, tid);
+      }
+      tf32::split_in_place<kNThreads>(sQ, sQlo, QTile::kFloats, tid);
+      tf32::split_in_place<kNThreads>(sdO, sdOlo, QTile::kFloats, tid);
+      __syncthreads();
+    }
 
     float acc_s[kNTilesM][4];
-    gemm_keys_queries(acc_s, sK, sQ);
+    gemm_keys_queries(acc_s, sK, sKlo, sQ, sQlo);
     // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query.
 #pragma unroll
     for (int nt = 0; nt < kNTilesM; ++nt)
@@ -238,9 +277,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         acc_s[nt][e] = visible ? ptx::exp2_approx(fmaf(acc_s[nt][e], scale_log2, -sLse[ql] * kLog2e))
                                : 0.f;
       }
-    gemm_accumulate(acc_dv, acc_s, sdO);
+    gemm_accumulate(acc_dv, acc_s, sdO, sdOlo);
     float acc_dp[kNTilesM][4];
-    gemm_keys_queries(acc_dp, sV, sdO);
+    gemm_keys_queries(acc_dp, sV, sVlo, sdO, sdOlo);
     // dS^T = P^T o (dP^T - dsum), also to sdS in natural query order for the dQ GEMM.
 #pragma unroll
     for (int nt = 0; nt < kNTilesM; ++nt)
@@ -250,7 +289,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - sDsum[ql]);
         sdS[STile::offset(key_row + 8 * (e >> 1), ql)] = acc_dp[nt][e];
       }
-    gemm_accumulate(acc_dk, acc_dp, sQ);
+    gemm_accumulate(acc_dk, acc_dp, sQ, sQlo);
     // sdS is complete; sQ, sdO, lse and dsum are free for the next step's copies.
     __syncthreads();
     if (t + 1 < n_steps) load_q_tile(t + 1);
@@ -269,7 +308,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dq[i][e] = 0.f;
 #pragma unroll
-#pragma unroll
     for (int kk = 0; kk < kBlockN / 8; ++kk) {
       const int r = 8 * kk + q;
       const tf32::FragA fa(sdS[STile::offset(r, mq + g)], sdS[STile::offset(r, mq + g + 8)],
@@ -278,8 +316,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int i = 0; i < kHalfD; ++i) {
         const int dt = dt0 + i;
         // (dt is not a compile-time value here: the swizzle XOR at run time)
-        tf32::mma3(acc_dq[i], fa, sK[KTile::offset(r, 8 * dt + g)],
-                   sK[KTile::offset(r + 4, 8 * dt + g)]);
+        const int b0 = KTile::offset(r, 8 * dt + g), b1 = KTile::offset(r + 4, 8 * dt + g);
+        if constexpr (kPreSplit) {
+          tf32::mma3(acc_dq[i], fa,
+                     tf32::FragB(tf32::split_at(sK, sKlo, b0), tf32::split_at(sK, sKlo, b1)));
+        } else {
+          tf32::mma3(acc_dq[i], fa, sK[b0], sK[b1]);
+        }
       }
     }
 #pragma unroll

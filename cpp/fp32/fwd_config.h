@@ -32,11 +32,18 @@ constexpr int fp32_fwd_smem_bytes(int head_dim) {
 constexpr int kFp32BwdBlockN = 64;
 constexpr int fp32_bwd_block_m(int head_dim) { return head_dim <= 32 ? 32 : 16; }
 constexpr int fp32_bwd_min_blocks(int) { return 2; }
-// sK, sV [64 x d] + sQ, sdO [block_m x d] + sdS [64 x block_m] (rows padded by 4 floats when
-// block_m is 16) + lse, dsum [block_m], float32 (d32: 32.3 KiB; d64: 45.1; d128: 85.1).
+// d <= 64: operands split into (hi, lo) once in shared memory instead of by every warp in
+// registers: K and V once per CTA (they stay for all its query tiles), Q and dO once per
+// query tile. d128 keeps register splits: 149 KiB of smem otherwise, and its registers
+// spill with the split Q / dO reads.
+constexpr bool fp32_bwd_presplit(int head_dim) { return head_dim <= 64; }
+// sK, sV [64 x d] + sQ, sdO [block_m x d] (each twice when presplit: the lo halves) + sdS
+// [64 x block_m] (rows padded by 4 floats when block_m is 16) + lse, dsum [block_m], float32
+// (d32: 56.3 KiB; d64: 85.1; d128: 85.1).
 constexpr int fp32_bwd_smem_bytes(int head_dim) {
   const int m = fp32_bwd_block_m(head_dim);
-  return 4 * (2 * kFp32BwdBlockN * head_dim + 2 * m * head_dim +
+  const int copies = fp32_bwd_presplit(head_dim) ? 2 : 1;
+  return 4 * (copies * 2 * (kFp32BwdBlockN + m) * head_dim +
               kFp32BwdBlockN * (m == 16 ? m + 4 : m) + 2 * m);
 }
 

@@ -55,6 +55,9 @@ __device__ __forceinline__ void mma_1688(float (&c)[4], const uint32_t (&a)[4], 
 struct FragA {
   uint32_t hi[4], lo[4];
   FragA() = default;
+  // From values split earlier (a0..a3).
+  __device__ __forceinline__ FragA(Split a0, Split a1, Split a2, Split a3)
+      : hi{a0.hi, a1.hi, a2.hi, a3.hi}, lo{a0.lo, a1.lo, a2.lo, a3.lo} {}
   __device__ __forceinline__ FragA(float a0, float a1, float a2, float a3) {
     const float a[4] = {a0, a1, a2, a3};
 #pragma unroll
@@ -70,6 +73,7 @@ struct FragA {
 struct FragB {
   Split b0, b1;
   __device__ __forceinline__ FragB(float x0, float x1) : b0(split(x0)), b1(split(x1)) {}
+  __device__ __forceinline__ FragB(Split x0, Split x1) : b0(x0), b1(x1) {}
 };
 
 // c += a * b in 3xTF32.
@@ -81,6 +85,23 @@ __device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, const FragB&
 // The same with b given as floats (b0, b1).
 __device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, float b0, float b1) {
   mma3(c, a, FragB(b0, b1));
+}
+
+// A value split earlier into two shared-memory arrays of one layout: hi[off], lo[off].
+__device__ __forceinline__ Split split_at(const float* hi, const float* lo, int off) {
+  return {__float_as_uint(hi[off]), __float_as_uint(lo[off])};
+}
+
+// The n floats at hi split in place: hi[i] = tf32(x), lo[i] = tf32(x - hi[i]); thread tid of
+// kThreads takes i = tid + kThreads j (n a multiple of kThreads).
+template <int kThreads>
+__device__ __forceinline__ void split_in_place(float* hi, float* lo, int n, int tid) {
+#pragma unroll 4
+  for (int i = tid; i < n; i += kThreads) {
+    const Split s = split(hi[i]);
+    hi[i] = __uint_as_float(s.hi);
+    lo[i] = __uint_as_float(s.lo);
+  }
 }
 
 }  // namespace tf32
