@@ -15,15 +15,20 @@ constexpr int fp32_kernel_head_dim(int headdim) {
 
 // Forward: 4 warps of m16 query tiles, two per warp up to d64 (each K / V fragment split
 // once for 32 rows; d128 has no registers for a second acc_o), so 128 / 64 query rows per
-// CTA; keys per tile: 64 at d32, else 32. Shared memory: d32 52 KiB, d64 67 KiB, d128
-// 98 KiB (within the 99 KiB of sm_86 / sm_89).
+// CTA; keys per tile: 64 at d32, else 32.
 constexpr int fp32_fwd_m_tiles(int head_dim) { return head_dim <= 64 ? 2 : 1; }
 constexpr int fp32_fwd_block_m(int head_dim) { return 4 * 16 * fp32_fwd_m_tiles(head_dim); }
 constexpr int fp32_fwd_block_n(int head_dim) { return head_dim <= 32 ? 64 : 32; }
-// sQ (rows padded by 4 floats) + 2 stages of sK (padded) and sV (unpadded), float32.
+// d <= 64: each K / V tile split into (hi, lo) once in shared memory after it lands (hi in
+// place, lo in one extra stage-sized buffer) instead of by every warp; d128 has no room
+// (131 KiB).
+constexpr bool fp32_fwd_presplit(int head_dim) { return head_dim <= 64; }
+// sQ (rows padded by 4 floats) + 2 stages of sK (padded) and sV (unpadded) + the lo stage
+// when presplit, float32: d32 69 KiB, d64 83.5 KiB, d128 98 KiB.
 constexpr int fp32_fwd_smem_bytes(int head_dim) {
   return 4 * (fp32_fwd_block_m(head_dim) * (head_dim + 4) +
-              2 * fp32_fwd_block_n(head_dim) * (2 * head_dim + 4));
+              (fp32_fwd_presplit(head_dim) ? 3 : 2) * fp32_fwd_block_n(head_dim) *
+                  (2 * head_dim + 4));
 }
 
 // Backward: 4 warps of 16 keys (a K/V tile of 64 keys per CTA); query tiles of 32 at d32,

@@ -9,19 +9,22 @@
 //          row max / row sum reduce inside a quad, and each K / V fragment is split once for
 //          the warp's kMTiles tiles.
 //   smem   sQ RowTile [kBlockM x d] + 2 stages x (sK RowTile, sV KRowTile) [kBlockN x d],
-//          float32 (tf32.cuh: padded / swizzled so every fragment LDS is conflict free);
-//          d128: 33 + 2 x 32.5 KiB = 98 KiB (fits the 99 KiB of sm_86 / sm_89).
+//          float32 (tf32.cuh: padded / swizzled so every fragment LDS is conflict free), + at
+//          d <= 64 a third stage-sized buffer for the lo halves of the split K / V (kPreSplit):
+//          69 / 83.5 / 98 KiB at d32 / d64 / d128 (fits the 99 KiB of sm_86 / sm_89).
 //   keys   S's n8 column p of each 8-key group holds key p / 2 + 4 (p % 2): lane g reads K
 //          row perm(g) for the B fragment of S = Q K^T, and then the C fragment of P is the
 //          A fragment of P V as it stands (a0 = c0, a1 = c2, a2 = c1, a3 = c3; keys q, q+4).
 //          Masks use the permuted key of each element.
 //   step   (K/V tiles from the last visible one down)
 //            wait tile n ; __syncthreads ; cp.async tile n-1 into the other stage
+//            (kPreSplit: split tile n into hi (in place) / lo ; __syncthreads)
 //            S = Q K^T: per k8 step, Q's A fragments (4 LDS each) split once into hi/lo,
-//            each n8 tile's B (2 LDS) split once, 3 MMAs (lo*hi, hi*lo, hi*hi) per m tile ;
+//            each n8 tile's B (2 LDS, split once; 4 LDS presplit), 3 MMAs (lo*hi, hi*lo,
+//            hi*hi) per m tile ;
 //            mask if the tile needs it
 //            online softmax in base 2 (exact row max, rescale every step)
-//            O += P V: P's A fragments split, V's B (2 LDS each) split once, 3 MMAs per m tile
+//            O += P V: P's A fragments split, V's B as K's, 3 MMAs per m tile
 //   epilogue  quad-reduce the row sums, O = acc_o / sum written from the accumulators
 //          (float2 stores); LSE = max * scale + ln(sum), +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim (32, 64, 128); 16-byte aligned pointers and strides
@@ -54,7 +57,9 @@ struct Fp32FwdTraits {
   using KTile = RowTile<kBlockN, kHeadDim>;
   using VTile = KRowTile<kBlockN, kHeadDim>;
   static constexpr int kStageFloats = KTile::kFloats + VTile::kFloats;
-  static constexpr int kSmemBytes = 4 * (QTile::kFloats + 2 * kStageFloats);
+  static constexpr bool kPreSplit = fp32_fwd_presplit(kHeadDim);
+  static constexpr int kSmemBytes = 4 * (QTile::kFloats + (kPreSplit ? 3 : 2) * kStageFloats);
+  static_assert(!kPreSplit || kStageFloats % kNThreads == 0, "split_in_place covers a stage");
   static_assert(kSmemBytes == fp32_fwd_smem_bytes(kHeadDim), "fwd_config.h and the tiles agree");
 };
 
@@ -75,6 +80,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   float* const sQ = reinterpret_cast<float*>(smem_raw);
   float* const sKV0 = sQ + QTile::kFloats;  // stage s: K at sKVs, V at sKVs + KTile::kFloats
   float* const sKV1 = sKV0 + Traits::kStageFloats;
+  // kPreSplit: the tf32 lo halves of the current stage's K and V (same layout as a stage; the
+  // hi halves replace the values in place).
+  float* const sKVlo = sKV1 + Traits::kStageFloats;
+  constexpr bool kPreSplit = Traits::kPreSplit;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -174,8 +183,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       }
 #pragma unroll
       for (int nt = 0; nt < kNTilesN; ++nt) {
-        const float* b = sK + k_off + 8 * nt * KTile::kStride + 8 * kk;
-        const tf32::FragB fb(b[0], b[4]);
+        const int b = k_off + 8 * nt * KTile::kStride + 8 * kk;
+        const tf32::FragB fb = kPreSplit ? tf32::FragB(tf32::split_at(sK, sKVlo, b),
+                                                       tf32::split_at(sK, sKVlo, b + 4))
+                                         : tf32::FragB(sK[b], sK[b + 4]);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3(acc_s[mt][nt], fa[mt], fb);
       }
@@ -243,8 +254,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
         fa[mt] = tf32::FragA(acc_s[mt][nt][0], acc_s[mt][nt][2], acc_s[mt][nt][1], acc_s[mt][nt][3]);
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {
-        const float* b = sV + v_off[dt % 4] + 8 * nt * kHeadDim + 32 * (dt / 4);
-        const tf32::FragB fb(b[0], b[4 * kHeadDim]);
+        const int b = v_off[dt % 4] + 8 * nt * kHeadDim + 32 * (dt / 4);
+        const tf32::FragB fb =
+            kPreSplit ? tf32::FragB(tf32::split_at(sV, sKVlo, b),
+                                    tf32::split_at(sV, sKVlo, b + 4 * kHeadDim))
+                      : tf32::FragB(sV[b], sV[b + 4 * kHeadDim]);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3(acc_o[mt][dt], fa[mt], fb);
       }
@@ -257,6 +271,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
     __syncthreads();
     if (n_block > n_block_min) load_kv(n_block - 1, stage ^ 1);
     ptx::cp_async_commit();
+    if constexpr (kPreSplit) {
+      // K and V split once for all warps (else every warp splits every element it reads);
+      // the lo buffer is free: every warp is past the last step.
+      tf32::split_in_place<kNThreads>(stage ? sKV1 : sKV0, sKVlo, Traits::kStageFloats, tid);
+      __syncthreads();
+    }
     const int col0 = n_block * kBlockN;
     const bool need_mask =
         col0 + kBlockN > seqlen_k ||
