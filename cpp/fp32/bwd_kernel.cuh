@@ -11,18 +11,21 @@
 //          walks the query tiles of every query head of its GQA group, so dK / dV are summed
 //          over the group in registers (exactly once, no per-head temporaries).
 //   block  4 warps; warp w owns keys [16w, 16w + 16) of the tile: S^T, P^T, dP^T, dS^T are
-//          [16 keys x kBlockM queries] per warp (m16 = keys; kBlockM 32 at d32, else 16), dK / dV
-//          [16 keys x d] in registers.
+//          [16 keys x kBlockM queries] per warp (m16 = keys; kBlockM 32 at d32, else 16),
+//          dK / dV [16 keys x d] in registers.
 //   smem   sK, sV [kBlockN x d], sQ, sdO [kBlockM x d], sdS [kBlockN x kBlockM], lse / dsum
 //          [kBlockM], float32, SwzTile (tf32.cuh): conflict-free 32-bit LDS for both the
 //          n-major (row g, col q) and the k-major (row q, col g) fragment reads (sdS at
-//          kBlockM 16: padded rows). fwd_config.h fp32_bwd_smem_bytes: d64 45 KiB, d128 85 KiB.
+//          kBlockM 16: padded rows). d <= 64 (kPreSplit): sK, sV, sQ, sdO hold the tf32 hi
+//          halves once split, with lo arrays beside them (K, V split at the first step, Q,
+//          dO at every step, one extra barrier), so no warp splits them in registers.
+//          fwd_config.h fp32_bwd_smem_bytes: d32 56 KiB, d64 85 KiB, d128 85 KiB.
 //   queries S^T's n8 column p of each 8-query group holds query p / 2 + 4 (p % 2) (the
 //          forward's key permutation, on queries): lane g reads Q / dO row perm(g) for the B
 //          fragments of S^T = K Q^T and dP^T = V dO^T, and P^T / dS^T's accumulators are the
 //          A fragments of dV += P^T dO and dK += dS^T Q as they stand.
 //   step   (query tiles of the visible range, per query head of the group)
-//            wait Q_i, dO_i, lse_i, dsum_i ; __syncthreads
+//            wait Q_i, dO_i, lse_i, dsum_i ; __syncthreads (kPreSplit: split ; __syncthreads)
 //            S^T = K Q^T ; P^T = exp2(S^T scale log2e - lse log2e), masked to 0
 //            dV += P^T dO ; dP^T = V dO^T ; dS^T = P^T o (dP^T - dsum) ; dK += dS^T Q
 //            dS^T -> sdS (natural query order) ; __syncthreads
