@@ -3,7 +3,9 @@ the CPU: the kernels' shared-memory layouts, per-lane offsets and fragment assig
 transcribed line by line, with mma.m16n8k8 .tf32 emulated from the PTX ISA fragment layouts
 (A a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4); B b0 (k q, n g), b1 (k q+4, n g); C as
 for bf16) and 3xTF32 products accumulated in float32. It catches layout and index bugs
-without a GPU (test_fp32.py); keep it in step with the kernels.
+without a GPU (test_fp32.py); keep it in step with the kernels. Where the kernels split an
+operand once in shared memory (d <= 64) rather than per warp, the values are the same, so
+the emulation splits at each use; it mirrors each warp's m16 tiles one at a time.
 
 forward(q, k, v, scale, window_left, window_right, kernel_head_dim): one head, q (sq, d),
 k / v (sk, d) float32 numpy -> (out, lse). backward(q, k, v, o, lse, dout, scale, window_left,
