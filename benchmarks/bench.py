@@ -26,7 +26,8 @@ comparable with full attention's and its time should scale with the window):
 The grid people use to judge an FA2 implementation (issue 21), one flag: batch 1, causal,
 seqlen 128..65536, head dims 16/32/64/128, bf16 and fp32, forward / backward / forward +
 backward latency, against plain PyTorch attention (eager, where it fits in memory) and
-SDPA's backends (a backend that declines a dtype or size leaves its cell empty):
+SDPA's backends (a backend that declines a dtype or size leaves its cell empty; flashattn2's
+fp32 cells need a build with FLASHATTN2_EXPERIMENTAL=bias;fp32):
 
     python benchmarks/bench.py --grid
 

@@ -40,9 +40,11 @@ flashattn2::DType dtype_from_code(int code) {
       return flashattn2::DType::kFloat16;
     case static_cast<int>(flashattn2::DType::kBFloat16):
       return flashattn2::DType::kBFloat16;
+    case static_cast<int>(flashattn2::DType::kFloat32):  // (mha_fwd / mha_bwd check the build)
+      return flashattn2::DType::kFloat32;
     default:
-      throw std::invalid_argument("dtype must be 0 (float16) or 1 (bfloat16), got " +
-                                  std::to_string(code));
+      throw std::invalid_argument(
+          "dtype must be 0 (float16), 1 (bfloat16) or 2 (float32), got " + std::to_string(code));
   }
 }
 
@@ -474,6 +476,9 @@ py::dict build_info() {
   info["sm90_bwd_experimental"] = csv_list(flashattn2::built_sm90_bwd_experimental());
   info["experimental"] = csv_list(FLASHATTN2_EXPERIMENTAL);
   info["bwd_head_dims"] = bwd_head_dims();
+  // Kernel head dims of the float32 forward and backward (FLASHATTN2_EXPERIMENTAL=fp32).
+  info["fp32_head_dims"] = flashattn2::built_fp32_head_dims();
+  info["fp32_bwd"] = !flashattn2::built_fp32_head_dims().empty();  // (the same head dims)
   return info;
 }
 

@@ -22,6 +22,8 @@
 #include "sm90/bwd_config.h"
 #include "sm90/fwd_config.h"
 #include "common/launch.h"
+#include "fp32/fwd_config.h"
+#include "fp32/launch.h"
 
 namespace flashattn2 {
 namespace {
@@ -95,6 +97,10 @@ std::vector<int> built_head_dims() { return HeadDims::vec(); }
 std::vector<int> built_sm90_head_dims() { return Sm90HeadDims::vec(); }
 std::vector<int> built_sm90_bwd_head_dims() { return Sm90BwdHeadDims::vec(); }
 std::string built_sm90_bwd_experimental() { return FLASHATTN2_SM90_BWD_EXPERIMENTAL; }
+std::vector<int> built_fp32_head_dims() {
+  return FLASHATTN2_FP32 ? std::vector<int>(std::begin(kFp32HeadDims), std::end(kFp32HeadDims))
+                         : std::vector<int>{};
+}
 std::vector<int> built_archs() { return SassArchs::vec(); }
 std::vector<int> built_ptx_archs() { return PtxArchs::vec(); }
 int cuda_runtime_version() { return CUDART_VERSION; }
@@ -142,16 +148,19 @@ Params checked(const Params& params, std::initializer_list<const void*> pointers
   require(p.headdim > 0 && p.headdim % 8 == 0,
           "the kernel head dim must be a positive multiple of 8, got " + std::to_string(p.headdim));
   require(p.batch <= 65535 && p.nheads <= 65535, "batch and nheads must be at most 65535");
-  require(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
-          "FlashAttention only supports fp16 and bf16 data type");
+  const bool fp32 = p.dtype == DType::kFloat32;
+  require(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16 || fp32,
+          "FlashAttention only supports fp16, bf16 and float32 data type");
   require(p.softmax_scale > 0.f && p.softmax_scale < INFINITY,
           "softmax_scale must be positive and finite");
   for (const void* ptr : pointers) {
     require(ptr != nullptr, "null pointer");
     require(aligned16(ptr), "tensors and workspaces must be 16-byte aligned");
   }
-  for (int64_t stride : strides) {
-    require(stride % 8 == 0, "batch, row and head strides must be multiples of 8 elements");
+  for (int64_t stride : strides) {  // (16 bytes)
+    require(stride % (fp32 ? 4 : 8) == 0,
+            fp32 ? "batch, row and head strides must be multiples of 4 elements (float32)"
+                 : "batch, row and head strides must be multiples of 8 elements");
   }
   // Sequence layout (SeqLayout): int32 vectors, 4-byte aligned.
   for (const int* vec : {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.leftpad_k,
@@ -247,6 +256,92 @@ bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool 
          sm90_fwd_supports(seqlen_q, dropout, kv_cache_layout);
 }
 
+namespace {
+
+// The float32 forward / backward (cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds): dense
+// attention with causal / window, GQA and ragged tails; nothing else.
+template <typename Params>
+void require_fp32_supported(const Params& p) {
+  require(FLASHATTN2_FP32,
+          "float32 inputs need a build with FLASHATTN2_EXPERIMENTAL=bias;fp32 (not yet validated "
+          "on a GPU)");
+  require(fp32_kernel_head_dim(p.headdim) > 0,
+          "float32 supports head dims up to 128, got " + std::to_string(p.headdim));
+  require(!p.cu_seqlens_q && !p.cu_seqlens_k && !p.seqused_k && !p.leftpad_k &&
+              !p.kv_batch_idx && !p.block_table && p.seqlen_k_new == 0,
+          "float32 runs dense attention only: no varlen or KV cache");
+  require(p.softcap == 0.f && !p.alibi_slopes && p.dropout_threshold == 0 && !has_bias(p),
+          "float32 supports no softcap, ALiBi, dropout or attention bias");
+}
+
+int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
+  require_fp32_supported(params);
+  require(params.num_splits == 1, "float32 runs no split-KV (num_splits must be 1)");
+  const FwdParams p =
+      checked(params, {params.q, params.k, params.v, params.o, params.lse},
+              {params.q_batch_stride, params.q_row_stride, params.q_head_stride,
+               params.k_batch_stride, params.k_row_stride, params.k_head_stride,
+               params.v_batch_stride, params.v_row_stride, params.v_head_stride,
+               params.o_batch_stride, params.o_row_stride, params.o_head_stride});
+  DeviceGuard guard(device);
+  require_supported_device(device);
+  const int kd = fp32_kernel_head_dim(p.headdim);
+  const int smem = fp32_fwd_smem_bytes(kd);
+  require(smem <= max_smem_per_block(device),
+          "the float32 forward for head dim " + std::to_string(p.headdim) + " needs " +
+              std::to_string(smem) + " bytes of shared memory per block; GPU " +
+              std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
+  auto s = static_cast<cudaStream_t>(stream);
+#if FLASHATTN2_FP32
+  switch (kd) {
+    case 32: run_fwd_fp32<32>(p, s); break;
+    case 64: run_fwd_fp32<64>(p, s); break;
+    default: run_fwd_fp32<128>(p, s); break;
+  }
+#else
+  (void)s;
+#endif
+  return 80;
+}
+
+int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
+  require_fp32_supported(params);
+  require(!params.deterministic, "float32 has no deterministic backward (unordered dq adds)");
+  require(params.dq_chains == 1, "float32 runs one dq accumulator (dq_chains 1)");
+  const BwdParams p = checked(
+      params,
+      {params.q, params.k, params.v, params.o, params.dout, params.lse, params.dq, params.dk,
+       params.dv, params.dq_accum, params.dsum},
+      {params.q_batch_stride, params.q_row_stride, params.q_head_stride, params.k_batch_stride,
+       params.k_row_stride, params.k_head_stride, params.v_batch_stride, params.v_row_stride,
+       params.v_head_stride, params.o_batch_stride, params.o_row_stride, params.o_head_stride,
+       params.do_batch_stride, params.do_row_stride, params.do_head_stride,
+       params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride,
+       params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride,
+       params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride});
+  DeviceGuard guard(device);
+  require_supported_device(device);
+  const int kd = fp32_kernel_head_dim(p.headdim);
+  const int smem = fp32_bwd_smem_bytes(kd);
+  require(smem <= max_smem_per_block(device),
+          "the float32 backward for head dim " + std::to_string(p.headdim) + " needs " +
+              std::to_string(smem) + " bytes of shared memory per block; GPU " +
+              std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
+  auto s = static_cast<cudaStream_t>(stream);
+#if FLASHATTN2_FP32
+  switch (kd) {  // (workspaces: dense (batch, nheads, seqlen_q) rows, within bwd_workspace_floats)
+    case 32: run_bwd_fp32<32>(p, s); break;
+    case 64: run_bwd_fp32<64>(p, s); break;
+    default: run_bwd_fp32<128>(p, s); break;
+  }
+#else
+  (void)s;
+#endif
+  return 80;
+}
+
+}  // namespace
+
 bool sm90_fwd_tile_counter(int headdim, int seqlen_k) {
   return sm90_fwd_dynamic_walk(kernel_head_dim(headdim), seqlen_k);
 }
@@ -278,6 +373,7 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90) 
     require(int64_t(params.seqlen_q) * params.q_pack <= (int64_t(1) << 30),
             "seqlen_q * q_pack must be at most 2^30");
   }
+  if (params.dtype == DType::kFloat32) return mha_fwd_fp32(params, device, stream);
   const FwdParams p =
       checked(params, {params.q, params.k, params.v, params.o, params.lse},
               {params.q_batch_stride, params.q_row_stride, params.q_head_stride,
@@ -318,8 +414,9 @@ void mha_append_kv(const AppendKvParams& params, int device, void* stream) {
           "bad append sizes");
   require(p.headdim > 0 && p.headdim % 8 == 0 && p.headdim <= 256,
           "the KV-cache head dim must be a multiple of 8, at most 256");
-  require(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
-          "FlashAttention only supports fp16 and bf16 data type");
+  const bool fp32 = p.dtype == DType::kFloat32;
+  require(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16 || fp32,
+          "FlashAttention only supports fp16, bf16 and float32 data type");
   require(p.cache_seqlens != nullptr, "cache_seqlens is required");
   require(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.headdim,
           "rotary_dim must be even and at most the head dim");
@@ -525,6 +622,7 @@ int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, i
 }
 
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, bool allow_sm90) {
+  if (params.dtype == DType::kFloat32) return mha_bwd_fp32(params, device, stream);
   require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
           "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
   require(!has_bias(params) || (!params.cu_seqlens_q && !params.cu_seqlens_k),

@@ -106,6 +106,9 @@ std::vector<int> built_sm90_head_dims();  // the Hopper forward's, e.g. {64, 128
 std::vector<int> built_sm90_bwd_head_dims();  // the Hopper backward's: {128}, {64, 128} or {}
 // FLASHATTN2_SM90_BWD_EXPERIMENTAL as built, comma-separated (default "window,varlen,mods,dq_bulk").
 std::string built_sm90_bwd_experimental();
+// Kernel head dims of the float32 (3xTF32) kernels: {32, 64, 128} in builds with
+// FLASHATTN2_EXPERIMENTAL=fp32, else {}. A float32 head dim d runs the smallest one >= d.
+std::vector<int> built_fp32_head_dims();
 std::vector<int> built_archs();      // SASS archs, e.g. {80, 90}
 std::vector<int> built_ptx_archs();  // PTX archs, e.g. {90}
 int cuda_runtime_version();          // CUDART_VERSION the library was built with, e.g. 13000

@@ -98,7 +98,8 @@ def test_build_info_and_version():
     assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk"}
     if 64 in info["sm90_bwd_head_dims"]:
         assert "d64" in info["sm90_bwd_experimental"]
-    assert set(info["experimental"]) <= {"bias"}
+    assert set(info["experimental"]) <= {"bias", "fp32"}
+    assert info["fp32_head_dims"] == ([32, 64, 128] if "fp32" in info["experimental"] else [])
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]
         expected = larger[0] if larger else -1
@@ -251,9 +252,9 @@ def _dtype(q, k, v, dtype):
 
 # name -> (transform of (q, k, v), error message pattern); all are ValueError.
 BAD_INPUTS = {
-    "float32": (lambda q, k, v: _dtype(q, k, v, torch.float32),
-                "FlashAttention only supports fp16 and bf16 data type; got q torch.float32"),
-    "float64": (lambda q, k, v: _dtype(q, k, v, torch.float64), "only supports fp16 and bf16"),
+    # (float32 runs in builds with FLASHATTN2_EXPERIMENTAL=fp32; its refusal: test_fp32.py)
+    "float64": (lambda q, k, v: _dtype(q, k, v, torch.float64),
+                "FlashAttention only supports fp16 and bf16 data type; got q torch.float64"),
     "int8": (lambda q, k, v: _dtype(q, k, v, torch.int8), "only supports fp16 and bf16"),
     "k dtype": (lambda q, k, v: (q, k.half(), v), "query and key must have the same dtype"),
     "v dtype": (lambda q, k, v: (q, k, v.half()), "query and value must have the same dtype"),
@@ -282,7 +283,7 @@ def test_bad_inputs_are_named_before_the_device_check(case):
 
 
 def test_dtype_is_checked_before_shapes():
-    q, k, v = qkv_cpu(dtype=torch.float32)
+    q, k, v = qkv_cpu(dtype=torch.float64)
     with pytest.raises(ValueError, match="only supports fp16 and bf16"):
         flashattn2.flash_attn_func(q, k[:1], v[:, :, :1])
 
@@ -351,7 +352,7 @@ def test_bad_alibi_slopes_are_named_before_the_device_check(case):
 
 
 def test_alibi_shape_is_checked_after_qkv_shapes():
-    q, k, v = qkv_cpu(dtype=torch.float32)
+    q, k, v = qkv_cpu(dtype=torch.float64)
     with pytest.raises(ValueError, match="only supports fp16 and bf16"):
         flashattn2.flash_attn_func(q, k, v, alibi_slopes=torch.ones(3).half())
 
@@ -435,7 +436,7 @@ def test_packed_shapes_are_checked():
 @pytest.mark.parametrize(
     "case,message",
     [
-        ("qkv float32", "only supports fp16 and bf16 data type; got q torch.float32"),
+        ("qkv float64", "only supports fp16 and bf16 data type; got q torch.float64"),
         ("qkv headdim 264", "only supports head dimension at most 256"),
         ("kv float16", "query and key must have the same dtype"),
         ("kv heads 3", "Number of heads in key/value must divide number of heads in query"),
@@ -445,8 +446,8 @@ def test_packed_shapes_are_checked():
 def test_packed_inputs_are_checked_like_unpacked(case, message):
     q, k, v = qkv_cpu()
     packed = {
-        "qkv float32": lambda: flashattn2.flash_attn_qkvpacked_func(
-            torch.stack([q, q, q], 2).float()),
+        "qkv float64": lambda: flashattn2.flash_attn_qkvpacked_func(
+            torch.stack([q, q, q], 2).double()),
         "qkv headdim 264": lambda: flashattn2.flash_attn_qkvpacked_func(
             q.new_zeros(2, 5, 3, 4, 264)),
         "kv float16": lambda: flashattn2.flash_attn_kvpacked_func(
@@ -485,7 +486,7 @@ BAD_BACKWARD_INPUTS = {
                        r"got \(2, 5, 4\)"),
     "lse rank 2": (dict(lse=lambda t: t[0]), "lse must have shape"),
     "lse of kv heads": (dict(lse=lambda t: t[:, :2]), "lse must have shape"),
-    "q float32": (dict(q=lambda t: t.float()), "only supports fp16 and bf16"),
+    "q float64": (dict(q=lambda t: t.double()), "only supports fp16 and bf16"),
     "h % h_k": (dict(q=lambda t: t[:, :, :3]), "must divide number of heads in query"),
     "v seqlen": (dict(v=lambda t: t[:, :6]), "v must have the shape of k"),
 }  # fmt: skip
@@ -507,7 +508,7 @@ def test_good_backward_inputs_reach_the_device_check():
 
 
 @pytest.mark.parametrize("func", [flashattn2.forward, flashattn2.forward_with_stats])
-@pytest.mark.parametrize("case", ["float32", "k rank 5", "headdim 264", "v heads", "h % h_k"])
+@pytest.mark.parametrize("case", ["float64", "k rank 5", "headdim 264", "v heads", "h % h_k"])
 def test_low_level_forward_checks_like_flash_attn_func(func, case):
     transform, message = BAD_INPUTS[case]
     with pytest.raises(ValueError, match=message):
@@ -600,7 +601,7 @@ def test_launch_recorder_sees_a_launch(launches):
 
 
 @gpu
-@pytest.mark.parametrize("case", ["h % h_k", "v heads", "float32", "headdim 264"])
+@pytest.mark.parametrize("case", ["h % h_k", "v heads", "float64", "headdim 264"])
 def test_bad_inputs_never_launch(case, launches):
     transform, message = BAD_INPUTS[case]
     with pytest.raises(ValueError, match=message):

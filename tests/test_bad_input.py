@@ -129,7 +129,7 @@ def test_bad_softmax_scale_before_the_device_check(scale):
                                         i32(0, 4), 4, 4), "head dimension at most 256"),
         (lambda: flash_attn_with_kvcache(t(1, 1, 2, 264), t(1, 8, 2, 264), t(1, 8, 2, 264)),
          "head dimension at most 256"),
-        (lambda: flash_attn_func(t(1, 4, 2, 16, dtype=torch.float32), t(1, 4, 2, 16),
+        (lambda: flash_attn_func(t(1, 4, 2, 16, dtype=torch.float64), t(1, 4, 2, 16),
                                  t(1, 4, 2, 16)), "fp16 and bf16"),
         (lambda: flash_attn_func(t(1, 4, 2, 16), t(1, 4, 2, 16, dtype=torch.bfloat16),
                                  t(1, 4, 2, 16)), "same dtype"),
@@ -148,7 +148,7 @@ def test_bad_softmax_scale_before_the_device_check(scale):
         (lambda: flash_attn_with_kvcache(t(1, 1, 2, 16), t(2, 16, 2, 16), t(2, 16, 2, 16),
                                          block_table=i32(0, 1).long()[None]), "int32"),
     ],
-    ids=["d264", "varlen-d264", "kvcache-d264", "fp32", "mixed-dtypes", "batch", "k-headdim",
+    ids=["d264", "varlen-d264", "kvcache-d264", "fp64", "mixed-dtypes", "batch", "k-headdim",
          "cu-int64", "cu-lengths", "varlen-table-int64", "varlen-table-1d", "kvcache-table-int64"],
 )  # fmt: skip
 def test_bad_values_are_value_errors(call, message):

@@ -7,7 +7,8 @@
 
 namespace flashattn2 {
 
-// kFloat32: the rotary kernel only (RotaryParams); attention takes fp16 / bf16.
+// kFloat32: the rotary kernel (RotaryParams), and attention in builds with
+// FLASHATTN2_EXPERIMENTAL=fp32 (the 3xTF32 kernels of cpp/fp32; dense layout only).
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 
 // Where each batch's sequences live, shared by the forward and the backward. Every field is

@@ -30,6 +30,10 @@ BWD_MAX_HEAD_DIM = _C.bwd_max_head_dim()
 # FLASHATTN2_EXPERIMENTAL features built in ("bias"), read once: the per-call checks (traced
 # by torch.compile, which cannot call into _C) only look at this set.
 EXPERIMENTAL = frozenset(dict(_C.build_info()).get("experimental", ()))
+# Kernel head dims of the float32 kernels (FLASHATTN2_EXPERIMENTAL=fp32 builds; () without).
+FP32_HEAD_DIMS = tuple(dict(_C.build_info()).get("fp32_head_dims", ()))
+# Whether the float32 backward is built (build_info "fp32_bwd").
+FP32_BWD = bool(dict(_C.build_info()).get("fp32_bwd", False))
 
 # On Hopper (sm_90) GPUs the forward and backward run the wgmma / TMA kernels of cpp/sm90 for
 # what they support; True sends every call to the mma.sync kernels of cpp/sm80 instead (set by

@@ -46,6 +46,42 @@ _BF16 = torch.bfloat16
 _FP32 = torch.float32
 _CONTIGUOUS = torch.contiguous_format
 _MAX_HEADDIM = 256
+_FP32_MAX_HEADDIM = 128  # the float32 kernels (cpp/fp32)
+_FP32_BUILD = "FLASHATTN2_EXPERIMENTAL=bias;fp32"
+
+
+class Float32NotBuilt(NotImplementedError, ValueError):
+    """float32 inputs in a build without the float32 kernels (FLASHATTN2_EXPERIMENTAL=fp32).
+    A ValueError too, as the refusal of other dtypes is."""
+
+
+def _dtype_code(dtype):
+    """The kernels' dtype code (cpp/common/flash.h DType): float16 0, bfloat16 1, float32 2."""
+    return 2 if dtype is _FP32 else 1 if dtype is _BF16 else 0
+
+
+def _check_fp32_backward(deterministic):
+    """NotImplementedError for a float32 backward this build cannot run."""
+    if not _ext.FP32_BWD:
+        raise NotImplementedError(f"flashattn2: the float32 backward is not in this build (build "
+                                  f"with {_FP32_BUILD}; the float32 forward runs)")
+    if deterministic:
+        raise NotImplementedError("flashattn2: deterministic=True is not supported for float32 "
+                                  "inputs (its dq adds are unordered)")
+
+
+def _check_fp32(q, softcap=0.0, alibi_slopes=None, dropout_p=0.0, attn_bias=None):
+    """NotImplementedError for what the float32 kernels do not run (a no-op for other
+    dtypes): softcap, ALiBi, dropout and attention biases / masks."""
+    if q.dtype is not _FP32:
+        return
+    unsupported = [name for name, on in (("softcap", softcap > 0),
+                                         ("alibi_slopes", alibi_slopes is not None),
+                                         ("dropout_p > 0", dropout_p > 0),
+                                         ("attn_bias / attn_mask", attn_bias is not None)) if on]
+    if unsupported:
+        raise NotImplementedError(f"flashattn2: float32 inputs do not support "
+                                  f"{', '.join(unsupported)} (float16 / bfloat16 do)")
 
 
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=None, lse=None,
@@ -53,9 +89,10 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
                         num_splits=0, attn_bias=None):
     """Launches the forward kernel with no argument checks; returns ``(out, lse)``.
 
-    q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16, d a multiple of 8 with a
-    compiled kernel, 16-byte aligned pointers, unit last-dim stride and other strides
-    multiples of 8 elements. ``out`` (like q, same requirements) and ``lse`` (float32
+    q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16 (or float32 in builds with
+    the float32 kernels: no score modifiers, no bias), d a multiple of 8 with a compiled
+    kernel, 16-byte aligned pointers, unit last-dim stride and other strides multiples of
+    16 bytes. ``out`` (like q, same requirements) and ``lse`` (float32
     ``(b, h, sq)`` with unit last stride) are allocated when not given. Empty problems
     never reach the kernel; ``seqlen_k == 0`` gives out = 0 and lse = +inf.
     Score modifiers: ``softcap``, ``alibi_slopes`` (float32 ``(h,)`` or ``(b, h)`` with a unit
@@ -65,6 +102,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     ``(b, h, sq, sk)`` view (any strides) in q's dtype added to the logits (``bias.py``;
     builds with FLASHATTN2_EXPERIMENTAL=bias, the default).
     """
+    _check_fp32(q, softcap, alibi_slopes, dropout_p, attn_bias)
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     if out is None:
@@ -103,11 +141,12 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     dropout = mods.get("dropout_p", 0.0) > 0
     bias = bool(mods.get("attn_bias", 0))
     per_head = mods.get("alibi_slopes", 0) or dropout or bias
-    q_pack = 1 if per_head else nheads // nheads_k
+    fp32 = q.dtype is _FP32  # (the float32 kernels: dense, no split-KV, cpp/fp32)
+    q_pack = 1 if per_head or fp32 else nheads // nheads_k
     device = q.get_device()
-    if dropout or bias:
+    if dropout or bias or fp32:
         num_splits = 1  # no split-KV with dropout or a bias (cpp/sm80/fwd_launch.cuh)
-    sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80
+    sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80 and not fp32
             and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
     # The Hopper forward's persistent CTAs take causal, windowed and varlen tiles (unequal
     # work) from a shared counter that starts at 0 where that pays (short tiles), else it
@@ -136,7 +175,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         q_strides, k_strides, v_strides, o_strides, lse_strides,
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
-        1 if q.dtype is _BF16 else 0,
+        _dtype_code(q.dtype),
         device, _ext.current_stream(device),
         num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
@@ -210,6 +249,9 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     too; ``dbias``: None, or a zero-filled float32 ``(b, h, sq, sk)`` tensor with a unit
     last stride that receives d loss / d logit (``bias.py``).
     """
+    if q.dtype is _FP32:
+        _check_fp32_backward(deterministic)
+        _check_fp32(q, softcap, alibi_slopes, dropout_p, attn_bias)
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     if dq is None:
@@ -258,7 +300,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         dq_accum.data_ptr(), dsum.data_ptr(), *strides, lse_strides,
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
-        1 if q.dtype is _BF16 else 0,
+        _dtype_code(q.dtype),
         device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_grad,
         dq_chains=dq_chains, allow_sm90=_ext.SM90_BWD and not _ext.FORCE_SM80,
     )  # fmt: skip
@@ -390,7 +432,8 @@ class _FlashAttnFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         headdim = ctx.headdim
         q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
-        _check_backward(headdim, q.device)
+        if q.dtype is not _FP32:  # (float32: _flash_attn_backward checks its own kernels)
+            _check_backward(headdim, q.device)
         args = (dout, q, k, v, out, lse, ctx.softmax_scale, ctx.window_left, ctx.window_right,
                 ctx.deterministic)
         mods = dict(softcap=ctx.softcap, alibi_slopes=alibi_slopes, dropout_p=ctx.dropout_p,
@@ -489,7 +532,12 @@ def _check_qkv_shapes(q, k, v):
                 "(batch, seqlen_k, nheads_k, headdim)")
             raise _shape_error(name, what, t)
     dtype = q.dtype
-    if dtype is not _HALF and dtype is not _BF16:
+    if dtype is _FP32:
+        if "fp32" not in _ext.EXPERIMENTAL:
+            raise Float32NotBuilt(
+                f"FlashAttention only supports fp16 and bf16 data type; got q {dtype} (float32 "
+                f"needs the float32 kernels: build with {_FP32_BUILD})")
+    elif dtype is not _HALF and dtype is not _BF16:
         raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
     if k.dtype is not dtype:
         raise ValueError(f"query and key must have the same dtype; got q {dtype}, k {k.dtype}")
@@ -497,13 +545,16 @@ def _check_qkv_shapes(q, k, v):
         raise ValueError(f"query and value must have the same dtype; got q {dtype}, v {v.dtype}")
 
     batch, _, nheads, headdim = q.shape
+    if dtype is _FP32 and (headdim % 8 or not 0 < headdim <= _FP32_MAX_HEADDIM):
+        raise ValueError(f"flashattn2: float32 supports head dims that are multiples of 8 up to "
+                         f"{_FP32_MAX_HEADDIM}; got {headdim}")
     if headdim == 0 or headdim > _MAX_HEADDIM:
         raise ValueError(
             f"FlashAttention forward only supports head dimension at most {_MAX_HEADDIM} "
             f"(and at least 1); got {headdim}"
         )
     kernel_headdim = _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)]
-    if kernel_headdim < 0:
+    if kernel_headdim < 0 and dtype is not _FP32:
         built = ", ".join(map(str, _ext.build_info()["head_dims"]))
         raise ValueError(
             f"flashattn2: head dim {headdim} needs a kernel head dim >= {headdim}; "
@@ -545,15 +596,17 @@ def _kernel_ready(t, pad):
     if pad:
         t = F.pad(t, (0, pad))
     stride = t.stride()
-    if stride[-1] != 1 or t.data_ptr() % 16 or any(s % 8 for s in stride[:-1]):
+    align = 16 // t.element_size()  # 16 bytes: 8 two-byte or 4 float32 elements
+    if stride[-1] != 1 or t.data_ptr() % 16 or any(s % align for s in stride[:-1]):
         t = t.clone(memory_format=_CONTIGUOUS)
     return t
 
 
-def _check_inputs(q, k, v, alibi_slopes, attn_bias=None):
-    """Shapes (alibi_slopes and attn_bias included), then devices: steps 2 and 3 of the
-    module doc."""
+def _check_inputs(q, k, v, alibi_slopes, attn_bias=None, softcap=0.0, dropout_p=0.0):
+    """Shapes (alibi_slopes and attn_bias included; float32: the features it lacks), then
+    devices: steps 2 and 3 of the module doc."""
     _check_qkv_shapes(q, k, v)
+    _check_fp32(q, softcap, alibi_slopes, dropout_p, attn_bias)
     _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     named = [("q", q), ("k", k), ("v", v)]
     if alibi_slopes is not None:
@@ -570,6 +623,7 @@ def _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
                return_attn_probs, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
                attn_bias=None):  # fmt: skip
     """Checked inputs in, flash-attn style result out."""
+    _check_fp32(q, softcap, alibi_slopes, dropout_p, attn_bias)
     softmax_scale = _scale(q, softmax_scale)
     # flash-attn treats a window bound >= seqlen_k as unbounded.
     seqlen_k = k.shape[1]
@@ -705,7 +759,7 @@ def flash_attn_func(
     """
     dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
-    _check_inputs(q, k, v, alibi_slopes, attn_bias)
+    _check_inputs(q, k, v, alibi_slopes, attn_bias, softcap, dropout_p)
     if attn_bias is not None and return_attn_probs and dropout_p > 0:
         raise NotImplementedError("flashattn2: return_attn_probs with dropout and attn_bias")
     return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
@@ -733,7 +787,7 @@ def flash_attn_qkvpacked_func(
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise _shape_error("qkv", "(batch, seqlen, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(2)
-    _check_inputs(q, k, v, alibi_slopes)
+    _check_inputs(q, k, v, alibi_slopes, softcap=softcap, dropout_p=dropout_p)
     return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
                       return_attn_probs, softcap, alibi_slopes, dropout_p)  # fmt: skip
 
@@ -760,7 +814,7 @@ def flash_attn_kvpacked_func(
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise _shape_error("kv", "(batch, seqlen_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(2)
-    _check_inputs(q, k, v, alibi_slopes)
+    _check_inputs(q, k, v, alibi_slopes, softcap=softcap, dropout_p=dropout_p)
     return _attention(q, k, v, softmax_scale, window_left, window_right, deterministic,
                       return_attn_probs, softcap, alibi_slopes, dropout_p)  # fmt: skip
 
@@ -817,6 +871,7 @@ def _low_level_mods(q, k, v, softcap, alibi_slopes, dropout_p, rng_state, softma
     rng_state)``, rng_state None without dropout."""
     dropout_p, softcap = _check_mod_values(dropout_p, softcap, softmax_scale)
     _check_qkv_shapes(q, k, v)
+    _check_fp32(q, softcap, alibi_slopes, dropout_p)
     _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     _check_rng_state(rng_state, dropout_p)
     return dropout_p, softcap, (rng_state if dropout_p > 0 else None)
@@ -889,7 +944,10 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
     if lse.shape != (batch, nheads, seqlen_q):
         raise _shape_error("lse", f"(batch, nheads, seqlen_q) = {(batch, nheads, seqlen_q)}", lse)
     _devices(q, k, v, alibi_slopes, rng_state, (("o", o), ("lse", lse), ("dout", dout)))
-    _check_backward(headdim, q.device)
+    if q.dtype is _FP32:
+        _check_fp32_backward(deterministic)
+    else:
+        _check_backward(headdim, q.device)
     args = (dout, q, k, v, o, lse, _scale(q, softmax_scale), -1, 0 if causal else -1,
             bool(deterministic), softcap, alibi_slopes, dropout_p, rng_state)
     return torch.ops.flashattn2.bwd(*args) if _tracing() else _backward_any(*args)

@@ -1,0 +1,6 @@
+// The float32 backward for kernel head dim 64 (FLASHATTN2_EXPERIMENTAL=fp32 builds).
+#include "fp32/bwd_launch.cuh"
+
+namespace flashattn2 {
+template void run_bwd_fp32<64>(const BwdParams&, cudaStream_t);
+}  // namespace flashattn2

@@ -1,0 +1,19 @@
+// Host-side declarations of the float32 kernels' launchers (FLASHATTN2_FP32 builds).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "common/flash.h"
+
+namespace flashattn2 {
+
+// fwd_launch.cuh / bwd_launch.cuh, instantiated in fwd_fp32_hdim<D>.cu / bwd_fp32_hdim<D>.cu
+// for the head dims of fwd_config.h (kFp32HeadDims).
+template <int kHeadDim>
+void run_fwd_fp32(const FwdParams& params, cudaStream_t stream);
+template <int kHeadDim>
+void run_bwd_fp32(const BwdParams& params, cudaStream_t stream);
+// bwd_prepost.cu: dsum and a zeroed dq_accum; dq from dq_accum (every head dim).
+void run_bwd_fp32_preprocess(const BwdParams& params, cudaStream_t stream);
+void run_bwd_fp32_convert(const BwdParams& params, cudaStream_t stream);
+
+}  // namespace flashattn2

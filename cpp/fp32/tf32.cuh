@@ -1,0 +1,162 @@
+// The float32 kernels' PTX (3xTF32 on mma.sync) and their shared-memory tiles.
+//
+// mma.m16n8k8 .tf32 fragments (PTX ISA "Matrix Fragments for mma.m16n8k8", g = lane / 4,
+// q = lane % 4):
+//   A (16x8, row):  a0 = (g, q)  a1 = (g+8, q)  a2 = (g, q+4)  a3 = (g+8, q+4)
+//   B (8x8,  col):  b0 = (k q, n g)             b1 = (k q+4, n g)
+//   C (16x8, f32):  c0, c1 = (g, 2q), (g, 2q+1)  c2, c3 = (g+8, 2q), (g+8, 2q+1)
+// 3xTF32: x = hi + lo, hi = rna_tf32(x), lo = rna_tf32(x - hi); a * b is taken as
+// lo_a hi_b + hi_a lo_b + hi_a hi_b (three MMAs, small terms first; lo_a lo_b < 2^-22 |ab|
+// is dropped), accumulated in f32.
+#pragma once
+#include <cstdint>
+
+#include "common/ptx.cuh"
+
+namespace flashattn2 {
+namespace tf32 {
+
+// cvt.rna.tf32.f32: x rounded to tf32 (10 mantissa bits, ties away), as a b32 register.
+__device__ __forceinline__ uint32_t round_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// The same rounding as integer ops (half a tf32 ulp added to the magnitude bits, then the
+// low 13 bits cleared: ties away from zero, carries into the exponent as rna does): 2 SASS
+// instructions instead of cvt's 4 (its NaN test and select). Equal to round_tf32 for every
+// finite x and +-inf; a NaN may come out as another value (hence only for lo, below).
+__device__ __forceinline__ uint32_t round_tf32_finite(float x) {
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+
+// x as (hi, lo): hi = tf32(x), lo = tf32(x - hi) (x - hi is exact in f32). A NaN x keeps
+// hi NaN (cvt), so it reaches the products.
+struct Split {
+  uint32_t hi, lo;
+};
+__device__ __forceinline__ Split split(float x) {
+  const uint32_t hi = round_tf32(x);
+  return {hi, round_tf32_finite(x - __uint_as_float(hi))};
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: c += a * b (one tf32 product).
+__device__ __forceinline__ void mma_1688(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment (a0..a3 as floats) split once, reused over several B fragments.
+struct FragA {
+  uint32_t hi[4], lo[4];
+  FragA() = default;
+  // From values split earlier (a0..a3).
+  __device__ __forceinline__ FragA(Split a0, Split a1, Split a2, Split a3)
+      : hi{a0.hi, a1.hi, a2.hi, a3.hi}, lo{a0.lo, a1.lo, a2.lo, a3.lo} {}
+  __device__ __forceinline__ FragA(float a0, float a1, float a2, float a3) {
+    const float a[4] = {a0, a1, a2, a3};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const Split s = split(a[i]);
+      hi[i] = s.hi;
+      lo[i] = s.lo;
+    }
+  }
+};
+
+// B fragment (b0, b1 as floats) split once, reused over several A fragments.
+struct FragB {
+  Split b0, b1;
+  __device__ __forceinline__ FragB(float x0, float x1) : b0(split(x0)), b1(split(x1)) {}
+  __device__ __forceinline__ FragB(Split x0, Split x1) : b0(x0), b1(x1) {}
+};
+
+// c += a * b in 3xTF32.
+__device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, const FragB& b) {
+  mma_1688(c, a.lo, b.b0.hi, b.b1.hi);
+  mma_1688(c, a.hi, b.b0.lo, b.b1.lo);
+  mma_1688(c, a.hi, b.b0.hi, b.b1.hi);
+}
+// The same with b given as floats (b0, b1).
+__device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, float b0, float b1) {
+  mma3(c, a, FragB(b0, b1));
+}
+
+// A value split earlier into two shared-memory arrays of one layout: hi[off], lo[off].
+__device__ __forceinline__ Split split_at(const float* hi, const float* lo, int off) {
+  return {__float_as_uint(hi[off]), __float_as_uint(lo[off])};
+}
+
+// The n floats at hi split in place: hi[i] = tf32(x), lo[i] = tf32(x - hi[i]); thread tid of
+// kThreads takes i = tid + kThreads j (n a multiple of kThreads).
+template <int kThreads>
+__device__ __forceinline__ void split_in_place(float* hi, float* lo, int n, int tid) {
+#pragma unroll 4
+  for (int i = tid; i < n; i += kThreads) {
+    const Split s = split(hi[i]);
+    hi[i] = __uint_as_float(s.hi);
+    lo[i] = __uint_as_float(s.lo);
+  }
+}
+
+}  // namespace tf32
+
+// Shared-memory tiles of float32 [kRows x kCols] (kCols a multiple of 32), two layouts by
+// the fragment a warp reads with 32-bit LDS (bank = word offset mod 32):
+//  - RowTile (rows padded by 4 floats): A fragments (row g, col q) and B fragments read
+//    from n-major rows (row n = g, col k = q): word 4g + q + const, 32 distinct banks.
+//  - KRowTile (unpadded; 16-byte chunk c of row r at chunk c ^ 2 (r % 4)): B fragments
+//    read from k-major rows (row k = q, col n = g): word 8 ((col / 8) ^ q) + g + const,
+//    32 distinct banks for the 4 q x 8 g lanes.
+template <int kRows, int kCols>
+struct RowTile {
+  static constexpr int kStride = kCols + 4;
+  static constexpr int kFloats = kRows * kStride;
+  __device__ __forceinline__ static int offset(int r, int c) { return r * kStride + c; }
+};
+template <int kRows, int kCols>
+struct KRowTile {
+  static_assert(kCols % 32 == 0, "the swizzle permutes 8-column groups within 32 columns");
+  static constexpr int kFloats = kRows * kCols;
+  __device__ __forceinline__ static int offset(int r, int c) {
+    return r * kCols + (c ^ ((r & 3) << 3));
+  }
+};
+
+//  - SwzTile (unpadded; column c of row r at c ^ f(r), f(r) = 8 (r % 4) + 4 ((r / 4) % 2)):
+//    conflict free for both reads: n-major (rows g, col q + const): bank bits 0-1 = q, bits
+//    2-4 = f(g) (a bijection of g); k-major (rows q (+4), col g + const): bits 0-2 = g (bit 2
+//    ^ the +4), bits 3-4 ^= q. (The backward reads Q, dO, K and dS both ways.)
+template <int kRows, int kCols>
+struct SwzTile {
+  static_assert(kCols % 32 == 0, "the swizzle permutes columns within 32-column groups");
+  static constexpr int kFloats = kRows * kCols;
+  __device__ __forceinline__ static int offset(int r, int c) {
+    return r * kCols + (c ^ (((r & 3) << 3) | (r & 4)));
+  }
+};
+
+// cp.async of a [rows x cols] float32 block at g (row stride in elements, 16-byte aligned
+// rows) into a Tile; rows >= `rows` and columns >= `cols` (a multiple of 4) are zero-filled.
+template <typename Tile, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void load_tile_f32(float* s, const float* g, int64_t row_stride,
+                                              int rows, int cols, int tid) {
+  constexpr int kChunks = kCols / 4;
+  constexpr int kIters = (kRows * kChunks + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = tid + it * kThreads;
+    if (kIters * kThreads != kRows * kChunks && i >= kRows * kChunks) break;
+    const int r = i / kChunks, c = (i % kChunks) * 4;
+    const bool pred = r < rows && c < cols;
+    ptx::cp_async_16(ptx::smem_addr(s + Tile::offset(r, c)), pred ? g + r * row_stride + c : g,
+                     pred);
+  }
+}
+
+}  // namespace flashattn2

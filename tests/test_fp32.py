@@ -1,0 +1,311 @@
+"""float32 inputs (issue 21; the 3xTF32 kernels of cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32).
+
+CPU, every build: the refusals (a build without the kernels names the option; head dims and
+features the float32 kernels lack) and the plumbing to the binding (dtype code 2, no split-KV,
+no GQA packing) through a recording _C. GPU, builds with fp32: out, lse and dq / dk / dv
+against a float64 reference with the 2x rule: max |ours - f64| <= 2 * max |torch f32 - f64|
++ atol, torch's float32 attention computed with TF32 off (conftest.py).
+"""
+import fp32_emulation as emu
+import flashattn2
+import numpy as np
+import pytest
+import torch
+from flashattn2 import _ext, interface
+from reference import attention_ref, attention_scores
+
+gpu = pytest.mark.gpu
+BUILT = "fp32" in _ext.EXPERIMENTAL
+needs_fp32 = pytest.mark.skipif(not BUILT, reason="build without FLASHATTN2_EXPERIMENTAL=fp32")
+needs_fp32_bwd = pytest.mark.skipif(not _ext.FP32_BWD, reason="build without the float32 backward")
+ATOL = 1e-5
+
+
+def _qkv(batch=2, seqlen_q=5, seqlen_k=7, nheads=4, nheads_k=2, headdim=16, **kw):
+    q = torch.randn(batch, seqlen_q, nheads, headdim, **kw)
+    k = torch.randn(batch, seqlen_k, nheads_k, headdim, **kw)
+    v = torch.randn(batch, seqlen_k, nheads_k, headdim, **kw)
+    return q, k, v
+
+
+# ---- CPU: checks, in every build -----------------------------------------------------------
+
+
+def test_unbuilt_fp32_says_how_to_build(monkeypatch):
+    """A build without the float32 kernels (simulated in builds that have them)."""
+    monkeypatch.setattr(_ext, "EXPERIMENTAL", _ext.EXPERIMENTAL - {"fp32"})
+    q, k, v = _qkv()
+    for call in (lambda: flashattn2.flash_attn_func(q, k, v),
+                 lambda: flashattn2.flash_attn_qkvpacked_func(torch.stack((q, q, q), 2))):
+        with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL=bias;fp32") as info:
+            call()
+        assert isinstance(info.value, ValueError)  # as the refusal of other dtypes
+    if not BUILT:
+        assert _ext.FP32_HEAD_DIMS == ()
+
+
+@needs_fp32
+def test_build_info_lists_the_fp32_head_dims():
+    assert tuple(_ext.build_info()["fp32_head_dims"]) == (32, 64, 128) == _ext.FP32_HEAD_DIMS
+
+
+@needs_fp32
+@pytest.mark.parametrize("headdim", [12, 100, 136, 256])
+def test_fp32_head_dims_beyond_the_kernels_raise(headdim):
+    q, k, v = _qkv(headdim=headdim)
+    with pytest.raises(ValueError, match=f"float32 supports head dims .* up to 128; got {headdim}"):
+        flashattn2.flash_attn_func(q, k, v)
+
+
+@needs_fp32
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(softcap=5.0), "softcap"),
+    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
+    (dict(dropout_p=0.1), "dropout_p"),
+    (dict(attn_bias=torch.zeros(2, 4, 5, 7)), "attn_bias"),
+])
+def test_fp32_unsupported_features_are_named(kwargs, name):
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match=f"float32 inputs do not support {name}"):
+        flashattn2.flash_attn_func(q, k, v, **kwargs)
+
+
+@needs_fp32
+def test_fp32_varlen_and_kvcache_refuse():
+    q, k, v = _qkv(batch=1)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="only supports fp16 and bf16"):
+        flashattn2.flash_attn_varlen_func(q[0], k[0, :5], v[0, :5], cu, cu, 5, 5)
+    with pytest.raises(ValueError, match="only supports fp16 and bf16"):
+        flashattn2.flash_attn_with_kvcache(q, k, v)
+
+
+def test_fp32_backward_refusal():
+    """The float32 backward: deterministic mode is refused (unordered dq adds); a build
+    without the backward names the option."""
+    if _ext.FP32_BWD:
+        with pytest.raises(NotImplementedError, match="deterministic=True is not supported"):
+            interface._check_fp32_backward(True)
+    else:
+        with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL=bias;fp32"):
+            interface._check_fp32_backward(False)
+
+
+class _FakeC:
+    """Records the keyword arguments and dtype code of _C.fwd (no GPU)."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def fwd(self, *args, **kwargs):
+        doc = self.real.fwd.__doc__
+        assert not [key for key in kwargs if f"{key}:" not in doc]
+        self.calls.append((args[19], kwargs))  # (dtype is the 20th positional argument)
+        return 80
+
+    def sm90_fwd_applies(self, *args):
+        raise AssertionError("float32 never asks for the Hopper forward")
+
+    def num_splits_heuristic(self, *args, **kwargs):
+        raise AssertionError("float32 never splits")
+
+
+def test_fp32_reaches_the_binding_as_dtype_2(monkeypatch):
+    fake = _FakeC(interface._C)
+    monkeypatch.setattr(interface, "_C", fake)
+    monkeypatch.setattr(interface._ext, "current_stream", lambda device: 0)
+    q, k, v = _qkv(2, 70, 90, 4, 2, 64)
+    out, lse = interface._flash_attn_forward(q, k, v, 0.125, -1, 0, num_splits=0)
+    (code, kwargs), = fake.calls
+    assert code == 2 and kwargs["num_splits"] == 1 and kwargs["q_pack"] == 1
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+
+
+def test_fp32_kernel_ready_keeps_16_byte_strides():
+    """A float32 view with strides of multiples of 4 elements is read in place."""
+    qkv = torch.randn(2, 9, 3, 4, 20)[..., :16]  # row stride 240, head stride 20
+    q = qkv[:, :, 0]
+    assert interface._kernel_ready(q, 0) is q
+    odd = torch.randn(2, 9, 4, 18)[..., :16]
+    assert interface._kernel_ready(odd, 0).is_contiguous()
+
+
+def test_fp32_operators_fake_implementations():
+    """flashattn2::fwd on meta tensors gives float32 outputs for float32 inputs."""
+    q, k, v = (t.to("meta") for t in _qkv(headdim=64))
+    out, lse = torch.ops.flashattn2.fwd(q, k, v, 0.125, -1, -1, 0.0, None, 0.0, None)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == (2, 4, 5)
+    grads = torch.ops.flashattn2.bwd(out, q, k, v, out, lse, 0.125, -1, -1, False, 0.0, None,
+                                     0.0, None)  # fmt: skip
+    assert [g.dtype for g in grads] == [torch.float32] * 3
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+# ---- CPU: the kernels' index math, emulated lane by lane (fp32_emulation.py) ----------------
+
+
+def _torch_ref(q, k, v, causal, window, dtype, grad_of=None):
+    """out, lse (and dq, dk, dv with grad_of = dout) of attention_ref in ``dtype`` for
+    (b, s, h, d) float32 inputs."""
+    inputs = [t.clone().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, _ = attention_ref(*inputs, causal=causal, window_size=window, upcast=False)
+    lse = _lse(inputs[0].detach(), inputs[1].detach(), causal, window)
+    if grad_of is None:
+        return out.detach(), lse
+    out.backward(grad_of.to(dtype))
+    return out.detach(), lse, [t.grad for t in inputs]
+
+
+@pytest.mark.parametrize("shape", [(70, 90, 40, 64, False, (16, 8)),
+                                   (33, 100, 128, 128, True, (-1, -1)),
+                                   (20, 70, 16, 32, False, (-1, -1))],
+                         ids=["d40-window", "d128-causal", "d16"])
+def test_fp32_forward_emulation(shape):
+    """fwd_kernel.cuh's fragment and index math (emulated) meets the 2x rule."""
+    sq, sk, d, kernel_d, causal, window = shape
+    q, k, v = _qkv(1, sq, sk, 1, 1, d)
+    wl, wr = window[0], 0 if causal else window[1]
+    out, lse = emu.forward(q[0, :, 0].numpy(), k[0, :, 0].numpy(), v[0, :, 0].numpy(), d**-0.5,
+                           wl, wr, kernel_d)
+    assert not np.isnan(out).any() and not np.isnan(lse).any(), "entries left unwritten"
+    out64, lse64 = _torch_ref(q, k, v, causal, window, torch.float64)
+    out32, lse32 = _torch_ref(q, k, v, causal, window, torch.float32)
+    _check("out", torch.from_numpy(out), out32[0, :, 0], out64[0, :, 0])
+    _check("lse", torch.from_numpy(lse), lse32[0, 0], lse64[0, 0])
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 40, 70, 64, 64, True, (-1, -1)),
+                                   (1, 1, 20, 50, 32, 32, False, (20, 5)),
+                                   (2, 2, 17, 33, 128, 128, False, (-1, -1)),
+                                   (2, 1, 30, 20, 24, 32, True, (-1, -1))],
+                         ids=["d64-gqa-causal", "d32-window", "d128", "d24-sq>sk"])
+def test_fp32_backward_emulation(shape):
+    """bwd_kernel.cuh's fragment and index math (emulated; out and lse from torch float32)
+    meets the 2x rule."""
+    h, hk, sq, sk, d, kernel_d, causal, window = shape
+    q, k, v = _qkv(1, sq, sk, h, hk, d)
+    dout = torch.randn(1, sq, h, d)
+    out32, lse32, g32 = _torch_ref(q, k, v, causal, window, torch.float32, dout)
+    _, _, g64 = _torch_ref(q, k, v, causal, window, torch.float64, dout)
+    heads = lambda t: t[0].transpose(0, 1).contiguous().numpy()  # (s, h, d) -> (h, s, d)
+    wl, wr = window[0], 0 if causal else window[1]
+    ours = emu.backward(heads(q), heads(k), heads(v), heads(out32), lse32[0].numpy(), heads(dout),
+                        d**-0.5, wl, wr, kernel_d, h // hk)
+    for name, a, b, c in zip(("dq", "dk", "dv"), ours, g32, g64):
+        assert not np.isnan(a).any(), f"{name}: entries left unwritten"
+        _check(name, torch.from_numpy(a).transpose(0, 1)[None], b, c)
+
+
+# ---- GPU: accuracy against float64 ---------------------------------------------------------
+
+
+def _errors(ours, ref32, ref64):
+    """(max |ours - ref64|, max |ref32 - ref64|) over the finite reference entries."""
+    finite = torch.isfinite(ref64)
+    assert torch.equal(finite, torch.isfinite(ours)), "non-finite entries differ"
+    diff = lambda t: (t.double() - ref64).abs()[finite].max().item() if finite.any() else 0.0
+    return diff(ours), diff(ref32)
+
+
+def _check(name, ours, ref32, ref64, atol=ATOL):
+    err, err_torch = _errors(ours, ref32, ref64)
+    assert err <= 2 * err_torch + atol, (
+        f"{name}: error {err:.3g} > 2 x torch float32's {err_torch:.3g} + {atol}")
+
+
+def _lse(q, k, causal, window):
+    scores, mask = attention_scores(q, k, causal, window)
+    lse = torch.logsumexp(scores, dim=-1)
+    return lse.masked_fill(~mask.any(-1), float("inf"))
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window)
+SHAPES = [
+    (1, 113, 203, 4, 2, 64, False, (-1, -1)),
+    (1, 113, 203, 4, 2, 64, True, (-1, -1)),
+    (2, 1, 97, 2, 2, 128, False, (-1, -1)),
+    (1, 257, 257, 2, 1, 32, True, (-1, -1)),
+    (1, 257, 257, 3, 3, 40, False, (32, 16)),
+    (2, 203, 113, 4, 4, 96, True, (-1, -1)),
+    (1, 128, 300, 4, 2, 16, False, (64, 0)),
+    (1, 300, 128, 2, 1, 128, False, (-1, -1)),
+    (2, 64, 64, 4, 1, 128, True, (8, -1)),
+]
+
+
+def _ids(shape):
+    b, sq, sk, h, hk, d, causal, window = shape
+    return f"b{b}-{sq}x{sk}-h{h}:{hk}-d{d}" + ("-causal" if causal else "") + (
+        f"-w{window[0]},{window[1]}" if window != (-1, -1) else "")
+
+
+@gpu
+@needs_fp32
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_fp32_forward_against_float64(shape):
+    batch, sq, sk, h, hk, d, causal, window = shape
+    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
+    # The kernel alone, into NaN-poisoned out / lse (the head dim is a multiple of 8).
+    out = torch.full(q.shape, float("nan"), device="cuda")
+    lse = torch.full((batch, h, sq), float("nan"), device="cuda")
+    window_left, window_right = window[0], 0 if causal else window[1]
+    interface._flash_attn_forward(q, k, v, d**-0.5, window_left, window_right, out=out, lse=lse)
+    assert not out.isnan().any() and not lse.isnan().any(), "part of out / lse left unwritten"
+    out64, _ = attention_ref(q.double(), k.double(), v.double(), causal, window, upcast=False)
+    out32, _ = attention_ref(q, k, v, causal, window, upcast=False)
+    _check("out", out, out32, out64)
+    _check("lse", lse, _lse(q, k, causal, window), _lse(q.double(), k.double(), causal, window))
+    # The public function gives the same out.
+    public = flashattn2.flash_attn_func(q, k, v, causal=causal, window_size=window)
+    assert torch.equal(public, out)
+
+
+def _grads(fn, inputs, dout):
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    out.backward(dout)
+    return out.detach(), [t.grad for t in inputs]
+
+
+@gpu
+@needs_fp32
+@needs_fp32_bwd
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_fp32_backward_against_float64(shape):
+    batch, sq, sk, h, hk, d, causal, window = shape
+    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
+    dout = torch.randn(batch, sq, h, d, device="cuda")
+    ref = lambda *t: attention_ref(*t, causal=causal, window_size=window, upcast=False)[0]
+    ours_fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window)
+    _, g64 = _grads(ref, [t.double() for t in (q, k, v)], dout.double())
+    _, g32 = _grads(ref, [q, k, v], dout)
+    _, ours = _grads(ours_fn, [q, k, v], dout)
+    for name, a, b, c in zip(("dq", "dk", "dv"), ours, g32, g64):
+        _check(name, a, b, c)
+
+
+@gpu
+@needs_fp32
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp32_packed_views(causal):
+    """q / k / v as strided views of packed qkv / kv (read in place: 16-byte strides)."""
+    qkv = torch.randn(2, 150, 3, 4, 64, device="cuda")
+    out = flashattn2.flash_attn_qkvpacked_func(qkv, causal=causal)
+    q, k, v = qkv.unbind(2)
+    out64, _ = attention_ref(q.double(), k.double(), v.double(), causal, upcast=False)
+    out32, _ = attention_ref(q, k, v, causal, upcast=False)
+    _check("qkvpacked out", out, out32, out64)
+    kv = torch.randn(2, 190, 2, 2, 64, device="cuda")
+    out = flashattn2.flash_attn_kvpacked_func(q, kv, causal=causal)
+    k, v = kv.unbind(2)
+    out64, _ = attention_ref(q.double(), k.double(), v.double(), causal, upcast=False)
+    out32, _ = attention_ref(q, k, v, causal, upcast=False)
+    _check("kvpacked out", out, out32, out64)
+    if _ext.FP32_BWD:
+        dout = torch.randn_like(out)
+        _, (g,) = _grads(lambda t: flashattn2.flash_attn_kvpacked_func(q, t, causal=causal), [kv], dout)
+        ref = lambda t: attention_ref(q.to(t.dtype), t[:, :, 0], t[:, :, 1], causal, upcast=False)[0]
+        _, (g64,) = _grads(ref, [kv.double()], dout.double())
+        _, (g32,) = _grads(ref, [kv], dout)
+        _check("kvpacked dkv", g, g32, g64)
