@@ -98,7 +98,7 @@ def test_build_info_and_version():
     assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk"}
     if 64 in info["sm90_bwd_head_dims"]:
         assert "d64" in info["sm90_bwd_experimental"]
-    assert set(info["experimental"]) <= {"bias"}
+    assert set(info["experimental"]) <= {"bias", "decode"}
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]
         expected = larger[0] if larger else -1
