@@ -2,10 +2,11 @@
 """CPU desk check of cpp/sm80/decode_kernel.cuh (no GPU): two numpy emulations.
 
 1. Lanes: the shared-memory tiles and fragments the kernel uses with 16-row tiles for the
-   first time -- load_tile_rows<16, d, 32> (per warp) and <16, d, 128> (Q), tile.cuh's
-   swizzle, LdsmTile<16> addresses for Q (A), K (B) and V (B, .trans), ldmatrix x4, mma
-   m16n8k16 and acc_to_a (PTX ISA fragment layouts) -- against S = Q K^T and O = P V per lane,
-   with zero-filled rows / columns and several ring stages.
+   first time -- its per-warp copy_rows (= load_tile_rows<16, d, 32>'s layout, checked),
+   load_tile_rows<16, d, 128> (Q), tile.cuh's swizzle, LdsmTile<16> addresses for Q (A),
+   K (B) and V (B, .trans), ldmatrix x4, mma m16n8k16 and acc_to_a (PTX ISA fragment
+   layouts) -- against S = Q K^T and O = P V per lane, with zero-filled rows / columns and
+   several ring stages.
 2. Schedule: the split formula, the warps' round-robin 16-key tiles, window / causal tile
    ranges with packed GQA rows, per-warp online softmax in base 2, the warps' LSE merge and
    the split-KV combine -- against a plain softmax, rows without keys included.
@@ -40,6 +41,20 @@ def load(smem, base_el, X, kRows, D, nthr, rows_valid, headdim):
             pred = r < rows_valid and c * 8 < headdim
             off = base_el + swizzle(kRows, r, c)
             smem[off:off + 8] = X[r, c * 8:c * 8 + 8] if pred else 0
+
+
+def copy_rows(smem, base_el, X, D, rows_valid, headdim):
+    """decode_kernel.cuh's copy_rows: lane l, row slot s (row l / 4 + 8 s), chunks l % 4 + 4 m
+    at swizzle(row, l % 4) + m segments."""
+    for lane in range(32):
+        for slot in range(2):
+            r = lane // 4 + 8 * slot
+            row_ok = r < rows_valid
+            dst = base_el + swizzle(16, r, lane % 4)
+            for m in range(D // 32):
+                col = 8 * (4 * m + lane % 4)
+                off = dst + m * 16 * 32
+                smem[off:off + 8] = X[r, col:col + 8] if row_ok and col < headdim else 0
 
 
 class Ldsm:
@@ -92,8 +107,12 @@ def check(D, headdim, rows_q, keys_valid, stage):
     load(smem, 0, Q, 16, D, 128, rows_q, headdim)
     warp = 2
     ring = 16 * D + warp * kStages * 2 * kTile  # elements
-    load(smem, ring + stage * 2 * kTile, K, 16, D, 32, keys_valid, headdim)
-    load(smem, ring + stage * 2 * kTile + kTile, V, 16, D, 32, keys_valid, headdim)
+    copy_rows(smem, ring + stage * 2 * kTile, K, D, keys_valid, headdim)
+    copy_rows(smem, ring + stage * 2 * kTile + kTile, V, D, keys_valid, headdim)
+    same = np.zeros(2 * kTile)  # the layout of load_tile_rows<16, D, 32>
+    load(same, 0, K, 16, D, 32, keys_valid, headdim)
+    load(same, kTile, V, 16, D, 32, keys_valid, headdim)
+    assert np.array_equal(same, smem[ring + stage * 2 * kTile:ring + (stage + 1) * 2 * kTile])
     Qm = Q.copy(); Qm[rows_q:] = 0; Qm[:, headdim:] = 0
     Km = K.copy(); Km[keys_valid:] = 0; Km[:, headdim:] = 0
     Vm = V.copy(); Vm[keys_valid:] = 0; Vm[:, headdim:] = 0

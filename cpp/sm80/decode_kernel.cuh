@@ -19,7 +19,10 @@
 //          8 warps x 2 tiles x 8 KiB = 128 KiB of K/V in flight per SM), d64 66 KiB
 //          (3 CTAs, 144 KiB in flight).
 //   regs   per thread: rQ [d/16][4] b32 (Q fragments, loaded once), acc_o [d/8][4] f32,
-//          acc_s [2][4] f32; one page-table entry per row slot (2).
+//          acc_s [2][4] f32; one page-table entry per row slot (2). ptxas (sm_80): d128 184,
+//          d64 124 registers, no spills (bound by shared memory, not registers).
+//   copy   lane l copies rows l / 4 and l / 4 + 8 of a K or V tile (16-byte chunks l % 4 + 4 m),
+//          with one row address per row (copy_rows; the layout of load_tile_rows<16, d, 32>).
 //   step   (per warp, no CTA barrier in the loop)
 //            cp.async.wait_group (tile j landed for this lane) ; __syncwarp (for all lanes)
 //            issue the cp.async of tile j + kStages - 1 into the stage tile j - 1 used
@@ -138,24 +141,33 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto fetch_pages = [&](int j, int (&page)[WarpRows::kSlots]) {
     if (j < n_mine) kv_rows.template fetch_pages<WarpRows>(p, tile_of(j) * kBlockN, seqlen_k, lane, page);
   };
+  // Rows n0 .. n0 + 15 of K or V into sX, in load_tile_rows<16, d, 32>'s layout (lane l: the
+  // rows of its two slots, 16-byte chunks l % 4 + 4 m; zero fill past the keys and the head
+  // dim), but with one row address per slot (the paged / strided 64-bit address math then
+  // runs twice per tile and tensor, not once per chunk).
+  auto copy_rows = [&](Element* sX, const Element* gX, int64_t batch_stride, int64_t row_stride,
+                       int n0, const int (&page)[WarpRows::kSlots]) {
+#pragma unroll
+    for (int slot = 0; slot < WarpRows::kSlots; ++slot) {
+      const int r = WarpRows::row(slot, lane);
+      const bool row_ok = r < seqlen_k - n0;
+      const Element* src = kv_rows(p, gX, batch_stride, row_stride, n0 + (row_ok ? r : 0), page[slot]);
+      const uint32_t dst = ptx::smem_addr(sX + swizzle<kBlockN>(r, lane % 4));
+#pragma unroll
+      for (int m = 0; m < kHeadDim / 32; ++m) {  // chunk 4 m + lane % 4 is segment m's
+        const int col = 8 * (4 * m + lane % 4);
+        ptx::cp_async_16(dst + m * kBlockN * 64, src + col, row_ok && col < p.headdim);
+      }
+    }
+  };
   // Tile j into `stage`, or nothing past the warp's last tile; one cp.async group either way
   // (the waits count groups).
   auto load_kv = [&](int j, int stage, const int (&page)[WarpRows::kSlots]) {
     if (j < n_mine) {
       const int n0 = tile_of(j) * kBlockN;
       Element* const sK = sRing + stage * 2 * kTile;
-      load_tile_rows<kBlockN, kHeadDim, 32>(
-          sK,
-          [&](int r, int slot) {
-            return kv_rows(p, gK, p.k_batch_stride, p.k_row_stride, n0 + r, page[slot]);
-          },
-          seqlen_k - n0, p.headdim, lane);
-      load_tile_rows<kBlockN, kHeadDim, 32>(
-          sK + kTile,
-          [&](int r, int slot) {
-            return kv_rows(p, gV, p.v_batch_stride, p.v_row_stride, n0 + r, page[slot]);
-          },
-          seqlen_k - n0, p.headdim, lane);
+      copy_rows(sK, gK, p.k_batch_stride, p.k_row_stride, n0, page);
+      copy_rows(sK + kTile, gV, p.v_batch_stride, p.v_row_stride, n0, page);
     }
     ptx::cp_async_commit();
   };
