@@ -4,9 +4,10 @@ GPU (skipped without the build item): flash_attn_with_kvcache on what the kernel
 (seqlen_q * h / h_k <= 16 rows, kernel head dim 64 / 128) against the float32 reference with
 the error rule of test_fwd.py, through test_kvcache.py's run_case (ragged cache_seqlens,
 appended keys, rotary, pages 16 / 64 / 256, cache_batch_idx, left padding, windows, forced
-and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and ALiBi; that
-the decode kernel ran there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call
-and with the runtime switch off. CPU: the runtime switch and its plumbing into _C.
+and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and ALiBi;
+flash_attn_func with few rows and the backward on its out / LSE; that the decode kernel ran
+there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with the runtime
+switch off. CPU: the runtime switch and its plumbing into _C.
 """
 import os
 import subprocess
@@ -14,9 +15,10 @@ import sys
 
 import pytest
 import torch
-from flashattn2 import _ext, flash_attn_with_kvcache, interface
+from flashattn2 import _ext, flash_attn_func, flash_attn_with_kvcache, interface
 from flashattn2.interface import _launch_fwd
 from reference import attention_ref
+from test_bwd import check_grads
 from test_fwd import LSE_ATOL, LSE_RTOL, dtype_id
 from test_kvcache import check_against_reference, check_rule, kvcache_kernel, paged_copy, run_case
 
@@ -151,6 +153,26 @@ def test_score_mods(heads, mods, num_splits):
         outs_ref.append(o), outs_pt.append(o_pt), lses_ref.append(l)
     check_rule("out", out, torch.cat(outs_ref), torch.cat(outs_pt), dtype)
     torch.testing.assert_close(lse, torch.cat(lses_ref), atol=LSE_ATOL, rtol=LSE_RTOL)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_attn_func_few_rows_and_its_backward(causal):
+    """flash_attn_func with 3 query rows x group 4 runs the decode kernel (heuristic splits);
+    its out and LSE are what the backward needs (gradients against the reference's)."""
+    q = torch.randn(2, 3, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 900, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 900, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert_kernel("decode")
+    args = tuple(t.detach() for t in (q, k, v))
+    ref, lse_ref = attention_ref(*args, causal=causal)
+    ref_pt, _ = attention_ref(*args, causal=causal, upcast=False)
+    check_rule("out", out, ref, ref_pt, q.dtype)
+    torch.testing.assert_close(lse, lse_ref, atol=LSE_ATOL, rtol=LSE_RTOL)
+    dout = torch.randn_like(out)
+    check_grads(torch.autograd.grad(out, (q, k, v), dout), *args, dout, causal=causal)
 
 
 @gpu
