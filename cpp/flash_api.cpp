@@ -400,13 +400,28 @@ void rotary(const RotaryParams& params, int device, void* stream) {
 
 namespace {
 
+// Shared memory per SM of `device` in bytes (cached).
+int smem_per_sm(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> bytes{};
+  int n = bytes[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+               "cudaDeviceGetAttribute(maxSharedMemoryPerMultiprocessor)");
+    bytes[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // Split count of the decode kernel for `groups` CTAs per split (batch x KV-head groups), by
-// the bytes each SM reads: the fewest splits whose CTAs fill the SMs' resident slots
-// (decode_ctas_per_sm) in whole waves within 95 % of the best -- each resident CTA keeps
-// 4 warps x (kStages - 1) K/V tiles in flight, so an SM with fewer CTAs reads at a fraction
-// of its bandwidth -- with at least one 16-key tile per warp in each split.
+// the bytes each SM reads: the fewest splits whose CTAs fill the SMs' resident slots (CTAs
+// per SM from this GPU's shared memory, 1 KiB reserved per CTA, at most decode_ctas_per_sm:
+// H100 2 at d128, 3 at d64; A100 1 / 2) in whole waves within 95 % of the best -- each
+// resident CTA keeps 4 warps x (kStages - 1) K/V tiles in flight, so an SM with fewer CTAs
+// reads at a fraction of its bandwidth -- with at least one 16-key tile per warp per split.
 int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device) {
-  const int64_t slots = int64_t(sm_count(device)) * decode_ctas_per_sm(kd);
+  const int per_sm = std::max(1, std::min(decode_ctas_per_sm(kd),
+                                          smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
+  const int64_t slots = int64_t(sm_count(device)) * per_sm;
   const int n_tiles = (seqlen_k + kDecodeBlockN - 1) / kDecodeBlockN;
   const int max_splits =
       std::max(1, std::min({kMaxSplits, n_tiles / kDecodeMinTilesPerSplit, 65535 / batch}));

@@ -31,8 +31,9 @@ constexpr int decode_smem_bytes(int head_dim) {
   return 2 * head_dim * (kDecodeRows + kDecodeWarps * decode_stages(head_dim) * 2 * kDecodeBlockN);
 }
 
-// CTAs per SM from shared memory (228 KiB per SM on sm_80 / sm_90, 1 KiB reserved per CTA):
-// 2 at d128, 3 at d64. Also the kernel's __launch_bounds__ minimum.
+// CTAs per SM from shared memory on sm_90 (228 KiB per SM, 1 KiB reserved per CTA): 2 at
+// d128, 3 at d64; the kernel's __launch_bounds__ minimum. (The split heuristic takes the
+// GPU's own shared memory: an A100's 164 KiB hold 1 / 2.)
 constexpr int decode_ctas_per_sm(int head_dim) {
   return (228 * 1024) / (decode_smem_bytes(head_dim) + 1024);
 }
