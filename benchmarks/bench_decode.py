@@ -54,7 +54,11 @@ import sys
 COLUMNS = ["gpu", "bench", "impl", "layout", "page_size", "num_splits", "batch", "seqlen_q",
            "seqlen_k", "tokens", "nheads", "nheads_k", "headdim", "causal", "us", "gbps",
            "frac_copy", "tflops", "gqa", "timer", "error"]
-IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "read_floor")
+IMPLS = ("flashattn2", "flashattn2_oldkv", "sdpa_flash", "sdpa_cudnn", "read_floor")
+# flashattn2_oldkv: flashattn2 with the decode kernel switched off (flashattn2._ext.decode_kernel
+# (False), as FLASHATTN2_DECODE_KERNEL=0): the KV kernel, for an A/B of builds with
+# FLASHATTN2_EXPERIMENTAL=decode in one run (identical to flashattn2 in builds without it).
+DEFAULT_IMPLS = ("flashattn2", "sdpa_flash", "sdpa_cudnn", "read_floor")
 PARTS = ("decode", "varlen", "host")
 GiB = 1 << 30
 # Targets (issue 20): every decode config >= 1.0x sdpa_cudnn; b=1 cache 8k at most 1.2x the
@@ -98,8 +102,9 @@ def parse_args(argv=None):
                         "skipped for a cache length they do not divide")
     p.add_argument("--splits", type=csv_list(int), default=[],
                    help="num_splits values to force, timed besides the heuristic (0)")
-    p.add_argument("--impls", type=csv_list(str), default=list(IMPLS),
-                   help="flashattn2,sdpa_flash,sdpa_cudnn,read_floor (default all)")
+    p.add_argument("--impls", type=csv_list(str), default=list(DEFAULT_IMPLS),
+                   help="flashattn2,flashattn2_oldkv,sdpa_flash,sdpa_cudnn,read_floor "
+                        "(default all but flashattn2_oldkv)")
     p.add_argument("--parts", type=csv_list(str), default=list(PARTS), help="decode,varlen")
     p.add_argument("--mem-budget-gib", type=float, default=40.0,
                    help="skip decode configs whose tensors, SDPA copies included, exceed it")
@@ -143,7 +148,7 @@ def cfg(r):
     return f"b{r['batch']} sq{r['seqlen_q']} {klen(r['seqlen_k'])}"
 
 
-DECODE_HEADER = (f"{'impl':<11} {'layout':<10} {'splits':>6} {'b':>3} {'sq':>3} {'cache':>5} | "
+DECODE_HEADER = (f"{'impl':<16} {'layout':<10} {'splits':>6} {'b':>3} {'sq':>3} {'cache':>5} | "
                  f"{'us':>9} {'GB/s':>7} {'copy':>5}  gqa / timer")
 PREFILL_HEADER = (f"{'impl':<11} {'layout':<14} {'heads':>5} {'n_seq':>5} {'tokens':>6} "
                   f"{'max_len':>7} | {'us':>9} {'TFLOP/s':>7}  timer")
@@ -158,7 +163,7 @@ def line(r):
     if decode:
         layout = f"paged{r['page_size']}" if r["layout"] == "paged" else r["layout"]
         splits = {None: "-", 0: "auto"}.get(r["num_splits"], r["num_splits"])
-        head = (f"{r['impl']:<11} {layout:<10} {splits:>6} {r['batch']:>3} {r['seqlen_q']:>3} "
+        head = (f"{r['impl']:<16} {layout:<10} {splits:>6} {r['batch']:>3} {r['seqlen_q']:>3} "
                 f"{klen(r['seqlen_k']):>5} | ")
     else:
         head = (f"{r['impl']:<11} {r['layout']:<14} {r['nheads']:>2}:{r['nheads_k']:<2} "
@@ -182,7 +187,7 @@ def print_summary(rows, meta):
     dec = [r for r in ok if r["bench"] == "decode"]
     fa = [r for r in dec if r["impl"] == "flashattn2" and r["num_splits"] == 0]
     contig = {key(r): r for r in fa if r["layout"] == "contiguous"}
-    base = {(r["impl"],) + key(r): r for r in dec if r["impl"] != "flashattn2"}
+    base = {(r["impl"],) + key(r): r for r in dec if not r["impl"].startswith("flashattn2")}
     floors = {(r["batch"], r["seqlen_k"]): r["us"] for r in dec if r["impl"] == "read_floor"}
     print(f"\nSummary vs targets (flashattn2 num_splits=auto, contiguous cache unless stated; "
           f"{meta['timer']})")
@@ -214,6 +219,14 @@ def print_summary(rows, meta):
     report(f"sq4 within {T_SQ4_SLACK:.0%} of sq1",
            sq4 and f"worst {sq4[-1][0]:+.1%} ({sq4[-1][1]}), {len(sq4)} cfgs",
            [x for x, _ in sq4], lambda x: x <= T_SQ4_SLACK)
+    old = {(r["layout"], r["page_size"]) + key(r): r for r in dec
+           if r["impl"] == "flashattn2_oldkv" and r["num_splits"] == 0}
+    ab = sorted((old[k]["us"] / r["us"], cfg(r)) for r in fa
+                if (k := (r["layout"], r["page_size"]) + key(r)) in old)
+    if ab:  # (no target: the A/B of the decode kernel against the KV kernel)
+        print(f"  decode kernel vs KV kernel (flashattn2_oldkv time / flashattn2 time): "
+              f"worst {ab[0][0]:.2f}x ({ab[0][1]}), best {ab[-1][0]:.2f}x ({ab[-1][1]}), "
+              f"{len(ab)} cfgs")
     host = {r["impl"]: r["us"] for r in ok if r["bench"] == "host"}
     others = [us for impl, us in host.items() if impl != "flashattn2"]
     report("eager host time per call at most SDPA's (b=1, cache 1k, sq 1)",
@@ -407,11 +420,22 @@ class Runner:
         return r
 
 
-def decode_flashattn2(run, base, qs, k_cache, v_cache):
-    """flash_attn_with_kvcache on the contiguous cache and on its memory as shuffled pages."""
+def decode_flashattn2(run, base, qs, k_cache, v_cache, impl="flashattn2"):
+    """flash_attn_with_kvcache on the contiguous cache and on its memory as shuffled pages
+    (impl flashattn2_oldkv: with the decode kernel switched off, also while a graph is
+    captured, so the graph replays the KV kernel)."""
+    import contextlib
     import torch
     b, s, h_k, d = k_cache.shape
-    attend = flashattn2_api("flash_attn_with_kvcache")
+    call = flashattn2_api("flash_attn_with_kvcache")
+    switch = contextlib.nullcontext
+    if impl == "flashattn2_oldkv":
+        import flashattn2._ext
+        switch = lambda: flashattn2._ext.decode_kernel(False)  # noqa: E731
+
+    def attend(*args, **kwargs):
+        with switch():
+            return call(*args, **kwargs)
     seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
     layouts = [("contiguous", None, k_cache, v_cache, None)]
     gen = torch.Generator().manual_seed(run.args.seed)
@@ -424,7 +448,7 @@ def decode_flashattn2(run, base, qs, k_cache, v_cache):
     for sq, splits, (layout, page, kc, vc, table) in itertools.product(
             run.args.sq, [0] + run.args.splits, layouts):
         rows.append(run.measure(
-            dict(base, impl="flashattn2", layout=layout, page_size=page, num_splits=splits,
+            dict(base, impl=impl, layout=layout, page_size=page, num_splits=splits,
                  seqlen_q=sq, gqa="native"),
             lambda: attend(qs[sq], kc, vc, cache_seqlens=seqlens, block_table=table,
                            num_splits=splits)))
@@ -446,8 +470,9 @@ def run_decode(run, b, s):
     base = dict(bench="decode", batch=b, seqlen_k=s, nheads=h, nheads_k=h_k, headdim=d,
                 causal=False)
     rows = []
-    if "flashattn2" in a.impls:
-        rows += decode_flashattn2(run, base, qs, k_cache, v_cache)
+    for impl in ("flashattn2", "flashattn2_oldkv"):
+        if impl in a.impls:
+            rows += decode_flashattn2(run, base, qs, k_cache, v_cache, impl)
     if "read_floor" in a.impls:  # (no query: one row, seqlen_q 0)
         rows.append(run.measure(dict(base, impl="read_floor", layout="contiguous", seqlen_q=0,
                                      gqa="-"), read_floor_call(k_cache, v_cache)))

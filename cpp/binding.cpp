@@ -173,7 +173,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          float softcap, std::uintptr_t alibi_slopes,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack,
          bool allow_sm90, std::uintptr_t tile_counter, std::uintptr_t attn_bias,
-         const Strides& bias_strides, int bias_dtype) {
+         const Strides& bias_strides, int bias_dtype, bool allow_decode) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -214,7 +214,8 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
   py::gil_scoped_release no_gil;
-  return flashattn2::mha_fwd(params, device, reinterpret_cast<void*>(stream), allow_sm90);
+  return flashattn2::mha_fwd(params, device, reinterpret_cast<void*>(stream), allow_sm90,
+                             allow_decode);
 }
 
 int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
@@ -503,8 +504,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("q_pack") = 1,
         py::arg("allow_sm90") = true, py::arg("tile_counter") = 0, py::arg("attn_bias") = 0,
         py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1,
-        "Attention forward; returns the generation of the kernel that ran: 90 (the Hopper "
-        "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false) or 80; "
+        py::arg("allow_decode") = true,
+        "Attention forward; returns the kernel that ran: 90 (the Hopper "
+        "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false), 80 (the "
+        "mma.sync kernels) or 81 (the decode kernel of builds with "
+        "FLASHATTN2_EXPERIMENTAL=decode, for the forwards of at most 16 packed query rows it "
+        "supports unless allow_decode is false; flash_api.h kFwdKernelDecode); "
         "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "
         "causal / windowed / varlen tiles (0: one CTA per such tile). q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
@@ -627,9 +632,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("num_splits_heuristic", &flashattn2::num_splits_heuristic, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("headdim"),
-        py::arg("device"), py::arg("sm90") = false,
+        py::arg("device"), py::arg("sm90") = false, py::arg("decode") = false,
         "Split-KV count that fills GPU `device` for a forward of these sizes (1 = none), "
-        "for the tile of the KV kernel or (sm90) of the Hopper forward.");
+        "for the tile of the KV kernel or (sm90) of the Hopper forward, or (decode) of the "
+        "decode kernel where it would run.");
   m.def("sm90_fwd_applies", &flashattn2::sm90_fwd_applies, py::arg("device"), py::arg("headdim"),
         py::arg("seqlen_q"), py::arg("dropout"), py::arg("kv_cache_layout"),
         "Whether fwd runs the Hopper kernels for such a forward on `device` (unless "

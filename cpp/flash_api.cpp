@@ -18,6 +18,7 @@
 
 #include "built_config.h"
 #include "sm80/bwd_config.h"
+#include "sm80/decode_config.h"
 #include "sm80/fwd_config.h"
 #include "sm90/bwd_config.h"
 #include "sm90/fwd_config.h"
@@ -42,6 +43,7 @@ using HeadDims = IntList<FLASHATTN2_HEAD_DIMS>;
 using BwdHeadDims = IntList<FLASHATTN2_BWD_HEAD_DIMS>;
 using Sm90HeadDims = IntList<FLASHATTN2_SM90_HEAD_DIMS>;
 using Sm90BwdHeadDims = IntList<FLASHATTN2_SM90_BWD_HEAD_DIMS>;
+using DecodeHeadDims = IntList<FLASHATTN2_DECODE_HEAD_DIMS>;
 using SassArchs = IntList<FLASHATTN2_SASS_ARCHS>;
 using PtxArchs = IntList<FLASHATTN2_PTX_ARCHS>;
 
@@ -346,7 +348,21 @@ bool sm90_fwd_tile_counter(int headdim, int seqlen_k) {
   return sm90_fwd_dynamic_walk(kernel_head_dim(headdim), seqlen_k);
 }
 
-int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90) {
+namespace {
+
+// Whether mha_fwd runs the decode kernel (sm80/decode_kernel.cuh) for `p` (checked, kernel
+// head dim kd): built (FLASHATTN2_DECODE, this head dim), allowed (the runtime switch), a
+// call it supports (decode_config.h decode_supports) and a GPU that gives a block its shared
+// memory (not sm_86 / sm_89 at d128). Everything else runs the kernels it ran before.
+bool decode_applies(const FwdParams& p, int kd, int device, bool allow_decode) {
+  return allow_decode && DecodeHeadDims::dispatch(kd, [](auto) {}) && decode_supports(p, kd) &&
+         max_smem_per_block(device) >= decode_smem_bytes(kd);
+}
+
+}  // namespace
+
+int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
+            bool allow_decode) {
   require(params.num_splits >= 1 && params.num_splits <= kMaxSplits,
           "num_splits must be in [1, " + std::to_string(kMaxSplits) + "], got " +
               std::to_string(params.num_splits));
@@ -387,6 +403,14 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90) 
   DeviceGuard guard(device);
   require_supported_device(device);
   auto s = static_cast<cudaStream_t>(stream);
+  if (decode_applies(p, kd, device, allow_decode)) {
+    DecodeHeadDims::dispatch(kd, [&](auto head_dim) {
+      dispatch_dtype(p.dtype, [&](auto element) {
+        run_decode<decltype(element), decltype(head_dim)::value>(p, s);
+      });
+    });
+    return kFwdKernelDecode;
+  }
   // The Hopper kernels take what they support on an sm_90 GPU (sm90/fwd_config.h); the
   // mma.sync kernels everything else, and whatever TMA cannot describe.
   const int kd_sm90 = Sm90HeadDims::dispatch(kd, [](auto) {}) ? kd : 0;
@@ -471,12 +495,57 @@ void rotary(const RotaryParams& params, int device, void* stream) {
 }
 
 
+namespace {
+
+// Shared memory per SM of `device` in bytes (cached).
+int smem_per_sm(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> bytes{};
+  int n = bytes[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+               "cudaDeviceGetAttribute(maxSharedMemoryPerMultiprocessor)");
+    bytes[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Split count of the decode kernel for `groups` CTAs per split (batch x KV-head groups), by
+// the bytes each SM reads: the fewest splits whose CTAs fill the SMs' resident slots (CTAs
+// per SM from this GPU's shared memory, 1 KiB reserved per CTA, at most decode_ctas_per_sm:
+// H100 2 at d128, 3 at d64; A100 1 / 2) in whole waves within 95 % of the best -- each
+// resident CTA keeps 4 warps x (kStages - 1) K/V tiles in flight, so an SM with fewer CTAs
+// reads at a fraction of its bandwidth -- with at least one 16-key tile per warp per split.
+int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device) {
+  const int per_sm = std::max(1, std::min(decode_ctas_per_sm(kd),
+                                          smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
+  const int64_t slots = int64_t(sm_count(device)) * per_sm;
+  const int n_tiles = (seqlen_k + kDecodeBlockN - 1) / kDecodeBlockN;
+  const int max_splits =
+      std::max(1, std::min({kMaxSplits, n_tiles / kDecodeMinTilesPerSplit, 65535 / batch}));
+  auto efficiency = [&](int s) {
+    const double waves = double(groups * s) / double(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= max_splits; ++s) {
+    if (efficiency(s) >= 0.95 * best) return s;
+  }
+  return 1;
+}
+
+}  // namespace
+
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
-                         int device, bool sm90) {
+                         int device, bool sm90, bool decode) {
   const int kd = kernel_head_dim(headdim);
   require(kd > 0, "no kernel for head dim " + std::to_string(headdim));
   require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
   require(batch > 0 && nheads > 0 && seqlen_q > 0 && seqlen_k > 0, "sizes must be positive");
+  if (decode && !sm90 && seqlen_q <= kDecodeRows && DecodeHeadDims::dispatch(kd, [](auto) {}) &&
+      max_smem_per_block(device) >= decode_smem_bytes(kd)) {
+    return decode_num_splits(int64_t(batch) * nheads, batch, seqlen_k, kd, device);
+  }
   // The tile of the kernel that runs (the sm90 forward's, one CTA per SM; or the KV
   // kernel's) and its CTAs resident per SM from the register and shared-memory budget.
   int block_m = 0, block_n = 0, per_sm = 1;

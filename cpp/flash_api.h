@@ -15,8 +15,13 @@ namespace flashattn2 {
 // do not support and std::runtime_error for CUDA errors or a GPU this build has no
 // code for (the message names the archs it was built for). Returns the generation of the
 // kernel that ran: 90 (the Hopper kernels of cpp/sm90, used on sm_90 GPUs for what they
-// support unless allow_sm90 is false) or 80 (the mma.sync kernels of cpp/sm80).
-int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 = true);
+// support unless allow_sm90 is false) or 80 (the mma.sync kernels of cpp/sm80), or
+// kFwdKernelDecode = 81: the decode kernel of cpp/sm80/decode_kernel.cuh, which builds with
+// FLASHATTN2_EXPERIMENTAL=decode run for the forwards it supports (decode_config.h
+// decode_supports: at most 16 packed query rows) unless allow_decode is false.
+constexpr int kFwdKernelDecode = 81;
+int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 = true,
+            bool allow_decode = true);
 
 // Backward pass: dq, dk, dv from dout and the forward's out and lse. Uses the two float32
 // workspaces of BwdParams (sizes from bwd_workspace_floats; no need to zero them).
@@ -72,9 +77,11 @@ constexpr int combine_warps_per_row(int num_splits) {
 // best; 1 when the unsplit grid already fills 80 % of them. nheads and seqlen_q are the
 // heads and rows the KV kernel tiles: with GQA packing (FwdParams::q_pack = g), nheads / g
 // and seqlen_q * g. sm90: the tile of the Hopper forward instead (sm90_fwd_applies; it
-// packs no heads).
+// packs no heads). decode: the decode kernel's count instead where mha_fwd would run it
+// (built, the GPU's shared memory, seqlen_q rows <= 16; the caller knows the call is one
+// decode_supports takes), by bytes per SM (flash_api.cpp decode_num_splits).
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
-                         int device, bool sm90 = false);
+                         int device, bool sm90 = false, bool decode = false);
 
 // Whether mha_fwd runs the Hopper kernels (cpp/sm90) for a forward of this head dim and
 // seqlen_q on `device` (when allow_sm90), given whether it has dropout and a KV-cache layout

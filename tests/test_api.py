@@ -98,7 +98,7 @@ def test_build_info_and_version():
     assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk"}
     if 64 in info["sm90_bwd_head_dims"]:
         assert "d64" in info["sm90_bwd_experimental"]
-    assert set(info["experimental"]) <= {"bias", "fp32"}
+    assert set(info["experimental"]) <= {"bias", "fp32", "decode"}
     assert info["fp32_head_dims"] == ([32, 64, 128] if "fp32" in info["experimental"] else [])
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]

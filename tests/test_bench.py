@@ -81,3 +81,24 @@ def test_decode_summary_reports_issue_20s_targets(capsys):
     assert "sq4 within 10% of sq1: worst +14.3% (b1 sq4 8k), 1 cfgs -> MISSED" in out
     assert "flashattn2 9.0 us, sdpa_flash 8.0 us -> MISSED" in out
     assert bd.parse_args([]).parts == ["decode", "varlen", "host"]
+
+
+def test_decode_ab_of_the_decode_kernel(capsys):
+    """flashattn2_oldkv (the decode kernel switched off) is an impl of its own, not a
+    baseline: the summary reports its time over flashattn2's per config."""
+    import bench_decode as bd
+    assert "flashattn2_oldkv" not in bd.parse_args([]).impls
+    assert bd.parse_args(["--impls", "flashattn2,flashattn2_oldkv"]).impls[1] == "flashattn2_oldkv"
+
+    def row(impl, us, sq):
+        r = dict.fromkeys(bd.COLUMNS)
+        r.update(gpu="g", bench="decode", impl=impl, layout="contiguous", num_splits=0, batch=1,
+                 seqlen_q=sq, seqlen_k=8192, nheads=32, nheads_k=8, headdim=128, causal=False,
+                 us=us)
+        return r
+
+    rows = [row("flashattn2", 16.0, 1), row("flashattn2_oldkv", 24.0, 1),
+            row("flashattn2", 20.0, 4), row("flashattn2_oldkv", 25.0, 4)]
+    bd.print_summary(rows, {"timer": "t", "skipped": []})
+    out = capsys.readouterr().out
+    assert "decode kernel vs KV kernel" in out and "worst 1.25x (b1 sq4 8k), best 1.50x" in out

@@ -47,6 +47,17 @@ if SM90_TILE_WALK not in ("auto", "counter", "blocks"):
                      f"{SM90_TILE_WALK!r}")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
+# Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
+# or "decode" (cpp/sm80/decode_kernel.cuh, whose generation is 80); None before any.
+last_fwd_kernel = None
+# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel); 81 is flash_api.h kFwdKernelDecode.
+FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode")}
+# Builds with FLASHATTN2_EXPERIMENTAL=decode run forwards of at most 16 packed query rows
+# (decoding) on the decode kernel where it supports them (cpp/sm80/decode_config.h);
+# FLASHATTN2_DECODE_KERNEL=0 at import, or the decode_kernel(False) context manager, sends
+# them to the KV kernel as before (for A/B comparisons). Without the build item it does
+# nothing.
+DECODE_KERNEL = os.environ.get("FLASHATTN2_DECODE_KERNEL", "1") not in ("", "0")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16; not dropout, deterministic mode or a bias:
@@ -68,6 +79,19 @@ def force_sm80(enabled=True):
         yield
     finally:
         FORCE_SM80 = previous
+
+
+@contextlib.contextmanager
+def decode_kernel(enabled=True):
+    """Inside the block, forwards may run the decode kernel (``enabled``, the default where
+    built) or never do (``False``: the KV kernel, as builds without it). For A/B comparisons
+    and tests; not thread-safe. A CUDA graph keeps the kernel of its capture."""
+    global DECODE_KERNEL
+    previous, DECODE_KERNEL = DECODE_KERNEL, bool(enabled)
+    try:
+        yield
+    finally:
+        DECODE_KERNEL = previous
 
 
 def build_info():

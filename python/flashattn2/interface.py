@@ -163,14 +163,18 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
             num_splits = _C.num_splits_heuristic(batch, nheads, seqlen_q, seqlen_k, headdim,
                                                  device, sm90=True)
         else:
+            # (decode: the decode kernel's count where it would run; dropout and a bias,
+            # which it does not take, never get here, and varlen q never asks)
             num_splits = _C.num_splits_heuristic(batch, nheads // q_pack, seqlen_q * q_pack,
-                                                 seqlen_k, headdim, device)
+                                                 seqlen_k, headdim, device,
+                                                 decode=_ext.DECODE_KERNEL
+                                                 and "cu_seqlens_q" not in layout)
     o_accum = lse_accum = None
     if num_splits > 1:
         rows = num_splits * batch * nheads * seqlen_q
         o_accum = torch.empty(rows * headdim, dtype=_FP32, device=q.device)
         lse_accum = torch.empty(rows, dtype=_FP32, device=q.device)
-    _ext.last_fwd_arch = _C.fwd(
+    code = _C.fwd(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         q_strides, k_strides, v_strides, o_strides, lse_strides,
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
@@ -180,10 +184,11 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
-        q_pack=q_pack, allow_sm90=not _ext.FORCE_SM80,
+        q_pack=q_pack, allow_sm90=not _ext.FORCE_SM80, allow_decode=_ext.DECODE_KERNEL,
         tile_counter=0 if tile_counter is None else tile_counter.data_ptr(),
         **layout, **mods,
     )  # fmt: skip
+    _ext.last_fwd_arch, _ext.last_fwd_kernel = _ext.FWD_KERNELS[code]
 
 
 def _kv_cache(layout):

@@ -1,0 +1,53 @@
+// The decode kernel's tile (sm80/decode_kernel.cuh) and when it runs: host-safe, read by the
+// launcher, the kernel and the host API (flash_api.cpp), so they can never disagree.
+// Built only with FLASHATTN2_EXPERIMENTAL containing decode (FLASHATTN2_DECODE).
+#pragma once
+#include <cstdint>
+
+#include "common/flash.h"
+
+namespace flashattn2 {
+
+// One m16 row tile per CTA (the packed query rows of a GQA group: seqlen_q * q_pack <= 16),
+// kDecodeWarps warps that split the keys, each walking its own kDecodeBlockN-key tiles
+// through its own kStages-deep cp.async ring.
+constexpr int kDecodeRows = 16;
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeBlockN = 16;
+// A split gets at least one key tile per warp.
+constexpr int kDecodeMinTilesPerSplit = kDecodeWarps;
+
+constexpr bool decode_head_dim(int kernel_head_dim) {
+  return kernel_head_dim == 64 || kernel_head_dim == 128;
+}
+
+// Ring depth per warp: d128 3 stages (8 KiB each: 16 keys of K and V), so that 2 CTAs fit an
+// SM; d64 4 stages (4 KiB each), 3 CTAs per SM. Either way 96-144 KiB of K/V per SM in flight.
+constexpr int decode_stages(int head_dim) { return head_dim <= 64 ? 4 : 3; }
+
+// sQ [16 x d] + kDecodeWarps rings of kStages x (K, V) [16 x d], 2-byte elements
+// (d128: 100 KiB, d64: 66 KiB). The epilogue reuses the rings (decode_kernel.cuh).
+constexpr int decode_smem_bytes(int head_dim) {
+  return 2 * head_dim * (kDecodeRows + kDecodeWarps * decode_stages(head_dim) * 2 * kDecodeBlockN);
+}
+
+// CTAs per SM from shared memory on sm_90 (228 KiB per SM, 1 KiB reserved per CTA): 2 at
+// d128, 3 at d64; the kernel's __launch_bounds__ minimum. (The split heuristic takes the
+// GPU's own shared memory: an A100's 164 KiB hold 1 / 2.)
+constexpr int decode_ctas_per_sm(int head_dim) {
+  return (228 * 1024) / (decode_smem_bytes(head_dim) + 1024);
+}
+
+// The calls the decode kernel computes exactly as the KV kernel would (anything else runs
+// the KV kernel): fp16 / bf16 (checked by mha_fwd), kernel head dim 64 or 128, the packed
+// query rows fit one m16 tile, dense or KV-cache layouts (seqused_k, left padding, cache
+// batch index, pages, appended keys) but not varlen, no dropout, no attention bias. Causal,
+// windows, softcap, ALiBi (q_pack = 1 then, as the host requires), GQA / MQA and split-KV
+// are supported. The caller adds the build, the runtime switch and the shared memory.
+inline bool decode_supports(const FwdParams& p, int kernel_head_dim) {
+  return decode_head_dim(kernel_head_dim) &&
+         int64_t(p.seqlen_q) * p.q_pack <= kDecodeRows && p.cu_seqlens_q == nullptr &&
+         p.cu_seqlens_k == nullptr && p.dropout_threshold == 0 && !has_bias(p);
+}
+
+}  // namespace flashattn2

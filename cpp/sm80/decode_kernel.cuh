@@ -1,0 +1,422 @@
+// Decode forward: few query rows (seqlen_q * q_pack <= 16) against a long K/V range, at the
+// memory floor (issue 20). Same math as fwd_kernel.cuh's KV variant (FlashAttention-2 online
+// softmax), but the work split is over keys, not query rows.
+//
+// Tiling
+//   grid   (num_splits, nheads / pack, batch); pack = FwdParams::q_pack. The CTA serves query
+//          head group blockIdx.y (heads head0 .. head0 + pack - 1, one KV head) of one batch
+//          entry: tile row m is query position m / pack of head head0 + m % pack, rows
+//          >= seqlen_q * pack are zero padding (never stored). Split s takes its share of
+//          the visible 16-key tiles, as the KV kernel's splits do (and writes the same
+//          o_accum / lse_accum rows, so launch_combine merges them unchanged).
+//   block  kDecodeWarps = 4 warps, all on the same 16 query rows; the CTA's key tiles are
+//          dealt round-robin to the warps (warp w: tiles n_max - 1 - w - 4j, j = 0, 1, ..),
+//          each warp keeping its own online-softmax state (row max, row sum, acc_o [16 x d])
+//          for the lane's rows g, g + 8 (g = lane / 4), merged by LSE in the epilogue.
+//   smem   sQ [16 x d], then per warp a ring of kStages (d128: 3, d64: 4) stages of
+//          (sK, sV) [16 x d], 2-byte elements, in tile.cuh's swizzled layout (conflict-free
+//          ldmatrix and cp.async); decode_smem_bytes(): d128 100 KiB (2 CTAs per SM, so
+//          8 warps x 2 tiles x 8 KiB = 128 KiB of K/V in flight per SM), d64 66 KiB
+//          (3 CTAs, 144 KiB in flight).
+//   regs   per thread: rQ [d/16][4] b32 (Q fragments, loaded once), acc_o [d/8][4] f32,
+//          acc_s [2][4] f32; one page-table entry per row slot (2). ptxas (sm_80): d128 184,
+//          d64 124 registers, no spills (bound by shared memory, not registers).
+//   copy   lane l copies rows l / 4 and l / 4 + 8 of a K or V tile (16-byte chunks l % 4 + 4 m),
+//          with one row address per row (copy_rows; the layout of load_tile_rows<16, d, 32>).
+//   step   (per warp, no CTA barrier in the loop)
+//            cp.async.wait_group (tile j landed for this lane) ; __syncwarp (for all lanes)
+//            issue the cp.async of tile j + kStages - 1 into the stage tile j - 1 used
+//            (its pages read one step ahead, landing during this step's math)
+//            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
+//            online softmax in base 2 ; acc_o = acc_o * correction + P V_j (d/8 HMMA)
+//   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
+//          barrier, acc_o * exp2(m_w - M) / L to sO [4][16][d + 8] f32 (reusing the rings;
+//          M = max_w m_w, L = sum_w l_w exp2(m_w - M): lse_merge.cuh's math in base 2); the
+//          128 threads then sum the 4 warps' rows 4 columns at a time and store O (or the
+//          split's float32 partial) and LSE = M ln 2 + ln L (+inf / -inf for a row that saw
+//          no key, as the KV kernel).
+//   mods   kModLogits: softcap and ALiBi (q_pack = 1 with ALiBi) as fwd_kernel.cuh does.
+//   limits decode_supports() (decode_config.h): kernel head dim 64 / 128 (real head dims
+//          multiples of 8 below it are zero-padded on load), no varlen, dropout or bias;
+//          16-byte aligned pointers and strides that are multiples of 8 elements.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "common/score_mod.cuh"
+#include "common/seqlen.cuh"
+#include "sm80/decode_config.h"
+#include "sm80/tile.cuh"
+
+namespace flashattn2 {
+
+template <int kHeadDim_>
+struct DecodeTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kRows = kDecodeRows;
+  static constexpr int kNWarps = kDecodeWarps;
+  static constexpr int kNThreads = 32 * kNWarps;
+  static constexpr int kBlockN = kDecodeBlockN;
+  static constexpr int kStages = decode_stages(kHeadDim);
+  static constexpr int kSmemBytes = decode_smem_bytes(kHeadDim);
+  static constexpr int kMinBlocks = decode_ctas_per_sm(kHeadDim);
+  static constexpr int kORow = kHeadDim + 8;  // sO row stride in floats (2-way conflicts)
+  static_assert(kHeadDim % 32 == 0 && kBlockN == 16, "tile shape");
+  static_assert(4 * (kNWarps * kRows * kORow + 2 * kNWarps * kRows) <=
+                    2 * kNWarps * kStages * 2 * kBlockN * kHeadDim,
+                "the epilogue's sO, sM, sL must fit the K/V rings");
+};
+
+// kMods: kModNone or kModLogits (softcap / ALiBi).
+template <typename Traits, typename Element, int kMods>
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
+    decode_kernel(const FwdParams p) {
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kRows = Traits::kRows;
+  constexpr int kNWarps = Traits::kNWarps;
+  constexpr int kNThreads = Traits::kNThreads;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kNTilesD = kHeadDim / 8;   // n8 column tiles of O
+  constexpr int kKStepsD = kHeadDim / 16;  // k16 steps of Q K^T
+  constexpr int kTile = kBlockN * kHeadDim;               // elements of one sK or sV
+  constexpr uint32_t kStageBytes = 2 * kTile * 2;         // sK + sV
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* const sQ = reinterpret_cast<Element*>(smem_raw);
+  Element* const sKV = sQ + kRows * kHeadDim;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int pack = p.q_pack;
+  const int split = blockIdx.x;
+  const int head0 = blockIdx.y * pack;
+  const int batch = blockIdx.z;
+  const int head_k = head0 / (p.nheads / p.nheads_k);
+  const SeqInfo seq(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  const int rows_q = seqlen_q * pack;  // <= kRows (decode_supports)
+
+  // Visible 16-key tiles of the CTA's rows (positions 0 .. seqlen_q - 1), bottom-right
+  // aligned window, then this split's share (the KV kernel's formula in 16-key tiles).
+  const int offset = seqlen_k - seqlen_q;
+  int n_max = (seqlen_k + kBlockN - 1) / kBlockN;
+  if (p.window_right >= 0) {
+    const int col_hi = seqlen_q - 1 + offset + p.window_right;
+    n_max = col_hi < 0 ? 0 : min(n_max, col_hi / kBlockN + 1);
+  }
+  int n_min = 0;
+  if (p.window_left >= 0) {
+    const int col_lo = offset - p.window_left;
+    n_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
+  }
+  n_min = min(n_min, n_max);
+  if (p.num_splits > 1) {
+    const int per_split = (n_max - n_min + p.num_splits - 1) / p.num_splits;
+    n_min = min(n_max, n_min + split * per_split);
+    n_max = min(n_max, n_min + per_split);
+  }
+  // This warp's tiles: n_max - 1 - warp - kNWarps * j for j < n_mine.
+  const int n_mine = (n_max - n_min - warp + kNWarps - 1) / kNWarps;
+  auto tile_of = [&](int j) { return n_max - 1 - warp - kNWarps * j; };
+
+  const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
+                      head0 * p.q_head_stride + seq.q_row0 * p.q_row_stride;
+  const KvRows<true> kv_rows(p, seq, batch);
+  const Element* gK = kv_rows.base(static_cast<const Element*>(p.k) + head_k * p.k_head_stride,
+                                   seq, p.k_batch_stride, p.k_row_stride);
+  const Element* gV = kv_rows.base(static_cast<const Element*>(p.v) + head_k * p.v_head_stride,
+                                   seq, p.v_batch_stride, p.v_row_stride);
+
+  // The warp's K/V copies: 16 rows x d per tile, lane l copying rows l / 4 and l / 4 + 8
+  // (TileThreadRows<16, 32>: two row slots, hence two block-table entries per tile).
+  using WarpRows = TileThreadRows<kBlockN, 32>;
+  Element* const sRing = sKV + warp * kStages * 2 * kTile;
+  auto fetch_pages = [&](int j, int (&page)[WarpRows::kSlots]) {
+    if (j < n_mine) kv_rows.template fetch_pages<WarpRows>(p, tile_of(j) * kBlockN, seqlen_k, lane, page);
+  };
+  // Rows n0 .. n0 + 15 of K or V into sX, in load_tile_rows<16, d, 32>'s layout (lane l: the
+  // rows of its two slots, 16-byte chunks l % 4 + 4 m; zero fill past the keys and the head
+  // dim), but with one row address per slot (the paged / strided 64-bit address math then
+  // runs twice per tile and tensor, not once per chunk).
+  auto copy_rows = [&](Element* sX, const Element* gX, int64_t batch_stride, int64_t row_stride,
+                       int n0, const int (&page)[WarpRows::kSlots]) {
+#pragma unroll
+    for (int slot = 0; slot < WarpRows::kSlots; ++slot) {
+      const int r = WarpRows::row(slot, lane);
+      const bool row_ok = r < seqlen_k - n0;
+      const Element* src = kv_rows(p, gX, batch_stride, row_stride, n0 + (row_ok ? r : 0), page[slot]);
+      const uint32_t dst = ptx::smem_addr(sX + swizzle<kBlockN>(r, lane % 4));
+#pragma unroll
+      for (int m = 0; m < kHeadDim / 32; ++m) {  // chunk 4 m + lane % 4 is segment m's
+        const int col = 8 * (4 * m + lane % 4);
+        ptx::cp_async_16(dst + m * kBlockN * 64, src + col, row_ok && col < p.headdim);
+      }
+    }
+  };
+  // Tile j into `stage`, or nothing past the warp's last tile; one cp.async group either way
+  // (the waits count groups).
+  auto load_kv = [&](int j, int stage, const int (&page)[WarpRows::kSlots]) {
+    if (j < n_mine) {
+      const int n0 = tile_of(j) * kBlockN;
+      Element* const sK = sRing + stage * 2 * kTile;
+      copy_rows(sK, gK, p.k_batch_stride, p.k_row_stride, n0, page);
+      copy_rows(sK + kTile, gV, p.v_batch_stride, p.v_row_stride, n0, page);
+    }
+    ptx::cp_async_commit();
+  };
+
+  // Prologue: Q (one group, all threads), then each warp's first kStages - 1 tiles, their
+  // pages read all at once first so that the copies wait for one block-table round trip.
+  load_tile_rows<kRows, kHeadDim, kNThreads>(
+      sQ,
+      [&](int r, int) {
+        const int i = r / pack;
+        return gQ + i * p.q_row_stride + (r - i * pack) * p.q_head_stride;
+      },
+      rows_q, p.headdim, tid);
+  ptx::cp_async_commit();
+  {
+    int pages[kStages - 1][WarpRows::kSlots] = {};
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) fetch_pages(s, pages[s]);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) load_kv(s, s, pages[s]);
+  }
+  int kv_page[WarpRows::kSlots] = {};
+  fetch_pages(kStages - 1, kv_page);
+
+  // Fragment coordinates: the lane holds rows g and g + 8, columns 2q, 2q + 1 of each n8 tile.
+  const int g = lane / 4;
+  const int q = lane % 4;
+  int lane_pos[2];  // query position of the lane's rows
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lane_pos[r] = (g + 8 * r) / pack;
+
+  ScoreMod mod;
+  float scale_log2 = p.softmax_scale * kLog2e;
+  if constexpr (kMods != kModNone) {
+    mod = ScoreMod(p, batch, head0);  // (ALiBi runs with pack = 1: head0 is the head)
+    scale_log2 = mod.slope_log2 != 0.f ? 1.f : mod.mult();
+  }
+
+  // Q fragments once the Q group has landed (the oldest of the 1 + kStages - 1 groups).
+  ptx::cp_async_wait<kStages - 1>();
+  __syncthreads();
+  uint32_t rQ[1][kKStepsD][4];
+  {
+    const LdsmTile<kRows> q_tile(ptx::smem_addr(sQ), 0, 0, lane, false);
+#pragma unroll
+    for (int kk = 0; kk < kKStepsD; ++kk) ptx::ldmatrix_x4(rQ[0][kk], q_tile(0, kk));
+  }
+  // K as the B operand from key-major rows, V (.trans) from key-major rows; per stage +=.
+  const uint32_t ring_addr = ptx::smem_addr(sRing);
+  const LdsmTile<kBlockN> k_tile(ring_addr, 0, 0, lane, true);
+  const LdsmTile<kBlockN> v_tile(ring_addr + 2 * kTile, 0, 0, lane, false);
+
+  float acc_o[1][kNTilesD][4];
+#pragma unroll
+  for (int dt = 0; dt < kNTilesD; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  // A row that has seen only masked scores keeps max -inf: 0 then, so -inf - -inf never
+  // happens (its p and correction are exp2(-inf) = 0).
+  auto scaled = [&](float m) { return m == -INFINITY ? 0.f : m * scale_log2; };
+
+  auto step = [&](auto mask_tag, int n_block, int stage) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    const uint32_t stage_off = stage * kStageBytes;
+    float acc_s[1][2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = 0.f;
+    warp_gemm_areg<Element, false, 1, 1, kKStepsD>(acc_s, rQ, k_tile.plus(stage_off));
+
+    const int col0 = n_block * kBlockN + 2 * q;  // column of element (nt, e): col0 + 8 nt + (e & 1)
+    if constexpr (kMods != kModNone) {
+      // S -> what the softmax scales (fwd_kernel.cuh): capped scores, and with ALiBi the
+      // base-2 logits fmaf(capped, mult, bias(row + offset - col)).
+      if (mod.softcap > 0.f) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = mod.capped(acc_s[0][nt][e]);
+      }
+      if (mod.slope_log2 != 0.f) {
+        const float mult = mod.mult();
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_s[0][nt][e] = fmaf(acc_s[0][nt][e], mult,
+                                   mod.bias(float(lane_pos[e >> 1] + offset - (col0 + 8 * nt + (e & 1)))));
+      }
+    }
+    if constexpr (kMask) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = lane_pos[r];
+        const int col_hi = p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
+                                               : seqlen_k - 1;
+        const int col_lo = p.window_left >= 0 ? row + offset - p.window_left : 0;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            const int col = col0 + 8 * nt + (e & 1);
+            if (col < col_lo || col > col_hi) acc_s[0][nt][e] = -INFINITY;
+          }
+      }
+    }
+
+    // Online softmax (base 2) per row: max over the quad, O and the sum rescaled to it.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = fmaxf(fmaxf(acc_s[0][0][2 * r], acc_s[0][0][2 * r + 1]),
+                      fmaxf(acc_s[0][1][2 * r], acc_s[0][1][2 * r + 1]));
+      m = fmaxf(m, row_max[r]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+      const float max_scaled = scaled(m);
+      const float correction = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
+      row_max[r] = m;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          acc_s[0][nt][e] = ptx::exp2_approx(fmaf(acc_s[0][nt][e], scale_log2, -max_scaled));
+          sum += acc_s[0][nt][e];
+        }
+      row_sum[r] = row_sum[r] * correction + sum;
+#pragma unroll
+      for (int dt = 0; dt < kNTilesD; ++dt) {
+        acc_o[0][dt][2 * r] *= correction;
+        acc_o[0][dt][2 * r + 1] *= correction;
+      }
+    }
+
+    // acc_o += P V: P from the S accumulators (n8 tiles 0, 1 = one k16 step).
+    uint32_t pa[1][1][4];
+    ptx::acc_to_a<Element>(pa[0][0], acc_s[0][0], acc_s[0][1]);
+    warp_gemm_areg<Element, true, 1, kHeadDim / 16, 1>(acc_o, pa, v_tile.plus(stage_off));
+  };
+
+  for (int j = 0, stage = 0; j < n_mine; ++j) {
+    // Tile j has landed for every lane; every lane is done with the stage of tile j - 1.
+    ptx::cp_async_wait<kStages - 2>();
+    __syncwarp();
+    const int next_stage = stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
+    load_kv(j + kStages - 1, next_stage, kv_page);
+    fetch_pages(j + kStages, kv_page);  // lands during this step
+    const int n_block = tile_of(j);
+    const int n0 = n_block * kBlockN;
+    const bool need_mask = n0 + kBlockN > seqlen_k ||
+                           (p.window_right >= 0 && n0 + kBlockN - 1 > offset + p.window_right) ||
+                           (p.window_left >= 0 && n0 < seqlen_q - 1 + offset - p.window_left);
+    if (need_mask) {
+      step(std::true_type{}, n_block, stage);
+    } else {
+      step(std::false_type{}, n_block, stage);
+    }
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+  }
+
+  // Epilogue: merge the warps' states by LSE through shared memory (the rings are free once
+  // every warp is past its last tile and the trailing empty groups are drained).
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  constexpr int kORow = Traits::kORow;
+  float* const sO = reinterpret_cast<float*>(sKV);  // [kNWarps][kRows][kORow]
+  float* const sM = sO + kNWarps * kRows * kORow;   // [kNWarps][kRows] scaled max, base 2
+  float* const sL = sM + kNWarps * kRows;           // [kNWarps][kRows] row sums
+  float m_own[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    m_own[r] = sum == 0.f ? -INFINITY : row_max[r] * scale_log2;
+    if (q == 0) {
+      sM[warp * kRows + g + 8 * r] = m_own[r];
+      sL[warp * kRows + g + 8 * r] = sum;
+    }
+  }
+  __syncthreads();
+  // The merged max M and sum L of row `row` (L = 0: no warp saw a key).
+  auto merged = [&](int row, float& m_all, float& l_all) {
+    m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, sM[w * kRows + row]);
+    l_all = 0.f;
+#pragma unroll
+    for (int w = 0; w < kNWarps; ++w) {
+      const float m = sM[w * kRows + row];
+      if (m != -INFINITY) l_all += sL[w * kRows + row] * exp2f(m - m_all);
+    }
+  };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 8 * r;
+    float m_all, l_all;
+    merged(row, m_all, l_all);
+    const float factor = m_own[r] == -INFINITY ? 0.f : exp2f(m_own[r] - m_all) / l_all;
+    float* const dst = sO + (warp * kRows + row) * kORow + 2 * q;
+#pragma unroll
+    for (int dt = 0; dt < kNTilesD; ++dt) {
+      *reinterpret_cast<float2*>(dst + 8 * dt) =
+          make_float2(acc_o[0][dt][2 * r] * factor, acc_o[0][dt][2 * r + 1] * factor);
+    }
+  }
+  __syncthreads();
+
+  // O: the 4 warps' rows summed, 4 columns per thread and pass; LSE by threads 0 .. 15.
+  const bool splitkv = p.num_splits > 1;
+  const int64_t bh0 = (int64_t(split) * p.batch + batch) * p.nheads + head0;  // split-KV rows
+  constexpr int kQuads = kHeadDim / 4;
+  static_assert(kRows * kQuads % kNThreads == 0, "the O pass splits evenly");
+#pragma unroll
+  for (int pass = 0; pass < kRows * kQuads / kNThreads; ++pass) {
+    const int idx = pass * kNThreads + tid;
+    const int row = idx / kQuads;
+    const int col = (idx % kQuads) * 4;
+    if (row >= rows_q || col >= p.headdim) continue;
+    float4 a = *reinterpret_cast<const float4*>(sO + row * kORow + col);
+#pragma unroll
+    for (int w = 1; w < kNWarps; ++w) {
+      const float4 b = *reinterpret_cast<const float4*>(sO + (w * kRows + row) * kORow + col);
+      a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+    const int i = row / pack, h = row - i * pack;  // position, head within the group
+    if (splitkv) {
+      *reinterpret_cast<float4*>(p.o_accum + ((bh0 + h) * p.seqlen_q + i) * p.headdim + col) = a;
+    } else {
+      Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride +
+                    (head0 + h) * p.o_head_stride + (seq.q_row0 + i) * p.o_row_stride + col;
+      *reinterpret_cast<uint2*>(gO) =
+          make_uint2(ptx::pack2<Element>(a.x, a.y), ptx::pack2<Element>(a.z, a.w));
+    }
+  }
+  if (tid < rows_q) {
+    float m_all, l_all;
+    merged(tid, m_all, l_all);
+    const float lse = l_all == 0.f ? (splitkv ? -INFINITY : INFINITY)
+                                   : m_all * 0.6931471805599453f + logf(l_all);
+    const int i = tid / pack, h = tid - i * pack;
+    if (splitkv) {
+      p.lse_accum[(bh0 + h) * p.seqlen_q + i] = lse;
+    } else {
+      p.lse[batch * p.lse_batch_stride + (head0 + h) * p.lse_head_stride + seq.q_row0 + i] = lse;
+    }
+  }
+}
+
+}  // namespace flashattn2

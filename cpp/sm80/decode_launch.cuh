@@ -1,0 +1,37 @@
+// Launcher of the decode kernel (decode_kernel.cuh) for one (dtype, head dim); instantiated by
+// the generated units decode_<dtype>_hdim<D>.cu through FLASHATTN2_INSTANTIATE_DECODE (builds
+// with FLASHATTN2_EXPERIMENTAL containing decode only).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "common/launch.h"
+#include "sm80/decode_kernel.cuh"
+
+namespace flashattn2 {
+
+// The decode kernel, then the split-KV combine when num_splits > 1 (the partial results use
+// the KV kernel's o_accum / lse_accum layout). The caller checked decode_supports().
+template <typename Element, int kHeadDim>
+void run_decode(const FwdParams& params, cudaStream_t stream) {
+  using Traits = DecodeTraits<kHeadDim>;
+  const dim3 grid(params.num_splits, params.nheads / params.q_pack, params.batch);
+  auto launch = [&](auto mods) {
+    constexpr auto kernel = decode_kernel<Traits, Element, decltype(mods)::value>;
+    raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(decode_kernel, smem)");
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+  };
+  if (has_score_mods(params)) {  // softcap / ALiBi (decode_supports excludes dropout, bias)
+    launch(std::integral_constant<int, kModLogits>{});
+  } else {
+    launch(std::integral_constant<int, kModNone>{});
+  }
+  check_cuda(cudaGetLastError(), "decode_kernel launch");
+  if (params.num_splits > 1) launch_combine<Element>(params, stream);
+}
+
+}  // namespace flashattn2
+
+#define FLASHATTN2_INSTANTIATE_DECODE(Element, kHeadDim) \
+  template void flashattn2::run_decode<Element, kHeadDim>(const flashattn2::FwdParams&, cudaStream_t);

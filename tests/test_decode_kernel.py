@@ -1,0 +1,264 @@
+"""The decode kernel (cpp/sm80/decode_kernel.cuh; builds with FLASHATTN2_EXPERIMENTAL=decode).
+
+GPU (skipped without the build item): flash_attn_with_kvcache on what the kernel takes
+(seqlen_q * h / h_k <= 16 rows, kernel head dim 64 / 128) against the float32 reference with
+the error rule of test_fwd.py, through test_kvcache.py's run_case (ragged cache_seqlens,
+appended keys, rotary, pages 16 / 64 / 256, cache_batch_idx, left padding, windows, forced
+and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and ALiBi;
+flash_attn_func with few rows and the backward on its out / LSE; that the decode kernel ran
+there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with the runtime
+switch off. CPU: the runtime switch and its plumbing into _C.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from flashattn2 import _ext, flash_attn_func, flash_attn_with_kvcache, interface
+from flashattn2.interface import _launch_fwd
+from reference import attention_ref
+from test_bwd import check_grads
+from test_fwd import LSE_ATOL, LSE_RTOL, dtype_id
+from test_kvcache import check_against_reference, check_rule, kvcache_kernel, paged_copy, run_case
+
+gpu = pytest.mark.gpu
+needs_decode = pytest.mark.skipif("decode" not in _ext.EXPERIMENTAL,
+                                  reason="needs a build with FLASHATTN2_EXPERIMENTAL=decode")
+HEADS = {"gqa32_8": (32, 8), "mha8_8": (8, 8), "mqa16_1": (16, 1)}
+
+
+def assert_kernel(name):
+    assert _ext.last_fwd_kernel == name, f"ran {_ext.last_fwd_kernel}, expected {name}"
+
+
+def decode_case(**kwargs):
+    """run_case (test_kvcache.py) on a shape the decode kernel takes; checks that it ran."""
+    run_case(**kwargs)
+    assert_kernel("decode")
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("cache_len", [1, 7, 100, 1000, 4097])
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("heads", list(HEADS), ids=str)
+@pytest.mark.parametrize("seqlen_q", [1, 2, 4])
+def test_shapes(seqlen_q, heads, headdim, cache_len):
+    """sq 1 / 2 / 4 x GQA / MHA / MQA x d64 / d128 x cache lengths around the 16-key tile and
+    the splits, ragged cache_seqlens, causal, appended keys where the cache has room."""
+    nheads, nheads_k = HEADS[heads]
+    if seqlen_q * nheads // nheads_k > 16:
+        pytest.skip("more than 16 packed rows: the KV kernel's (test_out_of_scope)")
+    new = seqlen_q if cache_len >= seqlen_q else 0
+    decode_case(seqlen_q=seqlen_q, nheads=nheads, nheads_k=nheads_k, headdim=headdim,
+                cache_len=cache_len, new=new)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("case", ["page16", "page64", "page256", "batch_idx", "leftpad",
+                                  "leftpad_page64", "rotary", "rotary_leftpad", "causal_sq4",
+                                  "window", "window_left", "full", "d96"])
+def test_layouts(case, dtype):
+    kwargs = {
+        "page16": dict(paged=16, new=1),
+        "page64": dict(paged=64, seqlen_q=2, new=2),
+        "page256": dict(paged=256, seqlen_q=4, new=4, cache_len=2048),
+        "batch_idx": dict(batch_idx=True, new=1),
+        "leftpad": dict(leftpad=True, new=1),
+        "leftpad_page64": dict(leftpad=True, paged=64, seqlen_q=4, new=4),
+        "rotary": dict(seqlen_q=4, new=4, rotary="neox"),
+        "rotary_leftpad": dict(seqlen_q=2, new=2, rotary="interleaved", leftpad=True, paged=64),
+        "causal_sq4": dict(seqlen_q=4, new=4, causal=True),
+        "window": dict(seqlen_q=4, new=4, window_size=(100, 0)),
+        "window_left": dict(seqlen_q=2, new=2, causal=False, window_size=(37, -1)),
+        "full": dict(seqlen_q=4, new=4, causal=False),
+        "d96": dict(headdim=96, new=1),  # on the d128 kernel, zero-padded
+    }[case]
+    kwargs.setdefault("cache_len", 1024)
+    if _ext.KERNEL_HEAD_DIM[kwargs.get("headdim", 128)] not in (64, 128):
+        pytest.skip("the decode kernel is built for kernel head dims 64 and 128")
+    decode_case(dtype=dtype, nheads=16, nheads_k=4, **kwargs)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 0], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_splits(headdim, num_splits):
+    """Forced split counts (the decode kernel's partials through the unchanged combine kernel,
+    some splits without a key tile at 40) and the heuristic (0)."""
+    decode_case(headdim=headdim, cache_len=2048, num_splits=num_splits, batch=2, seqlen_q=2,
+                new=2, nheads=8, nheads_k=2)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("num_splits", [1, 3, 0], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("paged", [0, 16, 256], ids=lambda p: f"page{p}" if p else "contig")
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+def test_every_row_written(seqlen_q, mask, paged, num_splits):
+    """NaN-poisoned out / lse (kvcache_kernel): every row of every head is written, entries
+    with no visible key included (cache_seqlens 0 and 2 < seqlen_q under causal)."""
+    nheads, nheads_k, headdim, cache_len = 32, 8, 128, 1024
+    gen = torch.Generator().manual_seed(seqlen_q)
+    q = torch.randn(4, seqlen_q, nheads, headdim, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(4, cache_len, nheads_k, headdim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([cache_len, 0, 2, 333], dtype=torch.int32)
+    causal = mask != "full"
+    window_size = (40, -1) if mask == "window" else (-1, -1)
+    kc, vc, table = k_cache, v_cache, None
+    if paged:
+        kc, table = paged_copy(k_cache, paged, gen)
+        vc = torch.randn_like(kc)
+        vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
+    out, lse = kvcache_kernel(q, kc, vc, seqlens.to("cuda"), table, causal, window_size,
+                              num_splits)
+    assert_kernel("decode")
+    check_against_reference(out, lse, q, k_cache, v_cache, seqlens, causal, window_size)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("num_splits", [1, 0], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("mods", ["softcap", "alibi", "softcap_alibi"])
+@pytest.mark.parametrize("heads", ["gqa32_8", "mqa16_1"])
+def test_score_mods(heads, mods, num_splits):
+    """Softcap (heads packed) and ALiBi (per-head slopes: one query head per CTA) with causal
+    sq 2, ragged cache_seqlens."""
+    nheads, nheads_k = HEADS[heads]
+    seqlen_q = 2 if nheads // nheads_k <= 8 else 1
+    dtype, headdim, cache_len, batch = torch.bfloat16, 128, 777, 3
+    q = torch.randn(batch, seqlen_q, nheads, headdim, device="cuda", dtype=dtype)
+    k_cache = torch.randn(batch, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([cache_len, 17, 500], dtype=torch.int32)
+    softcap = 10.0 if "softcap" in mods else 0.0
+    slopes = (torch.rand(batch, nheads, device="cuda") * 0.3 if "alibi" in mods else None)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens.to("cuda"),
+                                       causal=True, softcap=softcap, alibi_slopes=slopes,
+                                       num_splits=num_splits, return_softmax_lse=True)
+    assert_kernel("decode")
+    outs_ref, outs_pt, lses_ref = [], [], []
+    for b, n in enumerate(seqlens.tolist()):
+        args = (q[b : b + 1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n])
+        kw = dict(causal=True, softcap=softcap,
+                  alibi_slopes=None if slopes is None else slopes[b])
+        o, l = attention_ref(*args, **kw)
+        o_pt, _ = attention_ref(*args, upcast=False, **kw)
+        outs_ref.append(o), outs_pt.append(o_pt), lses_ref.append(l)
+    check_rule("out", out, torch.cat(outs_ref), torch.cat(outs_pt), dtype)
+    torch.testing.assert_close(lse, torch.cat(lses_ref), atol=LSE_ATOL, rtol=LSE_RTOL)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_attn_func_few_rows_and_its_backward(causal):
+    """flash_attn_func with 3 query rows x group 4 runs the decode kernel (heuristic splits);
+    its out and LSE are what the backward needs (gradients against the reference's)."""
+    q = torch.randn(2, 3, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 900, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 900, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert_kernel("decode")
+    args = tuple(t.detach() for t in (q, k, v))
+    ref, lse_ref = attention_ref(*args, causal=causal)
+    ref_pt, _ = attention_ref(*args, causal=causal, upcast=False)
+    check_rule("out", out, ref, ref_pt, q.dtype)
+    torch.testing.assert_close(lse, lse_ref, atol=LSE_ATOL, rtol=LSE_RTOL)
+    dout = torch.randn_like(out)
+    check_grads(torch.autograd.grad(out, (q, k, v), dout), *args, dout, causal=causal)
+
+
+@gpu
+@needs_decode
+def test_out_of_scope_and_switched_off_run_the_kv_kernel():
+    """More than 16 packed rows (sq 5 x group 4), and any call with the switch off, run the
+    KV kernel, also correct; the two kernels agree on an in-scope call."""
+    run_case(seqlen_q=5, new=5, nheads=32, nheads_k=8, cache_len=1024)
+    assert_kernel("sm80")
+    with _ext.decode_kernel(False):
+        run_case(seqlen_q=1, new=1, nheads=32, nheads_k=8, cache_len=1024)
+    assert_kernel("sm80")
+    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 3000, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out, lse = flash_attn_with_kvcache(q, k, v, return_softmax_lse=True)
+    assert_kernel("decode")
+    with _ext.decode_kernel(False):
+        out_kv, lse_kv = flash_attn_with_kvcache(q, k, v, return_softmax_lse=True)
+    assert_kernel("sm80")
+    torch.testing.assert_close(out, out_kv, atol=2e-2, rtol=0)
+    torch.testing.assert_close(lse, lse_kv, atol=1e-4, rtol=1e-5)
+
+
+# ---- CPU: the runtime switch ---------------------------------------------------------------
+
+
+def test_switch_is_read_at_import():
+    code = "import flashattn2._ext as e; print(e.DECODE_KERNEL)"
+    for value, expected in (("0", "False"), ("1", "True"), (None, "True")):
+        env = {k: v for k, v in os.environ.items() if k != "FLASHATTN2_DECODE_KERNEL"}
+        if value is not None:
+            env["FLASHATTN2_DECODE_KERNEL"] = value
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                text=True, check=True)
+        assert result.stdout.strip() == expected, (value, result.stderr)
+
+
+def test_context_manager_restores_the_switch():
+    before = _ext.DECODE_KERNEL
+    with _ext.decode_kernel(False):
+        assert _ext.DECODE_KERNEL is False
+        with _ext.decode_kernel(True):
+            assert _ext.DECODE_KERNEL is True
+        assert _ext.DECODE_KERNEL is False
+    assert _ext.DECODE_KERNEL == before
+
+
+class _FakeC:
+    """Records the keyword arguments of _C.fwd / _C.num_splits_heuristic (no GPU), checked
+    against the real binding's argument names; fwd answers `code`."""
+
+    def __init__(self, real, code):
+        self.real, self.code, self.calls = real, code, []
+
+    def _record(self, name, kwargs):
+        doc = getattr(self.real, name).__doc__
+        unknown = [key for key in kwargs if f"{key}:" not in doc]
+        assert not unknown, f"_C.{name} has no argument(s) {unknown}"
+        self.calls.append((name, kwargs))
+
+    def fwd(self, *args, **kwargs):
+        self._record("fwd", kwargs)
+        return self.code
+
+    def num_splits_heuristic(self, *args, **kwargs):
+        self._record("num_splits_heuristic", kwargs)
+        return 3
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("code", [80, 81])
+def test_switch_reaches_the_binding_and_the_kernel_is_recorded(monkeypatch, enabled, code):
+    fake = _FakeC(interface._C, code)
+    monkeypatch.setattr(interface, "_C", fake)
+    monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 100, 2, 64, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(1, 8, 1)
+    with _ext.decode_kernel(enabled):
+        _launch_fwd(q, k, v, out, lse, q.stride()[:3], k.stride()[:3], v.stride()[:3],
+                    out.stride()[:3], lse.stride()[:2], 1, 1, 100, 8, 2, 64, 0.125, -1, -1,
+                    num_splits=0)
+    (name, heuristic), (name2, fwd) = fake.calls
+    assert name == "num_splits_heuristic" and heuristic["decode"] is enabled
+    assert name2 == "fwd" and fwd["allow_decode"] is enabled and fwd["num_splits"] == 3
+    assert fwd["q_pack"] == 4
+    assert _ext.last_fwd_arch == 80
+    assert _ext.last_fwd_kernel == ("decode" if code == 81 else "sm80")
