@@ -5,7 +5,7 @@
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
 # own folder of $JOB_OUT. Steps to skip: SKIP
 # (space-separated names of the steps below). Meanwhile second builds serve A/B runs: ab,
-# without dq_bulk (d128).
+# without dq_bulk (d128); exp, with the opt-in float32 and decode kernels (d64, d128).
 set -u
 O=${JOB_OUT:-gpu_logs}
 SKIP=" ${SKIP:-} "
@@ -45,11 +45,40 @@ if want ab; then
         -C cmake.define.FLASHATTN2_EXPERIMENTAL=none
     AB_PID=$!
 fi
+if want exp; then
+    stamp "exp build (bias;fp32;decode, d64 / d128), in the background"
+    side_build exp -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
+        -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;fp32;decode"
+    EXP_PID=$!
+fi
 if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
         PYTEST_ARGS=--ignore=tests/test_distributed.py SM80_TESTS=tests/test_bwd.py \
         bash scripts/gpu_check.sh
+fi
+if want exp; then
+    stamp "exp: float32 and decode-kernel tests, sanitizers, benchmarks"
+    wait "$EXP_PID"
+    tail -n 2 "$O/exp_build.txt"
+    PYTHONPATH=/tmp/exp timeout 900 python3 -m pytest tests/test_fp32.py tests/test_decode_kernel.py \
+        tests/test_kvcache.py tests/test_fwd.py tests/test_variants.py tests/test_api.py \
+        tests/test_bad_input.py tests/test_bench.py -q -ra -p no:cacheprovider \
+        --junitxml="$O/junit_exp.xml" 2>&1 | tail -n 30
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck; do
+        echo "--- $tool"
+        PYTHONPATH=/tmp/exp PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 600 "$san" --tool $tool \
+            --error-exitcode 1 python3 -m pytest tests/test_decode_kernel.py tests/test_fp32.py \
+            -q -x -p no:cacheprovider -k "test_splits or test_every_row_written or against_float64" \
+            2>&1 | tail -n 4
+    done
+    PYTHONPATH=/tmp/exp python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 \
+        --dtypes fp32 --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_math --no-summary \
+        --out "$O/fp32" 2>&1 | grep -v "run/s" | tail -n 30
+    PYTHONPATH=/tmp/exp python3 benchmarks/bench_decode.py --parts decode \
+        --impls flashattn2,flashattn2_oldkv,sdpa_cudnn,read_floor --page-sizes 16,256 \
+        --out "$O/decode_ab" 2>&1 | tail -n 40
 fi
 if want bwd; then
     stamp "bench bwd"
