@@ -45,7 +45,7 @@ if want ab; then
         -C cmake.define.FLASHATTN2_EXPERIMENTAL=none
     AB_PID=$!
 fi
-if want exp; then
+if want exp || want race; then
     stamp "exp build (bias;fp32;decode, d64 / d128), in the background"
     side_build exp -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
         -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;fp32;decode"
@@ -79,6 +79,21 @@ if want exp; then
     PYTHONPATH=/tmp/exp python3 benchmarks/bench_decode.py --parts decode \
         --impls flashattn2,flashattn2_oldkv,sdpa_cudnn,read_floor --page-sizes 16,256 \
         --out "$O/decode_ab" 2>&1 | tail -n 40
+fi
+if want race; then
+    stamp "race: racecheck of the decode and float32 kernels apart, full reports"
+    wait "$EXP_PID"
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for part in "test_decode_kernel.py -k test_splits or test_every_row_written" \
+                "test_fp32.py -k against_float64"; do
+        file=${part%% *}; expr=${part#* -k }
+        PYTHONPATH=/tmp/exp PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 400 "$san" --tool racecheck \
+            --print-limit 20 python3 -m pytest "tests/$file" -q -p no:cacheprovider -k "$expr" \
+            > "$O/race_${file%.py}.txt" 2>&1
+        grep -E "passed|failed|RACECHECK SUMMARY" "$O/race_${file%.py}.txt" | tail -n 3
+    done
+    PYTHONPATH=/tmp/exp python3 -m pytest tests/test_fp32.py -q -p no:cacheprovider \
+        -k "against_float64" 2>&1 | grep -E "^FAILED|passed|failed" | tail -n 20
 fi
 if want bwd; then
     stamp "bench bwd"
