@@ -104,7 +104,9 @@ def _reference(q, k, v, dout, case, upcast=True, chunk=None):
         out, lse = attention_ref(qc, kc, vc, upcast=upcast, **kwargs)
         out.backward(cast(dout[:, i0:i1]))
         outs.append(out.detach())
-        lses.append(lse)
+        # detached: the logsumexp node would keep the chunk's float32 scores alive (1 GiB a
+        # chunk at 128k; the 64k and 128k cases ran out of an H200's memory that way)
+        lses.append(lse.detach())
         dqs.append(qc.grad)
         dk[:, :end] += kc.grad.float()
         dv[:, :end] += vc.grad.float()
