@@ -45,7 +45,7 @@ if want ab; then
         -C cmake.define.FLASHATTN2_EXPERIMENTAL=none
     AB_PID=$!
 fi
-if want exp || want race; then
+if want exp || want race || want fp32probe; then
     stamp "exp build (bias;fp32;decode, d64 / d128), in the background"
     side_build exp -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
         -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;fp32;decode"
@@ -94,6 +94,11 @@ if want race; then
     done
     PYTHONPATH=/tmp/exp python3 -m pytest tests/test_fp32.py -q -p no:cacheprovider \
         -k "against_float64" 2>&1 | grep -E "^FAILED|passed|failed" | tail -n 20
+fi
+if want fp32probe; then
+    stamp "fp32 probe: the float32 backward's error against the length"
+    wait "$EXP_PID"
+    PYTHONPATH=/tmp/exp python3 scripts/fp32_probe.py 2>&1 | tee "$O/fp32_probe.txt" | tail -n 30
 fi
 if want bwd; then
     stamp "bench bwd"
