@@ -169,4 +169,30 @@ __device__ __forceinline__ int64_t ws_tile0(const Params& p, const SeqInfo& seq,
              : (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + tile_rows - 1) / tile_rows);
 }
 
+// Key blocks of kBlockN keys that query positions i_first .. i_last see (the bottom-right
+// aligned window of FwdParams; offset = seqlen_k - seqlen_q): [min, max).
+struct KeyBlocks {
+  int min, max;
+  // This split's share (split-KV): consecutive equal parts of the visible blocks.
+  __device__ __forceinline__ void take_split(int split, int num_splits) {
+    const int per_split = (max - min + num_splits - 1) / num_splits;
+    min = ::min(max, min + split * per_split);
+    max = ::min(max, min + per_split);
+  }
+};
+template <int kBlockN, typename Params>
+__device__ __forceinline__ KeyBlocks visible_key_blocks(const Params& p, int i_first, int i_last,
+                                                        int seqlen_k, int offset) {
+  KeyBlocks b{0, (seqlen_k + kBlockN - 1) / kBlockN};
+  if (p.window_right >= 0) {
+    const int col_hi = i_last + offset + p.window_right;
+    b.max = col_hi < 0 ? 0 : ::min(b.max, col_hi / kBlockN + 1);
+  }
+  if (p.window_left >= 0) {
+    const int col_lo = i_first + offset - p.window_left;
+    b.min = col_lo <= 0 ? 0 : col_lo / kBlockN;
+  }
+  return b;
+}
+
 }  // namespace flashattn2

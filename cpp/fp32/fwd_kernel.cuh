@@ -106,16 +106,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   const int offset = seqlen_k - seqlen_q;
   const int i_first = row0;
   const int i_last = min(row0 + kBlockM, seqlen_q) - 1;
-  int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (p.window_right >= 0) {
-    const int col_hi = i_last + offset + p.window_right;
-    n_block_max = col_hi < 0 ? 0 : min(n_block_max, col_hi / kBlockN + 1);
-  }
-  int n_block_min = 0;
-  if (p.window_left >= 0) {
-    const int col_lo = i_first + offset - p.window_left;
-    n_block_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
-  }
+  const KeyBlocks blocks = visible_key_blocks<kBlockN>(p, i_first, i_last, seqlen_k, offset);
+  const int n_block_min = blocks.min, n_block_max = blocks.max;
 
   auto load_kv = [&](int n_block, int stage) {
     const int n0 = n_block * kBlockN;

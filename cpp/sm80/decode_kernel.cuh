@@ -106,22 +106,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // Visible 16-key tiles of the CTA's rows (positions 0 .. seqlen_q - 1), bottom-right
   // aligned window, then this split's share (the KV kernel's formula in 16-key tiles).
   const int offset = seqlen_k - seqlen_q;
-  int n_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (p.window_right >= 0) {
-    const int col_hi = seqlen_q - 1 + offset + p.window_right;
-    n_max = col_hi < 0 ? 0 : min(n_max, col_hi / kBlockN + 1);
-  }
-  int n_min = 0;
-  if (p.window_left >= 0) {
-    const int col_lo = offset - p.window_left;
-    n_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
-  }
-  n_min = min(n_min, n_max);
-  if (p.num_splits > 1) {
-    const int per_split = (n_max - n_min + p.num_splits - 1) / p.num_splits;
-    n_min = min(n_max, n_min + split * per_split);
-    n_max = min(n_max, n_min + per_split);
-  }
+  KeyBlocks blocks = visible_key_blocks<kBlockN>(p, 0, seqlen_q - 1, seqlen_k, offset);
+  blocks.min = min(blocks.min, blocks.max);
+  if (p.num_splits > 1) blocks.take_split(split, p.num_splits);
+  const int n_min = blocks.min, n_max = blocks.max;
   // This warp's tiles: n_max - 1 - warp - kNWarps * j for j < n_mine.
   const int n_mine = (n_max - n_min - warp + kNWarps - 1) / kNWarps;
   auto tile_of = [&](int j) { return n_max - 1 - warp - kNWarps * j; };

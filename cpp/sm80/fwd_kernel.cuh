@@ -129,21 +129,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const int offset = seqlen_k - seqlen_q;
   const int i_first = row0 / pack;
   const int i_last = (min(row0 + kBlockM, rows_q) - 1) / pack;
-  int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (p.window_right >= 0) {
-    const int col_hi = i_last + offset + p.window_right;
-    n_block_max = col_hi < 0 ? 0 : min(n_block_max, col_hi / kBlockN + 1);
-  }
-  int n_block_min = 0;
-  if (p.window_left >= 0) {
-    const int col_lo = i_first + offset - p.window_left;
-    n_block_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
-  }
-  if (kKv && p.num_splits > 1) {  // this split's share of the visible tiles
-    const int per_split = (n_block_max - n_block_min + p.num_splits - 1) / p.num_splits;
-    n_block_min = min(n_block_max, n_block_min + split * per_split);
-    n_block_max = min(n_block_max, n_block_min + per_split);
-  }
+  KeyBlocks blocks = visible_key_blocks<kBlockN>(p, i_first, i_last, seqlen_k, offset);
+  if (kKv && p.num_splits > 1) blocks.take_split(split, p.num_splits);
+  const int n_block_min = blocks.min, n_block_max = blocks.max;
 
   // Paged K/V: the pages of this thread's rows of the next K/V tile to load, read from the
   // block table one tile ahead (so the cp.async addresses do not wait on it), for K and V.

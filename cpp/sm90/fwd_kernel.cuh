@@ -132,21 +132,10 @@ struct FwdTileWork {
     const int offset = seq.seqlen_k - seq.seqlen_q;
     const int first = m_block * kBlockM;
     const int last = min(first + kBlockM, seq.seqlen_q) - 1;
-    n_block_max = (seq.seqlen_k + kBlockN - 1) / kBlockN;
-    if (p.window_right >= 0) {
-      const int col_hi = last + offset + p.window_right;
-      n_block_max = col_hi < 0 ? 0 : min(n_block_max, col_hi / kBlockN + 1);
-    }
-    n_block_min = 0;
-    if (p.window_left >= 0) {
-      const int col_lo = first + offset - p.window_left;
-      n_block_min = col_lo <= 0 ? 0 : col_lo / kBlockN;
-    }
-    if (p.num_splits > 1) {  // this split's share of the visible blocks
-      const int per_split = (n_block_max - n_block_min + p.num_splits - 1) / p.num_splits;
-      n_block_min = min(n_block_max, n_block_min + split * per_split);
-      n_block_max = min(n_block_max, n_block_min + per_split);
-    }
+    KeyBlocks blocks = visible_key_blocks<kBlockN>(p, first, last, seq.seqlen_k, offset);
+    if (p.num_splits > 1) blocks.take_split(split, p.num_splits);
+    n_block_min = blocks.min;
+    n_block_max = blocks.max;
   }
   // Varlen: the grid covers the longest sequence; shorter ones skip their extra m blocks.
   __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
