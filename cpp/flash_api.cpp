@@ -196,6 +196,24 @@ Params checked(const Params& params, std::initializer_list<const void*> pointers
   return p;
 }
 
+// The forward's and the backward's tensors: every pointer and stride they read or write.
+FwdParams checked(const FwdParams& p) {
+  return checked(p, {p.q, p.k, p.v, p.o, p.lse},
+                 {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                  p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                  p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride});
+}
+BwdParams checked(const BwdParams& p) {
+  return checked(p,
+                 {p.q, p.k, p.v, p.o, p.dout, p.lse, p.dq, p.dk, p.dv, p.dq_accum, p.dsum},
+                 {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                  p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                  p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride,
+                  p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.dq_batch_stride,
+                  p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride, p.dk_row_stride,
+                  p.dk_head_stride, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride});
+}
+
 // Throws if this build has no code for `device` (checked once per device).
 void require_supported_device(int device) {
   static std::array<int, kMaxDevices> checked{};  // 0 unknown, 1 supported
@@ -279,12 +297,7 @@ void require_fp32_supported(const Params& p) {
 int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
   require_fp32_supported(params);
   require(params.num_splits == 1, "float32 runs no split-KV (num_splits must be 1)");
-  const FwdParams p =
-      checked(params, {params.q, params.k, params.v, params.o, params.lse},
-              {params.q_batch_stride, params.q_row_stride, params.q_head_stride,
-               params.k_batch_stride, params.k_row_stride, params.k_head_stride,
-               params.v_batch_stride, params.v_row_stride, params.v_head_stride,
-               params.o_batch_stride, params.o_row_stride, params.o_head_stride});
+  const FwdParams p = checked(params);
   DeviceGuard guard(device);
   require_supported_device(device);
   const int kd = fp32_kernel_head_dim(p.headdim);
@@ -310,17 +323,7 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
   require_fp32_supported(params);
   require(!params.deterministic, "float32 has no deterministic backward (unordered dq adds)");
   require(params.dq_chains == 1, "float32 runs one dq accumulator (dq_chains 1)");
-  const BwdParams p = checked(
-      params,
-      {params.q, params.k, params.v, params.o, params.dout, params.lse, params.dq, params.dk,
-       params.dv, params.dq_accum, params.dsum},
-      {params.q_batch_stride, params.q_row_stride, params.q_head_stride, params.k_batch_stride,
-       params.k_row_stride, params.k_head_stride, params.v_batch_stride, params.v_row_stride,
-       params.v_head_stride, params.o_batch_stride, params.o_row_stride, params.o_head_stride,
-       params.do_batch_stride, params.do_row_stride, params.do_head_stride,
-       params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride,
-       params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride,
-       params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride});
+  const BwdParams p = checked(params);
   DeviceGuard guard(device);
   require_supported_device(device);
   const int kd = fp32_kernel_head_dim(p.headdim);
@@ -390,12 +393,7 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
             "seqlen_q * q_pack must be at most 2^30");
   }
   if (params.dtype == DType::kFloat32) return mha_fwd_fp32(params, device, stream);
-  const FwdParams p =
-      checked(params, {params.q, params.k, params.v, params.o, params.lse},
-              {params.q_batch_stride, params.q_row_stride, params.q_head_stride,
-               params.k_batch_stride, params.k_row_stride, params.k_head_stride,
-               params.v_batch_stride, params.v_row_stride, params.v_head_stride,
-               params.o_batch_stride, params.o_row_stride, params.o_head_stride});
+  const FwdParams p = checked(params);
   const int kd = kernel_head_dim(p.headdim);
   require(kd > 0, "head dim " + std::to_string(p.headdim) +
                       " is larger than every head dim this build has (" +
@@ -697,17 +695,7 @@ int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, b
   require(!has_bias(params) || (!params.cu_seqlens_q && !params.cu_seqlens_k),
           "an attention bias runs dense attention only: no varlen");
 
-  BwdParams p = checked(
-      params,
-      {params.q, params.k, params.v, params.o, params.dout, params.lse, params.dq, params.dk,
-       params.dv, params.dq_accum, params.dsum},
-      {params.q_batch_stride, params.q_row_stride, params.q_head_stride, params.k_batch_stride,
-       params.k_row_stride, params.k_head_stride, params.v_batch_stride, params.v_row_stride,
-       params.v_head_stride, params.o_batch_stride, params.o_row_stride, params.o_head_stride,
-       params.do_batch_stride, params.do_row_stride, params.do_head_stride,
-       params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride,
-       params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride,
-       params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride});
+  BwdParams p = checked(params);
   const int kd = bwd_kernel_head_dim(p.headdim);
   require(kd > 0, "the backward supports head dims up to " + std::to_string(bwd_max_head_dim()) +
                       " in this build; got " + std::to_string(p.headdim));

@@ -20,7 +20,7 @@ from flashattn2.interface import _launch_fwd
 from reference import attention_ref
 from test_bwd import check_grads
 from test_fwd import LSE_ATOL, LSE_RTOL, dtype_id
-from test_kvcache import check_against_reference, check_rule, kvcache_kernel, paged_copy, run_case
+from test_kvcache import check_against_reference, check_rule, kvcache_kernel, paged_kv, run_case
 
 gpu = pytest.mark.gpu
 needs_decode = pytest.mark.skipif("decode" not in _ext.EXPERIMENTAL,
@@ -113,9 +113,7 @@ def test_every_row_written(seqlen_q, mask, paged, num_splits):
     window_size = (40, -1) if mask == "window" else (-1, -1)
     kc, vc, table = k_cache, v_cache, None
     if paged:
-        kc, table = paged_copy(k_cache, paged, gen)
-        vc = torch.randn_like(kc)
-        vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
+        kc, vc, table = paged_kv(k_cache, v_cache, paged, gen)
     out, lse = kvcache_kernel(q, kc, vc, seqlens.to("cuda"), table, causal, window_size,
                               num_splits)
     assert_kernel("decode")

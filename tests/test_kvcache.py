@@ -51,6 +51,15 @@ def paged_copy(cache, page_size, generator):
     return paged, block_table
 
 
+def paged_kv(k_cache, v_cache, page_size, generator):
+    """Paged copies of a contiguous K and V cache sharing one block table (paged_copy's, V's
+    unused pages random): returns (k_paged, v_paged, block_table)."""
+    kc, table = paged_copy(k_cache, page_size, generator)
+    vc = torch.randn_like(kc)
+    vc[table.flatten().long()] = v_cache.reshape(-1, page_size, *v_cache.shape[2:])
+    return kc, vc, table
+
+
 def unpage(paged, block_table):
     return paged[block_table.long()].flatten(1, 2)
 
@@ -102,9 +111,7 @@ def run_case(dtype=torch.bfloat16, batch=3, seqlen_q=1, nheads=8, nheads_k=2, he
         kw.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary == "interleaved")
     kc, vc = k_cache, v_cache
     if paged:
-        kc, table = paged_copy(k_cache, paged, gen)
-        vc = torch.randn_like(kc)
-        vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
+        kc, vc, table = paged_kv(k_cache, v_cache, paged, gen)
         kw["block_table"] = table
     out, lse = flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
     if paged:
@@ -376,9 +383,7 @@ def test_gqa_packing(seqlen_q, heads, mask, paged, num_splits):
     window_size = (40, -1) if mask == "window" else (-1, -1)
     kc, vc, table = k_cache, v_cache, None
     if paged:
-        kc, table = paged_copy(k_cache, paged, gen)
-        vc = torch.randn_like(kc)
-        vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
+        kc, vc, table = paged_kv(k_cache, v_cache, paged, gen)
     lens = seqlens.to("cuda")
     out, lse = kvcache_kernel(q, kc, vc, lens, table, causal, window_size, num_splits)
     check_against_reference(out, lse, q, k_cache, v_cache, seqlens, causal, window_size)
