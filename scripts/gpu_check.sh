@@ -8,7 +8,7 @@
 #
 # Switches: SKIP_BUILD SKIP_TESTS SKIP_SM80_TESTS SKIP_SANITIZER SKIP_BENCH SKIP_DECODE (=1),
 # TEST_TIMEOUT (seconds per test step, default 480: a hang fails the step, the rest runs),
-# BENCH_ARGS, DECODE_ARGS, PYTEST_ARGS, SM80_TESTS (forward and backward test files run a
+# BENCH_ARGS, DECODE_ARGS, TESTS (pytest paths, default tests), PYTEST_ARGS, SM80_TESTS (forward and backward test files run a
 # second time with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are
 # tested), ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS
 # (default: all), SM90_BWD_EXPERIMENTAL (the Hopper backward's unvalidated extensions, e.g.
@@ -120,8 +120,8 @@ run_step selfcheck 20 "$PYTHON" -m flashattn2
 if [ "${SKIP_TESTS:-0}" = 1 ]; then
     skip_step tests SKIP_TESTS
 else
-    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-    run_step tests 3 timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest tests -q -ra --durations=15 \
+    # shellcheck disable=SC2086  # TESTS and PYTEST_ARGS are lists of words
+    run_step tests 3 timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest ${TESTS:-tests} -q -ra --durations=15 \
         --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-}
 fi
 

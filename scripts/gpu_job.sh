@@ -5,7 +5,9 @@
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
 # own folder of $JOB_OUT. Steps to skip: SKIP
 # (space-separated names of the steps below). Meanwhile second builds serve A/B runs: ab,
-# without dq_bulk (d128); exp, with the opt-in float32 and decode kernels (d64, d128).
+# without dq_bulk (d128); exp, with the opt-in float32 and decode kernels (d64, d128); base,
+# a base commit's kernels (fwdab). HEAD_DIMS limits the main build (default: all); TEST_FILES
+# narrows the suite (pytest arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
 set -u
 O=${JOB_OUT:-gpu_logs}
 SKIP=" ${SKIP:-} "
@@ -15,7 +17,7 @@ mkdir -p "$O"
 
 if want check; then
     stamp build
-    OUT=$O/build SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE=1 bash scripts/gpu_check.sh
+    OUT=$O/build HEAD_DIMS=${HEAD_DIMS:-} SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE=1 bash scripts/gpu_check.sh
 fi
 # side_build NAME CMAKE_DEFINES...: a wheel of this tree with the given -C options (90a only),
 # unpacked into /tmp/NAME for PYTHONPATH, built in the background; its log $O/NAME_build.txt.
@@ -38,6 +40,21 @@ ab_bench() {
             | tail -n 16
     done
 }
+# base: the same build of a base commit's cpp/ (`.base/cpp`, made here by
+# `rm -rf .base && mkdir .base && git archive REV cpp | tar -x -C .base`, carried to the device:
+# `.base` is git-ignored), for A/B runs of kernel changes against it in one job (fwdab).
+if want base && [ -d .base/cpp ]; then
+    stamp "base build (.base/cpp), in the background"
+    rm -rf /tmp/base_src && mkdir -p /tmp/base_src
+    tar --exclude=./build --exclude=./.git --exclude=./.base -cf - . | tar -x -C /tmp/base_src
+    rm -rf /tmp/base_src/cpp && cp -r .base/cpp /tmp/base_src/cpp
+    ( cd /tmp/base_src && python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/base_whl . \
+        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real \
+        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${HEAD_DIMS:-64;128;256}" -C build-dir=/tmp/build-base \
+      && rm -rf /tmp/base && python3 -m zipfile -e /tmp/base_whl/*.whl /tmp/base ) \
+        > "$O/base_build.txt" 2>&1 &
+    BASE_PID=$!
+fi
 if want ab; then
     stamp "A/B build (no dq_bulk), in the background"
     side_build ab -C cmake.define.FLASHATTN2_HEAD_DIMS=128 \
@@ -54,8 +71,15 @@ fi
 if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
-        PYTEST_ARGS=--ignore=tests/test_distributed.py SM80_TESTS=tests/test_bwd.py \
-        bash scripts/gpu_check.sh
+        PYTEST_ARGS=--ignore=tests/test_distributed.py TESTS="${TEST_FILES:-tests}" \
+        SM80_TESTS=${SM80_TESTS:-tests/test_bwd.py} bash scripts/gpu_check.sh
+fi
+if want fwdab && [ -n "${BASE_PID:-}" ]; then
+    stamp "forward A/B: base (.base/cpp) vs this tree, interleaved, SDPA in each run"
+    wait "$BASE_PID"
+    tail -n 2 "$O/base_build.txt"
+    ab_bench base base new --modes fwd --headdims "${FWDAB_DIMS:-64,128,256}" --dtypes bf16 \
+        --impls flashattn2,sdpa_cudnn ${FWDAB_ARGS:-}
 fi
 if want exp; then
     stamp "exp: float32 and decode-kernel tests, sanitizers, benchmarks"

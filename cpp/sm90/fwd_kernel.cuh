@@ -254,7 +254,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   } else {
     // ---- consumers ----
     regs_increase<Traits::kTile.consumer_regs>();
-    const int consumer = warp / 4 - 1;
+    // (Broadcast from lane 0, so that ptxas sees it warp-uniform: the smem addresses and
+    // step counts derived from it stay in uniform registers.)
+    const int consumer = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
     const int warp_in_wg = warp % 4;
     const int g = lane / 4;
     const int q = lane % 4;
@@ -313,6 +315,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       const int row0_pos = w.m_block * kBlockM + lane_row;  // query position of row r = 0
       const int wg_first = w.m_block * kBlockM + wg_row0;
       const int wg_last = min(wg_first + 64, seqlen_q) - 1;
+      // The tile's key blocks above this warpgroup's last row's (causal, a right window
+      // bound; all of them for a warpgroup past seqlen_q) are passed with skip_step: no
+      // MMAs, the turn and the stage releases of a step, so that the turns and the stages'
+      // phases stay in step with the other warpgroups. (Blocks left of a warpgroup's window
+      // run as masked steps: the loop bound stays the tile's, one register fewer.)
+      int wg_hi = w.n_block_min;
+      if (wg_first < seqlen_q)
+        wg_hi = min(visible_key_blocks<kBlockN>(p, wg_first, wg_last, seqlen_k, offset).max,
+                    w.n_block_max);
       FwdSoftmax<kBlockN, kMods, kBias> softmax(p, w.batch, w.head);
       softmax.reset();
 #pragma unroll
@@ -382,8 +393,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           for (int e = 0; e < 4; ++e) acc_o[4 * dt + e] *= correction[e >> 1];
       };
 
+      auto skip_step = [&] {
+        const int s = j % kStages;
+        const uint32_t phase = (j / kStages) & 1;
+        mbar_wait(bar_k_full(s), phase);  // the stage holds this step's tiles: its release
+        release(bar_k_empty(s));          // counts toward this step's phase
+        turn_wait();
+        turn_pass();
+        mbar_wait(bar_v_full(s), phase);
+        release(bar_v_empty(s));
+        ++j;
+      };
+
       mbar_wait(bar_q_full, t++ & 1);
       int n_block = w.n_block_max - 1;
+      for (; n_block >= max(wg_hi, w.n_block_min); --n_block) skip_step();
       if (kBiasSmem && n_block >= w.n_block_min) bias_issue(n_block);
       if (n_block >= w.n_block_min) {
         float acc_s[kBlockN / 2];
