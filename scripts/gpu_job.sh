@@ -81,6 +81,25 @@ if want fwdab && [ -n "${BASE_PID:-}" ]; then
     ab_bench base base new --modes fwd --headdims "${FWDAB_DIMS:-64,128,256}" --dtypes bf16 \
         --impls flashattn2,sdpa_cudnn ${FWDAB_ARGS:-}
 fi
+if want bwdab && [ -n "${BASE_PID:-}" ]; then
+    stamp "backward A/B: base (.base/cpp) vs this tree, interleaved, SDPA-cuDNN in each run"
+    wait "$BASE_PID"
+    ab_bench base bbase bnew --modes bwd,fwd_bwd --headdims "${BWDAB_DIMS:-64,128}" --dtypes bf16 \
+        --impls flashattn2,sdpa_cudnn ${BWDAB_ARGS:-}
+fi
+if want fncu; then
+    stamp "ncu: the Hopper forward at short lengths (d128 s512 full, d64 s512 causal)"
+    for c in "128 512 0" "64 512 1"; do
+        set -- $c
+        PASS=fwd HEAD_DIM=$1 SEQLEN=$2 CAUSAL=$3 timeout 300 bash scripts/ncu.sh \
+            > "$O/ncu_fwd_d$1_s$2_c$3.txt" 2>&1
+        grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|stalled" \
+            "$O/ncu_fwd_d$1_s$2_c$3.txt" | head -n 12
+        SOURCE="$O/src_fwd_d$1_s$2_c$3.csv" PASS=fwd HEAD_DIM=$1 SEQLEN=$2 CAUSAL=$3 \
+            timeout 300 bash scripts/ncu.sh > /dev/null 2>&1
+        python3 scripts/sass_stalls.py "$O/src_fwd_d$1_s$2_c$3.csv" 2>&1 | head -n 40
+    done
+fi
 if want exp; then
     stamp "exp: float32 and decode-kernel tests, sanitizers, benchmarks"
     wait "$EXP_PID"

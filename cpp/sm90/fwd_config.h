@@ -46,22 +46,23 @@ constexpr bool sm90_fwd_head_dim(int kernel_head_dim) {
          kernel_head_dim == 256;
 }
 
-// Shared memory: Q, O (its own buffer where it fits, so that the next tile's Q can load
-// during this one's epilogue; else O is staged in sQ), 2 x stages (K, V) tiles, then
-// 6 + 4 x stages 8-byte mbarriers and two 4-byte tile slots, plus up to 1 KiB to align the
+// Shared memory: Q in a ring of two buffers where they fit, else one (q_bufs); each tile's O
+// is staged in its own Q buffer (its Q is dead after the tile's last S), so with two the next
+// tile's Q loads a whole tile ahead (fwd_kernel.cuh); 2 x stages (K, V) tiles; then
+// 8 + 4 x stages 8-byte mbarriers and two 4-byte tile slots, plus up to 1 KiB to align the
 // dynamic shared memory to the 128-byte swizzle's 1024-byte period.
 constexpr int kSm90SmemLimit = 227 * 1024;
-constexpr int sm90_fwd_smem_bytes(int head_dim, bool separate_o) {
+constexpr int sm90_fwd_smem_bytes(int head_dim, int q_bufs) {
   return 2 * head_dim *
-             ((separate_o ? 2 : 1) * sm90_fwd_tile(head_dim).block_m +
+             (q_bufs * sm90_fwd_tile(head_dim).block_m +
               2 * sm90_fwd_tile(head_dim).stages * sm90_fwd_tile(head_dim).block_n) +
-         8 * (7 + 4 * sm90_fwd_tile(head_dim).stages) + 1024;
+         8 * (9 + 4 * sm90_fwd_tile(head_dim).stages) + 1024;
 }
-constexpr bool sm90_fwd_separate_o(int head_dim) {
-  return sm90_fwd_smem_bytes(head_dim, true) <= kSm90SmemLimit;
+constexpr int sm90_fwd_q_bufs(int head_dim) {
+  return sm90_fwd_smem_bytes(head_dim, 2) <= kSm90SmemLimit ? 2 : 1;
 }
 constexpr int sm90_fwd_smem_bytes(int head_dim) {
-  return sm90_fwd_smem_bytes(head_dim, sm90_fwd_separate_o(head_dim));
+  return sm90_fwd_smem_bytes(head_dim, sm90_fwd_q_bufs(head_dim));
 }
 
 // Causal, windowed and varlen tiles differ in work. A persistent grid taking them from a

@@ -15,12 +15,13 @@
 //          away (setmaxnreg) and one thread issues every TMA load. Consumer warpgroup c
 //          (1 + c) owns query rows [64 c, 64 c + 64) of the tile; its warp w rows 16 w..+15,
 //          so the S / O accumulators have the mma.sync C layout (sm90/fwd_softmax.cuh).
-//   smem   sQ [kBlockM x d], sO [kBlockM x d] (where it fits, else O is staged in sQ),
-//          kStages x sK, sV [kBlockN x d], each as d / 64 chunks of 128-byte rows in TMA's
-//          128-byte swizzle (sm90/wgmma.cuh); then the mbarriers q_full, q_empty, per stage
-//          k_full, k_empty, v_full, v_empty, and tile_full / tile_empty with their two tile
-//          index slots. K and V land on separate barriers, so S = Q K^T starts before V is
-//          in. Budget: sm90/fwd_config.h.
+//   smem   sQ: a ring of two [kBlockM x d] buffers (d64, d128; one where two do not fit),
+//          tile t's in buffer t % 2, which also stages its O (its Q is dead after the tile's
+//          last S); kStages x sK, sV [kBlockN x d]; each as d / 64 chunks of 128-byte rows in
+//          TMA's 128-byte swizzle (sm90/wgmma.cuh); then the mbarriers q_full, q_empty (per
+//          Q buffer), per stage k_full, k_empty, v_full, v_empty, and tile_full / tile_empty
+//          with their two tile index slots. K and V land on separate barriers, so S = Q K^T
+//          starts before V is in. Budget: sm90/fwd_config.h.
 //   regs   consumer: S [kBlockN / 2] f32, P [kBlockN / 16][4] b32, O [d / 2] f32.
 //   step   (key blocks from the last visible one down to the first; j counts the steps of
 //          all of the CTA's tiles, so stages and phases run on across tiles)
@@ -31,11 +32,12 @@
 //                      pass the turn; wait S_j -> release K_j; mods, mask, softmax of S_j
 //                      (under the other warpgroups' MMAs); wait P V -> release V_{j-1};
 //                      O *= correction; P_j = S_j as 16-bit A fragments.
-//   epilogue  after the tile's last S: release sQ (q_empty), so the producer loads the next
-//          tile while this one finishes. O / sum -> the consumer's rows of sO -> TMA store
-//          (dense) or 16-byte stores (varlen: a box would cross into the next sequence);
-//          LSE = max * scale + ln(sum), +inf for rows that see no key. With O staged in sQ,
-//          sQ is released after the epilogue instead.
+//   epilogue  O / sum -> the consumer's rows of the tile's Q buffer -> TMA store (dense) or
+//          16-byte stores (varlen: a box would cross into the next sequence); LSE = max *
+//          scale + ln(sum), +inf for rows that see no key. The buffer is released (q_empty)
+//          once the store has read it: with two, at the next tile's start, so that the
+//          producer loads the next-but-one tile's Q a whole tile ahead (the next one's is in
+//          by then); with one, at once (the next tile's Q then waits for the epilogue).
 //   mods   kMods: softcap / ALiBi as the sm80 kMods instance (common/score_mod.cuh): S becomes
 //          base-2 logits before the mask. Dropout runs on the sm80 kernels. kBias (with
 //          kMods, FLASHATTN2_BIAS builds): an attention bias too, one load per score, or
@@ -76,11 +78,11 @@ struct FwdTraits {
   static constexpr int kKVChunkBytes = kBlockN * kSwizzleBytes;
   static constexpr int kQBytes = kChunks * kQChunkBytes;
   static constexpr int kKVBytes = kChunks * kKVChunkBytes;
-  static constexpr bool kSeparateO = sm90_fwd_separate_o(kHeadDim);
+  static constexpr int kQBufs = sm90_fwd_q_bufs(kHeadDim);  // the Q ring (fwd_config.h)
   static constexpr int kSmemBytes = sm90_fwd_smem_bytes(kHeadDim);
   static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0 && kBlockN % 16 == 0, "tile");
   static_assert(kConsumers >= 2 && kConsumers <= 3, "ping-pong between 2 or 3 warpgroups");
-  static_assert((kSeparateO ? 2 : 1) * kQBytes + 2 * kStages * kKVBytes + 8 * (7 + 4 * kStages) +
+  static_assert(kQBufs * kQBytes + 2 * kStages * kKVBytes + 8 * (9 + 4 * kStages) +
                         1024 <= kSmemBytes, "smem budget");
   static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
                 "register budget: setmaxnreg.inc would hang");
@@ -159,12 +161,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t sQ = smem;
-  const uint32_t sO = Traits::kSeparateO ? sQ + Traits::kQBytes : sQ;
-  const uint32_t sK = sQ + (Traits::kSeparateO ? 2 : 1) * Traits::kQBytes;  // stage s: + s kKVBytes
+  constexpr int kQBufs = Traits::kQBufs;
+  const uint32_t sQ = smem;  // buffer b: + b kQBytes
+  const uint32_t sK = sQ + kQBufs * Traits::kQBytes;  // stage s: + s kKVBytes
   const uint32_t sV = sK + kStages * Traits::kKVBytes;
   const uint32_t bars = sV + kStages * Traits::kKVBytes;
-  const uint32_t bar_q_full = bars, bar_q_empty = bars + 8;
+  // Q buffer b's barriers: b = 0 first, b = 1 after the tile slots.
+  auto bar_q_full = [&](int b) { return b ? bars + 8 * (7 + 4 * kStages) : bars; };
+  auto bar_q_empty = [&](int b) { return b ? bars + 8 * (8 + 4 * kStages) : bars + 8; };
   auto bar_k_full = [&](int s) { return bars + 8 * (2 + s); };
   auto bar_k_empty = [&](int s) { return bars + 8 * (2 + kStages + s); };
   auto bar_v_full = [&](int s) { return bars + 8 * (2 + 2 * kStages + s); };
@@ -176,14 +180,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const uint32_t tile_slots = bars + 8 * (6 + 4 * kStages);
   auto tile_slot = [&](int t) { return tile_slots + 4 * (t & 1); };
   static_assert(!kBiasSmem || (kBias && Traits::kBiasSmemFits), "staged bias");
-  [[maybe_unused]] const uint32_t sBias = (tile_slots + 8 + 127) & ~127u;  // kBiasSmem
+  [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   if (tid == 0) {
-    mbar_init(bar_q_full, 1);
-    mbar_init(bar_q_empty, 4 * kConsumers);  // one arrival per consumer warp
+    for (int b = 0; b < kQBufs; ++b) {
+      mbar_init(bar_q_full(b), 1);
+      mbar_init(bar_q_empty(b), 4 * kConsumers);  // one arrival per consumer warp
+    }
     for (int t = 0; t < 2; ++t) {
       mbar_init(bar_tile_full(t), 1);
       mbar_init(bar_tile_empty(t), 4 * kConsumers);
@@ -226,12 +232,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         // and the sequence's rows start at its offset (SeqInfo).
         const int q_batch = p.cu_seqlens_q ? 0 : w.batch;
         const int k_batch = p.cu_seqlens_k ? 0 : w.seq.kv_batch;
-        mbar_wait(bar_q_empty, (t++ & 1) ^ 1);
-        mbar_arrive_expect_tx(bar_q_full, Traits::kQBytes);
+        const int qb = t % kQBufs;
+        mbar_wait(bar_q_empty(qb), ((t++ / kQBufs) & 1) ^ 1);
+        mbar_arrive_expect_tx(bar_q_full(qb), Traits::kQBytes);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          tma_load(sQ + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
-                   int(w.seq.q_row0) + w.m_block * kBlockM, w.head, q_batch, bar_q_full);
+          tma_load(sQ + qb * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
+                   int(w.seq.q_row0) + w.m_block * kBlockM, w.head, q_batch, bar_q_full(qb));
         for (int n_block = w.n_block_max - 1; n_block >= w.n_block_min; --n_block, ++j) {
           const int s = j % kStages;
           const uint32_t phase = (j / kStages) & 1;
@@ -277,8 +284,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       __syncwarp();
       if (lane == 0) mbar_arrive(bar);
     };
+    uint32_t sQt = sQ;  // the current tile's Q buffer (then its O staging)
+    bool q_pending = false;  // Q ring: the previous tile's buffer awaits its release
     auto gemm_s = [&](float (&acc_s)[kBlockN / 2], int stage) {
-      const uint32_t q_base = sQ + wg_row0 * kSwizzleBytes;
+      const uint32_t q_base = sQt + wg_row0 * kSwizzleBytes;
       const uint32_t k_base = sK + stage * Traits::kKVBytes;
       wgmma_fence();
 #pragma unroll
@@ -405,7 +414,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         ++j;
       };
 
-      mbar_wait(bar_q_full, t++ & 1);
+      // Q ring: the previous tile's buffer is free once its O store has read it (each
+      // warpgroup's store thread waits for its own store, then its warps release), a tile
+      // before the producer needs it for the next-but-one tile's Q.
+      const int qb = t % kQBufs;
+      if (kQBufs == 2 && q_pending) {
+        if (store_thread) tma_store_wait_read();
+        named_sync(kBarEpilogue + consumer, 128);
+        release(bar_q_empty(qb ^ 1));
+        q_pending = false;
+      }
+      sQt = sQ + qb * Traits::kQBytes;
+      mbar_wait(bar_q_full(qb), (t++ / kQBufs) & 1);
       int n_block = w.n_block_max - 1;
       for (; n_block >= max(wg_hi, w.n_block_min); --n_block) skip_step();
       if (kBiasSmem && n_block >= w.n_block_min) bias_issue(n_block);
@@ -442,16 +462,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           rescale_o(correction);
           FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
-        // The tile's last S is done: the producer may load the next tile's Q.
-        if constexpr (Traits::kSeparateO) release(bar_q_empty);
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
         gemm_o(s);
         wgmma_wait<0>();
         fence_regs(acc_o);
         release(bar_v_empty(s));
         ++j;
-      } else if constexpr (Traits::kSeparateO) {
-        release(bar_q_empty);
       }
 
       // ---- epilogue ----
@@ -478,7 +494,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
             if (q == 0) p.lse_accum[row_base + pos] = lse[r];
           }
         }
-        if constexpr (!Traits::kSeparateO) release(bar_q_empty);
+        release(bar_q_empty(qb));  // (O not staged)
         continue;
       }
 #pragma unroll
@@ -489,18 +505,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
               lse[r];
         }
       }
-      // sO is free once the previous tile's TMA store has read it (and, varlen, every
-      // thread's 16-byte loads of it are done: the barrier).
-      if (store_thread) tma_store_wait_read();
-      named_sync(kBarEpilogue + consumer, 128);
-      // O / sum into this warpgroup's rows of sO (the layout TMA reads; 4-byte stores hit
-      // 32 distinct banks: the 8 rows of a quad column differ in the swizzled unit).
+      // O / sum into this warpgroup's rows of its Q buffer (its Q reads are done: the
+      // warpgroup's last wgmma completed), in the layout TMA reads; 4-byte stores hit 32
+      // distinct banks: the 8 rows of a quad column differ in the swizzled unit.
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = lane_row + 8 * r;
 #pragma unroll
         for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-          const uint32_t addr = sO + (dt / 8) * Traits::kQChunkBytes + row * kSwizzleBytes +
+          const uint32_t addr = sQt + (dt / 8) * Traits::kQChunkBytes + row * kSwizzleBytes +
                                 (((dt % 8) ^ (row % 8)) * 16) + 4 * q;
           const uint32_t v = ptx::pack2<Element>(acc_o[4 * dt + 2 * r] * inv[r],
                                                  acc_o[4 * dt + 2 * r + 1] * inv[r]);
@@ -513,7 +526,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         if (store_thread) {
 #pragma unroll
           for (int c = 0; c < kChunks; ++c)
-            tma_store(&args.o, sO + c * Traits::kQChunkBytes + wg_row0 * kSwizzleBytes,
+            tma_store(&args.o, sQt + c * Traits::kQChunkBytes + wg_row0 * kSwizzleBytes,
                       c * kChunkCols, wg_first, w.head, w.batch);
           tma_store_commit();
         }
@@ -527,7 +540,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           const int row = idx / kUnits, unit = idx % kUnits;
           if (row < rows && unit * 8 < p.headdim) {
             const int trow = wg_row0 + row;
-            const uint32_t addr = sO + (unit / 8) * Traits::kQChunkBytes + trow * kSwizzleBytes +
+            const uint32_t addr = sQt + (unit / 8) * Traits::kQChunkBytes + trow * kSwizzleBytes +
                                   (((unit % 8) ^ (trow % 8)) * 16);
             uint4 v;
             asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
@@ -537,11 +550,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           }
         }
       }
-      if constexpr (!Traits::kSeparateO) {
-        // O was staged in sQ: release it once the store has read it.
+      if constexpr (kQBufs == 2) {
+        q_pending = true;  // released at the next tile's start
+      } else {
+        // One Q buffer: release it once the store (varlen: every thread's loads) read it.
         if (store_thread) tma_store_wait_read();
         named_sync(kBarEpilogue + consumer, 128);
-        release(bar_q_empty);
+        release(bar_q_empty(0));
       }
     }
     if (consumer == 0) turn_wait();  // the turn the last consumer opened at the start
