@@ -37,7 +37,7 @@ ab_bench() {
     for run in "$a" "$b" "${a}2" "${b}2"; do
         pp=""; [[ $run == "$a"* ]] && pp=/tmp/$name
         PYTHONPATH=$pp python3 benchmarks/bench.py --no-summary --out "$O/${name}_$run" "$@" \
-            | tail -n 16
+            2> /dev/null | tail -n 16
     done
 }
 # base: the same build of a base commit's cpp/ (`.base/cpp`, made here by

@@ -415,15 +415,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       };
 
       // Q ring: the previous tile's buffer is free once its O store has read it (each
-      // warpgroup's store thread waits for its own store, then its warps release), a tile
-      // before the producer needs it for the next-but-one tile's Q.
+      // warpgroup's store thread waits for its own store, then its warps release). Done
+      // after this tile's first step, so that the wait is off the tile's start; the
+      // producer needs the buffer only for the next tile's Q, near this one's end.
       const int qb = t % kQBufs;
-      if (kQBufs == 2 && q_pending) {
-        if (store_thread) tma_store_wait_read();
-        named_sync(kBarEpilogue + consumer, 128);
-        release(bar_q_empty(qb ^ 1));
-        q_pending = false;
-      }
+      auto release_prev_q = [&] {
+        if (kQBufs == 2 && q_pending) {
+          if (store_thread) tma_store_wait_read();
+          named_sync(kBarEpilogue + consumer, 128);
+          release(bar_q_empty(qb ^ 1));
+          q_pending = false;
+        }
+      };
       sQt = sQ + qb * Traits::kQBytes;
       mbar_wait(bar_q_full(qb), (t++ / kQBufs) & 1);
       int n_block = w.n_block_max - 1;
@@ -442,6 +445,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         release(bar_k_empty(s));
         step_softmax(acc_s, n_block, correction);
         FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
+        release_prev_q();
         for (--n_block; n_block >= w.n_block_min; --n_block) {
           const int s_prev = s;
           const uint32_t phase_prev = (j / kStages) & 1;
@@ -468,6 +472,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         fence_regs(acc_o);
         release(bar_v_empty(s));
         ++j;
+      } else {
+        release_prev_q();
       }
 
       // ---- epilogue ----
