@@ -167,7 +167,7 @@ if want bias; then
 fi
 if want decode; then
     stamp "bench decode"
-    python3 benchmarks/bench_decode.py --out "$O/decode"
+    python3 benchmarks/bench_decode.py --out "$O/decode" ${DECODE_ARGS:-} 2> /dev/null | tail -n 60
 fi
 if want ncu; then
     stamp "ncu: the Hopper backward, d128 8k full and causal"
@@ -184,7 +184,7 @@ fi
 if want host; then
     stamp "host time profile of flash_attn_with_kvcache"
     python3 scripts/host_profile.py > "$O/host_profile.txt" 2>&1
-    head -n 4 "$O/host_profile.txt"
+    head -n 12 "$O/host_profile.txt"
 fi
 if want grid; then
     stamp "bench grid"
