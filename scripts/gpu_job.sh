@@ -64,7 +64,7 @@ if want ab; then
 fi
 if want exp || want race || want fp32probe; then
     stamp "exp build (bias;fp32;decode, d64 / d128), in the background"
-    side_build exp -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
+    side_build exp -C "cmake.define.FLASHATTN2_HEAD_DIMS=${EXP_HEAD_DIMS:-32;64;128}" \
         -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;fp32;decode"
     EXP_PID=$!
 fi
