@@ -32,13 +32,12 @@
 //                      pass the turn; wait S_j -> release K_j; mods, mask, softmax of S_j
 //                      (under the other warpgroups' MMAs); wait P V -> release V_{j-1};
 //                      O *= correction; P_j = S_j as 16-bit A fragments.
-//   epilogue  LSE = max * scale + ln(sum), +inf for rows that see no key. O / sum: with two
-//          Q buffers, -> the consumer's rows of the tile's Q buffer -> TMA store (dense) or
-//          16-byte stores (varlen: a box would cross into the next sequence); the buffer is
-//          released (q_empty) once the store has read it, after the next tile's first step,
-//          so the producer loads the next-but-one tile's Q a whole tile ahead. With one
-//          (d192, d256), 4-byte stores from the accumulators, and Q released after the
-//          tile's last S, so that the next tile's Q loads under this one's last P V.
+//   epilogue  O / sum -> the consumer's rows of the tile's Q buffer -> TMA store (dense) or
+//          16-byte stores (varlen: a box would cross into the next sequence); LSE = max *
+//          scale + ln(sum), +inf for rows that see no key. The buffer is released (q_empty)
+//          once the store has read it: with two, at the next tile's start, so that the
+//          producer loads the next-but-one tile's Q a whole tile ahead (the next one's is in
+//          by then); with one, at once (the next tile's Q then waits for the epilogue).
 //   mods   kMods: softcap / ALiBi as the sm80 kMods instance (common/score_mod.cuh): S becomes
 //          base-2 logits before the mask. Dropout runs on the sm80 kernels. kBias (with
 //          kMods, FLASHATTN2_BIAS builds): an attention bias too, one load per score, or
@@ -181,8 +180,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const uint32_t tile_slots = bars + 8 * (6 + 4 * kStages);
   auto tile_slot = [&](int t) { return tile_slots + 4 * (t & 1); };
   static_assert(!kBiasSmem || (kBias && Traits::kBiasSmemFits), "staged bias");
-  [[maybe_unused]] const uint32_t sBias =  // kBiasSmem
-      (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;
+  [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -422,7 +420,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // producer needs the buffer only for the next tile's Q, near this one's end.
       const int qb = t % kQBufs;
       auto release_prev_q = [&] {
-        if (q_pending) {
+        if (kQBufs == 2 && q_pending) {
           if (store_thread) tma_store_wait_read();
           named_sync(kBarEpilogue + consumer, 128);
           release(bar_q_empty(qb ^ 1));
@@ -468,19 +466,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           rescale_o(correction);
           FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
-        // One Q buffer: O is stored from registers (below), so the buffer is free once
-        // the tile's last S is done: the producer loads the next tile's Q now.
-        if constexpr (kQBufs == 1) release(bar_q_empty(0));
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
         gemm_o(s);
         wgmma_wait<0>();
         fence_regs(acc_o);
         release(bar_v_empty(s));
         ++j;
-      } else if constexpr (kQBufs == 2) {
-        release_prev_q();
       } else {
-        release(bar_q_empty(0));
+        release_prev_q();
       }
 
       // ---- epilogue ----
@@ -507,7 +500,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
             if (q == 0) p.lse_accum[row_base + pos] = lse[r];
           }
         }
-        if constexpr (kQBufs == 2) release(bar_q_empty(qb));  // (O not staged)
+        release(bar_q_empty(qb));  // (O not staged)
         continue;
       }
 #pragma unroll
@@ -518,75 +511,58 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
               lse[r];
         }
       }
-      if constexpr (kQBufs == 1) {
-        // One Q buffer (d192, d256): O / sum in the input dtype straight from the
-        // accumulators, 4 bytes a store (a quad's 16 contiguous bytes of a row per column
-        // group); rows past seqlen_q and columns past headdim skipped.
-        Element* gO = static_cast<Element*>(p.o) + w.head * p.o_head_stride +
-                      (p.cu_seqlens_q ? 0 : w.batch * p.o_batch_stride) +
-                      w.seq.q_row0 * p.o_row_stride;
+      // O / sum into this warpgroup's rows of its Q buffer (its Q reads are done: the
+      // warpgroup's last wgmma completed), in the layout TMA reads; 4-byte stores hit 32
+      // distinct banks: the 8 rows of a quad column differ in the swizzled unit.
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int pos = row0_pos + 8 * r;
-          if (pos < seqlen_q) {
+      for (int r = 0; r < 2; ++r) {
+        const int row = lane_row + 8 * r;
 #pragma unroll
-            for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-              const int col = 8 * dt + 2 * q;
-              if (col < p.headdim) {
-                *reinterpret_cast<uint32_t*>(gO + int64_t(pos) * p.o_row_stride + col) =
-                    ptx::pack2<Element>(acc_o[4 * dt + 2 * r] * inv[r],
-                                        acc_o[4 * dt + 2 * r + 1] * inv[r]);
-              }
-            }
-          }
+        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+          const uint32_t addr = sQt + (dt / 8) * Traits::kQChunkBytes + row * kSwizzleBytes +
+                                (((dt % 8) ^ (row % 8)) * 16) + 4 * q;
+          const uint32_t v = ptx::pack2<Element>(acc_o[4 * dt + 2 * r] * inv[r],
+                                                 acc_o[4 * dt + 2 * r + 1] * inv[r]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+        }
+      }
+      fence_proxy_async();
+      named_sync(kBarEpilogue + consumer, 128);
+      if (!p.cu_seqlens_q) {
+        if (store_thread) {
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c)
+            tma_store(&args.o, sQt + c * Traits::kQChunkBytes + wg_row0 * kSwizzleBytes,
+                      c * kChunkCols, wg_first, w.head, w.batch);
+          tma_store_commit();
         }
       } else {
-        // O / sum into this warpgroup's rows of its Q buffer (its Q reads are done: the
-        // warpgroup's last wgmma completed), in the layout TMA reads; 4-byte stores hit 32
-        // distinct banks: the 8 rows of a quad column differ in the swizzled unit.
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = lane_row + 8 * r;
-#pragma unroll
-          for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-            const uint32_t addr = sQt + (dt / 8) * Traits::kQChunkBytes + row * kSwizzleBytes +
-                                  (((dt % 8) ^ (row % 8)) * 16) + 4 * q;
-            const uint32_t v = ptx::pack2<Element>(acc_o[4 * dt + 2 * r] * inv[r],
-                                                   acc_o[4 * dt + 2 * r + 1] * inv[r]);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+        // Varlen: the sequence's rows only, 16 bytes a thread, columns below headdim.
+        constexpr int kUnits = kHeadDim / 8;  // 16-byte units per row
+        Element* gO = static_cast<Element*>(p.o) + w.head * p.o_head_stride +
+                      (w.seq.q_row0 + wg_first) * p.o_row_stride;
+        const int rows = min(64, seqlen_q - wg_first);
+        for (int idx = tid % 128; idx < 64 * kUnits; idx += 128) {
+          const int row = idx / kUnits, unit = idx % kUnits;
+          if (row < rows && unit * 8 < p.headdim) {
+            const int trow = wg_row0 + row;
+            const uint32_t addr = sQt + (unit / 8) * Traits::kQChunkBytes + trow * kSwizzleBytes +
+                                  (((unit % 8) ^ (trow % 8)) * 16);
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(addr));
+            *reinterpret_cast<uint4*>(gO + int64_t(row) * p.o_row_stride + unit * 8) = v;
           }
         }
-        fence_proxy_async();
+      }
+      if constexpr (kQBufs == 2) {
+        q_pending = true;  // released at the next tile's start
+      } else {
+        // One Q buffer: release it once the store (varlen: every thread's loads) read it.
+        if (store_thread) tma_store_wait_read();
         named_sync(kBarEpilogue + consumer, 128);
-        if (!p.cu_seqlens_q) {
-          if (store_thread) {
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-              tma_store(&args.o, sQt + c * Traits::kQChunkBytes + wg_row0 * kSwizzleBytes,
-                        c * kChunkCols, wg_first, w.head, w.batch);
-            tma_store_commit();
-          }
-        } else {
-          // Varlen: the sequence's rows only, 16 bytes a thread, columns below headdim.
-          constexpr int kUnits = kHeadDim / 8;  // 16-byte units per row
-          Element* gO = static_cast<Element*>(p.o) + w.head * p.o_head_stride +
-                        (w.seq.q_row0 + wg_first) * p.o_row_stride;
-          const int rows = min(64, seqlen_q - wg_first);
-          for (int idx = tid % 128; idx < 64 * kUnits; idx += 128) {
-            const int row = idx / kUnits, unit = idx % kUnits;
-            if (row < rows && unit * 8 < p.headdim) {
-              const int trow = wg_row0 + row;
-              const uint32_t addr = sQt + (unit / 8) * Traits::kQChunkBytes +
-                                    trow * kSwizzleBytes + (((unit % 8) ^ (trow % 8)) * 16);
-              uint4 v;
-              asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                           : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                           : "r"(addr));
-              *reinterpret_cast<uint4*>(gO + int64_t(row) * p.o_row_stride + unit * 8) = v;
-            }
-          }
-        }
-        q_pending = true;  // released after the next tile's first step
+        release(bar_q_empty(0));
       }
     }
     if (consumer == 0) turn_wait();  // the turn the last consumer opened at the start
