@@ -75,6 +75,7 @@ struct BwdTraits {
   static constexpr int kKChunkBytes = kBlockN * kSwizzleBytes;
   static constexpr int kQBytes = kChunks * kQChunkBytes;   // one of sQ, sdO per stage
   static constexpr int kKBytes = kChunks * kKChunkBytes;   // one of sK, sV
+  static constexpr int kDSChunkBytes = kBlockN * kSwizzleBytes;  // dS^T of 64 queries
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;   // one dS^T buffer
   static constexpr int kRowBytes = kBlockM * 4;            // one of LSE, dsum per stage
   // dq_bulk: dQ staged per consumer warp (16 rows x 64 columns f32) for one bulk reduce-add.
@@ -83,22 +84,27 @@ struct BwdTraits {
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
   static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
-  // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's 64 queries
-  // (8 KiB, 128-byte rows) after the barriers (+ 128 bytes to align it).
-  static constexpr int kBiasWgBytes = 64 * 64 * 2;
+  // kBias (kernel head dim 128: sm90_bwd_bias_fits): each consumer warpgroup stages the bias
+  // of its 64 keys x the step's queries (128-byte rows) after the barriers.
+  static constexpr int kBiasWgBytes = 64 * kBlockM * 2;
+  static_assert(kConsumers * kBiasWgBytes + 128 == sm90_bwd_bias_bytes(kHeadDim), "bias tile");
   static constexpr int smem_bytes(bool bias) {
-    return kSmemBytes + (bias ? kConsumers * kBiasWgBytes + 128 : 0);
+    return kSmemBytes + (bias ? sm90_bwd_bias_bytes(kHeadDim) : 0);
   }
-  static_assert(smem_bytes(true) <= 227 * 1024, "smem budget with the staged bias");
+  static_assert(!sm90_bwd_bias_fits(kHeadDim) || smem_bytes(true) <= 227 * 1024,
+                "smem budget with the staged bias");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
-  // dQ = dS K: with one 64-column chunk per consumer (d128) each warpgroup sums its columns
-  // over the block's 128 keys; with a single chunk (d64) each sums its own 64 keys, all
-  // columns, and both add into dq_accum.
-  static constexpr bool kDqSplitsKeys = kChunks < kConsumers;
-  static_assert(kChunks == kConsumers || kChunks == 1, "dQ split: columns or keys");
-  static constexpr int kDqKeys = kDqSplitsKeys ? 64 : kBlockN;  // keys of one dQ GEMM
-  static_assert(kBlockM == 64 && kBlockN == 128 && kConsumers == 2, "tile of this version");
-  static_assert(kBlockM * 2 == kSwizzleBytes, "a dS^T row (64 queries) is one swizzle chunk row");
+  // dQ = dS K: each consumer warpgroup computes one 64 x 64 tile of it over the block's 128
+  // keys (an m64 n64 GEMM, 32 f32 per thread): d128 (64 query rows) the rows x its column
+  // chunk c; d64 (128 query rows, one column chunk) its query rows 64 c..+64 x all columns.
+  // So no dQ element is added by two warpgroups.
+  static constexpr bool kDqSplitsRows = kChunks == 1;
+  static_assert(kDqSplitsRows ? kBlockM == 64 * kConsumers : kChunks == kConsumers && kBlockM == 64,
+                "dQ split: query rows (d64) or column chunks (d128)");
+  static_assert(kBlockM % 64 == 0 && kBlockN == 128 && kConsumers == 2, "tile of this version");
+  // sdS: dS^T as kBlockM / 64 chunks of [128 keys x 64 queries] (a 128-byte swizzled row of
+  // 64 queries per key), kDSChunkBytes apart.
+  static_assert(kDSBytes == (kBlockM / 64) * kDSChunkBytes, "dS^T chunks");
   // sdS has 2 buffers indexed by the stage (t % kStages): its reuse argument (one named
   // barrier per step) and the smem layout below hold for 2 stages only.
   static_assert(kStages == 2, "sdS buffer = stage index: 2 stages");
@@ -142,7 +148,9 @@ struct BwdSeq {
   __device__ __forceinline__ int64_t ws_row0(int head) const {
     return (int64_t(batch) * p.nheads + head) * round16(p.seqlen_q);
   }
-  // The dQ-order counter of the head's first 64-row query tile (deterministic mode).
+  // The dQ-order counter of the head's first query tile (deterministic mode). The workspace
+  // has one per 64 rows (the mma.sync backward's tiles, bwd_workspace_floats); with tiles of
+  // 128 rows (d64) the kernel uses the first half of each head's (or sequence's) counters.
   __device__ __forceinline__ int* dq_counter0(int head) const {
     return dq_counters(p) + (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + 63) / 64);
   }
@@ -213,6 +221,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
   constexpr int kChunks = Traits::kChunks;
+  // d64 (128-row steps): the dV GEMM is issued after the dS^T pass, with P^T packed there,
+  // so that S^T (64 f32), dP^T (64) and the in-flight P^T fragments (32) are never live
+  // together with dK / dV (64): that order (d128's) needs ~256 of the 240 registers.
+  constexpr bool kDvAfterDs = Traits::kBlockM > 64;
+  static_assert(!(kBias && kDvAfterDs), "the staged bias: d128 only (sm90_bwd_bias_fits)");
   const BwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
@@ -332,7 +345,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
-    // acc (64 keys x 64 queries) = rows key0.. of sA times the stage's 64 rows of sB^T.
+    // acc (64 keys x kBlockM queries) = rows key0.. of sA times the stage's rows of sB^T.
     auto gemm_t = [&](float (&acc)[kBlockM / 2], uint32_t a_base, uint32_t b_base) {
       wgmma_fence();
 #pragma unroll
@@ -345,7 +358,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       wgmma_commit();
     };
-    // acc (64 keys x d) += A (64 keys x 64 queries, registers) times the stage's sB (MN-major).
+    // acc (64 keys x d) += A (64 keys x kBlockM queries, registers) times the stage's sB
+    // (MN-major).
     auto gemm_kv = [&](float (&acc)[kHeadDim / 2], const uint32_t (&a)[kBlockM / 16][4],
                        uint32_t b_base) {
       wgmma_fence();
@@ -365,8 +379,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       return seq.dq_counter0(wrap ? head - 1 : head) + prev_m_block;
     };
 
-    // kBias: the warpgroup's 64 keys x 64 queries of the bias of step (head, m_block) into
-    // its tile of sBias, 4 16-byte cp.async per thread (consecutive threads take a query
+    // kBias: the warpgroup's 64 keys x kBlockM queries of the bias of step (head, m_block) into
+    // its tile of sBias, kBlockM / 16 16-byte cp.async per thread (consecutive threads take a query
     // row's consecutive 8-key chunks), chunk c of row r at (c ^ r % 8) 16 bytes so that the
     // fragment reads hit distinct banks; rows past seqlen_q, keys past seqlen_k zero-filled.
     // Issued after the previous step's sdS barrier (every read of the tile is done by then),
@@ -378,7 +392,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const auto* plane = static_cast<const Element*>(p.attn_bias) +
                             batch * p.bias_batch_stride + head * p.bias_head_stride;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < kBlockM / 16; ++i) {
           const int idx = tid % 128 + 128 * i, row = idx / 8, chunk = idx % 8;
           const int query = m_block * kBlockM + row, key = n0 + key0 + 8 * chunk;
           const int bytes = query < seq.seqlen_q() ? 2 * min(max(seq.seqlen_k() - key, 0), 8) : 0;
@@ -433,47 +447,59 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             }
         }
       }
+      // kMods: P^T and d logit / d(scale s) (dl: 1 - t^2 with softcap, else 1) of n8 tile nt
+      // from its scores: softcap and ALiBi through ScoreMod, the forward's logits, with the
+      // masked scores (-inf above) kept at -inf (tanh(-inf) is finite); kBias adds the staged
+      // bias. ALiBi distance query + sk - sq - key of element (nt, e): dist0 + 8 nt + (e & 1) -
+      // 8 r. kBias: element (nt, e) is query row 8 nt + 2 q + (e & 1), key 16 w + g + 8 (e >> 1)
+      // of the tile: chunk 2 w + (e >> 1) of the row, swizzled, 2-byte lane g of it.
+      [[maybe_unused]] ScoreMod mod;
+      [[maybe_unused]] float dist0 = 0.f;
       if constexpr (kMods) {
-        // Score mods: softcap and ALiBi through ScoreMod, the forward's
-        // logits, with the masked scores (-inf above) kept at -inf (tanh(-inf) is finite).
-        // One pass per n8 tile: P^T packed into the A fragments, then acc_s = P^T o
-        // d logit / d(scale s) (1 - t^2 with softcap, else 1), which the dS^T pass below
-        // multiplies, so that the derivative needs no registers of its own.
-        const ScoreMod mod(p, batch, head);
-        // ALiBi distance query + sk - sq - key of element (nt, e): dist0 + 8 nt + (e & 1) - 8 r.
-        const float dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
+        mod = ScoreMod(p, batch, head);
+        dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
+      }
+      [[maybe_unused]] auto mod_tile = [&](int nt, float (&pv)[4], float (&dl)[4]) {
+        [[maybe_unused]] const uint32_t sbias_lane = sBias_wg + (2 * q) * 128 + 2 * g;
+        const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float score = acc_s[4 * nt + e];
+          float x = mod.logit2(score, dist0 + float(8 * nt + (e & 1) - 8 * (e >> 1)), &dl[e]);
+          if constexpr (kBias) {
+            // fmaf(bias, log2 e, logit), as the forward and the mma.sync backward
+            const uint32_t chunk = (2 * warp_in_wg + (e >> 1)) ^ (2 * q + (e & 1));
+            const float b = ptx::unpack2<Element>(
+                ld_shared_u16(sbias_lane + (8 * nt + (e & 1)) * 128 + chunk * 16)).x;
+            x = fmaf(b, kLog2e, x);
+          }
+          pv[e] = ptx::exp2_approx((score == -INFINITY ? -INFINITY : x) -
+                                   (e & 1 ? lse.y : lse.x) * kLog2e);
+        }
+      };
+      // P^T of n8 tile nt (rows r = 0, 1: pv[2 r], pv[2 r + 1]) into the A fragments of the k16
+      // step nt / 2 over the queries.
+      auto pack_p = [&](int nt, const float (&pv)[4]) {
+        rP[nt / 2][(nt & 1) * 2] = ptx::pack2<Element>(pv[0], pv[1]);
+        rP[nt / 2][(nt & 1) * 2 + 1] = ptx::pack2<Element>(pv[2], pv[3]);
+      };
+      if constexpr (kMods && !kDvAfterDs) {
+        // One pass per n8 tile: P^T packed into the dV GEMM's A fragments, then
+        // acc_s = P^T o dl, which the dS^T pass below multiplies, so that the derivative
+        // needs no registers of its own.
         if constexpr (kBias) {
           ptx::cp_async_wait<0>();
           named_sync(kBarBias + consumer, 128);  // the warpgroup's tile has landed
         }
-        // kBias: element (nt, e) is query row 8 nt + 2 q + (e & 1), key 16 w + g + 8 (e >> 1)
-        // of the tile: chunk 2 w + (e >> 1) of the row, swizzled, 2-byte lane g of it.
-        [[maybe_unused]] const uint32_t sbias_lane =
-            sBias_wg + (2 * q) * 128 + 2 * g;
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
-          const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
           float pv[4], dl[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float score = acc_s[4 * nt + e];
-            float x = mod.logit2(score, dist0 + float(8 * nt + (e & 1) - 8 * (e >> 1)), &dl[e]);
-            if constexpr (kBias) {
-              // fmaf(bias, log2 e, logit), as the forward and the mma.sync backward
-              const uint32_t chunk = (2 * warp_in_wg + (e >> 1)) ^ (2 * q + (e & 1));
-              const float b = ptx::unpack2<Element>(
-                  ld_shared_u16(sbias_lane + (8 * nt + (e & 1)) * 128 + chunk * 16)).x;
-              x = fmaf(b, kLog2e, x);
-            }
-            pv[e] = ptx::exp2_approx((score == -INFINITY ? -INFINITY : x) -
-                                     (e & 1 ? lse.y : lse.x) * kLog2e);
-          }
-          rP[nt / 2][(nt & 1) * 2] = ptx::pack2<Element>(pv[0], pv[1]);
-          rP[nt / 2][(nt & 1) * 2 + 1] = ptx::pack2<Element>(pv[2], pv[3]);
+          mod_tile(nt, pv, dl);
+          pack_p(nt, pv);
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc_s[4 * nt + e] = pv[e] * dl[e];
         }
-      } else {
+      } else if constexpr (!kMods) {
         // P^T in place (LSE of the lane's two query columns per n8 tile: one 8-byte load).
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
@@ -483,14 +509,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             acc_s[4 * nt + e] = ptx::exp2_approx(
                 fmaf(acc_s[4 * nt + e], scale_log2, -(e & 1 ? lse.y : lse.x) * kLog2e));
         }
-        // P^T as A fragments (n8 tiles 2 kk, 2 kk + 1: the k16 step kk over the queries).
+        // P^T as A fragments (n8 tiles 2 kk, 2 kk + 1: the k16 step kk over the queries);
+        // kDvAfterDs: in the dS^T pass.
+        if constexpr (!kDvAfterDs) {
 #pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            rP[kk][i] = ptx::pack2<Element>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
+            for (int i = 0; i < 4; ++i)
+              rP[kk][i] = ptx::pack2<Element>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
+        }
       }
-      gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
+      if constexpr (!kDvAfterDs) gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
       // Deterministic: this warp's reduce of the previous step (issued before this step's
       // softmax) is complete by now; its lane 0 releases it, one of the 4 kConsumers adds
       // a visitor makes to the query tile's counter. (Released at the dQ point instead, the
@@ -500,29 +529,44 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         fence_proxy_async_global();
         ptx::red_release_add(prev_dq_counter(head, m_block), 1);
       }
-      wgmma_wait<1>();  // dP^T (the dV GEMM may still run)
+      wgmma_wait<kDvAfterDs ? 0 : 1>();  // dP^T (d128: the dV GEMM may still run)
       fence_regs(acc_dp);
 
       // dS^T = P^T o (dP^T - dsum) as A fragments and into sdS[s] (key rows x query columns,
-      // swizzled: the 4-byte stores of a warp hit 32 distinct banks).
+      // n8 tile nt in query chunk nt / 8, swizzled: the 4-byte stores of a warp hit 32
+      // distinct banks). kDvAfterDs: P^T (kMods: its logits too, after dP^T: in one pass the
+      // tile's S^T and dP^T die together) into the dV GEMM's A fragments here.
       const uint32_t sdS_t = sdS + s * Traits::kDSBytes;
 #pragma unroll
       for (int nt = 0; nt < kBlockM / 8; ++nt) {
         const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (8 * nt + 2 * q));
+        float ps[4];  // P^T (o dl with kMods)
+        if constexpr (kMods && kDvAfterDs) {
+          float dl[4];
+          mod_tile(nt, ps, dl);
+          pack_p(nt, ps);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ps[e] *= dl[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ps[e] = acc_s[4 * nt + e];
+          if constexpr (kDvAfterDs) pack_p(nt, ps);
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          acc_dp[4 * nt + e] =
-              acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
+          acc_dp[4 * nt + e] = ps[e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t v =
               ptx::pack2<Element>(acc_dp[4 * nt + 2 * r], acc_dp[4 * nt + 2 * r + 1]);
           rdS[nt / 2][(nt & 1) * 2 + r] = v;
           const int row = lane_key + 8 * r;
-          const uint32_t addr = sdS_t + row * kSwizzleBytes + ((nt ^ (row % 8)) * 16) + 4 * q;
+          const uint32_t addr = sdS_t + (nt / 8) * Traits::kDSChunkBytes + row * kSwizzleBytes +
+                                (((nt % 8) ^ (row % 8)) * 16) + 4 * q;
           st_shared(addr, v);
         }
       }
+      if constexpr (kDvAfterDs) gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
       gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
       fence_proxy_async();
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
@@ -534,20 +578,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
 
-      // dQ (64 queries x 64 columns: chunk dq_chunk) = dS K over keys dq_key0..+kDqKeys:
-      // A = dS^T read M-major (k16 step kk: keys dq_key0 + 16 kk..+15), B = K's column
-      // chunk (MN-major).
-      const int dq_chunk = Traits::kDqSplitsKeys ? 0 : consumer;
-      const int dq_key0 = Traits::kDqSplitsKeys ? key0 : 0;
-      float acc_dq[kBlockM / 2];
+      // dQ (query rows dq_q0..+64 x columns 64 dq_chunk..+64) = dS K over the block's 128
+      // keys: A = dS^T's query chunk read M-major (k16 step kk: keys 16 kk..+15), B = K's
+      // column chunk (MN-major).
+      const int dq_chunk = Traits::kDqSplitsRows ? 0 : consumer;
+      const int dq_q0 = Traits::kDqSplitsRows ? 64 * consumer : 0;
+      float acc_dq[32];
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < Traits::kDqKeys / 16; ++kk) {
-        const int key = dq_key0 + 16 * kk;
-        const uint64_t a = desc_mn_major(sdS_t + key * kSwizzleBytes, Traits::kDSBytes);
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const int key = 16 * kk;
+        const uint64_t a = desc_mn_major(sdS_t + (dq_q0 / 64) * Traits::kDSChunkBytes +
+                                         key * kSwizzleBytes, Traits::kDSChunkBytes);
         const uint64_t b = desc_mn_major(sK + dq_chunk * Traits::kKChunkBytes +
                                          key * kSwizzleBytes, Traits::kKChunkBytes);
-        Wgmma<kBlockM, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
+        Wgmma<64, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
       // Deterministic (while the dQ GEMM runs): thread 128 waits for this query tile's
@@ -571,7 +616,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at
       // 4 lane. Rows past seqlen_q in a 16-row block add zeros (P = 0) to the padding; blocks
       // past it and columns past a padded head dim are skipped.
-      const int dq_row = m0 + 16 * warp_in_wg;
+      const int dq_row = m0 + dq_q0 + 16 * warp_in_wg;
       if constexpr (Traits::kDqBulk) {
         // Stage the 4 KiB in shared memory (each store: the warp's 512 contiguous bytes) and
         // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
@@ -581,12 +626,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         __syncwarp();
         if (dq_row < seq.seqlen_q()) {
 #pragma unroll
-          for (int nt = 0; nt < kBlockM / 8; ++nt)
+          for (int nt = 0; nt < 8; ++nt)
             st_shared_v4(sdq + 4 * (128 * nt + 4 * lane), acc_dq[4 * nt], acc_dq[4 * nt + 1],
                          acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
           fence_proxy_async();  // the generic-proxy stores, before the async-proxy read
           __syncwarp();
-          const int tiles = min(kBlockM / 8, (p.headdim - 64 * dq_chunk) / 8);
+          const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
           if (lane == 0 && tiles > 0) {
             if (p.deterministic) fence_proxy_async_global();  // after the turn's acquire
             float* const dq =
@@ -599,7 +644,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
                           16 * 64 * dq_chunk + 4 * lane;
 #pragma unroll
-        for (int nt = 0; nt < kBlockM / 8; ++nt) {
+        for (int nt = 0; nt < 8; ++nt) {
           if (64 * dq_chunk + 8 * nt < p.headdim) {
             ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1],
                             acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
