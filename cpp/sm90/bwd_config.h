@@ -27,7 +27,8 @@ struct Sm90BwdTile {
 // sm90/fwd_config.h).
 // Shared memory (bf16): K, V 2 x 128 d; per stage Q, dO 2 x block_m d and LSE, dsum
 // 2 x block_m f32; dS^T 2 x [128 keys x block_m] (double-buffered so that one named barrier
-// per step suffices); dq_bulk staging; mbarriers; 1 KiB alignment: d128 194 KiB, d64 195 KiB (kBias: below).
+// per step suffices); dq_bulk staging; mbarriers; 1 KiB alignment: d128 194 KiB, d64 195 KiB
+// (kBias: below).
 constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
   return Sm90BwdTile{head_dim == 64 ? 128 : 64, 128, 2, 240, 24};
 }
@@ -55,7 +56,7 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 }
 
 // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's block_m queries
-// (2-byte, 128-byte rows) after the barriers, + 128 bytes to align it. d128 fits (211 KiB);
+// (2-byte, 128-byte rows) after the barriers, + 128 bytes to align it. d128 fits (210 KiB);
 // d64 would need 227.2 KiB of the 227 (the bias then runs the mma.sync backward at d64).
 constexpr int sm90_bwd_bias_bytes(int head_dim) {
   return (sm90_bwd_tile(head_dim).block_n / 64) * 64 * sm90_bwd_tile(head_dim).block_m * 2 + 128;

@@ -5,41 +5,48 @@
 //
 // Tiling
 //   grid   (ceil(seqlen_k / 128), nheads_k, batch): one CTA per 128-key block of a KV head;
-//          it walks every 64-row query block that sees the keys, for each query head of the
-//          GQA group (head-major), and keeps dK / dV in f32 registers over all of them.
+//          it walks every query block (kBlockM rows: d128 64, d64 128; sm90_bwd_tile) that
+//          sees the keys, for each query head of the GQA group (head-major), and keeps dK / dV
+//          in f32 registers over all of them.
 //   block  384 threads. Warpgroup 0 is the producer (setmaxnreg down): thread 0 loads K, V
 //          once (TMA, kv_full) and Q, dO of each step into stage t % 2 (q_full, do_full);
 //          warp 1 copies the step's LSE (+inf past seqlen_q: P = 0 there) and dsum into the
 //          stage (lse_full, 32 arrivals). Consumer warpgroup c (1 + c) owns keys
 //          [64 c, 64 c + 64) of the block; its warp w keys 16 w..+15, so the S^T / dP^T / dK /
 //          dV accumulators have the mma.sync C layout (fwd_softmax.cuh).
-//   smem   sK, sV [128 x d]; per stage sQ, sdO [64 x d] (TMA's 128-byte swizzle,
-//          wgmma.cuh) and LSE, dsum [64] f32; sdS 2 x [128 keys x 64 queries] (dS^T, the
-//          same swizzle); mbarriers. Budget: sm90/bwd_config.h.
+//   smem   sK, sV [128 x d]; per stage sQ, sdO [kBlockM x d] (TMA's 128-byte swizzle,
+//          wgmma.cuh) and LSE, dsum [kBlockM] f32; sdS 2 x [128 keys x kBlockM queries] (dS^T
+//          in chunks of 64 queries, the same swizzle); dq_bulk staging; mbarriers. Budget:
+//          sm90/bwd_config.h.
 //   step   (t, query block m of head h; stage s = t % 2)
-//            S^T = K_c Q^T (SS, m64 n64), dP^T = V_c dO^T (SS)
+//            S^T = K_c Q^T (SS, m64 n kBlockM), dP^T = V_c dO^T (SS)
 //            mask (key tail, causal), P^T = exp2(S^T scale log2e - LSE log2e) -> A fragments
-//            dV += P^T dO (RS, n128, dO MN-major)
+//            dV += P^T dO (RS, n = d, K = kBlockM queries, dO MN-major)
 //            dS^T = P^T o (dP^T - dsum) -> A fragments and sdS[s] (4-byte stores)
-//            dK += dS^T Q (RS, n128)
+//            dK += dS^T Q (RS)
 //            named barrier of both consumers (sdS[s] complete)
-//            d128: dQ[:, 64 c..+64] = dS K[:, 64 c..+64] over the block's 128 keys
-//            d64:  dQ += dS[:, keys of c] K[keys of c, :] (each warpgroup its own keys,
-//                  both adding into dq_accum)
-//                  (SS, A = sdS read M-major, K MN-major)
-//            wait all; release stage s; red.add.v4 of dQ into dq_accum
+//            dQ tile of warpgroup c (m64 n64 over the block's 128 keys; SS, A = sdS read
+//            M-major, K MN-major): d128 dQ[:, 64 c..+64] = dS K[:, 64 c..+64]; d64
+//            dQ[64 c..+64, :] = dS[64 c..+64, :] K: no dQ element from two warpgroups
+//            wait all; release stage s; dQ into dq_accum (dq_bulk: staged, one bulk
+//            reduce-add per warp; else red.add.v4)
+//          d64 issues dV after the dS^T pass (P^T packed there; kMods: its logits too, after
+//          dP^T), so that S^T, dP^T (64 f32 each at n128) and in-flight P^T fragments are not
+//          live together with dK / dV (kDvAfterDs: registers).
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
 //          order of common/dq_order.cuh (descending: key blocks launched last first; or the
-//          rotated walk), one counter per 64-row query tile: after issuing dV, each warp's
+//          rotated walk), one counter per query tile: after issuing dV (d64: before the dS^T
+//          pass), each warp's
 //          lane 0 waits for its previous reduce to complete and adds 1 to that tile's
 //          counter (release); thread 128, while its dQ GEMM runs, waits for this tile's
 //          turn (8 adds per earlier visitor); a second named barrier passes it on.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
-// Limits: kernel head dims 64 and 128 (d 33-64, 97-128; d64 an opt-in build), dense or varlen
-// (BwdSeq), full, causal or sliding-window attention, softcap / ALiBi (kMods); no dropout /
-// attention bias / deterministic mode in the ascending order (sm90_bwd_supports).
+// Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
+// causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
+// dbias at d128 (kBias); no dropout / dbias / deterministic mode in the ascending order
+// (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
