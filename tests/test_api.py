@@ -90,7 +90,7 @@ def test_build_info_and_version():
     assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
         info["bwd_head_dims"], default=0
     )
-    # The Hopper backward: kernel head dim 128 (and 64 with d64 of FLASHATTN2_SM90_BWD_EXPERIMENTAL).
+    # The Hopper backward: kernel head dims 128 and (d64 of FLASHATTN2_SM90_BWD_EXPERIMENTAL) 64.
     assert set(info["sm90_bwd_head_dims"]) <= {64, 128} & set(head_dims)
     if info["sm90_bwd_head_dims"]:
         assert 90 in info["archs"]
