@@ -30,9 +30,11 @@
 //            dQ[64 c..+64, :] = dS[64 c..+64, :] K: no dQ element from two warpgroups
 //            wait all; release stage s; dQ into dq_accum (dq_bulk: staged, one bulk
 //            reduce-add per warp; else red.add.v4)
-//          d64 issues dV after the dS^T pass (P^T packed there; kMods: its logits too, after
+//          d64 issues dV in the dS^T pass (P^T packed there; kMods: its logits too, after
 //          dP^T), so that S^T, dP^T (64 f32 each at n128) and in-flight P^T fragments are not
-//          live together with dK / dV (kDvAfterDs: registers).
+//          live together with dK / dV (kDvAfterDs: registers): dV and dK of the first 64
+//          queries once their fragments are packed (they run during the second half of the
+//          pass), the rest after it.
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
@@ -228,9 +230,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
   constexpr int kChunks = Traits::kChunks;
-  // d64 (128-row steps): the dV GEMM is issued after the dS^T pass, with P^T packed there,
-  // so that S^T (64 f32), dP^T (64) and the in-flight P^T fragments (32) are never live
-  // together with dK / dV (64): that order (d128's) needs ~256 of the 240 registers.
+  // d64 (128-row steps): the dV GEMM is issued in the dS^T pass, with P^T packed there, so
+  // that S^T (64 f32), dP^T (64) and the in-flight P^T fragments (32) are never live
+  // together with dK / dV (64): that order (d128's) needs ~256 of the 240 registers (ptxas
+  // serialised the wgmma and spilled). Half of dV and dK is issued mid-pass: no spills then
+  // (the plain instance spilled 16 B with both GEMMs after the pass).
   constexpr bool kDvAfterDs = Traits::kBlockM > 64;
   static_assert(!(kBias && kDvAfterDs), "the staged bias: d128 only (sm90_bwd_bias_fits)");
   const BwdParams& p = args.p;
@@ -366,12 +370,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       wgmma_commit();
     };
     // acc (64 keys x d) += A (64 keys x kBlockM queries, registers) times the stage's sB
-    // (MN-major).
+    // (MN-major); k16 steps kk_begin..kk_end - 1 of the queries.
     auto gemm_kv = [&](float (&acc)[kHeadDim / 2], const uint32_t (&a)[kBlockM / 16][4],
-                       uint32_t b_base) {
+                       uint32_t b_base, int kk_begin = 0, int kk_end = Traits::kBlockM / 16) {
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      for (int kk = kk_begin; kk < kk_end; ++kk) {
         const uint64_t b = desc_mn_major(b_base + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
         Wgmma<kHeadDim, Element>::template rs<1>(acc, a[kk], b, 1);
       }
@@ -572,9 +576,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                 (((nt % 8) ^ (row % 8)) * 16) + 4 * q;
           st_shared(addr, v);
         }
+        // kDvAfterDs: the dV and dK GEMMs of the first 64 queries as soon as their fragments
+        // are packed, so that they run during the second half of the pass.
+        if (kDvAfterDs && nt == kBlockM / 16 - 1) {
+          gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, 0, kBlockM / 32);
+          gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, 0, kBlockM / 32);
+        }
       }
-      if constexpr (kDvAfterDs) gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
-      gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
+      if constexpr (kDvAfterDs) {
+        gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, kBlockM / 32, kBlockM / 16);
+        gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, kBlockM / 32, kBlockM / 16);
+      } else {
+        gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
+      }
       fence_proxy_async();
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
       if constexpr (kBias) {
