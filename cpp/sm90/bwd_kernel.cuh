@@ -551,21 +551,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int nt = 0; nt < kBlockM / 8; ++nt) {
         const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (8 * nt + 2 * q));
-        float ps[4];  // P^T (o dl with kMods)
-        if constexpr (kMods && kDvAfterDs) {
-          float dl[4];
-          mod_tile(nt, ps, dl);
-          pack_p(nt, ps);
+        if constexpr (kDvAfterDs) {
+          float ps[4];  // P^T (o dl with kMods)
+          if constexpr (kMods) {
+            float dl[4];
+            mod_tile(nt, ps, dl);
+            pack_p(nt, ps);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ps[e] *= dl[e];
+            for (int e = 0; e < 4; ++e) ps[e] *= dl[e];
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ps[e] = acc_s[4 * nt + e];
+            pack_p(nt, ps);
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_dp[4 * nt + e] = ps[e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
         } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ps[e] = acc_s[4 * nt + e];
-          if constexpr (kDvAfterDs) pack_p(nt, ps);
+          for (int e = 0; e < 4; ++e)
+            acc_dp[4 * nt + e] =
+                acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
         }
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          acc_dp[4 * nt + e] = ps[e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t v =
