@@ -233,9 +233,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // d64 (128-row steps): the dV GEMM is issued in the dS^T pass, with P^T packed there, so
   // that S^T (64 f32), dP^T (64) and the in-flight P^T fragments (32) are never live
   // together with dK / dV (64): that order (d128's) needs ~256 of the 240 registers (ptxas
-  // serialised the wgmma and spilled). Half of dV and dK is issued mid-pass: no spills then
-  // (the plain instance spilled 16 B with both GEMMs after the pass).
+  // serialised the wgmma and spilled). kDvSplit: half of dV and dK issued mid-pass (the
+  // plain instance spilled 16 B with both GEMMs after the pass; varlen + mods 32 B with the
+  // split, 0 without).
   constexpr bool kDvAfterDs = Traits::kBlockM > 64;
+  constexpr bool kDvSplit = kDvAfterDs && !(kVarlen && kMods);
   static_assert(!(kBias && kDvAfterDs), "the staged bias: d128 only (sm90_bwd_bias_fits)");
   const BwdParams& p = args.p;
 
@@ -583,16 +585,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                 (((nt % 8) ^ (row % 8)) * 16) + 4 * q;
           st_shared(addr, v);
         }
-        // kDvAfterDs: the dV and dK GEMMs of the first 64 queries as soon as their fragments
+        // kDvSplit: the dV and dK GEMMs of the first 64 queries as soon as their fragments
         // are packed, so that they run during the second half of the pass.
-        if (kDvAfterDs && nt == kBlockM / 16 - 1) {
+        if (kDvSplit && nt == kBlockM / 16 - 1) {
           gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, 0, kBlockM / 32);
           gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, 0, kBlockM / 32);
         }
       }
       if constexpr (kDvAfterDs) {
-        gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, kBlockM / 32, kBlockM / 16);
-        gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, kBlockM / 32, kBlockM / 16);
+        gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
+        gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
       } else {
         gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
       }
