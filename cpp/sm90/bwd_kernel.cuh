@@ -34,7 +34,7 @@
 //          dP^T), so that S^T, dP^T (64 f32 each at n128) and in-flight P^T fragments are not
 //          live together with dK / dV (kDvAfterDs: registers): dV and dK of the first 64
 //          queries once their fragments are packed (they run during the second half of the
-//          pass), the rest after it.
+//          pass; not with varlen + mods: registers), the rest after it.
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
