@@ -281,18 +281,25 @@ def test_sm90_backward_d64_switch(sm90_bwd):
         assert arch == 90
 
 
+@pytest.mark.parametrize("kind", ["full", "keys"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sm90_backward_d64_bias_without_grad(sm90_bwd, causal):
-    """An attention bias without its gradient at d64: the staged-bias instance needs more
-    shared memory than 128-row steps leave (sm90_bwd_bias_fits), so the mma.sync backward
-    runs it, with gradients under the 2x rule of test_bias.py."""
+@pytest.mark.parametrize("seqlens", [(300, 264), (129, 128), (1, 96), (257, 136)])
+def test_sm90_backward_d64_bias_without_grad(sm90_bwd, seqlens, causal, kind):
+    """An attention bias without its gradient (a mask) at d64, 16-byte aligned rows: the
+    staged-bias instance with one sdS buffer (128-row steps leave no room for two), tiles of
+    128 query rows with tails in both halves; gradients under the 2x rule of test_bias.py.
+    With dbias, the mma.sync backward."""
     require_sm90_bwd(64)
     from test_bias import BUILT, _run_case
 
     if not BUILT:
         pytest.skip("build without FLASHATTN2_EXPERIMENTAL=bias")
+    if "mods" not in EXPERIMENTAL:
+        pytest.skip("the staged bias runs in the mods instances (FLASHATTN2_SM90_BWD_EXPERIMENTAL)")
     torch.manual_seed(0)
     _ext.last_bwd_arch = None
-    _run_case(2, 300, 264, 4, 2, 64, torch.bfloat16, torch.bfloat16, "full", causal=causal,
+    _run_case(2, *seqlens, 4, 2, 64, torch.bfloat16, torch.bfloat16, kind, causal=causal,
               bias_grad=False)
+    assert _ext.last_bwd_arch == 90
+    _run_case(1, *seqlens, 2, 2, 64, torch.bfloat16, torch.bfloat16, kind, causal=causal)
     assert _ext.last_bwd_arch == 80

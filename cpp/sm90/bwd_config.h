@@ -57,12 +57,20 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 
 // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's block_m queries
 // (2-byte, 128-byte rows) after the barriers, + 128 bytes to align it. d128 fits (210 KiB);
-// d64 would need 227.2 KiB of the 227 (the bias then runs the mma.sync backward at d64).
-constexpr int sm90_bwd_bias_bytes(int head_dim) {
+// d64 with both dS^T buffers would need 227.2 KiB of the 227, so its bias instance keeps one
+// (sm90_bwd_bias_one_ds; one more barrier hand-off per step, bwd_kernel.cuh): 195 KiB.
+constexpr int sm90_bwd_bias_tiles_bytes(int head_dim) {
   return (sm90_bwd_tile(head_dim).block_n / 64) * 64 * sm90_bwd_tile(head_dim).block_m * 2 + 128;
 }
-constexpr bool sm90_bwd_bias_fits(int head_dim) {
-  return sm90_bwd_smem_bytes(head_dim) + sm90_bwd_bias_bytes(head_dim) <= 227 * 1024;
+constexpr bool sm90_bwd_bias_one_ds(int head_dim) {
+  return sm90_bwd_smem_bytes(head_dim) + sm90_bwd_bias_tiles_bytes(head_dim) > 227 * 1024;
+}
+// Shared memory of the kBias instance beyond sm90_bwd_smem_bytes (negative: less).
+constexpr int sm90_bwd_bias_bytes(int head_dim) {
+  return sm90_bwd_bias_tiles_bytes(head_dim) -
+         (sm90_bwd_bias_one_ds(head_dim)
+              ? 2 * sm90_bwd_tile(head_dim).block_n * sm90_bwd_tile(head_dim).block_m
+              : 0);
 }
 
 // The backwards the sm90 kernel serves (everything else runs the mma.sync backward of
@@ -76,11 +84,10 @@ constexpr bool sm90_bwd_bias_fits(int head_dim) {
 // with deterministic mode: bwd_dq_chains.)
 // An attention bias on the Hopper backward (its kBias instance, with the mods one built):
 // dense, no dbias asked for, rows 16-byte aligned with unit key stride (staged in shared
-// memory by 16-byte copies), kernel head dim 128 (sm90_bwd_bias_fits); the rest runs the
-// mma.sync backward.
+// memory by 16-byte copies); the rest runs the mma.sync backward.
 inline bool sm90_bwd_takes_bias(const BwdParams& p, int kernel_head_dim) {
 #if FLASHATTN2_BIAS
-  return FLASHATTN2_SM90_BWD_MODS && sm90_bwd_bias_fits(kernel_head_dim) && !p.dbias &&
+  return FLASHATTN2_SM90_BWD_MODS && sm90_bwd_head_dim(kernel_head_dim) && !p.dbias &&
          !p.cu_seqlens_q && !p.cu_seqlens_k && bias_rows_16b(p);
 #else
   return (void)p, (void)kernel_head_dim, false;

@@ -47,8 +47,8 @@
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
 // causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
-// dbias at d128 (kBias); no dropout / dbias / deterministic mode in the ascending order
-// (sm90_bwd_supports).
+// dbias (kBias; at d64 with one sdS buffer); no dropout / dbias / deterministic mode in the
+// ascending order (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -93,15 +93,18 @@ struct BwdTraits {
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
   static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
-  // kBias (kernel head dim 128: sm90_bwd_bias_fits): each consumer warpgroup stages the bias
-  // of its 64 keys x the step's queries (128-byte rows) after the barriers.
+  // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's queries
+  // (128-byte rows) after the barriers; d64 then has one dS^T buffer (sm90_bwd_bias_one_ds).
   static constexpr int kBiasWgBytes = 64 * kBlockM * 2;
-  static_assert(kConsumers * kBiasWgBytes + 128 == sm90_bwd_bias_bytes(kHeadDim), "bias tile");
+  static_assert(kConsumers * kBiasWgBytes + 128 == sm90_bwd_bias_tiles_bytes(kHeadDim),
+                "bias tile");
+  static constexpr int ds_buffers(bool bias) {
+    return bias && sm90_bwd_bias_one_ds(kHeadDim) ? 1 : 2;
+  }
   static constexpr int smem_bytes(bool bias) {
     return kSmemBytes + (bias ? sm90_bwd_bias_bytes(kHeadDim) : 0);
   }
-  static_assert(!sm90_bwd_bias_fits(kHeadDim) || smem_bytes(true) <= 227 * 1024,
-                "smem budget with the staged bias");
+  static_assert(smem_bytes(true) <= 227 * 1024, "smem budget with the staged bias");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
   // dQ = dS K: each consumer warpgroup computes one 64 x 64 tile of it over the block's 128
   // keys (an m64 n64 GEMM, 32 f32 per thread): d128 (64 query rows) the rows x its column
@@ -137,6 +140,10 @@ struct BwdArgs {
 constexpr int kBarDS = 1;
 constexpr int kBarDqTurn = 2;
 constexpr int kBarBias = 3;
+// Of the two consumer warpgroups, d64's kBias instance (one sdS buffer): warpgroup c's dQ GEMM
+// of the step is complete (kBarDsFree + c: c arrives, the other one waits before its dS^T
+// stores of the next step).
+constexpr int kBarDsFree = 5;
 
 // The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
 // what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read
@@ -238,7 +245,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // split, 0 without).
   constexpr bool kDvAfterDs = Traits::kBlockM > 64;
   constexpr bool kDvSplit = kDvAfterDs && !(kVarlen && kMods);
-  static_assert(!(kBias && kDvAfterDs), "the staged bias: d128 only (sm90_bwd_bias_fits)");
+  // sdS buffers: 2, indexed by the stage; 1 in d64's kBias instance (smem), whose reuse then
+  // waits for the other warpgroup's dQ GEMM of the step before (kBarDsFree).
+  constexpr int kDsBuffers = Traits::ds_buffers(kBias);
   const BwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
@@ -248,7 +257,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t sQ = sV + Traits::kKBytes;                 // stage s: + s kQBytes
   const uint32_t sdO = sQ + kStages * Traits::kQBytes;      // stage s: + s kQBytes
   const uint32_t sdS = sdO + kStages * Traits::kQBytes;     // buffer b: + b kDSBytes
-  [[maybe_unused]] const uint32_t sDq = sdS + 2 * Traits::kDSBytes;  // dq_bulk: warp w at w kDqWarpBytes
+  // dq_bulk: warp w's dQ staging at sDq + w kDqWarpBytes.
+  [[maybe_unused]] const uint32_t sDq = sdS + kDsBuffers * Traits::kDSBytes;
   const uint32_t sLse = sDq + Traits::kDqStageBytes;        // stage s: + 2 s kRowBytes
   auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
   auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
@@ -393,17 +403,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     };
 
     // kBias: the warpgroup's 64 keys x kBlockM queries of the bias of step (head, m_block) into
-    // its tile of sBias, kBlockM / 16 16-byte cp.async per thread (consecutive threads take a query
-    // row's consecutive 8-key chunks), chunk c of row r at (c ^ r % 8) 16 bytes so that the
-    // fragment reads hit distinct banks; rows past seqlen_q, keys past seqlen_k zero-filled.
-    // Issued after the previous step's sdS barrier (every read of the tile is done by then),
-    // waited for before this step's logits.
+    // its tile of sBias, kBlockM / 16 16-byte cp.async per thread (consecutive threads take a
+    // query row's consecutive 8-key chunks; a thread's rows 16 apart), chunk c of row r at
+    // (c ^ r % 8) 16 bytes so that the fragment reads hit distinct banks; rows past seqlen_q,
+    // keys past seqlen_k zero-filled. Issued after the previous step's sdS barrier (every read
+    // of the tile is done by then), waited for before this step's logits.
     [[maybe_unused]] const uint32_t sBias_wg = sBias + consumer * Traits::kBiasWgBytes;
     auto bias_issue = [&](int head, int m_block) {
       if constexpr (kBias) {
 #if FLASHATTN2_BIAS
         const auto* plane = static_cast<const Element*>(p.attn_bias) +
                             batch * p.bias_batch_stride + head * p.bias_head_stride;
+        if constexpr (kDvAfterDs) {
+          // One source pointer and shared address stepped by 16 rows (the per-copy addresses
+          // of the form below, hoisted out of the loop, spilled 144 B here; threadIdx read
+          // again rather than tid kept live: 20 B instead of 36).
+          const int row0 = (threadIdx.x % 128) / 8, chunk = threadIdx.x % 8;
+          const int key = n0 + key0 + 8 * chunk;
+          const int key_bytes = 2 * min(max(seq.seqlen_k() - key, 0), 8);
+          const int query0 = m_block * kBlockM + row0;
+          const Element* src = plane + int64_t(query0) * p.bias_row_stride + key;
+          const uint32_t dst = sBias_wg + row0 * 128 + ((chunk ^ (row0 % 8)) * 16);
+#pragma unroll
+          for (int i = 0; i < kBlockM / 16; ++i) {
+            const int bytes = query0 + 16 * i < seq.seqlen_q() ? key_bytes : 0;
+            ptx::cp_async_16_bytes(dst + i * 16 * 128,
+                                   bytes > 0 ? src + int64_t(16 * i) * p.bias_row_stride : plane,
+                                   bytes);
+          }
+          ptx::cp_async_commit();
+          return;
+        }
 #pragma unroll
         for (int i = 0; i < kBlockM / 16; ++i) {
           const int idx = tid % 128 + 128 * i, row = idx / 8, chunk = idx % 8;
@@ -549,7 +579,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // n8 tile nt in query chunk nt / 8, swizzled: the 4-byte stores of a warp hit 32
       // distinct banks). kDvAfterDs: P^T (kMods: its logits too, after dP^T: in one pass the
       // tile's S^T and dP^T die together) into the dV GEMM's A fragments here.
-      const uint32_t sdS_t = sdS + s * Traits::kDSBytes;
+      const uint32_t sdS_t = sdS + (kDsBuffers == 2 ? s : 0) * Traits::kDSBytes;
+      if constexpr (kBias && kDvAfterDs) {
+        ptx::cp_async_wait<0>();
+        named_sync(kBarBias + consumer, 128);  // the warpgroup's tile has landed
+      }
+      if constexpr (kDsBuffers == 1) {
+        if (t > 0) named_sync(kBarDsFree + 1 - consumer, 256);  // the other's dQ read sdS
+      }
 #pragma unroll
       for (int nt = 0; nt < kBlockM / 8; ++nt) {
         const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (8 * nt + 2 * q));
@@ -640,6 +677,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       fence_regs(acc_dk);
       fence_regs(acc_dv);
       mbar_arrive(bar_empty(s));  // sQ, sdO, LSE, dsum of stage s are read
+      if constexpr (kDsBuffers == 1) {
+        if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
+      }
       if (p.deterministic) named_sync(kBarDqTurn, 256);
 
       // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64

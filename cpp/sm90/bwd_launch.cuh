@@ -49,8 +49,8 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   constexpr bool kModsBuilt = FLASHATTN2_SM90_BWD_MODS != 0;
   const bool varlen = kVarlenBuilt && (p.cu_seqlens_q || p.cu_seqlens_k);
   const bool mods = kModsBuilt && (p.softcap > 0.f || p.alibi_slopes);
-  // An attention bias (no dbias, dense, aligned rows, d128: sm90_bwd_supports): its own instance.
-  constexpr bool kBiasBuilt = FLASHATTN2_BIAS && kModsBuilt && sm90_bwd_bias_fits(kHeadDim);
+  // An attention bias (no dbias, dense, aligned rows: sm90_bwd_supports): its own instance.
+  constexpr bool kBiasBuilt = FLASHATTN2_BIAS && kModsBuilt;
   if (kBiasBuilt && has_bias(p))
     sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
   else if (varlen && mods)
