@@ -414,33 +414,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #if FLASHATTN2_BIAS
         const auto* plane = static_cast<const Element*>(p.attn_bias) +
                             batch * p.bias_batch_stride + head * p.bias_head_stride;
-        if constexpr (kDvAfterDs) {
-          // One source pointer and shared address stepped by 16 rows (the per-copy addresses
-          // of the form below, hoisted out of the loop, spilled 144 B here; threadIdx read
-          // again rather than tid kept live: 20 B instead of 36).
-          const int row0 = (threadIdx.x % 128) / 8, chunk = threadIdx.x % 8;
-          const int key = n0 + key0 + 8 * chunk;
-          const int key_bytes = 2 * min(max(seq.seqlen_k() - key, 0), 8);
-          const int query0 = m_block * kBlockM + row0;
-          const Element* src = plane + int64_t(query0) * p.bias_row_stride + key;
-          const uint32_t dst = sBias_wg + row0 * 128 + ((chunk ^ (row0 % 8)) * 16);
-#pragma unroll
-          for (int i = 0; i < kBlockM / 16; ++i) {
-            const int bytes = query0 + 16 * i < seq.seqlen_q() ? key_bytes : 0;
-            ptx::cp_async_16_bytes(dst + i * 16 * 128,
-                                   bytes > 0 ? src + int64_t(16 * i) * p.bias_row_stride : plane,
-                                   bytes);
-          }
-          ptx::cp_async_commit();
-          return;
-        }
+        // One source pointer and shared address stepped by 16 rows (per-copy addresses
+        // hoisted out of the loop spilled: d64 144 B, d128 76 B; threadIdx read again rather
+        // than tid kept live: d64 20 B instead of 36, d128 0).
+        const int row0 = (threadIdx.x % 128) / 8, chunk = threadIdx.x % 8;
+        const int key = n0 + key0 + 8 * chunk;
+        const int key_bytes = 2 * min(max(seq.seqlen_k() - key, 0), 8);
+        const int query0 = m_block * kBlockM + row0;
+        const Element* src = plane + int64_t(query0) * p.bias_row_stride + key;
+        const uint32_t dst = sBias_wg + row0 * 128 + ((chunk ^ (row0 % 8)) * 16);
 #pragma unroll
         for (int i = 0; i < kBlockM / 16; ++i) {
-          const int idx = tid % 128 + 128 * i, row = idx / 8, chunk = idx % 8;
-          const int query = m_block * kBlockM + row, key = n0 + key0 + 8 * chunk;
-          const int bytes = query < seq.seqlen_q() ? 2 * min(max(seq.seqlen_k() - key, 0), 8) : 0;
-          const Element* src = bytes > 0 ? plane + int64_t(query) * p.bias_row_stride + key : plane;
-          ptx::cp_async_16_bytes(sBias_wg + row * 128 + ((chunk ^ (row % 8)) * 16), src, bytes);
+          const int bytes = query0 + 16 * i < seq.seqlen_q() ? key_bytes : 0;
+          ptx::cp_async_16_bytes(dst + i * 16 * 128,
+                                 bytes > 0 ? src + int64_t(16 * i) * p.bias_row_stride : plane,
+                                 bytes);
         }
         ptx::cp_async_commit();
 #endif
