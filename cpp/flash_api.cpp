@@ -717,7 +717,7 @@ int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, b
   // (sm90/bwd_config.h) on an sm_90 GPU; the mma.sync backward for everything else, and
   // whatever TMA cannot describe.
   if (allow_sm90 && Sm90BwdHeadDims::dispatch(kd, [](auto) {}) && sm90_bwd_head_dim(kd) &&
-      compute_capability(device) == 90 && sm90_bwd_supports(p) &&
+      compute_capability(device) == 90 && sm90_bwd_supports(p, kd) &&
       sm90_bwd_smem_bytes(kd) <= smem_max) {
     bool ran = false;
     Sm90BwdHeadDims::dispatch(kd, [&](auto head_dim) {

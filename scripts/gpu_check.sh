@@ -11,8 +11,8 @@
 # BENCH_ARGS, DECODE_ARGS, TESTS (pytest paths, default tests), PYTEST_ARGS, SM80_TESTS (forward and backward test files run a
 # second time with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are
 # tested), ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS
-# (default: all), SM90_BWD_EXPERIMENTAL (the Hopper backward's unvalidated extensions, e.g.
-# "d64;window;varlen;mods;dq_bulk"; default none), EXPERIMENTAL (other unvalidated features,
+# (default: all), SM90_BWD_EXPERIMENTAL (the Hopper backward's extensions, a subset of
+# "d64;window;varlen;mods;dq_bulk"; default CMake's: all), EXPERIMENTAL (other unvalidated features,
 # FLASHATTN2_EXPERIMENTAL: "bias"; default none), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
 # SANITIZER_ARGS (extra flags), PYTHON (default python3).
 #

@@ -105,6 +105,9 @@ BWD_CASES = [
     (1, 65, 129, 2, 2, 40, False, torch.float16),
     (1, 300, 333, 4, 2, 128, True, torch.bfloat16, True),
     (2, 300, 257, 2, 2, 128, False, torch.bfloat16, True),
+    # d64 steps of 128 query rows: tails in both halves, deterministic orders
+    (1, 300, 333, 4, 2, 64, True, torch.bfloat16, True),
+    (2, 300, 257, 2, 2, 64, False, torch.float16, True),
 ]
 
 

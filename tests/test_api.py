@@ -90,7 +90,7 @@ def test_build_info_and_version():
     assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
         info["bwd_head_dims"], default=0
     )
-    # The Hopper backward: kernel head dim 128 (and 64 with FLASHATTN2_SM90_BWD_EXPERIMENTAL d64).
+    # The Hopper backward: kernel head dims 128 and (d64 of FLASHATTN2_SM90_BWD_EXPERIMENTAL) 64.
     assert set(info["sm90_bwd_head_dims"]) <= {64, 128} & set(head_dims)
     if info["sm90_bwd_head_dims"]:
         assert 90 in info["archs"]
@@ -760,3 +760,34 @@ def test_sm90_backward_switch(monkeypatch):
         monkeypatch.undo()
         importlib.reload(_ext)
     assert "allow_sm90" in _ext._C.bwd.__doc__
+
+
+def test_sm90_backward_d64_switch(monkeypatch):
+    """FLASHATTN2_SM90_BWD_D64=0 at import (or _ext.sm90_bwd_d64(False)) keeps head dims 33-64
+    (kernel head dim 64) off the Hopper backward and no other; on by default."""
+    import importlib
+
+    from flashattn2.interface import _allow_sm90_bwd
+
+    monkeypatch.delenv("FLASHATTN2_SM90_BWD_D64", raising=False)
+    try:
+        assert importlib.reload(_ext).SM90_BWD_D64 is True
+        monkeypatch.setenv("FLASHATTN2_SM90_BWD_D64", "0")
+        assert importlib.reload(_ext).SM90_BWD_D64 is False
+        monkeypatch.setenv("FLASHATTN2_SM90_BWD_D64", "1")
+        assert importlib.reload(_ext).SM90_BWD_D64 is True
+    finally:
+        monkeypatch.undo()
+        importlib.reload(_ext)
+    monkeypatch.setattr(_ext, "SM90_BWD", True)
+    monkeypatch.setattr(_ext, "FORCE_SM80", False)
+    dims = [d for d in range(1, 257) if _ext.KERNEL_HEAD_DIM[d] > 0]
+    assert all(_allow_sm90_bwd(d) for d in dims)
+    with _ext.sm90_bwd_d64(False):
+        assert [d for d in dims if not _allow_sm90_bwd(d)] == [
+            d for d in dims if _ext.KERNEL_HEAD_DIM[d] == 64]
+    assert _ext.SM90_BWD_D64 is True
+    with _ext.force_sm80():
+        assert not any(_allow_sm90_bwd(d) for d in dims)
+    monkeypatch.setattr(_ext, "SM90_BWD", False)
+    assert not any(_allow_sm90_bwd(d) for d in dims)

@@ -1,8 +1,9 @@
 """The Hopper backward (cpp/sm90/bwd_kernel.cuh; on by default, off with FLASHATTN2_SM90_BWD=0,
-``_ext.SM90_BWD = False`` or force_sm80()): its gradients at its own tile
-boundaries (128 keys per CTA, 64 keys per consumer warpgroup, 64 query rows per step)
-against the float32 reference under the 2x rule of test_bwd.py, and which backwards stay on
-the mma.sync kernels.
+``_ext.SM90_BWD = False`` or force_sm80(); head dims 33-64 also off with
+FLASHATTN2_SM90_BWD_D64=0 or ``_ext.sm90_bwd_d64(False)``): its gradients at its own tile
+boundaries (128 keys per CTA, 64 keys per consumer warpgroup, 64 query rows per step at
+d128, 128 at d64) against the float32 reference under the 2x rule of test_bwd.py, and which
+backwards stay on the mma.sync kernels.
 """
 import pytest
 import torch
@@ -19,12 +20,12 @@ SM90_BWD_HEAD_DIMS = tuple(_ext.build_info().get("sm90_bwd_head_dims", ()))
 # Extensions built in for testing before they are on by default (FLASHATTN2_SM90_BWD_EXPERIMENTAL).
 EXPERIMENTAL = set(_ext.build_info().get("sm90_bwd_experimental", ()))
 
-# Around the tiles: 1, a partial step, exactly one step / one warpgroup's keys, one past,
-# one CTA's keys, one past, several CTAs; and sq != sk both ways (causal: bottom-right
-# aligned, so the first query rows see no key when sq > sk).
+# Around the tiles: 1, a partial step, exactly one d128 step / one warpgroup's keys, one
+# past, one CTA's keys / one d64 step, one past, several CTAs; and sq != sk both ways (causal:
+# bottom-right aligned, so the first query rows see no key when sq > sk).
 SEQLENS = [(1, 1), (63, 63), (64, 64), (65, 65), (127, 127), (128, 128), (129, 129),
-           (500, 500), (1000, 1000), (1, 300), (300, 1), (100, 500), (500, 100),
-           (255, 257), (1023, 1025)]
+           (300, 300), (500, 500), (1000, 1000), (1, 300), (300, 1), (100, 500), (500, 100),
+           (255, 257), (1023, 1025), (129, 300), (300, 129)]
 HEADS = [(4, 4), (8, 2)]
 
 
@@ -36,6 +37,7 @@ def sm90_bwd(monkeypatch):
     if not SM90_BWD_HEAD_DIMS:
         pytest.skip("this build has no sm90 backward (needs 90a-real)")
     monkeypatch.setattr(_ext, "SM90_BWD", True)
+    monkeypatch.setattr(_ext, "SM90_BWD_D64", True)
 
 
 def require_sm90_bwd(kernel_head_dim):
@@ -195,15 +197,18 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
          "left"],
 )  # fmt: skip
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
-def test_sm90_backward_deterministic(sm90_bwd, seqlens, causal, window_size, arch, nheads,
-                                     nheads_k):
-    require_sm90_bwd(128)
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward_deterministic(sm90_bwd, headdim, seqlens, causal, window_size, arch,
+                                     nheads, nheads_k):
+    """The arch column holds at d64 too: with 128-row query tiles, (1025, 1025) full has 9 key
+    blocks and 9 query tiles (rotated), (1500, 700) 6 and 12."""
+    require_sm90_bwd(headdim)
     if "dq_bulk" not in EXPERIMENTAL:
         pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
     if window_size != (-1, -1) and "window" not in EXPERIMENTAL:
         arch = 80
     torch.manual_seed(0)
-    q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, 128, torch.bfloat16)
+    q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, headdim, torch.bfloat16)
     runs = []
     for _ in range(3):
         grads, ran = arch_of_backward(q, k, v, dout, causal=causal, window_size=window_size,
@@ -217,10 +222,11 @@ def test_sm90_backward_deterministic(sm90_bwd, seqlens, causal, window_size, arc
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sm90_backward_deterministic_varlen(sm90_bwd, causal):
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward_deterministic_varlen(sm90_bwd, headdim, causal):
     """Packed sequences: each sequence's CTAs keep their own order (a sequence whose key
     blocks outnumber its query blocks takes the ascending order, still bitwise)."""
-    require_sm90_bwd(128)
+    require_sm90_bwd(headdim)
     if not {"dq_bulk", "varlen"} <= EXPERIMENTAL:
         pytest.skip("needs the dq_bulk and varlen extensions")
     from flashattn2 import flash_attn_varlen_func
@@ -229,8 +235,8 @@ def test_sm90_backward_deterministic_varlen(sm90_bwd, causal):
     lengths_q, lengths_k = [300, 1, 640, 129], [300, 77, 640, 400]
     cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0)], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0)], dtype=torch.int32, device="cuda")
-    q = torch.randn(sum(lengths_q), 8, 128, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(sum(lengths_k), 2, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(sum(lengths_q), 8, headdim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths_k), 2, headdim, device="cuda", dtype=torch.bfloat16)
             for _ in range(2))
     dout = torch.randn_like(q)
     runs = []
@@ -251,3 +257,49 @@ def test_sm90_backward_deterministic_varlen(sm90_bwd, causal):
         qs, ks, vs = (t[c[i]:c[i + 1]].unsqueeze(0) for t, c in ((q, cu_q), (k, cu_k), (v, cu_k)))
         grads = [g[c[i]:c[i + 1]].unsqueeze(0) for g, c in zip(runs[0], (cu_q, cu_k, cu_k))]
         check_grads(grads, qs, ks, vs, dout[cu_q[i]:cu_q[i + 1]].unsqueeze(0), causal=causal)
+
+
+def test_sm90_backward_d64_switch(sm90_bwd):
+    """Head dims 33-64 run the Hopper backward (kernel head dim 64) where built, unless
+    switched off (FLASHATTN2_SM90_BWD_D64=0 / _ext.sm90_bwd_d64(False)): then the mma.sync
+    backward, with the same gradients under the 2x rule; d128 stays on the Hopper kernel."""
+    require_sm90_bwd(64)
+    torch.manual_seed(0)
+    for headdim in (64, 48):
+        q, k, v, dout = make_inputs(2, 300, 129, 8, 2, headdim, torch.bfloat16)
+        grads, arch = arch_of_backward(q, k, v, dout, causal=True)
+        assert arch == 90, headdim
+        check_grads(grads, q, k, v, dout, causal=True)
+        with _ext.sm90_bwd_d64(False):
+            grads_off, arch = arch_of_backward(q, k, v, dout, causal=True)
+        assert arch == 80, headdim
+        check_grads(grads_off, q, k, v, dout, causal=True)
+    if 128 in SM90_BWD_HEAD_DIMS:
+        q, k, v, dout = make_inputs(1, 200, 200, 4, 2, 128, torch.bfloat16)
+        with _ext.sm90_bwd_d64(False):
+            _, arch = arch_of_backward(q, k, v, dout, causal=True)
+        assert arch == 90
+
+
+@pytest.mark.parametrize("kind", ["full", "keys"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlens", [(300, 264), (129, 128), (1, 96), (257, 136)])
+def test_sm90_backward_d64_bias_without_grad(sm90_bwd, seqlens, causal, kind):
+    """An attention bias without its gradient (a mask) at d64, 16-byte aligned rows: the
+    staged-bias instance with one sdS buffer (128-row steps leave no room for two), tiles of
+    128 query rows with tails in both halves; gradients under the 2x rule of test_bias.py.
+    With dbias, the mma.sync backward."""
+    require_sm90_bwd(64)
+    from test_bias import BUILT, _run_case
+
+    if not BUILT:
+        pytest.skip("build without FLASHATTN2_EXPERIMENTAL=bias")
+    if "mods" not in EXPERIMENTAL:
+        pytest.skip("the staged bias runs in the mods instances (FLASHATTN2_SM90_BWD_EXPERIMENTAL)")
+    torch.manual_seed(0)
+    _ext.last_bwd_arch = None
+    _run_case(2, *seqlens, 4, 2, 64, torch.bfloat16, torch.bfloat16, kind, causal=causal,
+              bias_grad=False)
+    assert _ext.last_bwd_arch == 90
+    _run_case(1, *seqlens, 2, 2, 64, torch.bfloat16, torch.bfloat16, kind, causal=causal)
+    assert _ext.last_bwd_arch == 80

@@ -8,7 +8,7 @@
 namespace flashattn2 {
 
 // One CTA per (128-key block, KV head, batch): a producer warpgroup (TMA of K, V once and of
-// Q, dO per 64-query step; LSE and dsum by one warp) and two consumer warpgroups of 64 keys.
+// Q, dO per query step; LSE and dsum by one warp) and two consumer warpgroups of 64 keys.
 struct Sm90BwdTile {
   int block_m;        // query rows per step
   int block_n;        // keys per CTA = 64 per consumer warpgroup
@@ -17,17 +17,23 @@ struct Sm90BwdTile {
   int producer_regs;  // setmaxnreg of the producer warpgroup
 };
 
-// Registers (d128): dK + dV 128 f32, S^T + dP^T 64, P^T + dS^T A fragments 32, dQ 32 (after
-// S^T / dP^T die) of 240; producer 24: 24 + 2 x 240 = 3 x 168, the launch's allocation at
-// 384 threads (the setmaxnreg rule of sm90/fwd_config.h). d64 needs 64 fewer for dK + dV.
-// Shared memory (d128; d64 half of K, V, Q, dO): K, V 64 KiB; per stage Q, dO 32 KiB and
-// LSE, dsum 512 B; dS^T 2 x 16 KiB (double-buffered so that one named barrier per step
-// suffices); mbarriers; 1 KiB alignment.
-constexpr Sm90BwdTile sm90_bwd_tile(int /*head_dim: 64 or 128*/) {
-  return Sm90BwdTile{64, 128, 2, 240, 24};
+// Query rows per step: d128 64; d64 128, so that a step's GEMMs are as large as d128's (S^T,
+// dP^T m64 n128 per warpgroup, dV / dK with K = 128) for the same per-step costs (barriers,
+// stage hand-offs, dQ reduces): with 64 (0.88-0.92x the mma.sync backward on an H100,
+// benchmarks/NOTES.md) those weighed twice as much as at d128.
+// Registers (of 240): d128: dK + dV 128 f32, S^T + dP^T 64, P^T + dS^T A fragments 32, dQ 32
+// (after S^T / dP^T die); d64: dK + dV 64, S^T + dP^T 128, P^T + dS^T 64, dQ 32. Producer
+// 24: 24 + 2 x 240 = 3 x 168, the launch's allocation at 384 threads (the setmaxnreg rule of
+// sm90/fwd_config.h).
+// Shared memory (bf16): K, V 2 x 128 d; per stage Q, dO 2 x block_m d and LSE, dsum
+// 2 x block_m f32; dS^T 2 x [128 keys x block_m] (double-buffered so that one named barrier
+// per step suffices); dq_bulk staging; mbarriers; 1 KiB alignment: d128 194 KiB, d64 195 KiB
+// (kBias: below).
+constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
+  return Sm90BwdTile{head_dim == 64 ? 128 : 64, 128, 2, 240, 24};
 }
 
-// Kernel head dims of the sm90 backward (built: 128, and 64 with the opt-in d64 of
+// Kernel head dims of the sm90 backward (built: 128, and 64 with d64 of
 // FLASHATTN2_SM90_BWD_EXPERIMENTAL; built_config.h FLASHATTN2_SM90_BWD_HEAD_DIMS).
 constexpr bool sm90_bwd_head_dim(int kernel_head_dim) {
   return kernel_head_dim == 64 || kernel_head_dim == 128;
@@ -49,9 +55,27 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
          8 * (1 + 4 * sm90_bwd_tile(head_dim).stages) + 1024;
 }
 
+// kBias: each consumer warpgroup stages the bias of its 64 keys x the step's block_m queries
+// (2-byte, 128-byte rows) after the barriers, + 128 bytes to align it. d128 fits (210 KiB);
+// d64 with both dS^T buffers would need 227.2 KiB of the 227, so its bias instance keeps one
+// (sm90_bwd_bias_one_ds; one more barrier hand-off per step, bwd_kernel.cuh): 195 KiB.
+constexpr int sm90_bwd_bias_tiles_bytes(int head_dim) {
+  return (sm90_bwd_tile(head_dim).block_n / 64) * 64 * sm90_bwd_tile(head_dim).block_m * 2 + 128;
+}
+constexpr bool sm90_bwd_bias_one_ds(int head_dim) {
+  return sm90_bwd_smem_bytes(head_dim) + sm90_bwd_bias_tiles_bytes(head_dim) > 227 * 1024;
+}
+// Shared memory of the kBias instance beyond sm90_bwd_smem_bytes (negative: less).
+constexpr int sm90_bwd_bias_bytes(int head_dim) {
+  return sm90_bwd_bias_tiles_bytes(head_dim) -
+         (sm90_bwd_bias_one_ds(head_dim)
+              ? 2 * sm90_bwd_tile(head_dim).block_n * sm90_bwd_tile(head_dim).block_m
+              : 0);
+}
+
 // The backwards the sm90 kernel serves (everything else runs the mma.sync backward of
-// cpp/sm80): dense fp16 / bf16 of kernel head dims 128 (97-128) and, where built (d64,
-// opt-in), 64 (33-64), full or causal attention, MHA or GQA; and with the extensions of
+// cpp/sm80): dense fp16 / bf16 of kernel head dims 128 (97-128) and, where built (d64),
+// 64 (33-64), full or causal attention, MHA or GQA; and with the extensions of
 // FLASHATTN2_SM90_BWD_EXPERIMENTAL (validated on an H100, on by default): window, any
 // sliding window, not only causal or full (the kernel's masks and query-block range take
 // both bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>); mods, softcap and
@@ -61,30 +85,32 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
 // An attention bias on the Hopper backward (its kBias instance, with the mods one built):
 // dense, no dbias asked for, rows 16-byte aligned with unit key stride (staged in shared
 // memory by 16-byte copies); the rest runs the mma.sync backward.
-inline bool sm90_bwd_takes_bias(const BwdParams& p) {
+inline bool sm90_bwd_takes_bias(const BwdParams& p, int kernel_head_dim) {
 #if FLASHATTN2_BIAS
-  return FLASHATTN2_SM90_BWD_MODS && !p.dbias && !p.cu_seqlens_q && !p.cu_seqlens_k &&
-         bias_rows_16b(p);
+  return FLASHATTN2_SM90_BWD_MODS && sm90_bwd_head_dim(kernel_head_dim) && !p.dbias &&
+         !p.cu_seqlens_q && !p.cu_seqlens_k && bias_rows_16b(p);
 #else
-  return (void)p, false;
+  return (void)p, (void)kernel_head_dim, false;
 #endif
 }
 
-inline bool sm90_bwd_supports(const BwdParams& p) {
+// kernel_head_dim: 64 or 128 (sm90_bwd_head_dim), the tile's.
+inline bool sm90_bwd_supports(const BwdParams& p, int kernel_head_dim) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
   const bool dense = !p.cu_seqlens_q && !p.cu_seqlens_k;
   // Deterministic (with dq_bulk): the orders of common/dq_order.cuh that never stagger, i.e.
   // descending (a right window bound) or rotated (full attention with at most as many
-  // 128-key blocks as 64-row query blocks, all of a head's CTAs resident at once: one per
-  // SM); the ascending order runs on the mma.sync backward, which has dQ chains for it.
-  const Sm90BwdTile tile = sm90_bwd_tile(128);
+  // 128-key blocks as query blocks of the tile's block_m rows, all of a head's CTAs resident
+  // at once: one per SM); the ascending order runs on the mma.sync backward, which has dQ
+  // chains for it.
+  const Sm90BwdTile tile = sm90_bwd_tile(kernel_head_dim);
   const int n_tiles = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   const bool ordered = p.window_right >= 0 ||
                        (p.window_left < 0 && n_tiles <= (p.seqlen_q + tile.block_m - 1) / tile.block_m &&
                         n_tiles <= p.dq_rotate_tiles);
   return (dense || FLASHATTN2_SM90_BWD_VARLEN) && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
          ((p.softcap == 0.f && !p.alibi_slopes) || FLASHATTN2_SM90_BWD_MODS) &&
-         p.dropout_threshold == 0 && (!has_bias(p) || sm90_bwd_takes_bias(p)) &&
+         p.dropout_threshold == 0 && (!has_bias(p) || sm90_bwd_takes_bias(p, kernel_head_dim)) &&
          p.dq_chains == 1 &&
          (!p.deterministic || (FLASHATTN2_SM90_BWD_DQ_BULK && ordered));
 }

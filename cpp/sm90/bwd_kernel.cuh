@@ -5,41 +5,50 @@
 //
 // Tiling
 //   grid   (ceil(seqlen_k / 128), nheads_k, batch): one CTA per 128-key block of a KV head;
-//          it walks every 64-row query block that sees the keys, for each query head of the
-//          GQA group (head-major), and keeps dK / dV in f32 registers over all of them.
+//          it walks every query block (kBlockM rows: d128 64, d64 128; sm90_bwd_tile) that
+//          sees the keys, for each query head of the GQA group (head-major), and keeps dK / dV
+//          in f32 registers over all of them.
 //   block  384 threads. Warpgroup 0 is the producer (setmaxnreg down): thread 0 loads K, V
 //          once (TMA, kv_full) and Q, dO of each step into stage t % 2 (q_full, do_full);
 //          warp 1 copies the step's LSE (+inf past seqlen_q: P = 0 there) and dsum into the
 //          stage (lse_full, 32 arrivals). Consumer warpgroup c (1 + c) owns keys
 //          [64 c, 64 c + 64) of the block; its warp w keys 16 w..+15, so the S^T / dP^T / dK /
 //          dV accumulators have the mma.sync C layout (fwd_softmax.cuh).
-//   smem   sK, sV [128 x d]; per stage sQ, sdO [64 x d] (TMA's 128-byte swizzle,
-//          wgmma.cuh) and LSE, dsum [64] f32; sdS 2 x [128 keys x 64 queries] (dS^T, the
-//          same swizzle); mbarriers. Budget: sm90/bwd_config.h.
+//   smem   sK, sV [128 x d]; per stage sQ, sdO [kBlockM x d] (TMA's 128-byte swizzle,
+//          wgmma.cuh) and LSE, dsum [kBlockM] f32; sdS 2 x [128 keys x kBlockM queries] (dS^T
+//          in chunks of 64 queries, the same swizzle); dq_bulk staging; mbarriers. Budget:
+//          sm90/bwd_config.h.
 //   step   (t, query block m of head h; stage s = t % 2)
-//            S^T = K_c Q^T (SS, m64 n64), dP^T = V_c dO^T (SS)
+//            S^T = K_c Q^T (SS, m64 n kBlockM), dP^T = V_c dO^T (SS)
 //            mask (key tail, causal), P^T = exp2(S^T scale log2e - LSE log2e) -> A fragments
-//            dV += P^T dO (RS, n128, dO MN-major)
+//            dV += P^T dO (RS, n = d, K = kBlockM queries, dO MN-major)
 //            dS^T = P^T o (dP^T - dsum) -> A fragments and sdS[s] (4-byte stores)
-//            dK += dS^T Q (RS, n128)
+//            dK += dS^T Q (RS)
 //            named barrier of both consumers (sdS[s] complete)
-//            d128: dQ[:, 64 c..+64] = dS K[:, 64 c..+64] over the block's 128 keys
-//            d64:  dQ += dS[:, keys of c] K[keys of c, :] (each warpgroup its own keys,
-//                  both adding into dq_accum)
-//                  (SS, A = sdS read M-major, K MN-major)
-//            wait all; release stage s; red.add.v4 of dQ into dq_accum
+//            dQ tile of warpgroup c (m64 n64 over the block's 128 keys; SS, A = sdS read
+//            M-major, K MN-major): d128 dQ[:, 64 c..+64] = dS K[:, 64 c..+64]; d64
+//            dQ[64 c..+64, :] = dS[64 c..+64, :] K: no dQ element from two warpgroups
+//            wait all; release stage s; dQ into dq_accum (dq_bulk: staged, one bulk
+//            reduce-add per warp; else red.add.v4)
+//          d64 issues dV in the dS^T pass (P^T packed there; kMods: its logits too, after
+//          dP^T), so that S^T, dP^T (64 f32 each at n128) and in-flight P^T fragments are not
+//          live together with dK / dV (kDvAfterDs: registers): dV and dK of the first 64
+//          queries once their fragments are packed (they run during the second half of the
+//          pass; not with varlen + mods: registers), the rest after it.
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
 //          order of common/dq_order.cuh (descending: key blocks launched last first; or the
-//          rotated walk), one counter per 64-row query tile: after issuing dV, each warp's
+//          rotated walk), one counter per query tile: after issuing dV (d64: before the dS^T
+//          pass), each warp's
 //          lane 0 waits for its previous reduce to complete and adds 1 to that tile's
 //          counter (release); thread 128, while its dQ GEMM runs, waits for this tile's
 //          turn (8 adds per earlier visitor); a second named barrier passes it on.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
-// Limits: kernel head dims 64 and 128 (d 33-64, 97-128; d64 an opt-in build), dense or varlen
-// (BwdSeq), full, causal or sliding-window attention, softcap / ALiBi (kMods); no dropout /
-// attention bias / deterministic mode in the ascending order (sm90_bwd_supports).
+// Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
+// causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
+// dbias (kBias; at d64 with one sdS buffer); no dropout / dbias / deterministic mode in the
+// ascending order (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -53,6 +62,7 @@
 #include "common/seqlen.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
+#include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/tma.cuh"
 #include "sm90/warpgroup.cuh"
@@ -60,144 +70,6 @@
 
 namespace flashattn2 {
 namespace sm90 {
-
-template <int kHeadDim_>
-struct BwdTraits {
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim);
-  static constexpr int kBlockM = kTile.block_m;
-  static constexpr int kBlockN = kTile.block_n;
-  static constexpr int kStages = kTile.stages;
-  static constexpr int kConsumers = kBlockN / 64;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kChunks = kHeadDim / kChunkCols;
-  static constexpr int kQChunkBytes = kBlockM * kSwizzleBytes;
-  static constexpr int kKChunkBytes = kBlockN * kSwizzleBytes;
-  static constexpr int kQBytes = kChunks * kQChunkBytes;   // one of sQ, sdO per stage
-  static constexpr int kKBytes = kChunks * kKChunkBytes;   // one of sK, sV
-  static constexpr int kDSBytes = kBlockN * kBlockM * 2;   // one dS^T buffer
-  static constexpr int kRowBytes = kBlockM * 4;            // one of LSE, dsum per stage
-  // dq_bulk: dQ staged per consumer warp (16 rows x 64 columns f32) for one bulk reduce-add.
-  static constexpr bool kDqBulk = FLASHATTN2_SM90_BWD_DQ_BULK != 0;
-  static constexpr int kDqWarpBytes = 16 * 64 * 4;
-  static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
-  static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
-  static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
-  // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's 64 queries
-  // (8 KiB, 128-byte rows) after the barriers (+ 128 bytes to align it).
-  static constexpr int kBiasWgBytes = 64 * 64 * 2;
-  static constexpr int smem_bytes(bool bias) {
-    return kSmemBytes + (bias ? kConsumers * kBiasWgBytes + 128 : 0);
-  }
-  static_assert(smem_bytes(true) <= 227 * 1024, "smem budget with the staged bias");
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
-  // dQ = dS K: with one 64-column chunk per consumer (d128) each warpgroup sums its columns
-  // over the block's 128 keys; with a single chunk (d64) each sums its own 64 keys, all
-  // columns, and both add into dq_accum.
-  static constexpr bool kDqSplitsKeys = kChunks < kConsumers;
-  static_assert(kChunks == kConsumers || kChunks == 1, "dQ split: columns or keys");
-  static constexpr int kDqKeys = kDqSplitsKeys ? 64 : kBlockN;  // keys of one dQ GEMM
-  static_assert(kBlockM == 64 && kBlockN == 128 && kConsumers == 2, "tile of this version");
-  static_assert(kBlockM * 2 == kSwizzleBytes, "a dS^T row (64 queries) is one swizzle chunk row");
-  // sdS has 2 buffers indexed by the stage (t % kStages): its reuse argument (one named
-  // barrier per step) and the smem layout below hold for 2 stages only.
-  static_assert(kStages == 2, "sdS buffer = stage index: 2 stages");
-  static_assert(2 * kKBytes + kStages * (2 * kQBytes + 2 * kRowBytes) + 2 * kDSBytes +
-                        kDqStageBytes + 8 * (1 + 4 * kStages) + 1024 <= kSmemBytes &&
-                    kSmemBytes <= 227 * 1024,
-                "smem budget");
-  static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
-                "register budget: setmaxnreg.inc would hang");
-};
-
-// Arguments: TMA maps of q, k, v, dout (tma_map.h) and the backward params.
-struct BwdArgs {
-  CUtensorMap q, k, v, dout;
-  BwdParams p;
-};
-
-// Named barriers (0 is __syncthreads): of the two consumer warpgroups, sdS complete and, in
-// deterministic mode, the dQ turn reached; of consumer warpgroup c (kBias), its staged bias
-// tile landed (kBarBias + c).
-constexpr int kBarDS = 1;
-constexpr int kBarDqTurn = 2;
-constexpr int kBarBias = 3;
-
-// The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
-// what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read
-// straight from the params. Varlen (BwdSeq<true>, varlen calls only): SeqInfo's lengths and
-// first rows; packed tensors are one batch entry of the TMA maps (bwd_launch.cuh), and the
-// workspaces use ws_row0's per-sequence layout.
-template <bool kVarlen>
-struct BwdSeq {
-  const BwdParams& p;
-  const int batch;
-  __device__ __forceinline__ BwdSeq(const BwdParams& params, int b) : p(params), batch(b) {}
-  __device__ __forceinline__ int seqlen_q() const { return p.seqlen_q; }
-  __device__ __forceinline__ int seqlen_k() const { return p.seqlen_k; }
-  __device__ __forceinline__ int q_row0() const { return 0; }
-  __device__ __forceinline__ int k_row0() const { return 0; }
-  __device__ __forceinline__ int tma_batch_q() const { return batch; }
-  __device__ __forceinline__ int tma_batch_k() const { return batch; }
-  __device__ __forceinline__ int64_t ws_row0(int head) const {
-    return (int64_t(batch) * p.nheads + head) * round16(p.seqlen_q);
-  }
-  // The dQ-order counter of the head's first 64-row query tile (deterministic mode).
-  __device__ __forceinline__ int* dq_counter0(int head) const {
-    return dq_counters(p) + (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + 63) / 64);
-  }
-};
-template <>
-struct BwdSeq<true> {
-  const BwdParams& p;
-  const int batch;
-  const SeqInfo seq;
-  __device__ __forceinline__ BwdSeq(const BwdParams& params, int b)
-      : p(params), batch(b), seq(params, b) {}
-  __device__ __forceinline__ int seqlen_q() const { return seq.seqlen_q; }
-  __device__ __forceinline__ int seqlen_k() const { return seq.seqlen_k; }
-  __device__ __forceinline__ int q_row0() const { return int(seq.q_row0); }
-  __device__ __forceinline__ int k_row0() const { return int(seq.k_row0); }
-  __device__ __forceinline__ int tma_batch_q() const { return p.cu_seqlens_q ? 0 : batch; }
-  __device__ __forceinline__ int tma_batch_k() const { return p.cu_seqlens_k ? 0 : batch; }
-  __device__ __forceinline__ int64_t ws_row0(int head) const {
-    return flashattn2::ws_row0(p, seq, batch, head);
-  }
-  __device__ __forceinline__ int* dq_counter0(int head) const {
-    return dq_counters(p) + ws_tile0(p, seq, batch, head, 64);
-  }
-};
-
-// The CTA's query blocks: m_block_min .. m_block_max - 1 (those with a row that sees one of
-// the block's keys; bounds as the sm80 backward's), for each of the group's query heads,
-// from m_start on (the rotated walk of deterministic full attention: common/dq_order.cuh),
-// wrapping around. A key block at or past seqlen_k (varlen: past this sequence's keys) has
-// none.
-struct BwdRange {
-  int m_block_min, m_block_max, m_start, steps;
-  template <bool kVarlen>
-  __device__ __forceinline__ BwdRange(const BwdParams& p, const BwdSeq<kVarlen>& seq, int n0,
-                                      int block_m, int group, bool rotate, int n_block) {
-    const int offset = seq.seqlen_k() - seq.seqlen_q();
-    const int n_last = min(n0 + 128, seq.seqlen_k()) - 1;
-    const int m_lo = p.window_right >= 0 ? max(0, n0 - offset - p.window_right) : 0;
-    const int m_hi = p.window_left >= 0
-                         ? min(seq.seqlen_q() - 1, n_last - offset + p.window_left)
-                         : seq.seqlen_q() - 1;
-    m_block_min = m_lo / block_m;
-    m_block_max = m_hi < m_lo ? m_block_min : m_hi / block_m + 1;
-    if constexpr (kVarlen) {
-      if (n0 >= seq.seqlen_k()) m_block_max = m_block_min;
-    }
-    steps = group * (m_block_max - m_block_min);
-    m_start = rotate ? n_block : m_block_min;
-  }
-  // (head, m_block) of the next step.
-  __device__ __forceinline__ void next(int& head, int& m_block) const {
-    if (++m_block == m_block_max) m_block = m_block_min;
-    if (m_block == m_start) ++head;
-  }
-};
 
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
 // Instances of their own, so that plain calls run none of their code (with kMods in the one
@@ -213,6 +85,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
   constexpr int kChunks = Traits::kChunks;
+  // d64 (128-row steps): the dV GEMM is issued in the dS^T pass, with P^T packed there, so
+  // that S^T (64 f32), dP^T (64) and the in-flight P^T fragments (32) are never live
+  // together with dK / dV (64): that order (d128's) needs ~256 of the 240 registers (ptxas
+  // serialised the wgmma and spilled). kDvSplit: half of dV and dK issued mid-pass (the
+  // plain instance spilled 16 B with both GEMMs after the pass; varlen + mods 32 B with the
+  // split, 0 without).
+  constexpr bool kDvAfterDs = Traits::kBlockM > 64;
+  constexpr bool kDvSplit = kDvAfterDs && !(kVarlen && kMods);
+  // sdS buffers: 2, indexed by the stage; 1 in d64's kBias instance (smem), whose reuse then
+  // waits for the other warpgroup's dQ GEMM of the step before (kBarDsFree).
+  constexpr int kDsBuffers = Traits::ds_buffers(kBias);
   const BwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
@@ -222,7 +105,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t sQ = sV + Traits::kKBytes;                 // stage s: + s kQBytes
   const uint32_t sdO = sQ + kStages * Traits::kQBytes;      // stage s: + s kQBytes
   const uint32_t sdS = sdO + kStages * Traits::kQBytes;     // buffer b: + b kDSBytes
-  [[maybe_unused]] const uint32_t sDq = sdS + 2 * Traits::kDSBytes;  // dq_bulk: warp w at w kDqWarpBytes
+  // dq_bulk: warp w's dQ staging at sDq + w kDqWarpBytes.
+  [[maybe_unused]] const uint32_t sDq = sdS + kDsBuffers * Traits::kDSBytes;
   const uint32_t sLse = sDq + Traits::kDqStageBytes;        // stage s: + 2 s kRowBytes
   auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
   auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
@@ -334,7 +218,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
-    // acc (64 keys x 64 queries) = rows key0.. of sA times the stage's 64 rows of sB^T.
+    // acc (64 keys x kBlockM queries) = rows key0.. of sA times the stage's rows of sB^T.
     auto gemm_t = [&](float (&acc)[kBlockM / 2], uint32_t a_base, uint32_t b_base) {
       wgmma_fence();
 #pragma unroll
@@ -347,12 +231,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       wgmma_commit();
     };
-    // acc (64 keys x d) += A (64 keys x 64 queries, registers) times the stage's sB (MN-major).
+    // acc (64 keys x d) += A (64 keys x kBlockM queries, registers) times the stage's sB
+    // (MN-major); k16 steps kk_begin..kk_end - 1 of the queries.
     auto gemm_kv = [&](float (&acc)[kHeadDim / 2], const uint32_t (&a)[kBlockM / 16][4],
-                       uint32_t b_base) {
+                       uint32_t b_base, int kk_begin = 0, int kk_end = Traits::kBlockM / 16) {
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      for (int kk = kk_begin; kk < kk_end; ++kk) {
         const uint64_t b = desc_mn_major(b_base + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
         Wgmma<kHeadDim, Element>::template rs<1>(acc, a[kk], b, 1);
       }
@@ -367,25 +252,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       return seq.dq_counter0(wrap ? head - 1 : head) + prev_m_block;
     };
 
-    // kBias: the warpgroup's 64 keys x 64 queries of the bias of step (head, m_block) into
-    // its tile of sBias, 4 16-byte cp.async per thread (consecutive threads take a query
-    // row's consecutive 8-key chunks), chunk c of row r at (c ^ r % 8) 16 bytes so that the
-    // fragment reads hit distinct banks; rows past seqlen_q, keys past seqlen_k zero-filled.
-    // Issued after the previous step's sdS barrier (every read of the tile is done by then),
-    // waited for before this step's logits.
+    // kBias: the warpgroup's 64 keys x kBlockM queries of the bias of step (head, m_block) into
+    // its tile of sBias, kBlockM / 16 16-byte cp.async per thread (consecutive threads take a
+    // query row's consecutive 8-key chunks; a thread's rows 16 apart), chunk c of row r at
+    // (c ^ r % 8) 16 bytes so that the fragment reads hit distinct banks; rows past seqlen_q,
+    // keys past seqlen_k zero-filled. Issued after the previous step's sdS barrier (every read
+    // of the tile is done by then), waited for before this step's logits.
     [[maybe_unused]] const uint32_t sBias_wg = sBias + consumer * Traits::kBiasWgBytes;
     auto bias_issue = [&](int head, int m_block) {
       if constexpr (kBias) {
 #if FLASHATTN2_BIAS
         const auto* plane = static_cast<const Element*>(p.attn_bias) +
                             batch * p.bias_batch_stride + head * p.bias_head_stride;
+        // One source pointer and shared address stepped by 16 rows (per-copy addresses
+        // hoisted out of the loop spilled: d64 144 B, d128 76 B; threadIdx read again rather
+        // than tid kept live: d64 20 B instead of 36, d128 0).
+        const int row0 = (threadIdx.x % 128) / 8, chunk = threadIdx.x % 8;
+        const int key = n0 + key0 + 8 * chunk;
+        const int key_bytes = 2 * min(max(seq.seqlen_k() - key, 0), 8);
+        const int query0 = m_block * kBlockM + row0;
+        const Element* src = plane + int64_t(query0) * p.bias_row_stride + key;
+        const uint32_t dst = sBias_wg + row0 * 128 + ((chunk ^ (row0 % 8)) * 16);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int idx = tid % 128 + 128 * i, row = idx / 8, chunk = idx % 8;
-          const int query = m_block * kBlockM + row, key = n0 + key0 + 8 * chunk;
-          const int bytes = query < seq.seqlen_q() ? 2 * min(max(seq.seqlen_k() - key, 0), 8) : 0;
-          const Element* src = bytes > 0 ? plane + int64_t(query) * p.bias_row_stride + key : plane;
-          ptx::cp_async_16_bytes(sBias_wg + row * 128 + ((chunk ^ (row % 8)) * 16), src, bytes);
+        for (int i = 0; i < kBlockM / 16; ++i) {
+          const int bytes = query0 + 16 * i < seq.seqlen_q() ? key_bytes : 0;
+          ptx::cp_async_16_bytes(dst + i * 16 * 128,
+                                 bytes > 0 ? src + int64_t(16 * i) * p.bias_row_stride : plane,
+                                 bytes);
         }
         ptx::cp_async_commit();
 #endif
@@ -435,47 +328,59 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             }
         }
       }
+      // kMods: P^T and d logit / d(scale s) (dl: 1 - t^2 with softcap, else 1) of n8 tile nt
+      // from its scores: softcap and ALiBi through ScoreMod, the forward's logits, with the
+      // masked scores (-inf above) kept at -inf (tanh(-inf) is finite); kBias adds the staged
+      // bias. ALiBi distance query + sk - sq - key of element (nt, e): dist0 + 8 nt + (e & 1) -
+      // 8 r. kBias: element (nt, e) is query row 8 nt + 2 q + (e & 1), key 16 w + g + 8 (e >> 1)
+      // of the tile: chunk 2 w + (e >> 1) of the row, swizzled, 2-byte lane g of it.
+      [[maybe_unused]] ScoreMod mod;
+      [[maybe_unused]] float dist0 = 0.f;
       if constexpr (kMods) {
-        // Score mods: softcap and ALiBi through ScoreMod, the forward's
-        // logits, with the masked scores (-inf above) kept at -inf (tanh(-inf) is finite).
-        // One pass per n8 tile: P^T packed into the A fragments, then acc_s = P^T o
-        // d logit / d(scale s) (1 - t^2 with softcap, else 1), which the dS^T pass below
-        // multiplies, so that the derivative needs no registers of its own.
-        const ScoreMod mod(p, batch, head);
-        // ALiBi distance query + sk - sq - key of element (nt, e): dist0 + 8 nt + (e & 1) - 8 r.
-        const float dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
+        mod = ScoreMod(p, batch, head);
+        dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
+      }
+      [[maybe_unused]] auto mod_tile = [&](int nt, float (&pv)[4], float (&dl)[4]) {
+        [[maybe_unused]] const uint32_t sbias_lane = sBias_wg + (2 * q) * 128 + 2 * g;
+        const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float score = acc_s[4 * nt + e];
+          float x = mod.logit2(score, dist0 + float(8 * nt + (e & 1) - 8 * (e >> 1)), &dl[e]);
+          if constexpr (kBias) {
+            // fmaf(bias, log2 e, logit), as the forward and the mma.sync backward
+            const uint32_t chunk = (2 * warp_in_wg + (e >> 1)) ^ (2 * q + (e & 1));
+            const float b = ptx::unpack2<Element>(
+                ld_shared_u16(sbias_lane + (8 * nt + (e & 1)) * 128 + chunk * 16)).x;
+            x = fmaf(b, kLog2e, x);
+          }
+          pv[e] = ptx::exp2_approx((score == -INFINITY ? -INFINITY : x) -
+                                   (e & 1 ? lse.y : lse.x) * kLog2e);
+        }
+      };
+      // P^T of n8 tile nt (rows r = 0, 1: pv[2 r], pv[2 r + 1]) into the A fragments of the k16
+      // step nt / 2 over the queries.
+      auto pack_p = [&](int nt, const float (&pv)[4]) {
+        rP[nt / 2][(nt & 1) * 2] = ptx::pack2<Element>(pv[0], pv[1]);
+        rP[nt / 2][(nt & 1) * 2 + 1] = ptx::pack2<Element>(pv[2], pv[3]);
+      };
+      if constexpr (kMods && !kDvAfterDs) {
+        // One pass per n8 tile: P^T packed into the dV GEMM's A fragments, then
+        // acc_s = P^T o dl, which the dS^T pass below multiplies, so that the derivative
+        // needs no registers of its own.
         if constexpr (kBias) {
           ptx::cp_async_wait<0>();
           named_sync(kBarBias + consumer, 128);  // the warpgroup's tile has landed
         }
-        // kBias: element (nt, e) is query row 8 nt + 2 q + (e & 1), key 16 w + g + 8 (e >> 1)
-        // of the tile: chunk 2 w + (e >> 1) of the row, swizzled, 2-byte lane g of it.
-        [[maybe_unused]] const uint32_t sbias_lane =
-            sBias_wg + (2 * q) * 128 + 2 * g;
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
-          const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
           float pv[4], dl[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float score = acc_s[4 * nt + e];
-            float x = mod.logit2(score, dist0 + float(8 * nt + (e & 1) - 8 * (e >> 1)), &dl[e]);
-            if constexpr (kBias) {
-              // fmaf(bias, log2 e, logit), as the forward and the mma.sync backward
-              const uint32_t chunk = (2 * warp_in_wg + (e >> 1)) ^ (2 * q + (e & 1));
-              const float b = ptx::unpack2<Element>(
-                  ld_shared_u16(sbias_lane + (8 * nt + (e & 1)) * 128 + chunk * 16)).x;
-              x = fmaf(b, kLog2e, x);
-            }
-            pv[e] = ptx::exp2_approx((score == -INFINITY ? -INFINITY : x) -
-                                     (e & 1 ? lse.y : lse.x) * kLog2e);
-          }
-          rP[nt / 2][(nt & 1) * 2] = ptx::pack2<Element>(pv[0], pv[1]);
-          rP[nt / 2][(nt & 1) * 2 + 1] = ptx::pack2<Element>(pv[2], pv[3]);
+          mod_tile(nt, pv, dl);
+          pack_p(nt, pv);
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc_s[4 * nt + e] = pv[e] * dl[e];
         }
-      } else {
+      } else if constexpr (!kMods) {
         // P^T in place (LSE of the lane's two query columns per n8 tile: one 8-byte load).
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
@@ -485,14 +390,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             acc_s[4 * nt + e] = ptx::exp2_approx(
                 fmaf(acc_s[4 * nt + e], scale_log2, -(e & 1 ? lse.y : lse.x) * kLog2e));
         }
-        // P^T as A fragments (n8 tiles 2 kk, 2 kk + 1: the k16 step kk over the queries).
+        // P^T as A fragments (n8 tiles 2 kk, 2 kk + 1: the k16 step kk over the queries);
+        // kDvAfterDs: in the dS^T pass.
+        if constexpr (!kDvAfterDs) {
 #pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            rP[kk][i] = ptx::pack2<Element>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
+            for (int i = 0; i < 4; ++i)
+              rP[kk][i] = ptx::pack2<Element>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
+        }
       }
-      gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
+      if constexpr (!kDvAfterDs) gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
       // Deterministic: this warp's reduce of the previous step (issued before this step's
       // softmax) is complete by now; its lane 0 releases it, one of the 4 kConsumers adds
       // a visitor makes to the query tile's counter. (Released at the dQ point instead, the
@@ -502,30 +410,69 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         fence_proxy_async_global();
         ptx::red_release_add(prev_dq_counter(head, m_block), 1);
       }
-      wgmma_wait<1>();  // dP^T (the dV GEMM may still run)
+      wgmma_wait<kDvAfterDs ? 0 : 1>();  // dP^T (d128: the dV GEMM may still run)
       fence_regs(acc_dp);
 
       // dS^T = P^T o (dP^T - dsum) as A fragments and into sdS[s] (key rows x query columns,
-      // swizzled: the 4-byte stores of a warp hit 32 distinct banks).
-      const uint32_t sdS_t = sdS + s * Traits::kDSBytes;
+      // n8 tile nt in query chunk nt / 8, swizzled: the 4-byte stores of a warp hit 32
+      // distinct banks). kDvAfterDs: P^T (kMods: its logits too, after dP^T: in one pass the
+      // tile's S^T and dP^T die together) into the dV GEMM's A fragments here.
+      const uint32_t sdS_t = sdS + (kDsBuffers == 2 ? s : 0) * Traits::kDSBytes;
+      if constexpr (kBias && kDvAfterDs) {
+        ptx::cp_async_wait<0>();
+        named_sync(kBarBias + consumer, 128);  // the warpgroup's tile has landed
+      }
+      if constexpr (kDsBuffers == 1) {
+        if (t > 0) named_sync(kBarDsFree + 1 - consumer, 256);  // the other's dQ read sdS
+      }
 #pragma unroll
       for (int nt = 0; nt < kBlockM / 8; ++nt) {
         const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (8 * nt + 2 * q));
+        if constexpr (kDvAfterDs) {
+          float ps[4];  // P^T (o dl with kMods)
+          if constexpr (kMods) {
+            float dl[4];
+            mod_tile(nt, ps, dl);
+            pack_p(nt, ps);
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          acc_dp[4 * nt + e] =
-              acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
+            for (int e = 0; e < 4; ++e) ps[e] *= dl[e];
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ps[e] = acc_s[4 * nt + e];
+            pack_p(nt, ps);
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_dp[4 * nt + e] = ps[e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_dp[4 * nt + e] =
+                acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t v =
               ptx::pack2<Element>(acc_dp[4 * nt + 2 * r], acc_dp[4 * nt + 2 * r + 1]);
           rdS[nt / 2][(nt & 1) * 2 + r] = v;
           const int row = lane_key + 8 * r;
-          const uint32_t addr = sdS_t + row * kSwizzleBytes + ((nt ^ (row % 8)) * 16) + 4 * q;
+          const uint32_t addr = sdS_t + (nt / 8) * Traits::kDSChunkBytes + row * kSwizzleBytes +
+                                (((nt % 8) ^ (row % 8)) * 16) + 4 * q;
           st_shared(addr, v);
         }
+        // kDvSplit: the dV and dK GEMMs of the first 64 queries as soon as their fragments
+        // are packed, so that they run during the second half of the pass.
+        if (kDvSplit && nt == kBlockM / 16 - 1) {
+          gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, 0, kBlockM / 32);
+          gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, 0, kBlockM / 32);
+        }
       }
-      gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
+      if constexpr (kDvAfterDs) {
+        gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
+        gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
+      } else {
+        gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
+      }
       fence_proxy_async();
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
       if constexpr (kBias) {
@@ -536,20 +483,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
 
-      // dQ (64 queries x 64 columns: chunk dq_chunk) = dS K over keys dq_key0..+kDqKeys:
-      // A = dS^T read M-major (k16 step kk: keys dq_key0 + 16 kk..+15), B = K's column
-      // chunk (MN-major).
-      const int dq_chunk = Traits::kDqSplitsKeys ? 0 : consumer;
-      const int dq_key0 = Traits::kDqSplitsKeys ? key0 : 0;
-      float acc_dq[kBlockM / 2];
+      // dQ (query rows dq_q0..+64 x columns 64 dq_chunk..+64) = dS K over the block's 128
+      // keys: A = dS^T's query chunk read M-major (k16 step kk: keys 16 kk..+15), B = K's
+      // column chunk (MN-major).
+      const int dq_chunk = Traits::kDqSplitsRows ? 0 : consumer;
+      const int dq_q0 = Traits::kDqSplitsRows ? 64 * consumer : 0;
+      float acc_dq[32];
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < Traits::kDqKeys / 16; ++kk) {
-        const int key = dq_key0 + 16 * kk;
-        const uint64_t a = desc_mn_major(sdS_t + key * kSwizzleBytes, Traits::kDSBytes);
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const int key = 16 * kk;
+        const uint64_t a = desc_mn_major(sdS_t + (dq_q0 / 64) * Traits::kDSChunkBytes +
+                                         key * kSwizzleBytes, Traits::kDSChunkBytes);
         const uint64_t b = desc_mn_major(sK + dq_chunk * Traits::kKChunkBytes +
                                          key * kSwizzleBytes, Traits::kKChunkBytes);
-        Wgmma<kBlockM, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
+        Wgmma<64, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
       // Deterministic (while the dQ GEMM runs): thread 128 waits for this query tile's
@@ -567,13 +515,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       fence_regs(acc_dk);
       fence_regs(acc_dv);
       mbar_arrive(bar_empty(s));  // sQ, sdO, LSE, dsum of stage s are read
+      if constexpr (kDsBuffers == 1) {
+        if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
+      }
       if (p.deterministic) named_sync(kBarDqTurn, 256);
 
       // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64
       // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at
       // 4 lane. Rows past seqlen_q in a 16-row block add zeros (P = 0) to the padding; blocks
       // past it and columns past a padded head dim are skipped.
-      const int dq_row = m0 + 16 * warp_in_wg;
+      const int dq_row = m0 + dq_q0 + 16 * warp_in_wg;
       if constexpr (Traits::kDqBulk) {
         // Stage the 4 KiB in shared memory (each store: the warp's 512 contiguous bytes) and
         // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
@@ -583,12 +534,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         __syncwarp();
         if (dq_row < seq.seqlen_q()) {
 #pragma unroll
-          for (int nt = 0; nt < kBlockM / 8; ++nt)
+          for (int nt = 0; nt < 8; ++nt)
             st_shared_v4(sdq + 4 * (128 * nt + 4 * lane), acc_dq[4 * nt], acc_dq[4 * nt + 1],
                          acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
           fence_proxy_async();  // the generic-proxy stores, before the async-proxy read
           __syncwarp();
-          const int tiles = min(kBlockM / 8, (p.headdim - 64 * dq_chunk) / 8);
+          const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
           if (lane == 0 && tiles > 0) {
             if (p.deterministic) fence_proxy_async_global();  // after the turn's acquire
             float* const dq =
@@ -601,7 +552,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
                           16 * 64 * dq_chunk + 4 * lane;
 #pragma unroll
-        for (int nt = 0; nt < kBlockM / 8; ++nt) {
+        for (int nt = 0; nt < 8; ++nt) {
           if (64 * dq_chunk + 8 * nt < p.headdim) {
             ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1],
                             acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);

@@ -64,6 +64,11 @@ DECODE_KERNEL = os.environ.get("FLASHATTN2_DECODE_KERNEL", "1") not in ("", "0")
 # those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at import turns it off;
 # force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
 SM90_BWD = os.environ.get("FLASHATTN2_SM90_BWD", "1") not in ("", "0")
+# Where the build has the Hopper backward of kernel head dim 64 (build_info
+# "sm90_bwd_head_dims"), True (the default) runs head dims 33-64 on it; False sends them to the
+# mma.sync backward, the rest unchanged (for A/B comparisons). FLASHATTN2_SM90_BWD_D64=0 at
+# import, or the sm90_bwd_d64(False) context manager.
+SM90_BWD_D64 = os.environ.get("FLASHATTN2_SM90_BWD_D64", "1") not in ("", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 
@@ -92,6 +97,19 @@ def decode_kernel(enabled=True):
         yield
     finally:
         DECODE_KERNEL = previous
+
+
+@contextlib.contextmanager
+def sm90_bwd_d64(enabled=True):
+    """Inside the block, backwards of head dims 33-64 may run the Hopper backward (``enabled``,
+    the default where built) or never do (``False``: the mma.sync backward). For A/B
+    comparisons and tests; not thread-safe."""
+    global SM90_BWD_D64
+    previous, SM90_BWD_D64 = SM90_BWD_D64, bool(enabled)
+    try:
+        yield
+    finally:
+        SM90_BWD_D64 = previous
 
 
 def build_info():

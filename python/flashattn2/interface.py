@@ -307,8 +307,14 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         softmax_scale, window_left, window_right,
         _dtype_code(q.dtype),
         device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_grad,
-        dq_chains=dq_chains, allow_sm90=_ext.SM90_BWD and not _ext.FORCE_SM80,
+        dq_chains=dq_chains, allow_sm90=_allow_sm90_bwd(headdim),
     )  # fmt: skip
+
+
+def _allow_sm90_bwd(headdim):
+    """Whether the backward of this head dim may run the Hopper backward (_ext switches)."""
+    return (_ext.SM90_BWD and not _ext.FORCE_SM80 and
+            (_ext.SM90_BWD_D64 or _ext.KERNEL_HEAD_DIM[headdim] != 64))
 
 
 _is_compiling = torch.compiler.is_compiling
