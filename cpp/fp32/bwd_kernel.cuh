@@ -28,6 +28,8 @@
 //            wait Q_i, dO_i, lse_i, dsum_i ; __syncthreads (kPreSplit: split ; __syncthreads)
 //            S^T = K Q^T ; P^T = exp2(S^T scale log2e - lse log2e), masked to 0
 //            dV += P^T dO ; dP^T = V dO^T ; dS^T = P^T o (dP^T - dsum) ; dK += dS^T Q
+//            (two-level, tf32.cuh: S^T, dP^T and dQ per k8 step, dV and dK per step,
+//            through a fresh accumulator added with FADD)
 //            dS^T -> sdS (natural query order) ; __syncthreads
 //            cp.async of the next Q, dO, lse, dsum (overlaps the dQ GEMM)
 //            dQ_i += dS K: warp w one m16 query tile and a share of the d columns, float32
@@ -219,31 +221,37 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int nt = 0; nt < kNTilesM; ++nt) {
         const int b0 = off_b(kHeadDim, 8 * nt, 2 * kk), b1 = off_b(kHeadDim, 8 * nt, 2 * kk + 1);
         if constexpr (kPreSplit) {
-          tf32::mma3(acc[nt], fa,
-                     tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)));
+          tf32::mma3_add(acc[nt], fa,
+                         tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)));
         } else {
-          tf32::mma3(acc[nt], fa, sB[b0], sB[b1]);
+          tf32::mma3_add(acc[nt], fa, tf32::FragB(sB[b0], sB[b1]));
         }
       }
     }
   };
   // acc_d[16 keys x d] += X^T (the warp's [16 keys x kBlockM] accumulators, A fragments as
-  // they stand) sB (rows: queries in natural order; kPreSplit: split in sB / sBlo).
+  // they stand) sB (rows: queries in natural order; kPreSplit: split in sB / sBlo), in two
+  // levels: each n8 tile's kBlockM / 8 k8 steps into a fresh accumulator (tf32::mma3_chain),
+  // then added to acc_d with FADD, so that acc_d, summed over every query tile, is never an
+  // MMA's (truncating) accumulator.
   auto gemm_accumulate = [&](float (&acc_d)[kNTilesD][4], const float (&x)[kNTilesM][4],
                              const float* sB, const float* sBlo) {
+    tf32::FragA fa[kNTilesM];
 #pragma unroll
-    for (int nt = 0; nt < kNTilesM; ++nt) {
-      const tf32::FragA fa(x[nt][0], x[nt][2], x[nt][1], x[nt][3]);
+    for (int nt = 0; nt < kNTilesM; ++nt) fa[nt] = tf32::FragA(x[nt][0], x[nt][2], x[nt][1], x[nt][3]);
 #pragma unroll
-      for (int dt = 0; dt < kNTilesD; ++dt) {
+    for (int dt = 0; dt < kNTilesD; ++dt) {
+      tf32::FragB fb[kNTilesM];
+#pragma unroll
+      for (int nt = 0; nt < kNTilesM; ++nt) {
         const int b0 = off_k(kHeadDim, 8 * nt, 0, dt), b1 = off_k(kHeadDim, 8 * nt, 1, dt);
-        if constexpr (kPreSplit) {
-          tf32::mma3(acc_d[dt], fa,
-                     tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)));
-        } else {
-          tf32::mma3(acc_d[dt], fa, sB[b0], sB[b1]);
-        }
+        fb[nt] = kPreSplit ? tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1))
+                           : tf32::FragB(sB[b0], sB[b1]);
       }
+      float t[4];
+      tf32::mma3_chain<kNTilesM>(t, fa, fb);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_d[dt][e] += t[e];
     }
   };
 
@@ -321,10 +329,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         // (dt is not a compile-time value here: the swizzle XOR at run time)
         const int b0 = KTile::offset(r, 8 * dt + g), b1 = KTile::offset(r + 4, 8 * dt + g);
         if constexpr (kPreSplit) {
-          tf32::mma3(acc_dq[i], fa,
-                     tf32::FragB(tf32::split_at(sK, sKlo, b0), tf32::split_at(sK, sKlo, b1)));
+          tf32::mma3_add(acc_dq[i], fa,
+                         tf32::FragB(tf32::split_at(sK, sKlo, b0), tf32::split_at(sK, sKlo, b1)));
         } else {
-          tf32::mma3(acc_dq[i], fa, sK[b0], sK[b1]);
+          tf32::mma3_add(acc_dq[i], fa, tf32::FragB(sK[b0], sK[b1]));
         }
       }
     }

@@ -21,10 +21,12 @@
 //            (kPreSplit: split tile n into hi (in place) / lo ; __syncthreads)
 //            S = Q K^T: per k8 step, Q's A fragments (4 LDS each) split once into hi/lo,
 //            each n8 tile's B (2 LDS, split once; 4 LDS presplit), 3 MMAs (lo*hi, hi*lo,
-//            hi*hi) per m tile ;
+//            hi*hi) per m tile into a fresh accumulator, FADD into S (tf32.cuh: two-level
+//            accumulation) ;
 //            mask if the tile needs it
 //            online softmax in base 2 (exact row max, rescale every step)
-//            O += P V: P's A fragments split, V's B as K's, 3 MMAs per m tile
+//            O = O correction + P V: P's A fragments split, V's B as K's; per n8 tile of O
+//            the 3 MMAs of 4 k8 steps (32 keys) into a fresh accumulator, FFMA into O
 //   epilogue  quad-reduce the row sums, O = acc_o / sum written from the accumulators
 //          (float2 stores); LSE = max * scale + ln(sum), +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim (32, 64, 128); 16-byte aligned pointers and strides
@@ -72,6 +74,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   constexpr int kMTiles = Traits::kMTiles;  // m16 tiles per warp
   constexpr int kNTilesN = kBlockN / 8;  // n8 tiles of S = k8 steps of P V
   constexpr int kNTilesD = kHeadDim / 8;  // n8 tiles of O = k8 steps of Q K^T
+  constexpr int kPVSteps = 4;  // k8 steps of P V per two-level step (below)
+  static_assert(kNTilesN % kPVSteps == 0, "P V in whole two-level steps");
   using QTile = typename Traits::QTile;
   using KTile = typename Traits::KTile;
   using VTile = typename Traits::VTile;
@@ -180,7 +184,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
                                                        tf32::split_at(sK, sKVlo, b + 4))
                                          : tf32::FragB(sK[b], sK[b + 4]);
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3(acc_s[mt][nt], fa[mt], fb);
+        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3_add(acc_s[mt][nt], fa[mt], fb);
       }
     }
 
@@ -204,8 +208,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       }
     }
 
-    // Online softmax (base 2) per row r (g, g + 8): max over the quad, O and the sum
-    // rescaled, p in place.
+    // Online softmax (base 2) per row r (g, g + 8): max over the quad, the sum rescaled
+    // (O with the P V below), p in place.
+    float correction[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       // A row with only masked scores so far keeps max -inf: use 0 so that -inf - -inf
       // never happens (its p and correction are then exp2(-inf) = 0).
       const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float correction = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
+      correction[mt][r] = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
       row_max[mt][r] = m;
       float sum = 0.f;
 #pragma unroll
@@ -229,30 +234,42 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
           acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
           sum += acc_s[mt][nt][e];
         }
-      row_sum[mt][r] = row_sum[mt][r] * correction + sum;
-#pragma unroll
-      for (int dt = 0; dt < kNTilesD; ++dt) {
-        acc_o[mt][dt][2 * r] *= correction;
-        acc_o[mt][dt][2 * r + 1] *= correction;
-      }
+      row_sum[mt][r] = row_sum[mt][r] * correction[mt][r] + sum;
     }
 
-    // O += P V: k8 step nt is S's n8 tile nt (keys 8nt + q, 8nt + q + 4 in the lane's c0/c1).
+    // O = O correction + P V, in two levels: per n8 tile of O, the k chain of kPVSteps k8
+    // steps (32 keys) into a fresh accumulator (tf32::mma3_chain), then one FFMA into acc_o,
+    // so that acc_o, summed over every key tile, is never an MMA's (truncating) accumulator.
+    // k8 step nt is S's n8 tile nt (keys 8nt + q, 8nt + q + 4 in the lane's c0/c1).
 #pragma unroll
-    for (int nt = 0; nt < kNTilesN; ++nt) {
-      tf32::FragA fa[kMTiles];
+    for (int nt0 = 0; nt0 < kNTilesN; nt0 += kPVSteps) {
+      tf32::FragA fa[kMTiles][kPVSteps];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
-        fa[mt] = tf32::FragA(acc_s[mt][nt][0], acc_s[mt][nt][2], acc_s[mt][nt][1], acc_s[mt][nt][3]);
+#pragma unroll
+        for (int i = 0; i < kPVSteps; ++i) {
+          const float(&x)[4] = acc_s[mt][nt0 + i];
+          fa[mt][i] = tf32::FragA(x[0], x[2], x[1], x[3]);
+        }
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {
-        const int b = v_off[dt % 4] + 8 * nt * kHeadDim + 32 * (dt / 4);
-        const tf32::FragB fb =
-            kPreSplit ? tf32::FragB(tf32::split_at(sV, sKVlo, b),
-                                    tf32::split_at(sV, sKVlo, b + 4 * kHeadDim))
-                      : tf32::FragB(sV[b], sV[b + 4 * kHeadDim]);
+        tf32::FragB fb[kPVSteps];
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3(acc_o[mt][dt], fa[mt], fb);
+        for (int i = 0; i < kPVSteps; ++i) {
+          const int b = v_off[dt % 4] + 8 * (nt0 + i) * kHeadDim + 32 * (dt / 4);
+          fb[i] = kPreSplit ? tf32::FragB(tf32::split_at(sV, sKVlo, b),
+                                          tf32::split_at(sV, sKVlo, b + 4 * kHeadDim))
+                            : tf32::FragB(sV[b], sV[b + 4 * kHeadDim]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          float t[4];
+          tf32::mma3_chain<kPVSteps>(t, fa[mt], fb);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_o[mt][dt][e] = nt0 == 0 ? fmaf(acc_o[mt][dt][e], correction[mt][e / 2], t[e])
+                                        : acc_o[mt][dt][e] + t[e];
+        }
       }
     }
   };

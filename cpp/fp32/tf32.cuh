@@ -72,6 +72,7 @@ struct FragA {
 // B fragment (b0, b1 as floats) split once, reused over several A fragments.
 struct FragB {
   Split b0, b1;
+  FragB() = default;
   __device__ __forceinline__ FragB(float x0, float x1) : b0(split(x0)), b1(split(x1)) {}
   __device__ __forceinline__ FragB(Split x0, Split x1) : b0(x0), b1(x1) {}
 };
@@ -85,6 +86,31 @@ __device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, const FragB&
 // The same with b given as floats (b0, b1).
 __device__ __forceinline__ void mma3(float (&c)[4], const FragA& a, float b0, float b1) {
   mma3(c, a, FragB(b0, b1));
+}
+
+// Two-level accumulation. The tensor core's float32 accumulation truncates (toward zero,
+// relative to the largest term), so every MMA into a sum that grows large loses up to an ulp
+// of it, always with the sign of the sum: a bias that grows with the number of MMAs into one
+// accumulator (measured before: dK / dV, summed over every query tile, 44x PyTorch's float32
+// error at 4k tokens; the CPU model of fp32_emulation.py reproduces it). So no running sum is
+// an MMA's accumulator: each group of MMAs goes into a fresh one (its truncation relative to
+// the group's own sum), which is then added with FADD (round to nearest).
+//
+// t = sum over kN k8 steps of a[i] * b[i] in 3xTF32, in a fresh accumulator (the caller adds
+// it to its sum).
+template <int kN>
+__device__ __forceinline__ void mma3_chain(float (&t)[4], const FragA* a, const FragB* b) {
+  t[0] = t[1] = t[2] = t[3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) mma3(t, a[i], b[i]);
+}
+// c += a * b in 3xTF32 through a fresh accumulator (one k8 step per FADD: the k chains over
+// the head dim, e.g. S = Q K^T, measured 2-4x more accurate so than chained in c).
+__device__ __forceinline__ void mma3_add(float (&c)[4], const FragA& a, const FragB& b) {
+  float t[4];
+  mma3_chain<1>(t, &a, &b);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) c[e] += t[e];
 }
 
 // A value split earlier into two shared-memory arrays of one layout: hi[off], lo[off].
