@@ -16,19 +16,30 @@
 namespace flashattn2 {
 namespace tf32 {
 
-// cvt.rna.tf32.f32: x rounded to tf32 (10 mantissa bits, ties away), as a b32 register.
+// x rounded to tf32 (10 mantissa bits), as a b32 register (the float with the low 13 bits
+// clear). sm_90 and up: cvt.rn.tf32.f32 (ties to even), one SASS instruction (F2FP.TF32);
+// sm_80 / sm_86 / sm_89 have only cvt.rna.tf32.f32 (ties away), which ptxas expands to three
+// (a NaN test, the add of half an ulp, the mask). Either is a valid split (below).
 __device__ __forceinline__ uint32_t round_tf32(float x) {
   uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("cvt.rn.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+#else
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+#endif
   return r;
 }
 
-// The same rounding as integer ops (half a tf32 ulp added to the magnitude bits, then the
-// low 13 bits cleared: ties away from zero, carries into the exponent as rna does): 2 SASS
-// instructions instead of cvt's 4 (its NaN test and select). Equal to round_tf32 for every
-// finite x and +-inf; a NaN may come out as another value (hence only for lo, below).
+// The same for a finite x: before sm_90 as integer ops (half a tf32 ulp added to the
+// magnitude bits, then the low 13 bits cleared: ties away from zero, carries into the
+// exponent as rna does), 2 SASS instructions instead of cvt.rna's 3. Equal to round_tf32 for
+// every finite x and +-inf; a NaN may come out as another value (hence only for lo, below).
 __device__ __forceinline__ uint32_t round_tf32_finite(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return round_tf32(x);
+#else
   return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+#endif
 }
 
 // x as (hi, lo): hi = tf32(x), lo = tf32(x - hi) (x - hi is exact in f32). A NaN x keeps
