@@ -203,10 +203,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto gemm_keys_queries = [&](float (&acc)[kNTilesM][4], const float* sA, const float* sAlo,
                                const float* sB, const float* sBlo) {
 #pragma unroll
-    for (int nt = 0; nt < kNTilesM; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-#pragma unroll
     for (int kk = 0; kk < kNTilesD; ++kk) {
       const int a0 = off_a(kHeadDim, 0, 2 * kk), a1 = off_a(kHeadDim, 8, 2 * kk);
       const int a2 = off_a(kHeadDim, 0, 2 * kk + 1), a3 = off_a(kHeadDim, 8, 2 * kk + 1);
@@ -222,9 +218,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         const int b0 = off_b(kHeadDim, 8 * nt, 2 * kk), b1 = off_b(kHeadDim, 8 * nt, 2 * kk + 1);
         if constexpr (kPreSplit) {
           tf32::mma3_add(acc[nt], fa,
-                         tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)));
+                         tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)),
+                         kk == 0);
         } else {
-          tf32::mma3_add(acc[nt], fa, tf32::FragB(sB[b0], sB[b1]));
+          tf32::mma3_add(acc[nt], fa, tf32::FragB(sB[b0], sB[b1]), kk == 0);
         }
       }
     }
@@ -315,10 +312,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     const int dt0 = kHalfD * (warp / kMTiles);
     float acc_dq[kHalfD][4];
 #pragma unroll
-    for (int i = 0; i < kHalfD; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_dq[i][e] = 0.f;
-#pragma unroll
     for (int kk = 0; kk < kBlockN / 8; ++kk) {
       const int r = 8 * kk + q;
       const tf32::FragA fa(sdS[STile::offset(r, mq + g)], sdS[STile::offset(r, mq + g + 8)],
@@ -330,9 +323,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         const int b0 = KTile::offset(r, 8 * dt + g), b1 = KTile::offset(r + 4, 8 * dt + g);
         if constexpr (kPreSplit) {
           tf32::mma3_add(acc_dq[i], fa,
-                         tf32::FragB(tf32::split_at(sK, sKlo, b0), tf32::split_at(sK, sKlo, b1)));
+                         tf32::FragB(tf32::split_at(sK, sKlo, b0), tf32::split_at(sK, sKlo, b1)),
+                         kk == 0);
         } else {
-          tf32::mma3_add(acc_dq[i], fa, tf32::FragB(sK[b0], sK[b1]));
+          tf32::mma3_add(acc_dq[i], fa, tf32::FragB(sK[b0], sK[b1]), kk == 0);
         }
       }
     }

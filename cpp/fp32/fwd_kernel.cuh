@@ -162,12 +162,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
     constexpr bool kMask = decltype(mask_tag)::value;
     const float* sV = sK;  // (v_off includes the K tile)
     float acc_s[kMTiles][kNTilesN][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTilesN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
     // S = Q K^T over the d / 8 k steps.
 #pragma unroll
     for (int kk = 0; kk < kNTilesD; ++kk) {
@@ -184,7 +178,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
                                                        tf32::split_at(sK, sKVlo, b + 4))
                                          : tf32::FragB(sK[b], sK[b + 4]);
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3_add(acc_s[mt][nt], fa[mt], fb);
+        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3_add(acc_s[mt][nt], fa[mt], fb, kk == 0);
       }
     }
 

@@ -116,12 +116,14 @@ __device__ __forceinline__ void mma3_chain(float (&t)[4], const FragA* a, const 
   for (int i = 0; i < kN; ++i) mma3(t, a[i], b[i]);
 }
 // c += a * b in 3xTF32 through a fresh accumulator (one k8 step per FADD: the k chains over
-// the head dim, e.g. S = Q K^T, measured 2-4x more accurate so than chained in c).
-__device__ __forceinline__ void mma3_add(float (&c)[4], const FragA& a, const FragB& b) {
+// the head dim, e.g. S = Q K^T, measured 2-4x more accurate so than chained in c); first:
+// c = a * b (c's value unused, no FADD).
+__device__ __forceinline__ void mma3_add(float (&c)[4], const FragA& a, const FragB& b,
+                                         bool first) {
   float t[4];
   mma3_chain<1>(t, &a, &b);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) c[e] += t[e];
+  for (int e = 0; e < 4; ++e) c[e] = first ? t[e] : c[e] + t[e];
 }
 
 // A value split earlier into two shared-memory arrays of one layout: hi[off], lo[off].
