@@ -235,7 +235,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
                              const float* sB, const float* sBlo) {
     tf32::FragA fa[kNTilesM];
 #pragma unroll
-    for (int nt = 0; nt < kNTilesM; ++nt) fa[nt] = tf32::FragA(x[nt][0], x[nt][2], x[nt][1], x[nt][3]);
+    for (int nt = 0; nt < kNTilesM; ++nt)
+      fa[nt] = tf32::FragA(x[nt][0], x[nt][2], x[nt][1], x[nt][3]);
 #pragma unroll
     for (int dt = 0; dt < kNTilesD; ++dt) {
       tf32::FragB fb[kNTilesM];

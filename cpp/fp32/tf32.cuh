@@ -5,9 +5,9 @@
 //   A (16x8, row):  a0 = (g, q)  a1 = (g+8, q)  a2 = (g, q+4)  a3 = (g+8, q+4)
 //   B (8x8,  col):  b0 = (k q, n g)             b1 = (k q+4, n g)
 //   C (16x8, f32):  c0, c1 = (g, 2q), (g, 2q+1)  c2, c3 = (g+8, 2q), (g+8, 2q+1)
-// 3xTF32: x = hi + lo, hi = rna_tf32(x), lo = rna_tf32(x - hi); a * b is taken as
-// lo_a hi_b + hi_a lo_b + hi_a hi_b (three MMAs, small terms first; lo_a lo_b < 2^-22 |ab|
-// is dropped), accumulated in f32.
+// 3xTF32: x = hi + lo, hi = tf32(x), lo = tf32(x - hi) (round to nearest); a * b is taken
+// as lo_a hi_b + hi_a lo_b + hi_a hi_b (three MMAs, small terms first; lo_a lo_b < 2^-22 |ab|
+// is dropped), accumulated in f32 in two levels (mma3_chain / mma3_add below).
 #pragma once
 #include <cstdint>
 
