@@ -263,11 +263,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       // Each operand split once for all warps (else every warp splits every element it
       // reads): K, V at the first step, Q, dO at every step.
       if (t == 0) {
-        tf32::split_in_place<kNThreads>(sK, sKlo, KTile::kFloats, tid);
-        tf32::split_in_place<kNThreads>(sV, sVlo, KTile::kFloats, tid);
+        tf32::split_in_place<KTile::kFloats, kNThreads>(sK, sKlo, tid);
+        tf32::split_in_place<KTile::kFloats, kNThreads>(sV, sVlo, tid);
       }
-      tf32::split_in_place<kNThreads>(sQ, sQlo, QTile::kFloats, tid);
-      tf32::split_in_place<kNThreads>(sdO, sdOlo, QTile::kFloats, tid);
+      tf32::split_in_place<QTile::kFloats, kNThreads>(sQ, sQlo, tid);
+      tf32::split_in_place<QTile::kFloats, kNThreads>(sdO, sdOlo, tid);
       __syncthreads();
     }
 

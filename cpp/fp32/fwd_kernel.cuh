@@ -61,7 +61,7 @@ struct Fp32FwdTraits {
   static constexpr int kStageFloats = KTile::kFloats + VTile::kFloats;
   static constexpr bool kPreSplit = fp32_fwd_presplit(kHeadDim);
   static constexpr int kSmemBytes = 4 * (QTile::kFloats + (kPreSplit ? 3 : 2) * kStageFloats);
-  static_assert(!kPreSplit || kStageFloats % kNThreads == 0, "split_in_place covers a stage");
+  static_assert(kStageFloats % 4 == 0 && QTile::kFloats % 4 == 0, "stages 16-byte aligned");
   static_assert(kSmemBytes == fp32_fwd_smem_bytes(kHeadDim), "fwd_config.h and the tiles agree");
 };
 
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
     if constexpr (kPreSplit) {
       // K and V split once for all warps (else every warp splits every element it reads);
       // the lo buffer is free: every warp is past the last step.
-      tf32::split_in_place<kNThreads>(stage ? sKV1 : sKV0, sKVlo, Traits::kStageFloats, tid);
+      tf32::split_in_place<Traits::kStageFloats, kNThreads>(stage ? sKV1 : sKV0, sKVlo, tid);
       __syncthreads();
     }
     const int col0 = n_block * kBlockN;

@@ -131,15 +131,23 @@ __device__ __forceinline__ Split split_at(const float* hi, const float* lo, int 
   return {__float_as_uint(hi[off]), __float_as_uint(lo[off])};
 }
 
-// The n floats at hi split in place: hi[i] = tf32(x), lo[i] = tf32(x - hi[i]); thread tid of
-// kThreads takes i = tid + kThreads j (n a multiple of kThreads).
-template <int kThreads>
-__device__ __forceinline__ void split_in_place(float* hi, float* lo, int n, int tid) {
-#pragma unroll 4
-  for (int i = tid; i < n; i += kThreads) {
-    const Split s = split(hi[i]);
-    hi[i] = __uint_as_float(s.hi);
-    lo[i] = __uint_as_float(s.lo);
+// The kN floats at hi (16-byte aligned) split in place: hi[i] = tf32(x), lo[i] = tf32(x - hi[i]),
+// by float4 (one LDS.128 and two STS.128 per 4 values); thread tid of kThreads takes the
+// float4s tid + kThreads j.
+template <int kN, int kThreads>
+__device__ __forceinline__ void split_in_place(float* hi, float* lo, int tid) {
+  static_assert(kN % 4 == 0, "whole float4s");
+  constexpr int kN4 = kN / 4;
+#pragma unroll
+  for (int j = 0; j < (kN4 + kThreads - 1) / kThreads; ++j) {
+    const int i = tid + j * kThreads;
+    if (kN4 % kThreads != 0 && i >= kN4) break;
+    const float4 x = reinterpret_cast<const float4*>(hi)[i];
+    const Split s0 = split(x.x), s1 = split(x.y), s2 = split(x.z), s3 = split(x.w);
+    reinterpret_cast<float4*>(hi)[i] = make_float4(__uint_as_float(s0.hi), __uint_as_float(s1.hi),
+                                                   __uint_as_float(s2.hi), __uint_as_float(s3.hi));
+    reinterpret_cast<float4*>(lo)[i] = make_float4(__uint_as_float(s0.lo), __uint_as_float(s1.lo),
+                                                   __uint_as_float(s2.lo), __uint_as_float(s3.lo));
   }
 }
 
