@@ -172,6 +172,14 @@ def forward(q, k, v, scale, wl, wr, D):  # q [sq, d], k/v [sk, d] float32 one he
 def swz(r): return ((r & 3) << 3) | (r & 4)
 def swz_off(r, c, kcols): return r * kcols + (c ^ swz(r))
 def row_off(r, c, kcols): return r * (kcols + 4) + c
+# PairTile (tf32.cuh; sQ / sdO of the backward at d <= 64): cp.async at pair_raw_off, then
+# split_pairs stores each 8-column group in the order 0 4 1 5 2 6 3 7.
+def pair_h(r): return (r & 3) ^ ((r & 4) >> 1)
+def pair_pos(k): return 2 * (k & 3) + (k >> 2)
+def pair_raw_off(r, c, kcols): return r * kcols + (c ^ (pair_h(r) << 3))
+PAIR_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
+def split_pairs(tile):  # in place, group by group (the values; the emulation splits at use)
+    tile.reshape(-1, 8)[:] = tile.reshape(-1, 8)[:, PAIR_ORDER]
 
 def backward(q, k, v, o, lse, dout, scale, wl, wr, D, group):
     # q/o/dout [H, sq, d]; k/v [Hk, sk, d]; lse [H, sq]
@@ -185,6 +193,10 @@ def backward(q, k, v, o, lse, dout, scale, wl, wr, D, group):
     sl2 = np.float32(scale * 1.4426950408889634); L2E = np.float32(1.4426950408889634)
     perm_g = (G >> 1) + 4 * (G & 1)
     lane_a = Q ^ swz(G); lane_b = Q ^ swz(perm_g); lane_k = [G ^ swz(Q), G ^ swz(Q + 4)]
+    presplit = D <= 64  # (fwd_config.h fp32_bwd_presplit): sQ / sdO are PairTiles
+    pair_b = (2 * Q) ^ (pair_h(perm_g) << 3)
+    pair_k = [pair_pos(G) ^ (pair_h(Q) << 3), pair_pos(G) ^ (pair_h(Q + 4) << 3)]
+    q_off = pair_raw_off if presplit else swz_off
     for hk in range(Hk):
         for n_block in range((sk + BN - 1) // BN):
             n0 = n_block * BN
@@ -206,7 +218,9 @@ def backward(q, k, v, o, lse, dout, scale, wl, wr, D, group):
                 for r in range(BM):
                     for c in range(0, D, 4):
                         if r < sq - m0 and c < d:
-                            o_ = swz_off(r, c, D); sQ[o_:o_+4] = q[head, m0+r, c:c+4]; sdO[o_:o_+4] = dout[head, m0+r, c:c+4]
+                            o_ = q_off(r, c, D); sQ[o_:o_+4] = q[head, m0+r, c:c+4]; sdO[o_:o_+4] = dout[head, m0+r, c:c+4]
+                if presplit:
+                    split_pairs(sQ); split_pairs(sdO)
                 sLse = np.array([lse[head, m0+i] if m0+i < sq else 0 for i in range(BM)], np.float32)
                 sDs = np.array([dsum[head, m0+i] if m0+i < sq else 0 for i in range(BM)], np.float32)
                 sdS = np.full(BN * (BM + 4), np.nan, np.float32)
@@ -215,6 +229,10 @@ def backward(q, k, v, o, lse, dout, scale, wl, wr, D, group):
                     off_a = lambda kc, x8, c4: (key_row + x8) * kc + 32 * (c4 // 8) + ((4 * (c4 % 8)) ^ lane_a)
                     off_b = lambda kc, x8, c4: (perm_g + x8) * kc + 32 * (c4 // 8) + ((4 * (c4 % 8)) ^ lane_b)
                     off_k = lambda kc, x8, jj, c8: (Q + 4 * jj + x8) * kc + 32 * (c8 // 4) + ((8 * (c8 % 4)) ^ lane_k[jj])
+                    if presplit:  # sQ / sdO reads: n-major 64-bit pairs, k-major permuted
+                        pair_off = lambda row, lane_off, c8: row * D + 32 * (c8 // 4) + ((8 * (c8 % 4)) ^ lane_off)
+                        off_b = lambda kc, x8, c4: pair_off(perm_g + x8, pair_b, c4 // 2) + c4 % 2
+                        off_k = lambda kc, x8, jj, c8: pair_off(Q + 4 * jj + x8, pair_k[jj], c8)
                     def gkq(sA, sB):
                         acc = np.zeros((BM // 8, 32, 4), np.float32)
                         for kk in range(D // 8):

@@ -151,6 +151,27 @@ __device__ __forceinline__ void split_in_place(float* hi, float* lo, int tid) {
   }
 }
 
+// The same for a PairTile (below) of kN floats: each 8-column group (8 floats, 32-byte
+// aligned) split and stored in the order 0 4 1 5 2 6 3 7; thread tid takes the groups
+// tid + kThreads j.
+template <int kN, int kThreads>
+__device__ __forceinline__ void split_pairs(float* hi, float* lo, int tid) {
+  static_assert(kN % (8 * kThreads) == 0, "whole groups, every thread alike");
+#pragma unroll
+  for (int j = 0; j < kN / (8 * kThreads); ++j) {
+    float4* const h4 = reinterpret_cast<float4*>(hi) + 2 * (tid + j * kThreads);
+    float4* const l4 = reinterpret_cast<float4*>(lo) + 2 * (tid + j * kThreads);
+    const float4 x = h4[0], y = h4[1];
+    const Split s0 = split(x.x), s1 = split(x.y), s2 = split(x.z), s3 = split(x.w);
+    const Split s4 = split(y.x), s5 = split(y.y), s6 = split(y.z), s7 = split(y.w);
+    auto f = [](uint32_t u) { return __uint_as_float(u); };
+    h4[0] = make_float4(f(s0.hi), f(s4.hi), f(s1.hi), f(s5.hi));
+    h4[1] = make_float4(f(s2.hi), f(s6.hi), f(s3.hi), f(s7.hi));
+    l4[0] = make_float4(f(s0.lo), f(s4.lo), f(s1.lo), f(s5.lo));
+    l4[1] = make_float4(f(s2.lo), f(s6.lo), f(s3.lo), f(s7.lo));
+  }
+}
+
 }  // namespace tf32
 
 // Shared-memory tiles of float32 [kRows x kCols] (kCols a multiple of 32), two layouts by
@@ -185,6 +206,28 @@ struct SwzTile {
   static constexpr int kFloats = kRows * kCols;
   __device__ __forceinline__ static int offset(int r, int c) {
     return r * kCols + (c ^ (((r & 3) << 3) | (r & 4)));
+  }
+};
+
+//  - PairTile (unpadded; the backward's tf32-split operands at d <= 64): cp.async writes
+//    column c of row r at c ^ 8 h(r), h(r) = (r % 4) ^ 2 ((r / 4) % 2) (an 8-column group
+//    stays whole), then split_pairs stores each group in the order 0 4 1 5 2 6 3 7
+//    (pair_offset), so that columns c and c + 4, a fragment's (a0, a2) / (b0, b1), are one
+//    64-bit LDS. Conflict free (a 64-bit LDS is served per half-warp): n-major (rows g or
+//    perm(g), pair 2q + const): bits 1-2 = q, bits 3-4 = h(row), a bijection on each
+//    half-warp's rows {0..3}, {4..7}, {0,4,1,5}, {2,6,3,7}; k-major 32-bit (rows q (+4),
+//    col g + const): bits 0-2 = the permuted g, bits 3-4 ^= h(q).
+template <int kRows, int kCols>
+struct PairTile {
+  static_assert(kCols % 32 == 0, "the swizzle permutes 8-column groups within 32 columns");
+  static constexpr int kFloats = kRows * kCols;
+  __device__ __forceinline__ static int h(int r) { return (r & 3) ^ ((r & 4) >> 1); }
+  __device__ __forceinline__ static int pos(int k) { return 2 * (k & 3) + (k >> 2); }
+  __device__ __forceinline__ static int offset(int r, int c) {
+    return r * kCols + (c ^ (h(r) << 3));
+  }
+  __device__ __forceinline__ static int pair_offset(int r, int c) {
+    return r * kCols + (((c & ~7) | pos(c & 7)) ^ (h(r) << 3));
   }
 };
 
