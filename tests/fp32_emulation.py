@@ -71,9 +71,11 @@ def forward(q, k, v, scale, wl, wr, D):  # q [sq, d], k/v [sk, d] float32 one he
     sq, d = q.shape; sk = k.shape[0]
     MT = 2 if D <= 64 else 1  # m16 tiles per warp (fwd_config.h fp32_fwd_m_tiles)
     BM = 64 * MT; BN = 64 if D <= 32 else 32
-    qs = D + 4; ks = D + 4
+    qs = D + 4
+    presplit = D <= 64  # (fwd_config.h fp32_fwd_presplit): sK a PairTile, else rows padded
+    ks = D if presplit else D + 4
     q_off_r = lambda r, c: r * qs + c
-    k_off = lambda r, c: r * ks + c
+    k_off = (lambda r, c: pair_raw_off(r, c, D)) if presplit else (lambda r, c: r * ks + c)
     v_off = lambda r, c: r * D + (c ^ ((r & 3) << 3))
     out = np.full((sq, d), np.nan, np.float32); lse = np.full(sq, np.nan, np.float32)
     offset = sk - sq
@@ -96,7 +98,8 @@ def forward(q, k, v, scale, wl, wr, D):  # q [sq, d], k/v [sk, d] float32 one he
             wr0 = warp * 16 * MT + 16 * mt
             if row0 + wr0 >= sq: continue  # (rows the kernel computes but never writes)
             key_g = (G >> 1) + 4 * (G & 1)
-            qo = q_off_r(wr0 + G, Q); ko = k_off(key_g, Q)
+            qo = q_off_r(wr0 + G, Q)
+            ko = (2 * Q) ^ (pair_h(key_g) << 3) if presplit else k_off(key_g, Q)
             vo = [BN * ks + v_off(Q, 8 * j + G) for j in range(4)]
             acc_o = np.zeros((D // 8, 32, 4), np.float32)
             rmax = np.full((32, 2), -np.inf, np.float32); rsum = np.zeros((32, 2), np.float32)
@@ -110,13 +113,19 @@ def forward(q, k, v, scale, wl, wr, D):  # q [sq, d], k/v [sk, d] float32 one he
                         if r < sk - n0 and c < d:
                             sKV[k_off(r, c):k_off(r, c)+4] = k[n0+r, c:c+4]
                             o = BN * ks + v_off(r, c); sKV[o:o+4] = v[n0+r, c:c+4]
+                if presplit:
+                    split_pairs(sKV[:BN * ks])
                 acc_s = np.zeros((BN // 8, 32, 4), np.float32)
                 for kk in range(D // 8):
                     a = sQ[qo + 8*kk]; a1 = sQ[qo + 8*kk + 8*qs]; a2 = sQ[qo + 8*kk + 4]; a3 = sQ[qo + 8*kk + 8*qs + 4]
                     a4 = np.stack([a, a1, a2, a3], 1)
                     for nt in range(BN // 8):
-                        base = ko + 8 * nt * ks + 8 * kk
-                        acc_s[nt] = mma3_add(acc_s[nt], a4, sKV[base], sKV[base + 4])
+                        if presplit:  # the pair (b0, b1) side by side
+                            base = (key_g + 8 * nt) * D + 32 * (kk // 4) + ((8 * (kk % 4)) ^ ko)
+                            b1 = base + 1
+                        else:
+                            base = ko + 8 * nt * ks + 8 * kk; b1 = base + 4
+                        acc_s[nt] = mma3_add(acc_s[nt], a4, sKV[base], sKV[b1])
                 # mask (always applied in emulation: identical to need_mask result on tiles that don't need it)
                 for r in range(2):
                     row = row0 + wr0 + G + 8 * r

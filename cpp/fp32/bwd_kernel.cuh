@@ -43,7 +43,6 @@
 
 #include <cmath>
 #include <type_traits>
-#include <utility>
 
 #include "common/flash.h"
 #include "common/ptx.cuh"
@@ -205,12 +204,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto pair_off = [&](int row, int lane_off, int c8) {
     return row * kHeadDim + 32 * (c8 / 4) + ((8 * (c8 % 4)) ^ lane_off);
   };
-  auto ld_pair = [](const float* hi, const float* lo, int off) {  // two Splits: c, c + 4
-    const float2 h = *reinterpret_cast<const float2*>(hi + off);
-    const float2 l = *reinterpret_cast<const float2*>(lo + off);
-    return std::pair<tf32::Split, tf32::Split>{
-        {__float_as_uint(h.x), __float_as_uint(l.x)}, {__float_as_uint(h.y), __float_as_uint(l.y)}};
-  };
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = p.softmax_scale * kLog2e;
 
@@ -239,8 +232,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
       for (int nt = 0; nt < kNTilesM; ++nt) {
         if constexpr (kPreSplit) {
-          const auto [b0, b1] = ld_pair(sB, sBlo, pair_off(perm_g + 8 * nt, pair_b, kk));
-          tf32::mma3_add(acc[nt], fa, tf32::FragB(b0, b1), kk == 0);
+          const int b = pair_off(perm_g + 8 * nt, pair_b, kk);
+          tf32::mma3_add(acc[nt], fa, tf32::split_pair_at(sB, sBlo, b), kk == 0);
         } else {
           const int b0 = off_b(kHeadDim, 8 * nt, 2 * kk), b1 = off_b(kHeadDim, 8 * nt, 2 * kk + 1);
           tf32::mma3_add(acc[nt], fa, tf32::FragB(sB[b0], sB[b1]), kk == 0);

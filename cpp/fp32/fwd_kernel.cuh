@@ -10,8 +10,9 @@
 //          the warp's kMTiles tiles.
 //   smem   sQ RowTile [kBlockM x d] + 2 stages x (sK RowTile, sV KRowTile) [kBlockN x d],
 //          float32 (tf32.cuh: padded / swizzled so every fragment LDS is conflict free), + at
-//          d <= 64 a third stage-sized buffer for the lo halves of the split K / V (kPreSplit):
-//          69 / 83.5 / 98 KiB at d32 / d64 / d128 (fits the 99 KiB of sm_86 / sm_89).
+//          d <= 64 a third stage-sized buffer for the lo halves of the split K / V (kPreSplit;
+//          sK then a PairTile: a B fragment's (b0, b1) one 64-bit LDS from hi, one from lo):
+//          66 / 82 / 98 KiB at d32 / d64 / d128 (fits the 99 KiB of sm_86 / sm_89).
 //   keys   S's n8 column p of each 8-key group holds key p / 2 + 4 (p % 2): lane g reads K
 //          row perm(g) for the B fragment of S = Q K^T, and then the C fragment of P is the
 //          A fragment of P V as it stands (a0 = c0, a1 = c2, a2 = c1, a3 = c3; keys q, q+4).
@@ -20,7 +21,7 @@
 //            wait tile n ; __syncthreads ; cp.async tile n-1 into the other stage
 //            (kPreSplit: split tile n into hi (in place) / lo ; __syncthreads)
 //            S = Q K^T: per k8 step, Q's A fragments (4 LDS each) split once into hi/lo,
-//            each n8 tile's B (2 LDS, split once; 4 LDS presplit), 3 MMAs (lo*hi, hi*lo,
+//            each n8 tile's B (2 LDS, split once; 2 LDS.64 presplit), 3 MMAs (lo*hi, hi*lo,
 //            hi*hi) per m tile into a fresh accumulator, FADD into S (tf32.cuh: two-level
 //            accumulation) ;
 //            mask if the tile needs it
@@ -55,11 +56,13 @@ struct Fp32FwdTraits {
   static constexpr int kBlockN = fp32_fwd_block_n(kHeadDim);
   static constexpr int kNWarps = kBlockM / (16 * kMTiles);
   static constexpr int kNThreads = 32 * kNWarps;
+  static constexpr bool kPreSplit = fp32_fwd_presplit(kHeadDim);
   using QTile = RowTile<kBlockM, kHeadDim>;
-  using KTile = RowTile<kBlockN, kHeadDim>;
+  // sK: split, a PairTile (tf32.cuh: a B fragment's columns q, q + 4 one 64-bit LDS).
+  using KTile = std::conditional_t<kPreSplit, PairTile<kBlockN, kHeadDim>,
+                                   RowTile<kBlockN, kHeadDim>>;
   using VTile = KRowTile<kBlockN, kHeadDim>;
   static constexpr int kStageFloats = KTile::kFloats + VTile::kFloats;
-  static constexpr bool kPreSplit = fp32_fwd_presplit(kHeadDim);
   static constexpr int kSmemBytes = 4 * (QTile::kFloats + (kPreSplit ? 3 : 2) * kStageFloats);
   static_assert(kStageFloats % 4 == 0 && QTile::kFloats % 4 == 0, "stages 16-byte aligned");
   static_assert(kSmemBytes == fp32_fwd_smem_bytes(kHeadDim), "fwd_config.h and the tiles agree");
@@ -133,10 +136,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   const int warp_row0 = warp * 16 * kMTiles;
   const int key_g = (g >> 1) + 4 * (g & 1);  // the key of S column g of an n8 tile
   // The lane's word offsets (tf32.cuh layouts): Q A fragment (row g of m tile 0, col q);
-  // K B fragment (key row perm(g), col q); V B fragment (key row q, col g) for each column
-  // group parity class (col / 8) % 4 of the swizzle.
+  // K B fragment (key row perm(g), col q; kPreSplit: the PairTile's XOR on column bits 3-4
+  // with the pair 2q); V B fragment (key row q, col g) for each column group parity class
+  // (col / 8) % 4 of the swizzle.
   const int q_off = QTile::offset(warp_row0 + g, q);
-  const int k_off = KTile::offset(key_g, q);
+  const int k_off = kPreSplit ? (2 * q) ^ (PairTile<1, kHeadDim>::h(key_g) << 3)
+                              : RowTile<kBlockN, kHeadDim>::offset(key_g, q);
   int v_off[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) v_off[j] = KTile::kFloats + VTile::offset(q, 8 * j + g);
@@ -173,10 +178,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       }
 #pragma unroll
       for (int nt = 0; nt < kNTilesN; ++nt) {
-        const int b = k_off + 8 * nt * KTile::kStride + 8 * kk;
-        const tf32::FragB fb = kPreSplit ? tf32::FragB(tf32::split_at(sK, sKVlo, b),
-                                                       tf32::split_at(sK, sKVlo, b + 4))
-                                         : tf32::FragB(sK[b], sK[b + 4]);
+        tf32::FragB fb;
+        if constexpr (kPreSplit) {
+          const int b = (key_g + 8 * nt) * kHeadDim + 32 * (kk / 4) + ((8 * (kk % 4)) ^ k_off);
+          fb = tf32::split_pair_at(sK, sKVlo, b);
+        } else {
+          const int b = k_off + 8 * nt * KTile::kStride + 8 * kk;
+          fb = tf32::FragB(sK[b], sK[b + 4]);
+        }
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3_add(acc_s[mt][nt], fa[mt], fb, kk == 0);
       }
@@ -277,7 +286,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
     if constexpr (kPreSplit) {
       // K and V split once for all warps (else every warp splits every element it reads);
       // the lo buffer is free: every warp is past the last step.
-      tf32::split_in_place<Traits::kStageFloats, kNThreads>(stage ? sKV1 : sKV0, sKVlo, tid);
+      float* const sK = stage ? sKV1 : sKV0;
+      tf32::split_pairs<KTile::kFloats, kNThreads>(sK, sKVlo, tid);
+      tf32::split_in_place<VTile::kFloats, kNThreads>(sK + KTile::kFloats,
+                                                      sKVlo + KTile::kFloats, tid);
       __syncthreads();
     }
     const int col0 = n_block * kBlockN;

@@ -131,6 +131,15 @@ __device__ __forceinline__ Split split_at(const float* hi, const float* lo, int 
   return {__float_as_uint(hi[off]), __float_as_uint(lo[off])};
 }
 
+// The B fragment (b0, b1) of columns c, c + 4 of a PairTile (below) split earlier, at off:
+// one 64-bit LDS from hi, one from lo.
+__device__ __forceinline__ FragB split_pair_at(const float* hi, const float* lo, int off) {
+  const float2 h = *reinterpret_cast<const float2*>(hi + off);
+  const float2 l = *reinterpret_cast<const float2*>(lo + off);
+  return FragB(Split{__float_as_uint(h.x), __float_as_uint(l.x)},
+               Split{__float_as_uint(h.y), __float_as_uint(l.y)});
+}
+
 // The kN floats at hi (16-byte aligned) split in place: hi[i] = tf32(x), lo[i] = tf32(x - hi[i]),
 // by float4 (one LDS.128 and two STS.128 per 4 values); thread tid of kThreads takes the
 // float4s tid + kThreads j.
@@ -209,7 +218,7 @@ struct SwzTile {
   }
 };
 
-//  - PairTile (unpadded; the backward's tf32-split operands at d <= 64): cp.async writes
+//  - PairTile (unpadded; split K of the forward, Q / dO of the backward, d <= 64): cp.async writes
 //    column c of row r at c ^ 8 h(r), h(r) = (r % 4) ^ 2 ((r / 4) % 2) (an 8-column group
 //    stays whole), then split_pairs stores each group in the order 0 4 1 5 2 6 3 7
 //    (pair_offset), so that columns c and c + 4, a fragment's (a0, a2) / (b0, b1), are one
