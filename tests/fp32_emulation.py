@@ -6,7 +6,9 @@ for bf16) and 3xTF32 products accumulated in float32 as the tensor core does (tc
 round to nearest). It catches layout and index bugs without a GPU (test_fp32.py), and the
 accumulation order's error; keep it in step with the kernels. Where the kernels split an
 operand once in shared memory (d <= 64) rather than per warp, the values are the same, so
-the emulation splits at each use; it mirrors each warp's m16 tiles one at a time.
+the emulation splits at each use (but mirrors the PairTile order those tiles are stored in);
+it mirrors each warp's m16 tiles one at a time. tf32() rounds ties away from zero as sm_80's
+cvt.rna (sm_90's cvt.rn rounds ties to even: a difference at exact ties only).
 
 forward(q, k, v, scale, window_left, window_right, kernel_head_dim): one head, q (sq, d),
 k / v (sk, d) float32 numpy -> (out, lse). backward(q, k, v, o, lse, dout, scale, window_left,
@@ -181,7 +183,8 @@ def forward(q, k, v, scale, wl, wr, D):  # q [sq, d], k/v [sk, d] float32 one he
 def swz(r): return ((r & 3) << 3) | (r & 4)
 def swz_off(r, c, kcols): return r * kcols + (c ^ swz(r))
 def row_off(r, c, kcols): return r * (kcols + 4) + c
-# PairTile (tf32.cuh; sQ / sdO of the backward at d <= 64): cp.async at pair_raw_off, then
+# PairTile (tf32.cuh; at d <= 64 the forward's sK, the backward's sQ / sdO): cp.async at
+# pair_raw_off, then
 # split_pairs stores each 8-column group in the order 0 4 1 5 2 6 3 7.
 def pair_h(r): return (r & 3) ^ ((r & 4) >> 1)
 def pair_pos(k): return 2 * (k & 3) + (k >> 2)
