@@ -184,8 +184,7 @@ def swz(r): return ((r & 3) << 3) | (r & 4)
 def swz_off(r, c, kcols): return r * kcols + (c ^ swz(r))
 def row_off(r, c, kcols): return r * (kcols + 4) + c
 # PairTile (tf32.cuh; at d <= 64 the forward's sK, the backward's sQ / sdO): cp.async at
-# pair_raw_off, then
-# split_pairs stores each 8-column group in the order 0 4 1 5 2 6 3 7.
+# pair_raw_off, then split_pairs stores each 8-column group in the order 0 4 1 5 2 6 3 7.
 def pair_h(r): return (r & 3) ^ ((r & 4) >> 1)
 def pair_pos(k): return 2 * (k & 3) + (k >> 2)
 def pair_raw_off(r, c, kcols): return r * kcols + (c ^ (pair_h(r) << 3))
