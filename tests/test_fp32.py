@@ -178,11 +178,13 @@ def test_fp32_forward_emulation(shape):
 @pytest.mark.parametrize("shape", [(2, 1, 40, 70, 64, 64, True, (-1, -1)),
                                    (1, 1, 20, 50, 32, 32, False, (20, 5)),
                                    (2, 2, 17, 33, 128, 128, False, (-1, -1)),
-                                   (2, 1, 30, 20, 24, 32, True, (-1, -1))],
-                         ids=["d64-gqa-causal", "d32-window", "d128", "d24-sq>sk"])
+                                   (2, 1, 30, 20, 24, 32, True, (-1, -1)),
+                                   (1, 1, 1024, 64, 32, 32, False, (-1, -1))],
+                         ids=["d64-gqa-causal", "d32-window", "d128", "d24-sq>sk", "d32-1k-queries"])
 def test_fp32_backward_emulation(shape):
     """bwd_kernel.cuh's fragment and index math (emulated; out and lse from torch float32)
-    meets the 2x rule."""
+    meets the 2x rule. 1k queries: dV's sum over 32 query tiles, were it chained in one MMA
+    accumulator, would not (12x PyTorch's error with the emulated tensor-core rounding)."""
     h, hk, sq, sk, d, kernel_d, causal, window = shape
     q, k, v = _qkv(1, sq, sk, h, hk, d)
     dout = torch.randn(1, sq, h, d)
@@ -309,3 +311,41 @@ def test_fp32_packed_views(causal):
         _, (g64,) = _grads(ref, [kv.double()], dout.double())
         _, (g32,) = _grads(ref, [kv], dout)
         _check("kvpacked dkv", g, g32, g64)
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): long enough that a
+# float32 sum chained through the tensor core's (truncating) MMA accumulation over every
+# key / query tile fails the 2x rule (dK / dV 20-45x PyTorch's error at 2k-4k before the
+# two-level accumulation of tf32.cuh; scripts/fp32_probe.py). Full attention with few keys:
+# dK / dV large enough for the error to exceed the atol (with 4k keys each p is ~1 / 4k),
+# summed over 4 heads x 256 query tiles (the emulation of 2k x 128, 2:1: 18-23x).
+LONG_SHAPES = [
+    (1, 4096, 4096, 4, 2, 64, True, (-1, -1)),
+    (1, 4096, 256, 4, 1, 64, False, (-1, -1)),
+]
+
+
+@gpu
+@needs_fp32
+@pytest.mark.parametrize("shape", LONG_SHAPES, ids=_ids)
+def test_fp32_long_sequences(shape):
+    """out, lse, dq, dk, dv at 2k-4k tokens, GQA: the accumulation error must not grow with
+    the length faster than PyTorch's."""
+    batch, sq, sk, h, hk, d, causal, window = shape
+    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
+    out = torch.full(q.shape, float("nan"), device="cuda")
+    lse = torch.full((batch, h, sq), float("nan"), device="cuda")
+    interface._flash_attn_forward(q, k, v, d**-0.5, window[0], 0 if causal else window[1],
+                                  out=out, lse=lse)
+    ref = lambda *t: attention_ref(*t, causal=causal, window_size=window, upcast=False)[0]
+    _check("out", out, ref(q, k, v), ref(q.double(), k.double(), v.double()))
+    _check("lse", lse, _lse(q, k, causal, window), _lse(q.double(), k.double(), causal, window))
+    if not _ext.FP32_BWD:
+        return
+    dout = torch.randn(batch, sq, h, d, device="cuda")
+    ours_fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window)
+    _, g64 = _grads(ref, [t.double() for t in (q, k, v)], dout.double())
+    _, g32 = _grads(ref, [q, k, v], dout)
+    _, ours = _grads(ours_fn, [q, k, v], dout)
+    for name, a, b, c in zip(("dq", "dk", "dv"), ours, g32, g64):
+        _check(name, a, b, c)

@@ -18,7 +18,9 @@
 //          n-major (row g, col q) and the k-major (row q, col g) fragment reads (sdS at
 //          kBlockM 16: padded rows). d <= 64 (kPreSplit): sK, sV, sQ, sdO hold the tf32 hi
 //          halves once split, with lo arrays beside them (K, V split at the first step, Q,
-//          dO at every step, one extra barrier), so no warp splits them in registers.
+//          dO at every step, one extra barrier), so no warp splits them in registers; sQ,
+//          sdO are then PairTiles (tf32.cuh): each column pair (c, c + 4) of a B fragment
+//          of S^T / dP^T one 64-bit LDS (hi) and one (lo), 4% fewer SASS instructions a step.
 //          fwd_config.h fp32_bwd_smem_bytes: d32 56 KiB, d64 85 KiB, d128 85 KiB.
 //   queries S^T's n8 column p of each 8-query group holds query p / 2 + 4 (p % 2) (the
 //          forward's key permutation, on queries): lane g reads Q / dO row perm(g) for the B
@@ -28,6 +30,8 @@
 //            wait Q_i, dO_i, lse_i, dsum_i ; __syncthreads (kPreSplit: split ; __syncthreads)
 //            S^T = K Q^T ; P^T = exp2(S^T scale log2e - lse log2e), masked to 0
 //            dV += P^T dO ; dP^T = V dO^T ; dS^T = P^T o (dP^T - dsum) ; dK += dS^T Q
+//            (two-level, tf32.cuh: S^T, dP^T and dQ per k8 step, dV and dK per step,
+//            through a fresh accumulator added with FADD)
 //            dS^T -> sdS (natural query order) ; __syncthreads
 //            cp.async of the next Q, dO, lse, dsum (overlaps the dQ GEMM)
 //            dQ_i += dS K: warp w one m16 query tile and a share of the d columns, float32
@@ -55,13 +59,17 @@ struct Fp32BwdTraits {
   static constexpr int kNWarps = kBlockN / 16;
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kMinBlocks = fp32_bwd_min_blocks(kHeadDim);
+  static constexpr bool kPreSplit = fp32_bwd_presplit(kHeadDim);  // lo halves in smem
   using KTile = SwzTile<kBlockN, kHeadDim>;  // sK, sV
-  using QTile = SwzTile<kBlockM, kHeadDim>;  // sQ, sdO
+  // sQ, sdO: split, a PairTile (their B fragments of S^T, dP^T as 64-bit pairs; the A
+  // fragments of K, V stay 32-bit: a pair there costs register moves into the MMA's operand
+  // quad (a0 a1 a2 a3), measured 2 per pair in SASS).
+  using QTile = std::conditional_t<kPreSplit, PairTile<kBlockM, kHeadDim>,
+                                   SwzTile<kBlockM, kHeadDim>>;
   // sdS: swizzled at 32 columns; at 16, rows padded to 20 floats (n-major stores conflict
   // free, k-major reads 2-way on a quarter of the lanes).
   using STile = std::conditional_t<kBlockM % 32 == 0, SwzTile<kBlockN, kBlockM>,
                                    RowTile<kBlockN, kBlockM>>;
-  static constexpr bool kPreSplit = fp32_bwd_presplit(kHeadDim);  // lo halves in smem
   static constexpr int kSmemFloats = (kPreSplit ? 2 : 1) * 2 * (KTile::kFloats + QTile::kFloats) +
                                      STile::kFloats + 2 * kBlockM;
   static_assert(4 * kSmemFloats == fp32_bwd_smem_bytes(kHeadDim), "bwd config and tiles agree");
@@ -186,6 +194,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto off_k = [&](int kcols, int x8, int jj, int c8) {  // rows q + 4 jj + x8, column 8 c8 + g
     return (q + 4 * jj + x8) * kcols + 32 * (c8 / 4) + ((8 * (c8 % 4)) ^ lane_k[jj]);
   };
+  // kPreSplit: the same in sQ / sdO's PairTile (tf32.cuh), the XOR on column bits 3-4:
+  // n-major, the 64-bit pair of columns 8 kk + q, 8 kk + q + 4 (rows perm_g + x8); k-major,
+  // column 8 c8 + g (rows q + 4 jj + x8).
+  using PTile = PairTile<1, kHeadDim>;
+  const int pair_b = (2 * q) ^ (PTile::h(perm_g) << 3);
+  const int pair_k[2] = {PTile::pos(g) ^ (PTile::h(q) << 3),
+                         PTile::pos(g) ^ (PTile::h(q + 4) << 3)};
+  auto pair_off = [&](int row, int lane_off, int c8) {
+    return row * kHeadDim + 32 * (c8 / 4) + ((8 * (c8 % 4)) ^ lane_off);
+  };
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = p.softmax_scale * kLog2e;
 
@@ -201,10 +219,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto gemm_keys_queries = [&](float (&acc)[kNTilesM][4], const float* sA, const float* sAlo,
                                const float* sB, const float* sBlo) {
 #pragma unroll
-    for (int nt = 0; nt < kNTilesM; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-#pragma unroll
     for (int kk = 0; kk < kNTilesD; ++kk) {
       const int a0 = off_a(kHeadDim, 0, 2 * kk), a1 = off_a(kHeadDim, 8, 2 * kk);
       const int a2 = off_a(kHeadDim, 0, 2 * kk + 1), a3 = off_a(kHeadDim, 8, 2 * kk + 1);
@@ -217,33 +231,45 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       }
 #pragma unroll
       for (int nt = 0; nt < kNTilesM; ++nt) {
-        const int b0 = off_b(kHeadDim, 8 * nt, 2 * kk), b1 = off_b(kHeadDim, 8 * nt, 2 * kk + 1);
         if constexpr (kPreSplit) {
-          tf32::mma3(acc[nt], fa,
-                     tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)));
+          const int b = pair_off(perm_g + 8 * nt, pair_b, kk);
+          tf32::mma3_add(acc[nt], fa, tf32::split_pair_at(sB, sBlo, b), kk == 0);
         } else {
-          tf32::mma3(acc[nt], fa, sB[b0], sB[b1]);
+          const int b0 = off_b(kHeadDim, 8 * nt, 2 * kk), b1 = off_b(kHeadDim, 8 * nt, 2 * kk + 1);
+          tf32::mma3_add(acc[nt], fa, tf32::FragB(sB[b0], sB[b1]), kk == 0);
         }
       }
     }
   };
   // acc_d[16 keys x d] += X^T (the warp's [16 keys x kBlockM] accumulators, A fragments as
-  // they stand) sB (rows: queries in natural order; kPreSplit: split in sB / sBlo).
+  // they stand) sB (rows: queries in natural order; kPreSplit: split in sB / sBlo), in two
+  // levels: each n8 tile's kBlockM / 8 k8 steps into a fresh accumulator (tf32::mma3_chain),
+  // then added to acc_d with FADD, so that acc_d, summed over every query tile, is never an
+  // MMA's (truncating) accumulator.
   auto gemm_accumulate = [&](float (&acc_d)[kNTilesD][4], const float (&x)[kNTilesM][4],
                              const float* sB, const float* sBlo) {
+    tf32::FragA fa[kNTilesM];
 #pragma unroll
-    for (int nt = 0; nt < kNTilesM; ++nt) {
-      const tf32::FragA fa(x[nt][0], x[nt][2], x[nt][1], x[nt][3]);
+    for (int nt = 0; nt < kNTilesM; ++nt)
+      fa[nt] = tf32::FragA(x[nt][0], x[nt][2], x[nt][1], x[nt][3]);
 #pragma unroll
-      for (int dt = 0; dt < kNTilesD; ++dt) {
-        const int b0 = off_k(kHeadDim, 8 * nt, 0, dt), b1 = off_k(kHeadDim, 8 * nt, 1, dt);
+    for (int dt = 0; dt < kNTilesD; ++dt) {
+      tf32::FragB fb[kNTilesM];
+#pragma unroll
+      for (int nt = 0; nt < kNTilesM; ++nt) {
         if constexpr (kPreSplit) {
-          tf32::mma3(acc_d[dt], fa,
-                     tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1)));
+          const int b0 = pair_off(q + 8 * nt, pair_k[0], dt);
+          const int b1 = pair_off(q + 4 + 8 * nt, pair_k[1], dt);
+          fb[nt] = tf32::FragB(tf32::split_at(sB, sBlo, b0), tf32::split_at(sB, sBlo, b1));
         } else {
-          tf32::mma3(acc_d[dt], fa, sB[b0], sB[b1]);
+          const int b0 = off_k(kHeadDim, 8 * nt, 0, dt), b1 = off_k(kHeadDim, 8 * nt, 1, dt);
+          fb[nt] = tf32::FragB(sB[b0], sB[b1]);
         }
       }
+      float t[4];
+      tf32::mma3_chain<kNTilesM>(t, fa, fb);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_d[dt][e] += t[e];
     }
   };
 
@@ -257,11 +283,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       // Each operand split once for all warps (else every warp splits every element it
       // reads): K, V at the first step, Q, dO at every step.
       if (t == 0) {
-        tf32::split_in_place<kNThreads>(sK, sKlo, KTile::kFloats, tid);
-        tf32::split_in_place<kNThreads>(sV, sVlo, KTile::kFloats, tid);
+        tf32::split_in_place<KTile::kFloats, kNThreads>(sK, sKlo, tid);
+        tf32::split_in_place<KTile::kFloats, kNThreads>(sV, sVlo, tid);
       }
-      tf32::split_in_place<kNThreads>(sQ, sQlo, QTile::kFloats, tid);
-      tf32::split_in_place<kNThreads>(sdO, sdOlo, QTile::kFloats, tid);
+      tf32::split_pairs<QTile::kFloats, kNThreads>(sQ, sQlo, tid);
+      tf32::split_pairs<QTile::kFloats, kNThreads>(sdO, sdOlo, tid);
       __syncthreads();
     }
 
@@ -307,10 +333,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     const int dt0 = kHalfD * (warp / kMTiles);
     float acc_dq[kHalfD][4];
 #pragma unroll
-    for (int i = 0; i < kHalfD; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_dq[i][e] = 0.f;
-#pragma unroll
     for (int kk = 0; kk < kBlockN / 8; ++kk) {
       const int r = 8 * kk + q;
       const tf32::FragA fa(sdS[STile::offset(r, mq + g)], sdS[STile::offset(r, mq + g + 8)],
@@ -321,10 +343,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         // (dt is not a compile-time value here: the swizzle XOR at run time)
         const int b0 = KTile::offset(r, 8 * dt + g), b1 = KTile::offset(r + 4, 8 * dt + g);
         if constexpr (kPreSplit) {
-          tf32::mma3(acc_dq[i], fa,
-                     tf32::FragB(tf32::split_at(sK, sKlo, b0), tf32::split_at(sK, sKlo, b1)));
+          tf32::mma3_add(acc_dq[i], fa,
+                         tf32::FragB(tf32::split_at(sK, sKlo, b0), tf32::split_at(sK, sKlo, b1)),
+                         kk == 0);
         } else {
-          tf32::mma3(acc_dq[i], fa, sK[b0], sK[b1]);
+          tf32::mma3_add(acc_dq[i], fa, tf32::FragB(sK[b0], sK[b1]), kk == 0);
         }
       }
     }

@@ -23,12 +23,13 @@ constexpr int fp32_fwd_block_n(int head_dim) { return head_dim <= 32 ? 64 : 32; 
 // place, lo in one extra stage-sized buffer) instead of by every warp; d128 has no room
 // (131 KiB).
 constexpr bool fp32_fwd_presplit(int head_dim) { return head_dim <= 64; }
-// sQ (rows padded by 4 floats) + 2 stages of sK (padded) and sV (unpadded) + the lo stage
-// when presplit, float32: d32 69 KiB, d64 83.5 KiB, d128 98 KiB.
+// sQ (rows padded by 4 floats) + 2 stages of sK (padded; unpadded when presplit) and sV
+// (unpadded) + the lo stage when presplit, float32: d32 66 KiB, d64 82 KiB, d128 98 KiB.
 constexpr int fp32_fwd_smem_bytes(int head_dim) {
+  const bool presplit = fp32_fwd_presplit(head_dim);
   return 4 * (fp32_fwd_block_m(head_dim) * (head_dim + 4) +
-              (fp32_fwd_presplit(head_dim) ? 3 : 2) * fp32_fwd_block_n(head_dim) *
-                  (2 * head_dim + 4));
+              (presplit ? 3 : 2) * fp32_fwd_block_n(head_dim) *
+                  (2 * head_dim + (presplit ? 0 : 4)));
 }
 
 // Backward: 4 warps of 16 keys (a K/V tile of 64 keys per CTA); query tiles of 32 at d32,

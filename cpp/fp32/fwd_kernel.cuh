@@ -10,8 +10,9 @@
 //          the warp's kMTiles tiles.
 //   smem   sQ RowTile [kBlockM x d] + 2 stages x (sK RowTile, sV KRowTile) [kBlockN x d],
 //          float32 (tf32.cuh: padded / swizzled so every fragment LDS is conflict free), + at
-//          d <= 64 a third stage-sized buffer for the lo halves of the split K / V (kPreSplit):
-//          69 / 83.5 / 98 KiB at d32 / d64 / d128 (fits the 99 KiB of sm_86 / sm_89).
+//          d <= 64 a third stage-sized buffer for the lo halves of the split K / V (kPreSplit;
+//          sK then a PairTile: a B fragment's (b0, b1) one 64-bit LDS from hi, one from lo):
+//          66 / 82 / 98 KiB at d32 / d64 / d128 (fits the 99 KiB of sm_86 / sm_89).
 //   keys   S's n8 column p of each 8-key group holds key p / 2 + 4 (p % 2): lane g reads K
 //          row perm(g) for the B fragment of S = Q K^T, and then the C fragment of P is the
 //          A fragment of P V as it stands (a0 = c0, a1 = c2, a2 = c1, a3 = c3; keys q, q+4).
@@ -20,11 +21,13 @@
 //            wait tile n ; __syncthreads ; cp.async tile n-1 into the other stage
 //            (kPreSplit: split tile n into hi (in place) / lo ; __syncthreads)
 //            S = Q K^T: per k8 step, Q's A fragments (4 LDS each) split once into hi/lo,
-//            each n8 tile's B (2 LDS, split once; 4 LDS presplit), 3 MMAs (lo*hi, hi*lo,
-//            hi*hi) per m tile ;
+//            each n8 tile's B (2 LDS, split once; 2 LDS.64 presplit), 3 MMAs (lo*hi, hi*lo,
+//            hi*hi) per m tile into a fresh accumulator, FADD into S (tf32.cuh: two-level
+//            accumulation) ;
 //            mask if the tile needs it
 //            online softmax in base 2 (exact row max, rescale every step)
-//            O += P V: P's A fragments split, V's B as K's, 3 MMAs per m tile
+//            O = O correction + P V: P's A fragments split, V's B as K's; per n8 tile of O
+//            the 3 MMAs of 4 k8 steps (32 keys) into a fresh accumulator, FFMA into O
 //   epilogue  quad-reduce the row sums, O = acc_o / sum written from the accumulators
 //          (float2 stores); LSE = max * scale + ln(sum), +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim (32, 64, 128); 16-byte aligned pointers and strides
@@ -53,13 +56,15 @@ struct Fp32FwdTraits {
   static constexpr int kBlockN = fp32_fwd_block_n(kHeadDim);
   static constexpr int kNWarps = kBlockM / (16 * kMTiles);
   static constexpr int kNThreads = 32 * kNWarps;
+  static constexpr bool kPreSplit = fp32_fwd_presplit(kHeadDim);
   using QTile = RowTile<kBlockM, kHeadDim>;
-  using KTile = RowTile<kBlockN, kHeadDim>;
+  // sK: split, a PairTile (tf32.cuh: a B fragment's columns q, q + 4 one 64-bit LDS).
+  using KTile = std::conditional_t<kPreSplit, PairTile<kBlockN, kHeadDim>,
+                                   RowTile<kBlockN, kHeadDim>>;
   using VTile = KRowTile<kBlockN, kHeadDim>;
   static constexpr int kStageFloats = KTile::kFloats + VTile::kFloats;
-  static constexpr bool kPreSplit = fp32_fwd_presplit(kHeadDim);
   static constexpr int kSmemBytes = 4 * (QTile::kFloats + (kPreSplit ? 3 : 2) * kStageFloats);
-  static_assert(!kPreSplit || kStageFloats % kNThreads == 0, "split_in_place covers a stage");
+  static_assert(kStageFloats % 4 == 0 && QTile::kFloats % 4 == 0, "stages 16-byte aligned");
   static_assert(kSmemBytes == fp32_fwd_smem_bytes(kHeadDim), "fwd_config.h and the tiles agree");
 };
 
@@ -72,6 +77,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   constexpr int kMTiles = Traits::kMTiles;  // m16 tiles per warp
   constexpr int kNTilesN = kBlockN / 8;  // n8 tiles of S = k8 steps of P V
   constexpr int kNTilesD = kHeadDim / 8;  // n8 tiles of O = k8 steps of Q K^T
+  constexpr int kPVSteps = 4;  // k8 steps of P V per two-level step (below)
+  static_assert(kNTilesN % kPVSteps == 0, "P V in whole two-level steps");
   using QTile = typename Traits::QTile;
   using KTile = typename Traits::KTile;
   using VTile = typename Traits::VTile;
@@ -129,10 +136,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   const int warp_row0 = warp * 16 * kMTiles;
   const int key_g = (g >> 1) + 4 * (g & 1);  // the key of S column g of an n8 tile
   // The lane's word offsets (tf32.cuh layouts): Q A fragment (row g of m tile 0, col q);
-  // K B fragment (key row perm(g), col q); V B fragment (key row q, col g) for each column
-  // group parity class (col / 8) % 4 of the swizzle.
+  // K B fragment (key row perm(g), col q; kPreSplit: the PairTile's XOR on column bits 3-4
+  // with the pair 2q); V B fragment (key row q, col g) for each column group parity class
+  // (col / 8) % 4 of the swizzle.
   const int q_off = QTile::offset(warp_row0 + g, q);
-  const int k_off = KTile::offset(key_g, q);
+  const int k_off = kPreSplit ? (2 * q) ^ (PairTile<1, kHeadDim>::h(key_g) << 3)
+                              : RowTile<kBlockN, kHeadDim>::offset(key_g, q);
   int v_off[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) v_off[j] = KTile::kFloats + VTile::offset(q, 8 * j + g);
@@ -158,12 +167,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
     constexpr bool kMask = decltype(mask_tag)::value;
     const float* sV = sK;  // (v_off includes the K tile)
     float acc_s[kMTiles][kNTilesN][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTilesN; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
     // S = Q K^T over the d / 8 k steps.
 #pragma unroll
     for (int kk = 0; kk < kNTilesD; ++kk) {
@@ -175,12 +178,16 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       }
 #pragma unroll
       for (int nt = 0; nt < kNTilesN; ++nt) {
-        const int b = k_off + 8 * nt * KTile::kStride + 8 * kk;
-        const tf32::FragB fb = kPreSplit ? tf32::FragB(tf32::split_at(sK, sKVlo, b),
-                                                       tf32::split_at(sK, sKVlo, b + 4))
-                                         : tf32::FragB(sK[b], sK[b + 4]);
+        tf32::FragB fb;
+        if constexpr (kPreSplit) {
+          const int b = (key_g + 8 * nt) * kHeadDim + 32 * (kk / 4) + ((8 * (kk % 4)) ^ k_off);
+          fb = tf32::split_pair_at(sK, sKVlo, b);
+        } else {
+          const int b = k_off + 8 * nt * KTile::kStride + 8 * kk;
+          fb = tf32::FragB(sK[b], sK[b + 4]);
+        }
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3(acc_s[mt][nt], fa[mt], fb);
+        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3_add(acc_s[mt][nt], fa[mt], fb, kk == 0);
       }
     }
 
@@ -204,8 +211,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       }
     }
 
-    // Online softmax (base 2) per row r (g, g + 8): max over the quad, O and the sum
-    // rescaled, p in place.
+    // Online softmax (base 2) per row r (g, g + 8): max over the quad, the sum rescaled
+    // (O with the P V below), p in place.
+    float correction[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -219,7 +227,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       // A row with only masked scores so far keeps max -inf: use 0 so that -inf - -inf
       // never happens (its p and correction are then exp2(-inf) = 0).
       const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float correction = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
+      correction[mt][r] = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
       row_max[mt][r] = m;
       float sum = 0.f;
 #pragma unroll
@@ -229,30 +237,42 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
           acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
           sum += acc_s[mt][nt][e];
         }
-      row_sum[mt][r] = row_sum[mt][r] * correction + sum;
-#pragma unroll
-      for (int dt = 0; dt < kNTilesD; ++dt) {
-        acc_o[mt][dt][2 * r] *= correction;
-        acc_o[mt][dt][2 * r + 1] *= correction;
-      }
+      row_sum[mt][r] = row_sum[mt][r] * correction[mt][r] + sum;
     }
 
-    // O += P V: k8 step nt is S's n8 tile nt (keys 8nt + q, 8nt + q + 4 in the lane's c0/c1).
+    // O = O correction + P V, in two levels: per n8 tile of O, the k chain of kPVSteps k8
+    // steps (32 keys) into a fresh accumulator (tf32::mma3_chain), then one FFMA into acc_o,
+    // so that acc_o, summed over every key tile, is never an MMA's (truncating) accumulator.
+    // k8 step nt is S's n8 tile nt (keys 8nt + q, 8nt + q + 4 in the lane's c0/c1).
 #pragma unroll
-    for (int nt = 0; nt < kNTilesN; ++nt) {
-      tf32::FragA fa[kMTiles];
+    for (int nt0 = 0; nt0 < kNTilesN; nt0 += kPVSteps) {
+      tf32::FragA fa[kMTiles][kPVSteps];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
-        fa[mt] = tf32::FragA(acc_s[mt][nt][0], acc_s[mt][nt][2], acc_s[mt][nt][1], acc_s[mt][nt][3]);
+#pragma unroll
+        for (int i = 0; i < kPVSteps; ++i) {
+          const float(&x)[4] = acc_s[mt][nt0 + i];
+          fa[mt][i] = tf32::FragA(x[0], x[2], x[1], x[3]);
+        }
 #pragma unroll
       for (int dt = 0; dt < kNTilesD; ++dt) {
-        const int b = v_off[dt % 4] + 8 * nt * kHeadDim + 32 * (dt / 4);
-        const tf32::FragB fb =
-            kPreSplit ? tf32::FragB(tf32::split_at(sV, sKVlo, b),
-                                    tf32::split_at(sV, sKVlo, b + 4 * kHeadDim))
-                      : tf32::FragB(sV[b], sV[b + 4 * kHeadDim]);
+        tf32::FragB fb[kPVSteps];
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) tf32::mma3(acc_o[mt][dt], fa[mt], fb);
+        for (int i = 0; i < kPVSteps; ++i) {
+          const int b = v_off[dt % 4] + 8 * (nt0 + i) * kHeadDim + 32 * (dt / 4);
+          fb[i] = kPreSplit ? tf32::FragB(tf32::split_at(sV, sKVlo, b),
+                                          tf32::split_at(sV, sKVlo, b + 4 * kHeadDim))
+                            : tf32::FragB(sV[b], sV[b + 4 * kHeadDim]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          float t[4];
+          tf32::mma3_chain<kPVSteps>(t, fa[mt], fb);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_o[mt][dt][e] = nt0 == 0 ? fmaf(acc_o[mt][dt][e], correction[mt][e / 2], t[e])
+                                        : acc_o[mt][dt][e] + t[e];
+        }
       }
     }
   };
@@ -266,7 +286,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
     if constexpr (kPreSplit) {
       // K and V split once for all warps (else every warp splits every element it reads);
       // the lo buffer is free: every warp is past the last step.
-      tf32::split_in_place<kNThreads>(stage ? sKV1 : sKV0, sKVlo, Traits::kStageFloats, tid);
+      float* const sK = stage ? sKV1 : sKV0;
+      tf32::split_pairs<KTile::kFloats, kNThreads>(sK, sKVlo, tid);
+      tf32::split_in_place<VTile::kFloats, kNThreads>(sK + KTile::kFloats,
+                                                      sKVlo + KTile::kFloats, tid);
       __syncthreads();
     }
     const int col0 = n_block * kBlockN;
