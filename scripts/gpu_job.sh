@@ -40,14 +40,16 @@ ab_bench() {
             2> /dev/null | tail -n 16
     done
 }
-# base: the same build of a base commit's cpp/ (`.base/cpp`, made here by
-# `rm -rf .base && mkdir .base && git archive REV cpp | tar -x -C .base`, carried to the device:
-# `.base` is git-ignored), for A/B runs of kernel changes against it in one job (fwdab).
+# base: the same build of a base commit's cpp/ and python/ (`.base`, made here by
+# `rm -rf .base && mkdir .base && git archive REV cpp python | tar -x -C .base`, carried to the
+# device: `.base` is git-ignored), for A/B runs against it in one job (fwdab, bwdab).
 if want base && [ -d .base/cpp ]; then
     stamp "base build (.base/cpp), in the background"
     rm -rf /tmp/base_src && mkdir -p /tmp/base_src
     tar --exclude=./build --exclude=./.git --exclude=./.base -cf - . | tar -x -C /tmp/base_src
-    rm -rf /tmp/base_src/cpp && cp -r .base/cpp /tmp/base_src/cpp
+    for d in cpp python; do
+        [ -d ".base/$d" ] && rm -rf "/tmp/base_src/$d" && cp -r ".base/$d" "/tmp/base_src/$d"
+    done
     ( cd /tmp/base_src && python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/base_whl . \
         -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real \
         -C "cmake.define.FLASHATTN2_HEAD_DIMS=${HEAD_DIMS:-64;128;256}" -C build-dir=/tmp/build-base \
@@ -86,6 +88,12 @@ if want bwdab && [ -n "${BASE_PID:-}" ]; then
     wait "$BASE_PID"
     ab_bench base bbase bnew --modes bwd,fwd_bwd --headdims "${BWDAB_DIMS:-64,128}" --dtypes bf16 \
         --impls flashattn2,sdpa_cudnn ${BWDAB_ARGS:-}
+fi
+if want bncu; then
+    stamp "ncu source counters: the Hopper backward, d128 8k full (stalls by warp role)"
+    SOURCE="$O/src_bwd_d128_s8k.csv" PASS=bwd HEAD_DIM=128 SEQLEN=8192 CAUSAL=0 \
+        timeout 300 bash scripts/ncu.sh > /dev/null 2>&1
+    python3 scripts/sass_stalls.py "$O/src_bwd_d128_s8k.csv" 2>&1 | tail -n 3
 fi
 if want fncu; then
     stamp "ncu: the Hopper forward at short lengths (d128 s512 full, d64 s512 causal)"
