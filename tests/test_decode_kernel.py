@@ -10,6 +10,7 @@ there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with
 switch off. CPU: the runtime switch and its plumbing into _C.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -219,44 +220,92 @@ def test_context_manager_restores_the_switch():
     assert _ext.DECODE_KERNEL == before
 
 
+def binding_args(fn):
+    """Parameter names of a pybind11 function, in order, from its signature line."""
+    return re.findall(r"(?:\(|, )(\w+): ", fn.__doc__.splitlines()[0])
+
+
 class _FakeC:
-    """Records the keyword arguments of _C.fwd / _C.num_splits_heuristic (no GPU), checked
-    against the real binding's argument names; fwd answers `code`."""
+    """Records the arguments of _C.fwd / _C.num_splits_heuristic by name (no GPU), positional
+    ones named by the real binding's signature; fwd answers `code`."""
 
     def __init__(self, real, code):
         self.real, self.code, self.calls = real, code, []
 
-    def _record(self, name, kwargs):
-        doc = getattr(self.real, name).__doc__
-        unknown = [key for key in kwargs if f"{key}:" not in doc]
-        assert not unknown, f"_C.{name} has no argument(s) {unknown}"
-        self.calls.append((name, kwargs))
+    def _record(self, name, args, kwargs):
+        names = binding_args(getattr(self.real, name))
+        assert len(args) <= len(names), f"_C.{name} takes {len(names)} arguments"
+        named = dict(zip(names, args))
+        unknown = [key for key in kwargs if key not in names or key in named]
+        assert not unknown, f"_C.{name}: unknown or repeated argument(s) {unknown}"
+        named.update(kwargs)
+        self.calls.append((name, named))
 
     def fwd(self, *args, **kwargs):
-        self._record("fwd", kwargs)
+        self._record("fwd", args, kwargs)
         return self.code
 
     def num_splits_heuristic(self, *args, **kwargs):
-        self._record("num_splits_heuristic", kwargs)
+        self._record("num_splits_heuristic", args, kwargs)
         return 3
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-@pytest.mark.parametrize("code", [80, 81])
-def test_switch_reaches_the_binding_and_the_kernel_is_recorded(monkeypatch, enabled, code):
-    fake = _FakeC(interface._C, code)
+def fake_launch(monkeypatch, code=81, num_splits=0, **layout):
+    """_launch_fwd of a small GQA decode (8 / 2 heads, d64, 100 keys) against _FakeC; returns
+    the recorded calls."""
+    fake = _FakeC(_ext._C, code)
     monkeypatch.setattr(interface, "_C", fake)
     monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
     q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
     k = v = torch.zeros(1, 100, 2, 64, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(1, 8, 1)
+    _launch_fwd(q, k, v, out, lse, q.stride()[:3], k.stride()[:3], v.stride()[:3],
+                out.stride()[:3], lse.stride()[:2], 1, 1, 100, 8, 2, 64, 0.125, -1, -1,
+                num_splits=num_splits, **layout)
+    return fake.calls
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("code", [80, 81])
+def test_switch_reaches_the_binding_and_the_kernel_is_recorded(monkeypatch, enabled, code):
     with _ext.decode_kernel(enabled):
-        _launch_fwd(q, k, v, out, lse, q.stride()[:3], k.stride()[:3], v.stride()[:3],
-                    out.stride()[:3], lse.stride()[:2], 1, 1, 100, 8, 2, 64, 0.125, -1, -1,
-                    num_splits=0)
-    (name, heuristic), (name2, fwd) = fake.calls
+        (name, heuristic), (name2, fwd) = fake_launch(monkeypatch, code)
     assert name == "num_splits_heuristic" and heuristic["decode"] is enabled
     assert name2 == "fwd" and fwd["allow_decode"] is enabled and fwd["num_splits"] == 3
     assert fwd["q_pack"] == 4
     assert _ext.last_fwd_arch == 80
     assert _ext.last_fwd_kernel == ("decode" if code == 81 else "sm80")
+
+
+def test_launch_passes_every_argument_by_position(monkeypatch):
+    """_launch_fwd's positional call (interface._FWD_OPTIONAL) follows the binding's order,
+    and the layout reaches the parameters of its names."""
+    names = binding_args(_ext._C.fwd)
+    assert names[22:] == list(interface._FWD_OPTIONAL)
+    assert names[20:22] == ["device", "stream"]
+    (_, heuristic), (_, fwd) = fake_launch(monkeypatch, seqused_k=1234, seqlen_k_new=1,
+                                           block_table=4096, page_size=16, num_pages=7)
+    assert len(fwd) == len(names)
+    assert (fwd["seqused_k"], fwd["seqlen_k_new"], fwd["block_table"], fwd["page_size"],
+            fwd["num_pages"], fwd["cu_seqlens_q"]) == (1234, 1, 4096, 16, 7, 0)
+    assert (fwd["softcap"], fwd["alibi_slopes"], fwd["dropout_p"], fwd["attn_bias"]) == (0, 0, 0, 0)
+    assert len(heuristic) == len(binding_args(_ext._C.num_splits_heuristic))
+
+
+def test_split_workspace_is_one_buffer(monkeypatch):
+    """o_accum and lse_accum: one float32 allocation, lse_accum after the rows x headdim
+    partial outputs, both 16-byte aligned."""
+    (_, fwd), = fake_launch(monkeypatch, num_splits=5)
+    rows = 5 * 1 * 8 * 1  # splits x batch x nheads x seqlen_q
+    assert fwd["num_splits"] == 5
+    assert fwd["lse_accum"] - fwd["o_accum"] == 4 * rows * 64
+    assert fwd["o_accum"] % 16 == 0 and fwd["lse_accum"] % 16 == 0
+    (_, fwd), = fake_launch(monkeypatch, num_splits=1)
+    assert fwd["o_accum"] == fwd["lse_accum"] == 0
+
+
+def test_launch_rejects_unknown_arguments(monkeypatch):
+    with pytest.raises(TypeError, match="seqused"):
+        fake_launch(monkeypatch, seqused=1)
+    with pytest.raises(TypeError, match="softcapp"):
+        fake_launch(monkeypatch, mods={"softcapp": 1.0})
