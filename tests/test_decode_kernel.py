@@ -196,6 +196,79 @@ def test_out_of_scope_and_switched_off_run_the_kv_kernel():
     torch.testing.assert_close(lse, lse_kv, atol=1e-4, rtol=1e-5)
 
 
+@gpu
+@needs_decode
+@pytest.mark.parametrize("num_splits", [2, 5, 32, 33, 128], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_fused_merge_against_the_combine_kernel(headdim, seqlen_q, num_splits):
+    """The splits merged in the decode kernel (last CTA of each group; ragged cache_seqlens,
+    an empty entry, splits without keys) against the reference and against the combine
+    kernel's merge of the same partials; the combine kernel where the merge is too long for
+    one CTA (decode_config.h decode_fused_merge: rows x splits x d / 4 <= 32 x 128)."""
+    nheads, nheads_k, cache_len, dtype = 32, 8, 1500, torch.bfloat16
+    q = torch.randn(3, seqlen_q, nheads, headdim, device="cuda", dtype=dtype)
+    k_cache = torch.randn(3, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([cache_len, 0, 77], dtype=torch.int32)
+    out, lse = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"), causal=True,
+                              num_splits=num_splits)
+    assert_kernel("decode")
+    rows = seqlen_q * nheads // nheads_k
+    assert _ext.last_fwd_fused_merge is (rows * num_splits * headdim // 4 <= 32 * 128)
+    check_against_reference(out, lse, q, k_cache, v_cache, seqlens, True, (-1, -1))
+    with _ext.decode_fused_merge(False):
+        out_c, lse_c = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"), causal=True,
+                                      num_splits=num_splits)
+    assert _ext.last_fwd_fused_merge is False
+    torch.testing.assert_close(lse, lse_c, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(out, out_c, atol=1e-2, rtol=1e-2)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("paged", [0, 16], ids=lambda p: f"page{p}" if p else "contig")
+def test_fused_merge_counters_in_any_state(paged):
+    """The split counters live in uninitialised workspace memory: freed blocks filled with
+    random 64-bit words before each call, then CUDA-graph replays (which keep one tag and must
+    find their counters cleared by the replay before) on new cache contents each time."""
+    nheads, nheads_k, headdim, cache_len, dtype = 32, 8, 128, 2048, torch.bfloat16
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 1, nheads, headdim, device="cuda", dtype=dtype)
+    k_cache = torch.randn(2, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([cache_len, 999], dtype=torch.int32)
+    kc, vc, table = k_cache, v_cache, None
+    if paged:
+        kc, vc, table = paged_kv(k_cache, v_cache, paged, gen)
+    call = lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens.to("cuda"),  # noqa: E731
+                                           block_table=table, num_splits=24,
+                                           return_softmax_lse=True)
+    for trial in range(3):
+        for size in (1 << 10, 1 << 14, 1 << 18):  # (small and large allocator pools)
+            junk = torch.randint(-2**63, 2**63 - 1, (size,), device="cuda")
+            del junk
+        out, lse = call()
+        assert _ext.last_fwd_fused_merge is True
+        check_against_reference(out, lse, q, k_cache, v_cache, seqlens, False, (-1, -1))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for replay in range(3):
+        k_cache.normal_(), v_cache.normal_()
+        if paged:
+            kc[table.flatten().long()] = k_cache.reshape(-1, paged, nheads_k, headdim)
+            vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
+        out.fill_(float("nan")), lse.fill_(float("nan"))
+        graph.replay()
+        check_against_reference(out, lse, q, k_cache, v_cache, seqlens, False, (-1, -1))
+
+
 # ---- CPU: the runtime switch ---------------------------------------------------------------
 
 

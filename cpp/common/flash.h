@@ -117,6 +117,12 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // Hopper forward (cpp/sm90): a zeroed int32 the persistent CTAs take causal / windowed /
   // varlen tiles from (null: one CTA per such tile).
   int* tile_counter = nullptr;
+  // Decode kernel split-KV (sm80/decode_kernel.cuh merge_if_last): one 64-bit arrival
+  // counter per (batch, KV-head group), in any state (uninitialised memory is fine), and this
+  // launch's tag for them (decode_launch.cuh); the CTA that arrives last merges the group's
+  // splits. Null: the combine kernel merges them.
+  unsigned long long* split_counters = nullptr;
+  unsigned long long split_tag = 0;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements

@@ -38,6 +38,17 @@ constexpr int decode_ctas_per_sm(int head_dim) {
   return (228 * 1024) / (decode_smem_bytes(head_dim) + 1024);
 }
 
+// Split-KV merge in the decode kernel (FwdParams::split_counters; decode_kernel.cuh
+// merge_if_last) where the last CTA of a group loads at most 32 float4 partials per thread
+// (two batches of 16 in flight, ~1 us from L2): rows x splits <= 128 at d128 (b1 sq1 GQA 4:
+// 32 splits), 256 at d64. Past that the combine kernel, which spreads the rows over many
+// CTAs, is faster.
+constexpr int kDecodeMergeLoadsPerThread = 32;
+constexpr bool decode_fused_merge(int rows, int num_splits, int head_dim) {
+  return num_splits > 1 &&
+         rows * num_splits * (head_dim / 4) <= kDecodeMergeLoadsPerThread * 32 * kDecodeWarps;
+}
+
 // The calls the decode kernel computes exactly as the KV kernel would (anything else runs
 // the KV kernel): fp16 / bf16 (checked by mha_fwd), kernel head dim 64 or 128, the packed
 // query rows fit one m16 tile, dense or KV-cache layouts (seqused_k, left padding, cache

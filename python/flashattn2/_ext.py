@@ -50,14 +50,26 @@ last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
 # or "decode" (cpp/sm80/decode_kernel.cuh, whose generation is 80); None before any.
 last_fwd_kernel = None
-# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel); 81 is flash_api.h kFwdKernelDecode.
-FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode")}
+# Whether the last forward launch merged its splits inside the decode kernel (no combine
+# kernel; DECODE_FUSED_MERGE); None before any.
+last_fwd_fused_merge = None
+# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel, last_fwd_fused_merge); 81 / 82
+# are flash_api.h kFwdKernelDecode / kFwdKernelDecodeMerged.
+FWD_KERNELS = {90: (90, "sm90", False), 80: (80, "sm80", False), 81: (80, "decode", False),
+               82: (80, "decode", True)}
 # Builds with FLASHATTN2_EXPERIMENTAL=decode run forwards of at most 16 packed query rows
 # (decoding) on the decode kernel where it supports them (cpp/sm80/decode_config.h);
 # FLASHATTN2_DECODE_KERNEL=0 at import, or the decode_kernel(False) context manager, sends
 # them to the KV kernel as before (for A/B comparisons). Without the build item it does
 # nothing.
 DECODE_KERNEL = os.environ.get("FLASHATTN2_DECODE_KERNEL", "1") not in ("", "0")
+# Split-KV on the decode kernel: True (the default) lets the last CTA of each KV-head group
+# merge the splits (arrival counters in the split workspace; one launch, no combine kernel)
+# where that is short (sm80/decode_config.h decode_fused_merge: b1 sq1 GQA 4 up to 32
+# splits at d128); FLASHATTN2_DECODE_FUSED_MERGE=0 at import, or the decode_fused_merge(False)
+# context manager, always runs the combine kernel (A/B: bench_decode.py impl
+# flashattn2_combine).
+DECODE_FUSED_MERGE = os.environ.get("FLASHATTN2_DECODE_FUSED_MERGE", "1") not in ("", "0")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16; not dropout, deterministic mode or a bias:
@@ -92,6 +104,19 @@ def decode_kernel(enabled=True):
         yield
     finally:
         DECODE_KERNEL = previous
+
+
+@contextlib.contextmanager
+def decode_fused_merge(enabled=True):
+    """Inside the block, the decode kernel may merge its splits itself (``enabled``, the
+    default) or always leaves that to the combine kernel (``False``). For A/B comparisons and
+    tests; not thread-safe. A CUDA graph keeps the choice of its capture."""
+    global DECODE_FUSED_MERGE
+    previous, DECODE_FUSED_MERGE = DECODE_FUSED_MERGE, bool(enabled)
+    try:
+        yield
+    finally:
+        DECODE_FUSED_MERGE = previous
 
 
 def build_info():
