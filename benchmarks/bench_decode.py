@@ -108,6 +108,9 @@ def parse_args(argv=None):
     p.add_argument("--page-sizes", type=csv_list(int), default=[256],
                    help="paged-cache page sizes, e.g. 16,64,256 ('' for none; default 256); "
                         "skipped for a cache length they do not divide")
+    p.add_argument("--bhsd", action="store_true",
+                   help="also time flashattn2 on a (b, h_k, s, d) cache (layout bhsd): the "
+                        "read pattern of SDPA and the read floor, in the same kernel")
     p.add_argument("--splits", type=csv_list(int), default=[],
                    help="num_splits values to force, timed besides the heuristic (0)")
     p.add_argument("--impls", type=csv_list(str), default=list(DEFAULT_IMPLS),
@@ -236,6 +239,11 @@ def print_summary(rows, meta):
         if ab:
             print(f"  {what} ({variant} time / flashattn2 time): worst {ab[0][0]:.2f}x "
                   f"({ab[0][1]}), best {ab[-1][0]:.2f}x ({ab[-1][1]}), {len(ab)} cfgs")
+    bhsd = sorted((contig[key(r)]["us"] / r["us"], cfg(r)) for r in fa
+                  if r["layout"] == "bhsd" and key(r) in contig)
+    if bhsd:  # (no target: how much the (b, s, h_k, d) read pattern costs, --bhsd)
+        print(f"  bhsd cache vs bshd (contiguous time / bhsd time): min {bhsd[0][0]:.2f}x "
+              f"({bhsd[0][1]}), max {bhsd[-1][0]:.2f}x ({bhsd[-1][1]}), {len(bhsd)} cfgs")
     host = {r["impl"]: r["us"] for r in ok if r["bench"] == "host"}
     others = [us for impl, us in host.items() if not impl.startswith("flashattn2")]
     report("eager host time per call at most SDPA's (b=1, cache 1k, sq 1)",
@@ -446,12 +454,17 @@ def flashattn2_call(impl):
 def decode_flashattn2(run, base, qs, k_cache, v_cache, impl="flashattn2"):
     """flash_attn_with_kvcache on the contiguous cache and on its memory as shuffled pages
     (an AB_VARIANTS impl: with its switch off, also while a graph is captured, so the graph
-    replays that path)."""
+    replays that path); with --bhsd also on a (b, h_k, s, d) copy passed as its transposed
+    view (layout "bhsd": each KV head's keys contiguous, as SDPA and the read floor read
+    them, where a (b, s, h_k, d) cache gives 256-byte rows at a 2 KiB stride)."""
     import torch
     b, s, h_k, d = k_cache.shape
     attend = flashattn2_call(impl)
     seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
     layouts = [("contiguous", None, k_cache, v_cache, None)]
+    if run.args.bhsd:
+        layouts.append(("bhsd", None, *(x.transpose(1, 2).contiguous().transpose(1, 2)
+                                        for x in (k_cache, v_cache)), None))
     gen = torch.Generator().manual_seed(run.args.seed)
     for page in (p for p in run.args.page_sizes if s % p == 0):
         pages = b * s // page
@@ -476,7 +489,7 @@ def run_decode(run, b, s):
     (h, h_k), d = a.heads, a.headdim
     sdpa = [i for i in a.impls if i.startswith("sdpa")]
     kv = 2 * b * s * h_k * d * 2
-    if kv * (2 if sdpa else 1) > run.budget:
+    if kv * (2 if sdpa or a.bhsd else 1) > run.budget:
         return None
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     qs = {sq: torch.randn(b, sq, h, d, **bf16) for sq in a.sq}
