@@ -113,16 +113,22 @@ __device__ __forceinline__ void merge_if_last(const FwdParams& p, int batch, int
   unsigned long long* const counter =
       p.split_counters + int64_t(batch) * (p.nheads / pack) + blockIdx.y;
 
-  __threadfence();  // this thread's partial stores are visible to every SM before ...
-  __syncthreads();  // ... thread 0 counts the CTA in (and the rings are free)
+  // As cooperative groups' grid sync: the barrier orders every thread's partial stores
+  // before thread 0's fence (cumulative), which orders them before its count; the last
+  // CTA's thread 0 fences again, so the CTAs counted in before have their partials visible
+  // to its threads after the second barrier. (One fence per CTA, not one per thread.)
+  __syncthreads();  // (and the rings are free)
   if (tid == 0) {
+    __threadfence();
     const bool last = arrive_last(counter, p.split_tag, p.num_splits);
-    if (last) *counter = 0;  // (no other CTA of this launch touches it again)
+    if (last) {
+      *counter = 0;  // (no other CTA of this launch touches it again)
+      __threadfence();
+    }
     *s_last = last;
   }
   __syncthreads();
   if (!*s_last) return;
-  __threadfence();  // the other CTAs' partials, counted in before, are visible here
 
   const int num_splits = p.num_splits;
   const int64_t split_rows = int64_t(p.batch) * p.nheads * p.seqlen_q;  // rows per split
