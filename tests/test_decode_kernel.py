@@ -227,6 +227,25 @@ def test_fused_merge_against_the_combine_kernel(headdim, seqlen_q, num_splits):
 
 @gpu
 @needs_decode
+def test_split_heuristic_leaves_a_full_grid_unsplit():
+    """decode_num_splits: no split once batch x KV heads fills 90 % of the SMs with one CTA
+    each; a small grid still splits (and then merges in the kernel at b1 sq1)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    groups = -(-9 * sms // 10)  # ceil(0.9 x SMs)
+    heuristic = _ext._C.num_splits_heuristic
+    # (batch, KV heads, packed rows, keys, head dim, device, sm90, decode)
+    assert heuristic(groups, 1, 4, 8192, 128, 0, False, True) == 1
+    assert heuristic(groups - 1, 1, 4, 8192, 128, 0, False, True) > 1
+    assert heuristic(1, 8, 4, 8192, 128, 0, False, True) > 1
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16)
+    flash_attn_with_kvcache(q, k, torch.randn_like(k))
+    assert_kernel("decode")
+    assert _ext.last_fwd_fused_merge is True
+
+
+@gpu
+@needs_decode
 @pytest.mark.parametrize("paged", [0, 16], ids=lambda p: f"page{p}" if p else "contig")
 def test_fused_merge_counters_in_any_state(paged):
     """The split counters live in uninitialised workspace memory: freed blocks filled with
