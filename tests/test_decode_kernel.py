@@ -7,7 +7,10 @@ appended keys, rotary, pages 16 / 64 / 256, cache_batch_idx, left padding, windo
 and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and ALiBi;
 flash_attn_func with few rows and the backward on its out / LSE; that the decode kernel ran
 there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with the runtime
-switch off. CPU: the runtime switch and its plumbing into _C.
+switch off; the split-KV merge inside the kernel (_ext.last_fwd_fused_merge) against the
+combine kernel's, on junk-filled workspaces and in CUDA-graph replays; the split heuristic's
+unsplit full grid. CPU: the runtime switches and their plumbing into _C (every argument by
+position, in the binding's order), the split workspace as one buffer.
 """
 import os
 import re
@@ -89,8 +92,9 @@ def test_layouts(case, dtype):
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 0], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_splits(headdim, num_splits):
-    """Forced split counts (the decode kernel's partials through the unchanged combine kernel,
-    some splits without a key tile at 40) and the heuristic (0)."""
+    """Forced split counts (the partials merged in the kernel up to 24 splits at d128 / 48 at
+    d64 here, by the combine kernel past that; some splits without a key tile at 40) and the
+    heuristic (0)."""
     decode_case(headdim=headdim, cache_len=2048, num_splits=num_splits, batch=2, seqlen_q=2,
                 new=2, nheads=8, nheads_k=2)
 
