@@ -85,7 +85,8 @@ def mock(args):
             128, 0.08, -1, -1, 1, 0, 0)
     rest = dict(interface._FWD_LAYOUT, num_splits=0, o_accum=0, lse_accum=0,
                 **interface._FWD_VARLEN, **interface._FWD_MODS, q_pack=4, allow_sm90=True,
-                tile_counter=0, **interface._FWD_BIAS, allow_decode=True, split_counters=0)
+                tile_counter=0, **interface._FWD_BIAS, allow_decode=True, split_counters=0,
+                kv_l2_prefetch=True)
     assert tuple(rest) == interface._FWD_OPTIONAL
 
     def refused(call):

@@ -231,6 +231,33 @@ def test_fused_merge_against_the_combine_kernel(headdim, seqlen_q, num_splits):
 
 @gpu
 @needs_decode
+@pytest.mark.parametrize("case", ["contig", "page16_leftpad", "d96_window"])
+def test_l2_prefetch_hint_changes_nothing(case):
+    """The K / V copies with and without the L2 prefetch hint give bitwise the same out and
+    lse (a hint moves no data), on rows that straddle pages (left padding) and on a head dim
+    below the kernel's (its rows shorter than the prefetched block)."""
+    headdim = 96 if case == "d96_window" else 128
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 2, 16, headdim, device="cuda", dtype=torch.float16)
+    k_cache = torch.randn(3, 1024, 4, headdim, device="cuda", dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    kwargs = dict(cache_seqlens=torch.tensor([1024, 500, 31], dtype=torch.int32, device="cuda"),
+                  causal=True, return_softmax_lse=True)
+    if case == "page16_leftpad":
+        k_cache, v_cache, kwargs["block_table"] = paged_kv(k_cache, v_cache, 16, gen)
+        kwargs["cache_leftpad"] = torch.tensor([5, 0, 17], dtype=torch.int32, device="cuda")
+    if case == "d96_window":
+        kwargs["window_size"] = (100, 0)
+    with _ext.decode_l2_prefetch(True):
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    assert_kernel("decode")
+    with _ext.decode_l2_prefetch(False):
+        out_plain, lse_plain = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
+
+
+@gpu
+@needs_decode
 def test_split_heuristic_leaves_a_full_grid_unsplit():
     """decode_num_splits: no split once batch x KV heads fills 90 % of the SMs with one CTA
     each; a small grid still splits (and then merges in the kernel at b1 sq1)."""
@@ -401,6 +428,20 @@ def test_split_workspace_is_one_buffer(monkeypatch):
     assert fwd["o_accum"] % 16 == 0 and fwd["lse_accum"] % 16 == 0
     (_, fwd), = fake_launch(monkeypatch, num_splits=1)
     assert fwd["o_accum"] == fwd["lse_accum"] == 0
+
+
+def test_fused_merge_and_prefetch_switches_reach_the_binding(monkeypatch):
+    """decode_fused_merge(False): no split counters (the combine kernel merges);
+    decode_l2_prefetch(False): the copies' hint off; both on by default."""
+    (_, fwd), = fake_launch(monkeypatch, num_splits=5)
+    assert fwd["split_counters"] > fwd["lse_accum"] and fwd["split_counters"] % 16 == 0
+    assert fwd["kv_l2_prefetch"] is _ext.DECODE_L2_PREFETCH
+    with _ext.decode_fused_merge(False), _ext.decode_l2_prefetch(False):
+        (_, fwd), = fake_launch(monkeypatch, num_splits=5)
+    assert fwd["split_counters"] == 0 and fwd["kv_l2_prefetch"] is False
+    with _ext.decode_l2_prefetch(True):
+        (_, fwd), = fake_launch(monkeypatch, num_splits=1)
+    assert fwd["split_counters"] == 0 and fwd["kv_l2_prefetch"] is True
 
 
 def test_launch_rejects_unknown_arguments(monkeypatch):

@@ -123,6 +123,9 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // splits. Null: the combine kernel merges them.
   unsigned long long* split_counters = nullptr;
   unsigned long long split_tag = 0;
+  // Decode kernel: its K / V copies ask L2 to fetch each head's whole row segment (128 or
+  // 256 bytes) at once (ptx.cuh cp_async_16_prefetch); false: plain 16-byte copies.
+  bool kv_l2_prefetch = false;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements

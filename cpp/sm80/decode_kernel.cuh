@@ -23,7 +23,9 @@
 //          fused merge): d128 189-192, d64 125-126 registers, no spills (bound by shared
 //          memory, not registers).
 //   copy   lane l copies rows l / 4 and l / 4 + 8 of a K or V tile (16-byte chunks l % 4 + 4 m),
-//          with one row address per row (copy_rows; the layout of load_tile_rows<16, d, 32>).
+//          with one row address per row (copy_rows; the layout of load_tile_rows<16, d, 32>);
+//          with p.kv_l2_prefetch each cp.async hints L2 to fetch the row's whole 2d-byte
+//          segment (LDGSTS ... LTC256B at d128).
 //   step   (per warp, no CTA barrier in the loop)
 //            cp.async.wait_group (tile j landed for this lane) ; __syncwarp (for all lanes)
 //            issue the cp.async of tile j + kStages - 1 into the stage tile j - 1 used
@@ -262,7 +264,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // Rows n0 .. n0 + 15 of K or V into sX, in load_tile_rows<16, d, 32>'s layout (lane l: the
   // rows of its two slots, 16-byte chunks l % 4 + 4 m; zero fill past the keys and the head
   // dim), but with one row address per slot (the paged / strided 64-bit address math then
-  // runs twice per tile and tensor, not once per chunk).
+  // runs twice per tile and tensor, not once per chunk). With p.kv_l2_prefetch each copy
+  // hints L2 to fetch the row's whole d x 2-byte segment (one DRAM access per head row rather
+  // than one per 64 bytes; a uniform branch).
+  constexpr int kPrefetch = kHeadDim * 2 >= 256 ? 256 : 128;
+  const bool kv_prefetch = p.kv_l2_prefetch;
   auto copy_rows = [&](Element* sX, const Element* gX, int64_t batch_stride, int64_t row_stride,
                        int n0, const int (&page)[WarpRows::kSlots]) {
 #pragma unroll
@@ -274,7 +280,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
       for (int m = 0; m < kHeadDim / 32; ++m) {  // chunk 4 m + lane % 4 is segment m's
         const int col = 8 * (4 * m + lane % 4);
-        ptx::cp_async_16(dst + m * kBlockN * 64, src + col, row_ok && col < p.headdim);
+        if (kv_prefetch) {
+          ptx::cp_async_16_prefetch<kPrefetch>(dst + m * kBlockN * 64, src + col,
+                                               row_ok && col < p.headdim);
+        } else {
+          ptx::cp_async_16(dst + m * kBlockN * 64, src + col, row_ok && col < p.headdim);
+        }
       }
     }
   };

@@ -70,6 +70,11 @@ DECODE_KERNEL = os.environ.get("FLASHATTN2_DECODE_KERNEL", "1") not in ("", "0")
 # context manager, always runs the combine kernel (A/B: bench_decode.py impl
 # flashattn2_combine).
 DECODE_FUSED_MERGE = os.environ.get("FLASHATTN2_DECODE_FUSED_MERGE", "1") not in ("", "0")
+# The decode kernel's K / V copies: True (the default) hints L2 to fetch each head's whole
+# row segment (256 bytes at d128, 128 at d64) from DRAM at once (cp.async ... L2::256B);
+# FLASHATTN2_DECODE_L2_PREFETCH=0 at import, or decode_l2_prefetch(False), copies without the
+# hint (A/B: bench_decode.py impl flashattn2_noprefetch). Results are identical either way.
+DECODE_L2_PREFETCH = os.environ.get("FLASHATTN2_DECODE_L2_PREFETCH", "1") not in ("", "0")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16; not dropout, deterministic mode or a bias:
@@ -117,6 +122,19 @@ def decode_fused_merge(enabled=True):
         yield
     finally:
         DECODE_FUSED_MERGE = previous
+
+
+@contextlib.contextmanager
+def decode_l2_prefetch(enabled=True):
+    """Inside the block, the decode kernel's K / V copies carry the L2 prefetch hint
+    (``enabled``, the default) or not. For A/B comparisons and tests; not thread-safe. A CUDA
+    graph keeps the choice of its capture."""
+    global DECODE_L2_PREFETCH
+    previous, DECODE_L2_PREFETCH = DECODE_L2_PREFETCH, bool(enabled)
+    try:
+        yield
+    finally:
+        DECODE_L2_PREFETCH = previous
 
 
 def build_info():
