@@ -92,7 +92,7 @@ def test_layouts(case, dtype):
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 0], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_splits(headdim, num_splits):
-    """Forced split counts (the partials merged in the kernel up to 24 splits at d128 / 48 at
+    """Forced split counts (the partials merged in the kernel up to 32 splits at d128 / 64 at
     d64 here, by the combine kernel past that; some splits without a key tile at 40) and the
     heuristic (0)."""
     decode_case(headdim=headdim, cache_len=2048, num_splits=num_splits, batch=2, seqlen_q=2,
@@ -202,14 +202,14 @@ def test_out_of_scope_and_switched_off_run_the_kv_kernel():
 
 @gpu
 @needs_decode
-@pytest.mark.parametrize("num_splits", [2, 5, 48, 49, 128], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("num_splits", [2, 5, 16, 17, 64, 65, 128], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("seqlen_q", [1, 4])
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_fused_merge_against_the_combine_kernel(headdim, seqlen_q, num_splits):
     """The splits merged in the decode kernel (last CTA of each group; ragged cache_seqlens,
     an empty entry, splits without keys) against the reference and against the combine
     kernel's merge of the same partials; the combine kernel where the merge is too long for
-    one CTA (decode_config.h decode_fused_merge: rows x splits x d / 4 <= 48 x 128)."""
+    one CTA (decode_config.h decode_fused_merge: rows x splits x d / 4 <= 64 x 128)."""
     nheads, nheads_k, cache_len, dtype = 32, 8, 1500, torch.bfloat16
     q = torch.randn(3, seqlen_q, nheads, headdim, device="cuda", dtype=dtype)
     k_cache = torch.randn(3, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
@@ -219,7 +219,7 @@ def test_fused_merge_against_the_combine_kernel(headdim, seqlen_q, num_splits):
                               num_splits=num_splits)
     assert_kernel("decode")
     rows = seqlen_q * nheads // nheads_k
-    assert _ext.last_fwd_fused_merge is (rows * num_splits * headdim // 4 <= 48 * 128)
+    assert _ext.last_fwd_fused_merge is (rows * num_splits * headdim // 4 <= 64 * 128)
     check_against_reference(out, lse, q, k_cache, v_cache, seqlens, True, (-1, -1))
     with _ext.decode_fused_merge(False):
         out_c, lse_c = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"), causal=True,

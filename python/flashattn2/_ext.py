@@ -65,8 +65,8 @@ FWD_KERNELS = {90: (90, "sm90", False), 80: (80, "sm80", False), 81: (80, "decod
 DECODE_KERNEL = os.environ.get("FLASHATTN2_DECODE_KERNEL", "1") not in ("", "0")
 # Split-KV on the decode kernel: True (the default) lets the last CTA of each KV-head group
 # merge the splits (arrival counters in the split workspace; one launch, no combine kernel)
-# where that is short (sm80/decode_config.h decode_fused_merge: b1 sq1 GQA 4 up to 48
-# splits at d128); FLASHATTN2_DECODE_FUSED_MERGE=0 at import, or the decode_fused_merge(False)
+# where that is short (sm80/decode_config.h decode_fused_merge: GQA 4 at d128, sq 1 up to
+# 64 splits, sq 4 up to 16); FLASHATTN2_DECODE_FUSED_MERGE=0 at import, or the decode_fused_merge(False)
 # context manager, always runs the combine kernel (A/B: bench_decode.py impl
 # flashattn2_combine).
 DECODE_FUSED_MERGE = os.environ.get("FLASHATTN2_DECODE_FUSED_MERGE", "1") not in ("", "0")
