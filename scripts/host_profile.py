@@ -86,7 +86,7 @@ def mock(args):
     rest = dict(interface._FWD_LAYOUT, num_splits=0, o_accum=0, lse_accum=0,
                 **interface._FWD_VARLEN, **interface._FWD_MODS, q_pack=4, allow_sm90=True,
                 tile_counter=0, **interface._FWD_BIAS, allow_decode=True, split_counters=0,
-                kv_l2_prefetch=True)
+                kv_l2_prefetch=True, kv_issue_early=True)
     assert tuple(rest) == interface._FWD_OPTIONAL
 
     def refused(call):

@@ -231,11 +231,14 @@ def test_fused_merge_against_the_combine_kernel(headdim, seqlen_q, num_splits):
 
 @gpu
 @needs_decode
+@pytest.mark.parametrize("variant", ["prefetch", "issue_early", "both"])
 @pytest.mark.parametrize("case", ["contig", "page16_leftpad", "d96_window"])
-def test_l2_prefetch_hint_changes_nothing(case):
-    """The K / V copies with and without the L2 prefetch hint give bitwise the same out and
-    lse (a hint moves no data), on rows that straddle pages (left padding) and on a head dim
-    below the kernel's (its rows shorter than the prefetched block)."""
+def test_copy_variants_change_nothing(case, variant):
+    """The K / V copies with the L2 prefetch hint and / or issued before the wait give
+    bitwise the out and lse of the plain loop (a hint moves no data; the order of the copies
+    changes no value), on rows that straddle pages (left padding), a head dim below the
+    kernel's (its rows shorter than the prefetched block), ragged lengths (31 keys: one warp
+    with 2 tiles, the others fewer)."""
     headdim = 96 if case == "d96_window" else 128
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(3, 2, 16, headdim, device="cuda", dtype=torch.float16)
@@ -248,10 +251,11 @@ def test_l2_prefetch_hint_changes_nothing(case):
         kwargs["cache_leftpad"] = torch.tensor([5, 0, 17], dtype=torch.int32, device="cuda")
     if case == "d96_window":
         kwargs["window_size"] = (100, 0)
-    with _ext.decode_l2_prefetch(True):
+    with _ext.decode_l2_prefetch(variant != "issue_early"), \
+            _ext.decode_issue_early(variant != "prefetch"):
         out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
     assert_kernel("decode")
-    with _ext.decode_l2_prefetch(False):
+    with _ext.decode_l2_prefetch(False), _ext.decode_issue_early(False):
         out_plain, lse_plain = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
     assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
 
@@ -430,18 +434,35 @@ def test_split_workspace_is_one_buffer(monkeypatch):
     assert fwd["o_accum"] == fwd["lse_accum"] == 0
 
 
-def test_fused_merge_and_prefetch_switches_reach_the_binding(monkeypatch):
+def test_decode_switches_reach_the_binding(monkeypatch):
     """decode_fused_merge(False): no split counters (the combine kernel merges);
-    decode_l2_prefetch(False): the copies' hint off; both on by default."""
-    (_, fwd), = fake_launch(monkeypatch, num_splits=5)
+    decode_l2_prefetch(False) / decode_issue_early(False): the loop's variants off."""
+    with _ext.decode_fused_merge(True), _ext.decode_l2_prefetch(True), \
+            _ext.decode_issue_early(True):
+        (_, fwd), = fake_launch(monkeypatch, num_splits=5)
     assert fwd["split_counters"] > fwd["lse_accum"] and fwd["split_counters"] % 16 == 0
-    assert fwd["kv_l2_prefetch"] is _ext.DECODE_L2_PREFETCH
-    with _ext.decode_fused_merge(False), _ext.decode_l2_prefetch(False):
+    assert fwd["kv_l2_prefetch"] is True and fwd["kv_issue_early"] is True
+    with _ext.decode_fused_merge(False), _ext.decode_l2_prefetch(False), \
+            _ext.decode_issue_early(False):
         (_, fwd), = fake_launch(monkeypatch, num_splits=5)
     assert fwd["split_counters"] == 0 and fwd["kv_l2_prefetch"] is False
-    with _ext.decode_l2_prefetch(True):
-        (_, fwd), = fake_launch(monkeypatch, num_splits=1)
-    assert fwd["split_counters"] == 0 and fwd["kv_l2_prefetch"] is True
+    assert fwd["kv_issue_early"] is False
+    (_, fwd), = fake_launch(monkeypatch, num_splits=1)
+    assert fwd["split_counters"] == 0
+
+
+def test_decode_switches_are_read_at_import():
+    code = ("import flashattn2._ext as e; "
+            "print(e.DECODE_FUSED_MERGE, e.DECODE_L2_PREFETCH, e.DECODE_ISSUE_EARLY)")
+    names = ("FLASHATTN2_DECODE_FUSED_MERGE", "FLASHATTN2_DECODE_L2_PREFETCH",
+             "FLASHATTN2_DECODE_ISSUE_EARLY")
+    for value, expected in (("0", "False False False"), (None, "True True True")):
+        env = {k: v for k, v in os.environ.items() if k not in names}
+        if value is not None:
+            env.update(dict.fromkeys(names, value))
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                text=True, check=True)
+        assert result.stdout.strip() == expected, (value, result.stderr)
 
 
 def test_launch_rejects_unknown_arguments(monkeypatch):

@@ -126,6 +126,9 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // Decode kernel: its K / V copies ask L2 to fetch each head's whole row segment (128 or
   // 256 bytes) at once (ptx.cuh cp_async_16_prefetch); false: plain 16-byte copies.
   bool kv_l2_prefetch = false;
+  // Decode kernel: each step issues its next tile's copies before waiting for the current
+  // tile (one more tile in flight through the wait); false: after.
+  bool kv_issue_early = false;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements

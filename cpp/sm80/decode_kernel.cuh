@@ -29,7 +29,9 @@
 //   step   (per warp, no CTA barrier in the loop)
 //            cp.async.wait_group (tile j landed for this lane) ; __syncwarp (for all lanes)
 //            issue the cp.async of tile j + kStages - 1 into the stage tile j - 1 used
-//            (its pages read one step ahead, landing during this step's math)
+//            (its pages read one step ahead, landing during this step's math); with
+//            p.kv_issue_early that issue comes first (after a __syncwarp: the stage is free),
+//            then the wait, so kStages - 1 tiles (not kStages - 2) are in flight during it
 //            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
 //            online softmax in base 2 ; acc_o = acc_o * correction + P V_j (d/8 HMMA)
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
@@ -439,13 +441,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     warp_gemm_areg<Element, true, 1, kHeadDim / 16, 1>(acc_o, pa, v_tile.plus(stage_off));
   };
 
+  const bool issue_early = p.kv_issue_early;
   for (int j = 0, stage = 0; j < n_mine; ++j) {
-    // Tile j has landed for every lane; every lane is done with the stage of tile j - 1.
-    ptx::cp_async_wait<kStages - 2>();
-    __syncwarp();
     const int next_stage = stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
-    load_kv(j + kStages - 1, next_stage, kv_page);
-    fetch_pages(j + kStages, kv_page);  // lands during this step
+    if (issue_early) {
+      // Every lane is done with the stage of tile j - 1: fill it with tile j + kStages - 1
+      // before waiting for tile j, so kStages - 1 tiles stay in flight through the wait.
+      __syncwarp();
+      load_kv(j + kStages - 1, next_stage, kv_page);
+      fetch_pages(j + kStages, kv_page);  // lands during this step
+      ptx::cp_async_wait<kStages - 1>();
+      __syncwarp();  // tile j has landed for every lane
+    } else {
+      // Tile j has landed for every lane; every lane is done with the stage of tile j - 1.
+      ptx::cp_async_wait<kStages - 2>();
+      __syncwarp();
+      load_kv(j + kStages - 1, next_stage, kv_page);
+      fetch_pages(j + kStages, kv_page);  // lands during this step
+    }
     const int n_block = tile_of(j);
     const int n0 = n_block * kBlockN;
     const bool need_mask = n0 + kBlockN > seqlen_k ||

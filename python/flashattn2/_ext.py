@@ -75,6 +75,11 @@ DECODE_FUSED_MERGE = os.environ.get("FLASHATTN2_DECODE_FUSED_MERGE", "1") not in
 # FLASHATTN2_DECODE_L2_PREFETCH=0 at import, or decode_l2_prefetch(False), copies without the
 # hint (A/B: bench_decode.py impl flashattn2_noprefetch). Results are identical either way.
 DECODE_L2_PREFETCH = os.environ.get("FLASHATTN2_DECODE_L2_PREFETCH", "1") not in ("", "0")
+# The decode kernel's loop: True (the default) issues each step's next K / V tile before
+# waiting for the current one (2 tiles in flight through the wait at d128, not 1);
+# FLASHATTN2_DECODE_ISSUE_EARLY=0 at import, or decode_issue_early(False), waits first (A/B:
+# bench_decode.py impl flashattn2_lateissue). Results are identical either way.
+DECODE_ISSUE_EARLY = os.environ.get("FLASHATTN2_DECODE_ISSUE_EARLY", "1") not in ("", "0")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16; not dropout, deterministic mode or a bias:
@@ -135,6 +140,19 @@ def decode_l2_prefetch(enabled=True):
         yield
     finally:
         DECODE_L2_PREFETCH = previous
+
+
+@contextlib.contextmanager
+def decode_issue_early(enabled=True):
+    """Inside the block, the decode kernel issues each step's next tile before waiting for the
+    current one (``enabled``, the default) or after. For A/B comparisons and tests; not
+    thread-safe. A CUDA graph keeps the choice of its capture."""
+    global DECODE_ISSUE_EARLY
+    previous, DECODE_ISSUE_EARLY = DECODE_ISSUE_EARLY, bool(enabled)
+    try:
+        yield
+    finally:
+        DECODE_ISSUE_EARLY = previous
 
 
 def build_info():

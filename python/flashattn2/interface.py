@@ -134,7 +134,7 @@ _FWD_MODS = dict(softcap=0.0, alibi_slopes=0, alibi_batch_stride=0, rng_state=0,
 _FWD_BIAS = dict(attn_bias=0, bias_strides=(), bias_dtype=-1)
 _FWD_OPTIONAL = (tuple(_FWD_LAYOUT) + ("num_splits", "o_accum", "lse_accum") + tuple(_FWD_VARLEN)
                  + tuple(_FWD_MODS) + ("q_pack", "allow_sm90", "tile_counter") + tuple(_FWD_BIAS)
-                 + ("allow_decode", "split_counters", "kv_l2_prefetch"))
+                 + ("allow_decode", "split_counters", "kv_l2_prefetch", "kv_issue_early"))
 _FWD_KEYS = frozenset(_FWD_LAYOUT) | frozenset(_FWD_VARLEN)  # what **layout may hold
 _FWD_MOD_KEYS = frozenset(_FWD_MODS) | frozenset(_FWD_BIAS)  # what mods may hold
 
@@ -218,7 +218,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         *map(mods.get, _FWD_MODS, _FWD_MODS.values()),
         q_pack, not _ext.FORCE_SM80, 0 if tile_counter is None else tile_counter.data_ptr(),
         *map(mods.get, _FWD_BIAS, _FWD_BIAS.values()),
-        _ext.DECODE_KERNEL, split_counters, _ext.DECODE_L2_PREFETCH,
+        _ext.DECODE_KERNEL, split_counters, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY,
     )  # fmt: skip
     _ext.last_fwd_arch, _ext.last_fwd_kernel, _ext.last_fwd_fused_merge = _ext.FWD_KERNELS[code]
 
