@@ -13,6 +13,7 @@ import pytest
 import torch
 from flashattn2 import _ext, interface
 from reference import attention_ref, attention_scores
+from test_decode_kernel import binding_args
 
 gpu = pytest.mark.gpu
 BUILT = "fp32" in _ext.EXPERIMENTAL
@@ -92,15 +93,15 @@ def test_fp32_backward_refusal():
 
 
 class _FakeC:
-    """Records the keyword arguments and dtype code of _C.fwd (no GPU)."""
+    """Records the dtype code and arguments (by name) of _C.fwd (no GPU)."""
 
     def __init__(self, real):
         self.real, self.calls = real, []
 
     def fwd(self, *args, **kwargs):
-        doc = self.real.fwd.__doc__
-        assert not [key for key in kwargs if f"{key}:" not in doc]
-        self.calls.append((args[19], kwargs))  # (dtype is the 20th positional argument)
+        names = binding_args(self.real.fwd)  # (positional ones by the signature)
+        assert not [key for key in kwargs if key not in names[len(args):]]
+        self.calls.append((args[19], {**dict(zip(names, args)), **kwargs}))  # (dtype: 20th)
         return 80
 
     def sm90_fwd_applies(self, *args):
