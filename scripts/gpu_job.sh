@@ -116,10 +116,17 @@ if want fp32probe; then
     stamp "fp32 probe: the float32 backward's error against the length"
     python3 scripts/fp32_probe.py 2>&1 | tee "$O/fp32_probe.txt" | tail -n 30
 fi
+if want fwd; then
+    stamp "bench fwd: the standard sweep, bf16 and fp16"
+    python3 benchmarks/bench.py --modes fwd --headdims 64,128,256 --dtypes bf16,fp16 \
+        --impls flashattn2,flashattn2_sm80,sdpa_flash,sdpa_cudnn --out "$O/fwd" 2> /dev/null \
+        | tail -n 12
+fi
 if want bwd; then
     stamp "bench bwd"
-    python3 benchmarks/bench.py --modes bwd,fwd_bwd --headdims 64,128 --dtypes bf16 \
-        --impls flashattn2,flashattn2_det,flashattn2_sm80,sdpa_flash,sdpa_cudnn --out "$O/bwd"
+    python3 benchmarks/bench.py --modes bwd,fwd_bwd --headdims "${BWD_DIMS:-64,128,256}" \
+        --dtypes bf16 --impls flashattn2,flashattn2_det,flashattn2_sm80,sdpa_flash,sdpa_cudnn \
+        --out "$O/bwd" 2> /dev/null | tail -n 12
 fi
 if want variants; then
     stamp "bench backward variants, Hopper vs mma.sync"
@@ -130,7 +137,8 @@ fi
 if want bias; then
     stamp "bench bias"
     python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \
-        --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias --out "$O/bias"
+        --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias ${BIAS_ARGS:-} \
+        --out "$O/bias" 2> /dev/null | tail -n 12
 fi
 if want decode; then
     stamp "bench decode"
