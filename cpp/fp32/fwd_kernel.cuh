@@ -30,10 +30,12 @@
 //            the 3 MMAs of 4 k8 steps (32 keys) into a fresh accumulator, FFMA into O
 //   epilogue  quad-reduce the row sums, O = acc_o / sum written from the accumulators
 //          (float2 stores); LSE = max * scale + ln(sum), +inf for a row that sees no key.
+//   varlen kVarlen instance (cu_seqlens_q / cu_seqlens_k, fp32/seq.cuh): the grid covers the
+//          longest sequence, a CTA past its sequence's rows returns, rows are offset by the
+//          sequence's first row; the dense instance keeps the code it had without it.
 //   limits d multiple of 8, <= kHeadDim (32, 64, 128); 16-byte aligned pointers and strides
-//          a multiple of 4 elements (host API); ragged tails zero-filled and masked. Dense
-//          layout only: no varlen / KV cache / split-KV / score modifiers / bias (mha_fwd
-//          refuses them for float32).
+//          a multiple of 4 elements (host API); ragged tails zero-filled and masked. No KV
+//          cache / split-KV / score modifiers / bias (mha_fwd refuses them for float32).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -44,6 +46,7 @@
 #include "common/ptx.cuh"
 #include "common/seqlen.cuh"
 #include "fp32/fwd_config.h"
+#include "fp32/seq.cuh"
 #include "fp32/tf32.cuh"
 
 namespace flashattn2 {
@@ -68,7 +71,7 @@ struct Fp32FwdTraits {
   static_assert(kSmemBytes == fp32_fwd_smem_bytes(kHeadDim), "fwd_config.h and the tiles agree");
 };
 
-template <typename Traits>
+template <typename Traits, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
@@ -100,14 +103,16 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   const int batch = blockIdx.z;
   const int head_k = head / (p.nheads / p.nheads_k);
   const int row0 = m_block * kBlockM;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  const Fp32Seq<kVarlen> seq(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  if (kVarlen && row0 >= seqlen_q) return;  // (the grid covers the longest sequence)
 
   const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
-                    head * p.q_head_stride + int64_t(row0) * p.q_row_stride;
-  const float* gK =
-      static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-  const float* gV =
-      static_cast<const float*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+                    head * p.q_head_stride + (seq.q_row0 + row0) * p.q_row_stride;
+  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
+                    head_k * p.k_head_stride + seq.k_row0 * p.k_row_stride;
+  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
+                    head_k * p.v_head_stride + seq.k_row0 * p.v_row_stride;
 
   // Visible key range of the tile (bottom-right aligned window, FwdParams).
   const int offset = seqlen_k - seqlen_q;
@@ -306,9 +311,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   }
   ptx::cp_async_wait<0>();  // (Q may be in flight when no K/V tile was visible)
 
-  // Epilogue: O and LSE straight from the accumulators.
-  float* gO = static_cast<float*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  // Epilogue: O and LSE straight from the accumulators (varlen: the sequence's first row
+  // re-read, not kept live across the mainloop).
+  const int64_t q_row0 = Fp32Seq<kVarlen>(p, batch).q_row0;
+  float* gO = static_cast<float*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+              q_row0 * p.o_row_stride;
+  float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + q_row0;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
