@@ -71,24 +71,21 @@ def test_fp32_unsupported_features_are_named(kwargs, name):
 
 
 @needs_fp32
-def test_fp32_varlen_and_kvcache_refuse():
+def test_fp32_kvcache_refuses():
+    """(varlen: test_fp32_varlen.py)"""
     q, k, v = _qkv(batch=1)
-    cu = torch.tensor([0, 5], dtype=torch.int32)
-    with pytest.raises(ValueError, match="only supports fp16 and bf16"):
-        flashattn2.flash_attn_varlen_func(q[0], k[0, :5], v[0, :5], cu, cu, 5, 5)
     with pytest.raises(ValueError, match="only supports fp16 and bf16"):
         flashattn2.flash_attn_with_kvcache(q, k, v)
 
 
 def test_fp32_backward_refusal():
-    """The float32 backward: deterministic mode is refused (unordered dq adds); a build
-    without the backward names the option."""
+    """A build without the float32 backward names the option (deterministic mode runs:
+    test_fp32_varlen.py)."""
     if _ext.FP32_BWD:
-        with pytest.raises(NotImplementedError, match="deterministic=True is not supported"):
-            interface._check_fp32_backward(True)
+        interface._check_fp32_backward()
     else:
         with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL=bias;fp32"):
-            interface._check_fp32_backward(False)
+            interface._check_fp32_backward()
 
 
 class _FakeC:
