@@ -279,8 +279,8 @@ bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool 
 namespace {
 
 // The float32 forward / backward (cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds): dense or
-// varlen (cu_seqlens_q and cu_seqlens_k) attention with causal / window, GQA and ragged
-// tails; nothing else.
+// varlen (cu_seqlens_q and cu_seqlens_k) attention with causal / window, GQA, ragged tails,
+// softcap and ALiBi; nothing else.
 template <typename Params>
 void require_fp32_supported(const Params& p) {
   require(FLASHATTN2_FP32,
@@ -293,8 +293,8 @@ void require_fp32_supported(const Params& p) {
           "float32 runs dense or varlen attention only: no KV cache");
   require(!p.cu_seqlens_q == !p.cu_seqlens_k,
           "float32 varlen takes both cu_seqlens_q and cu_seqlens_k");
-  require(p.softcap == 0.f && !p.alibi_slopes && p.dropout_threshold == 0 && !has_bias(p),
-          "float32 supports no softcap, ALiBi, dropout or attention bias");
+  require(p.dropout_threshold == 0 && !has_bias(p),
+          "float32 supports no dropout or attention bias");
 }
 
 int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {

@@ -59,12 +59,12 @@ def test_fp32_head_dims_beyond_the_kernels_raise(headdim):
 
 @needs_fp32
 @pytest.mark.parametrize("kwargs,name", [
-    (dict(softcap=5.0), "softcap"),
-    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
     (dict(dropout_p=0.1), "dropout_p"),
+    (dict(dropout_p=0.1, softcap=5.0), "dropout_p"),
     (dict(attn_bias=torch.zeros(2, 4, 5, 7)), "attn_bias"),
 ])
 def test_fp32_unsupported_features_are_named(kwargs, name):
+    """(softcap and ALiBi run: test_fp32_mods.py)"""
     q, k, v = _qkv()
     with pytest.raises(NotImplementedError, match=f"float32 inputs do not support {name}"):
         flashattn2.flash_attn_func(q, k, v, **kwargs)

@@ -1,7 +1,7 @@
 """float32 varlen and deterministic backward (issue 21; the kVarlen / kGeneral instances of
 cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds).
 
-CPU: the refusals that remain (paged K/V, score modifiers on varlen) and a model of the
+CPU: the refusals that remain (paged K/V, dropout on varlen) and a model of the
 deterministic dQ order (bwd_kernel.cuh's query-tile walk with dq_order.cuh's ranks): every
 64-row group's visitors have the ranks 0 .. n - 1, and a scheduler that runs the CTAs in
 launch order with few resident never deadlocks. GPU: each packed sequence against float64
@@ -14,8 +14,8 @@ import flashattn2
 import pytest
 import torch
 from flashattn2 import _ext, interface
-from reference import attention_ref
-from test_fp32 import _check, _lse, needs_fp32, needs_fp32_bwd
+from reference import attention_ref, attention_scores
+from test_fp32 import _check, needs_fp32, needs_fp32_bwd
 
 gpu = pytest.mark.gpu
 NAN = float("nan")
@@ -41,11 +41,11 @@ def _packed(lengths_q, lengths_k, h, hk, d, device="cuda"):
 def test_fp32_varlen_refusals():
     q, k, v = _packed([5], [5], 2, 2, 16, device="cpu")
     cu = torch.tensor([0, 5], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="float32 inputs do not support softcap"):
-        flashattn2.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, softcap=3.0)
-    with pytest.raises(NotImplementedError, match="do not support alibi_slopes"):
+    with pytest.raises(NotImplementedError, match="float32 inputs do not support dropout_p"):
+        flashattn2.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, dropout_p=0.1, softcap=3.0)
+    with pytest.raises(NotImplementedError, match="do not support dropout_p"):
         flashattn2.flash_attn_varlen_qkvpacked_func(torch.stack((q, k, v), 1), cu, 5,
-                                                    alibi_slopes=torch.ones(2))
+                                                    dropout_p=0.5, alibi_slopes=torch.ones(2))
     with pytest.raises(NotImplementedError, match="do not support dropout_p"):
         flashattn2.flash_attn_varlen_kvpacked_func(q, torch.stack((k, v), 1), cu, cu, 5, 5,
                                                    dropout_p=0.1)
@@ -137,12 +137,22 @@ def test_fp32_deterministic_order_model(block_m, shape):
 # ---- GPU: accuracy against float64 ---------------------------------------------------------
 
 
-def _per_sequence_ref(q, k, v, lengths_q, lengths_k, causal, window, dout=None):
+def lse_ref(q, k, causal, window, softcap=0.0, slopes=None):
+    """(b, h, sq) log-sum-exp of the logits in q's dtype (+inf for a row that sees no key)."""
+    scores, mask = attention_scores(q, k, causal, window, softcap=softcap, alibi_slopes=slopes)
+    return torch.logsumexp(scores, dim=-1).masked_fill(~mask.any(-1), math.inf)
+
+
+def _per_sequence_ref(q, k, v, lengths_q, lengths_k, causal, window, dout=None, softcap=0.0,
+                      slopes=None):
     """out (total_q, h, d), lse (h, total_q) and with dout the gradients, sequence by
-    sequence, in q's dtype (float32: PyTorch's own error; float64: the reference)."""
+    sequence, in q's dtype (float32: PyTorch's own error; float64: the reference, slopes
+    too); slopes (h,) or (batch, h)."""
     outs, lses, grads = [], [], []
     bq, bk = 0, 0
-    for lq, lk in zip(lengths_q, lengths_k):
+    for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k)):
+        mods = dict(softcap=softcap,
+                    alibi_slopes=slopes if slopes is None or slopes.dim() == 1 else slopes[b:b + 1])
         qs, ks, vs = (t.detach()[a:a + n].unsqueeze(0).requires_grad_()
                       for t, a, n in ((q, bq, lq), (k, bk, lk), (v, bk, lk)))
         if lk == 0 or lq == 0:
@@ -150,8 +160,9 @@ def _per_sequence_ref(q, k, v, lengths_q, lengths_k, causal, window, dout=None):
             lse = torch.full((q.shape[1], lq), math.inf, dtype=q.dtype, device=q.device)
             g = [torch.zeros_like(t) for t in (qs, ks, vs)]
         else:
-            out = attention_ref(qs, ks, vs, causal, window, upcast=False)[0]
-            lse = _lse(qs.detach(), ks.detach(), causal, window)[0]
+            out = attention_ref(qs, ks, vs, causal, window, upcast=False, **mods)[0]
+            lse = lse_ref(qs.detach(), ks.detach(), causal, window, softcap,
+                          mods["alibi_slopes"])[0]
             if dout is not None:
                 g = torch.autograd.grad(out, (qs, ks, vs), dout[bq:bq + lq].unsqueeze(0).to(q.dtype))
         outs.append(out[0].detach())
@@ -334,3 +345,30 @@ def test_fp32_deterministic_backward(shape):
         g[dtype] = [t.grad for t in inputs]
     for name, a, b, c in zip(("dq", "dk", "dv"), runs[0], g[torch.float32], g[torch.float64]):
         _check(name, a, b, c)
+
+
+@gpu
+@needs_fp32
+@needs_fp32_bwd
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "det"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp32_varlen_softcap_alibi(causal, deterministic):
+    """softcap and ALiBi ((batch, nheads) slopes) on packed sequences, forward and backward."""
+    lq, lk = LENGTHS["ragged"]
+    h, hk, d, softcap = 4, 2, 64, 3.0
+    q, k, v = _packed(lq, lk, h, hk, d)
+    slopes = torch.rand(len(lq), h, device="cuda") * 0.5
+    dout = torch.randn_like(q)
+    cu_q, cu_k = _cu(lq), _cu(lk)
+    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse, _ = flashattn2.flash_attn_varlen_func(
+        *inputs, cu_q, cu_k, max(lq), max(lk), causal=causal, softcap=softcap,
+        alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True)
+    out.backward(dout)
+    ref = {dtype: _per_sequence_ref(q.to(dtype), k.to(dtype), v.to(dtype), lq, lk, causal,
+                                    (-1, -1), dout.to(dtype), softcap, slopes.to(dtype))
+           for dtype in (torch.float32, torch.float64)}
+    _check("out", out.detach(), ref[torch.float32][0], ref[torch.float64][0])
+    _check("lse", lse, ref[torch.float32][1], ref[torch.float64][1])
+    for i, name in enumerate(("dq", "dk", "dv")):
+        _check(name, inputs[i].grad, ref[torch.float32][2][i], ref[torch.float64][2][i])

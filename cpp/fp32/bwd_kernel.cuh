@@ -31,6 +31,7 @@
 //            wait Q_i, dO_i, lse_i, dsum_i ; __syncthreads (kPreSplit: split ; __syncthreads)
 //            S^T = K Q^T ; P^T = exp2(S^T scale log2e - lse log2e), masked to 0
 //            dV += P^T dO ; dP^T = V dO^T ; dS^T = P^T o (dP^T - dsum) ; dK += dS^T Q
+//            (softcap / ALiBi: P^T from the logit, dS^T times d logit / d(scale s))
 //            (two-level, tf32.cuh: S^T, dP^T and dQ per k8 step, dV and dK per step,
 //            through a fresh accumulator added with FADD)
 //            dS^T -> sdS (natural query order) ; __syncthreads
@@ -44,9 +45,10 @@
 //          16 / 32-row tiles a CTA visits in consecutive steps: thread 0 waits for the
 //          group's counter to reach the CTA's rank before the group's first dQ adds, and
 //          releases it after the group's last; descending with a right window bound, else
-//          ascending, one accumulator, no rotated walk). The plain instance, dense and
-//          unordered, keeps the code it had without them (255 registers).
-//   limits as the forward.
+//          ascending, one accumulator, no rotated walk), and for softcap / ALiBi
+//          (fp32/mods.cuh). The plain instance, dense, unordered and without modifiers,
+//          keeps the code it had without them (255 registers).
+//   limits as the forward (no dropout, no bias).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -57,6 +59,7 @@
 #include "common/ptx.cuh"
 #include "common/dq_order.cuh"
 #include "fp32/fwd_config.h"
+#include "fp32/mods.cuh"
 #include "fp32/seq.cuh"
 #include "fp32/tf32.cuh"
 
@@ -320,7 +323,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
     float acc_s[kNTilesM][4];
     gemm_keys_queries(acc_s, sK, sKlo, sQ, sQlo);
-    // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query.
+    // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query;
+    // kGeneral with softcap / ALiBi: exp2((logit - lse) log2e), the logit (fp32/mods.cuh) and
+    // its d logit / d(scale s) of the forward's definition.
+    const Fp32Mods mods = kGeneral ? Fp32Mods(p, batch, head) : Fp32Mods{};
+    float dlogit[kNTilesM][4];  // (softcap only)
+    // (a flag rather than a generic lambda: that cost the plain instance 16 SASS instructions)
+    const bool with_mods = kGeneral && mods.on;
 #pragma unroll
     for (int nt = 0; nt < kNTilesM; ++nt)
 #pragma unroll
@@ -330,8 +339,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         const bool visible = i < seqlen_q && j < seqlen_k &&
                              (p.window_right < 0 || j <= i + offset + p.window_right) &&
                              (p.window_left < 0 || j >= i + offset - p.window_left);
-        acc_s[nt][e] = visible ? ptx::exp2_approx(fmaf(acc_s[nt][e], scale_log2, -sLse[ql] * kLog2e))
-                               : 0.f;
+        if (with_mods) {
+          const float x = mods.logit(p, acc_s[nt][e], float(i + offset - j), &dlogit[nt][e]);
+          acc_s[nt][e] = visible ? ptx::exp2_approx((x - sLse[ql]) * kLog2e) : 0.f;
+        } else {
+          acc_s[nt][e] =
+              visible ? ptx::exp2_approx(fmaf(acc_s[nt][e], scale_log2, -sLse[ql] * kLog2e)) : 0.f;
+        }
       }
     gemm_accumulate(acc_dv, acc_s, sdO, sdOlo);
     float acc_dp[kNTilesM][4];
@@ -343,6 +357,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int e = 0; e < 4; ++e) {
         const int ql = 8 * nt + q + 4 * (e & 1);
         acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - sDsum[ql]);
+        if constexpr (kGeneral) {
+          if (p.softcap > 0.f) acc_dp[nt][e] *= dlogit[nt][e];
+        }
         sdS[STile::offset(key_row + 8 * (e >> 1), ql)] = acc_dp[nt][e];
       }
     gemm_accumulate(acc_dk, acc_dp, sQ, sQlo);

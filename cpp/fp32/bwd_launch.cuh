@@ -24,8 +24,10 @@ void run_bwd_fp32(const BwdParams& params, cudaStream_t stream) {
     raise_smem_limit<kernel>(kSmemBytes, "cudaFuncSetAttribute(bwd_fp32_kernel, smem)");
     kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
   };
-  // Varlen and the deterministic dQ order in their own instance (bwd_kernel.cuh kGeneral).
-  if (params.cu_seqlens_q || params.deterministic) {
+  // Varlen, the deterministic dQ order and softcap / ALiBi in their own instance
+  // (bwd_kernel.cuh kGeneral).
+  if (params.cu_seqlens_q || params.deterministic || params.softcap > 0.f ||
+      params.alibi_slopes) {
     launch(std::true_type{});
   } else {
     launch(std::false_type{});

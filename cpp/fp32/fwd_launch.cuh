@@ -17,12 +17,13 @@ void run_fwd_fp32(const FwdParams& params, cudaStream_t stream) {
   // (varlen: seqlen_q is the longest sequence's length)
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
                   params.batch);
-  auto launch = [&](auto varlen) {
-    constexpr auto kernel = fwd_fp32_kernel<Traits, decltype(varlen)::value>;
+  auto launch = [&](auto general) {
+    constexpr auto kernel = fwd_fp32_kernel<Traits, decltype(general)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fwd_fp32_kernel, smem)");
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   };
-  if (params.cu_seqlens_q) {
+  // Varlen and softcap / ALiBi in their own instance (fwd_kernel.cuh kGeneral).
+  if (params.cu_seqlens_q || params.softcap > 0.f || params.alibi_slopes) {
     launch(std::true_type{});
   } else {
     launch(std::false_type{});

@@ -69,12 +69,10 @@ def _check_fp32_backward():
 
 def _check_fp32(q, softcap=0.0, alibi_slopes=None, dropout_p=0.0, attn_bias=None):
     """NotImplementedError for what the float32 kernels do not run (a no-op for other
-    dtypes): softcap, ALiBi, dropout and attention biases / masks."""
+    dtypes): dropout and attention biases / masks (softcap and ALiBi run)."""
     if q.dtype is not _FP32:
         return
-    unsupported = [name for name, on in (("softcap", softcap > 0),
-                                         ("alibi_slopes", alibi_slopes is not None),
-                                         ("dropout_p > 0", dropout_p > 0),
+    unsupported = [name for name, on in (("dropout_p > 0", dropout_p > 0),
                                          ("attn_bias / attn_mask", attn_bias is not None)) if on]
     if unsupported:
         raise NotImplementedError(f"flashattn2: float32 inputs do not support "
@@ -87,7 +85,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     """Launches the forward kernel with no argument checks; returns ``(out, lse)``.
 
     q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16 (or float32 in builds with
-    the float32 kernels: no score modifiers, no bias), d a multiple of 8 with a compiled
+    the float32 kernels: no dropout, no bias), d a multiple of 8 with a compiled
     kernel, 16-byte aligned pointers, unit last-dim stride and other strides multiples of
     16 bytes. ``out`` (like q, same requirements) and ``lse`` (float32
     ``(b, h, sq)`` with unit last stride) are allocated when not given. Empty problems
