@@ -37,6 +37,17 @@ def _packed(lengths_q, lengths_k, h, hk, d, device="cuda"):
 # ---- CPU: refusals ------------------------------------------------------------------------
 
 
+def test_fp32_varlen_unbuilt_says_how_to_build(monkeypatch):
+    """A build without the float32 kernels (simulated in builds that have them)."""
+    monkeypatch.setattr(_ext, "EXPERIMENTAL", _ext.EXPERIMENTAL - {"fp32"})
+    q, k, v = _packed([5], [5], 2, 2, 16, device="cpu")
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL=bias;fp32"):
+        flashattn2.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5)
+    with pytest.raises(ValueError, match="query and key must have the same dtype"):
+        flashattn2.flash_attn_varlen_func(q.half(), k, v, cu, cu, 5, 5)
+
+
 @needs_fp32
 def test_fp32_varlen_refusals():
     q, k, v = _packed([5], [5], 2, 2, 16, device="cpu")
