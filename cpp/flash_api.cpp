@@ -278,8 +278,9 @@ bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool 
 
 namespace {
 
-// The float32 forward / backward (cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds): dense
-// attention with causal / window, GQA and ragged tails; nothing else.
+// The float32 forward / backward (cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds): dense or
+// varlen (cu_seqlens_q and cu_seqlens_k) attention with causal / window, GQA, ragged tails,
+// softcap and ALiBi; nothing else.
 template <typename Params>
 void require_fp32_supported(const Params& p) {
   require(FLASHATTN2_FP32,
@@ -287,11 +288,13 @@ void require_fp32_supported(const Params& p) {
           "on a GPU)");
   require(fp32_kernel_head_dim(p.headdim) > 0,
           "float32 supports head dims up to 128, got " + std::to_string(p.headdim));
-  require(!p.cu_seqlens_q && !p.cu_seqlens_k && !p.seqused_k && !p.leftpad_k &&
-              !p.kv_batch_idx && !p.block_table && p.seqlen_k_new == 0,
-          "float32 runs dense attention only: no varlen or KV cache");
-  require(p.softcap == 0.f && !p.alibi_slopes && p.dropout_threshold == 0 && !has_bias(p),
-          "float32 supports no softcap, ALiBi, dropout or attention bias");
+  require(!p.seqused_k && !p.leftpad_k && !p.kv_batch_idx && !p.block_table &&
+              p.seqlen_k_new == 0,
+          "float32 runs dense or varlen attention only: no KV cache");
+  require(!p.cu_seqlens_q == !p.cu_seqlens_k,
+          "float32 varlen takes both cu_seqlens_q and cu_seqlens_k");
+  require(p.dropout_threshold == 0 && !has_bias(p),
+          "float32 supports no dropout or attention bias");
 }
 
 int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
@@ -321,7 +324,6 @@ int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
 
 int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
   require_fp32_supported(params);
-  require(!params.deterministic, "float32 has no deterministic backward (unordered dq adds)");
   require(params.dq_chains == 1, "float32 runs one dq accumulator (dq_chains 1)");
   const BwdParams p = checked(params);
   DeviceGuard guard(device);
@@ -334,7 +336,7 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
               std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
   auto s = static_cast<cudaStream_t>(stream);
 #if FLASHATTN2_FP32
-  switch (kd) {  // (workspaces: dense (batch, nheads, seqlen_q) rows, within bwd_workspace_floats)
+  switch (kd) {  // (workspaces: seqlen.cuh's layouts, as bwd_workspace_floats sizes them)
     case 32: run_bwd_fp32<32>(p, s); break;
     case 64: run_bwd_fp32<64>(p, s); break;
     default: run_bwd_fp32<128>(p, s); break;

@@ -8,7 +8,8 @@
 namespace flashattn2 {
 
 // kFloat32: the rotary kernel (RotaryParams), and attention in builds with
-// FLASHATTN2_EXPERIMENTAL=fp32 (the 3xTF32 kernels of cpp/fp32; dense layout only).
+// FLASHATTN2_EXPERIMENTAL=fp32 (the 3xTF32 kernels of cpp/fp32; dense or varlen layout, no
+// dropout or bias).
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 
 // Where each batch's sequences live, shared by the forward and the backward. Every field is

@@ -60,24 +60,19 @@ def _dtype_code(dtype):
     return 2 if dtype is _FP32 else 1 if dtype is _BF16 else 0
 
 
-def _check_fp32_backward(deterministic):
+def _check_fp32_backward():
     """NotImplementedError for a float32 backward this build cannot run."""
     if not _ext.FP32_BWD:
         raise NotImplementedError(f"flashattn2: the float32 backward is not in this build (build "
                                   f"with {_FP32_BUILD}; the float32 forward runs)")
-    if deterministic:
-        raise NotImplementedError("flashattn2: deterministic=True is not supported for float32 "
-                                  "inputs (its dq adds are unordered)")
 
 
 def _check_fp32(q, softcap=0.0, alibi_slopes=None, dropout_p=0.0, attn_bias=None):
     """NotImplementedError for what the float32 kernels do not run (a no-op for other
-    dtypes): softcap, ALiBi, dropout and attention biases / masks."""
+    dtypes): dropout and attention biases / masks (softcap and ALiBi run)."""
     if q.dtype is not _FP32:
         return
-    unsupported = [name for name, on in (("softcap", softcap > 0),
-                                         ("alibi_slopes", alibi_slopes is not None),
-                                         ("dropout_p > 0", dropout_p > 0),
+    unsupported = [name for name, on in (("dropout_p > 0", dropout_p > 0),
                                          ("attn_bias / attn_mask", attn_bias is not None)) if on]
     if unsupported:
         raise NotImplementedError(f"flashattn2: float32 inputs do not support "
@@ -90,7 +85,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     """Launches the forward kernel with no argument checks; returns ``(out, lse)``.
 
     q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16 (or float32 in builds with
-    the float32 kernels: no score modifiers, no bias), d a multiple of 8 with a compiled
+    the float32 kernels: no dropout, no bias), d a multiple of 8 with a compiled
     kernel, 16-byte aligned pointers, unit last-dim stride and other strides multiples of
     16 bytes. ``out`` (like q, same requirements) and ``lse`` (float32
     ``(b, h, sq)`` with unit last stride) are allocated when not given. Empty problems
@@ -287,7 +282,7 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     last stride that receives d loss / d logit (``bias.py``).
     """
     if q.dtype is _FP32:
-        _check_fp32_backward(deterministic)
+        _check_fp32_backward()
         _check_fp32(q, softcap, alibi_slopes, dropout_p, attn_bias)
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -322,9 +317,12 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         varlen = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
                       total_q=total_q, total_k=k.shape[0])
     device = q.get_device()
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    dq_chains = _C.bwd_dq_chains(seqlen_q, seqlen_k, headdim, deterministic, window_left,
-                                 window_right, num_sms)
+    if q.dtype is _FP32:
+        dq_chains = 1  # (the float32 backward orders its dq adds in one accumulator)
+    else:
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        dq_chains = _C.bwd_dq_chains(seqlen_q, seqlen_k, headdim, deterministic, window_left,
+                                     window_right, num_sms)
     dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim,
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
@@ -574,23 +572,8 @@ def _check_qkv_shapes(q, k, v):
             what = "(batch, seqlen_q, nheads, headdim)" if name == "q" else (
                 "(batch, seqlen_k, nheads_k, headdim)")
             raise _shape_error(name, what, t)
-    dtype = q.dtype
-    if dtype is _FP32:
-        if "fp32" not in _ext.EXPERIMENTAL:
-            raise Float32NotBuilt(
-                f"FlashAttention only supports fp16 and bf16 data type; got q {dtype} (float32 "
-                f"needs the float32 kernels: build with {_FP32_BUILD})")
-    elif dtype is not _HALF and dtype is not _BF16:
-        raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
-    if k.dtype is not dtype:
-        raise ValueError(f"query and key must have the same dtype; got q {dtype}, k {k.dtype}")
-    if v.dtype is not dtype:
-        raise ValueError(f"query and value must have the same dtype; got q {dtype}, v {v.dtype}")
-
+    dtype = _check_dtypes(q, k, v)
     batch, _, nheads, headdim = q.shape
-    if dtype is _FP32 and (headdim % 8 or not 0 < headdim <= _FP32_MAX_HEADDIM):
-        raise ValueError(f"flashattn2: float32 supports head dims that are multiples of 8 up to "
-                         f"{_FP32_MAX_HEADDIM}; got {headdim}")
     if headdim == 0 or headdim > _MAX_HEADDIM:
         raise ValueError(
             f"FlashAttention forward only supports head dimension at most {_MAX_HEADDIM} "
@@ -615,6 +598,28 @@ def _check_qkv_shapes(q, k, v):
             "Number of heads in key/value must divide number of heads in query; "
             f"got {nheads} query heads and {nheads_k} key/value heads"
         )
+
+
+def _check_dtypes(q, k, v):
+    """q's dtype, after the dtype checks of q, k and v (float32: built, and a head dim its
+    kernels take); shared by the dense and the varlen functions."""
+    dtype = q.dtype
+    if dtype is _FP32:
+        if "fp32" not in _ext.EXPERIMENTAL:
+            raise Float32NotBuilt(
+                f"FlashAttention only supports fp16 and bf16 data type; got q {dtype} (float32 "
+                f"needs the float32 kernels: build with {_FP32_BUILD})")
+    elif dtype is not _HALF and dtype is not _BF16:
+        raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
+    if k.dtype is not dtype:
+        raise ValueError(f"query and key must have the same dtype; got q {dtype}, k {k.dtype}")
+    if v.dtype is not dtype:
+        raise ValueError(f"query and value must have the same dtype; got q {dtype}, v {v.dtype}")
+    headdim = q.shape[-1]
+    if dtype is _FP32 and (headdim % 8 or not 0 < headdim <= _FP32_MAX_HEADDIM):
+        raise ValueError(f"flashattn2: float32 supports head dims that are multiples of 8 up to "
+                         f"{_FP32_MAX_HEADDIM}; got {headdim}")
+    return dtype
 
 
 def _check_devices(*named, tracing=None):
@@ -992,7 +997,7 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
         raise _shape_error("lse", f"(batch, nheads, seqlen_q) = {(batch, nheads, seqlen_q)}", lse)
     _devices(q, k, v, alibi_slopes, rng_state, (("o", o), ("lse", lse), ("dout", dout)))
     if q.dtype is _FP32:
-        _check_fp32_backward(deterministic)
+        _check_fp32_backward()
     else:
         _check_backward(headdim, q.device)
     args = (dout, q, k, v, o, lse, _scale(q, softmax_scale), -1, 0 if causal else -1,
