@@ -69,13 +69,12 @@ FWD_KERNELS = {90: (90, "sm90", False), 80: (80, "sm80", False), 81: (80, "decod
 # them to the KV kernel as before (for A/B comparisons). Without the build item it does
 # nothing.
 DECODE_KERNEL = _env_flag("FLASHATTN2_DECODE_KERNEL", "1")
-# Split-KV on the decode kernel: True (the default) lets the last CTA of each KV-head group
-# merge the splits (arrival counters in the split workspace; one launch, no combine kernel)
-# where that is short (sm80/decode_config.h decode_fused_merge: GQA 4 at d128, sq 1 up to
-# 64 splits, sq 4 up to 16); FLASHATTN2_DECODE_FUSED_MERGE=0 at import, or the decode_fused_merge(False)
-# context manager, always runs the combine kernel (A/B: bench_decode.py impl
-# flashattn2_combine).
-DECODE_FUSED_MERGE = _env_flag("FLASHATTN2_DECODE_FUSED_MERGE", "1")
+# Split-KV on the decode kernel: True lets the last CTA of each KV-head group merge the splits
+# (arrival counters in the split workspace; one launch, no combine kernel) where that is short
+# (sm80/decode_config.h decode_fused_merge). Off by default: on an H100 it measured never
+# faster than the combine kernel and up to 1.5x slower at batch 1-4 (benchmarks/NOTES.md);
+# FLASHATTN2_DECODE_FUSED_MERGE=1 at import, or decode_fused_merge(True), turns it on.
+DECODE_FUSED_MERGE = _env_flag("FLASHATTN2_DECODE_FUSED_MERGE", "0")
 # The decode kernel's K / V copies: True (the default) hints L2 to fetch each head's whole
 # row segment (256 bytes at d128, 128 at d64) from DRAM at once (cp.async ... L2::256B);
 # FLASHATTN2_DECODE_L2_PREFETCH=0 at import, or decode_l2_prefetch(False), copies without the
