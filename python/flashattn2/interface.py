@@ -291,8 +291,11 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                       total_q=total_q, total_k=k.shape[0])
     device = q.get_device()
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    dq_chains = _C.bwd_dq_chains(seqlen_q, seqlen_k, headdim, deterministic, window_left,
-                                 window_right, num_sms)
+    if deterministic and _ext.DQ_CHAINS:
+        dq_chains = _ext.DQ_CHAINS
+    else:
+        dq_chains = _C.bwd_dq_chains(seqlen_q, seqlen_k, headdim, deterministic, window_left,
+                                     window_right, num_sms)
     dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim,
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
