@@ -17,8 +17,9 @@
 // adds into accumulator n % chains, in the order above restricted to its chain, and the
 // convert kernel sums the chains in chain order. So a visitor waits only for the visitor
 // `chains` places before it: the ascending order's stagger shrinks by that factor, and in the
-// rotated walk that visitor came chains - 1 steps earlier (with one chain, all of a head's
-// CTAs form one ring in lockstep, each waiting a step for the next).
+// rotated walk that visitor came `chains` steps earlier, chains - 1 steps of slack (with one
+// chain, all of a head's CTAs form one ring in lockstep, each waiting for the next one's
+// previous step).
 // The counter of each 64-row query tile (in every chain) follows the dsum rows in the
 // workspace (seqlen.cuh layouts); the preprocess kernel zeroes it, each visitor adds 1 (or
 // its adders' count) once its dQ adds are performed, and a visitor's turn comes when the
