@@ -289,9 +289,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // tile n starts at query tile n, so at any step the CTAs of a head work on distinct query
   // tiles. Their dQ reductions then never hit the same rows at once, and in deterministic
   // mode each query tile has one visitor per step, in the order of the steps, so nobody
-  // waits for a CTA running in step (with chains, the wait is for one chains - 1 steps
-  // ahead: dq_order.cuh). Such a wait can be for a CTA launched later: deterministic mode
-  // rotates only while all of a head's K/V tiles fit on the GPU at once (dq_rotate_tiles).
+  // waits for a CTA running in step (with chains, only for the chain-mate that visited the
+  // tile chains steps earlier: dq_order.cuh). Such a wait can be for a CTA launched later:
+  // deterministic mode rotates only while all of a head's K/V tiles fit on the GPU at once
+  // (dq_rotate_tiles).
   const int m_start = order.rotate ? n_block : m_block_min;
   const int n_steps = group * (m_block_max - m_block_min);
   auto next_step = [&](int& head, int& m_block) {
