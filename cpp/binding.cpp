@@ -636,8 +636,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("window_right"), py::arg("num_sms"),
         "The dq_chains a backward with these arguments should use on a GPU with num_sms SMs "
         "(pass the same value to bwd_workspace_floats and bwd): > 1 only for deterministic "
-        "runs without a right window bound that the kernel cannot walk in rotated order, "
-        "where the K/V tiles add into that many dQ accumulators in turn.");
+        "runs without a right window bound (from 1024 keys, or 8192 where the kernel walks "
+        "full attention in rotated order), where the K/V tiles add into that many dQ "
+        "accumulators in turn.");
 
   m.def("num_splits_heuristic", &flashattn2::num_splits_heuristic, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("headdim"),

@@ -96,9 +96,11 @@ def run_case(case, gen):
 
 
 # Dense backwards: (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype[,
-# deterministic]). On sm_90 those of head dims 64 (where built) and 128 run the Hopper
-# backward (TMA, wgmma, mbarriers, bulk reduces into dq_accum; deterministic: its ordered
-# reduces, descending for causal, rotated for full attention); the name says which ran.
+# deterministic[, dq chains (None: the default choice)]]). On sm_90 those of head dims 64
+# (where built) and 128 run the Hopper backward (TMA, wgmma, mbarriers, bulk reduces into
+# dq_accum; deterministic: its ordered reduces, descending for causal, rotated for full
+# attention, ascending with more key than query blocks, in 1-4 dQ chains); the name says
+# which ran.
 BWD_CASES = [
     (1, 200, 333, 4, 2, 128, True, torch.bfloat16),
     (2, 113, 113, 2, 2, 128, False, torch.float16),
@@ -109,6 +111,9 @@ BWD_CASES = [
     # d64 steps of 128 query rows: tails in both halves, deterministic orders
     (1, 300, 333, 4, 2, 64, True, torch.bfloat16, True),
     (2, 300, 257, 2, 2, 64, False, torch.float16, True),
+    # dQ chains: rotated (3 key blocks in 4 chains), ascending (5 key blocks, 2 query tiles)
+    (1, 300, 333, 4, 2, 128, False, torch.bfloat16, True, 4),
+    (1, 129, 600, 4, 2, 64, False, torch.bfloat16, True, 2),
 ]
 
 
@@ -118,12 +123,14 @@ def backward_cases(gen):
     results = []
     for b, sq, sk, h, hk, d, causal, dtype, *det in BWD_CASES:
         deterministic = bool(det and det[0])
+        chains = det[1] if len(det) > 1 else None
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
         dout = torch.randn(b, sq, h, d, generator=gen).to(dtype)
         leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
         out = flashattn2.flash_attn_func(*leaves, causal=causal, deterministic=deterministic)
-        grads = torch.autograd.grad(out, leaves, dout.cuda())
+        with flashattn2._ext.dq_chains(chains):
+            grads = torch.autograd.grad(out, leaves, dout.cuda())
         torch.cuda.synchronize()
         arch = flashattn2._ext.last_bwd_arch
         ref_leaves = [x.float().requires_grad_() for x in (q, k, v)]
@@ -131,8 +138,8 @@ def backward_cases(gen):
         ref_grads = torch.autograd.grad(ref_out, ref_leaves, dout.float())
         err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref_grads))
         name = (f"bwd b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
-                f"{str(dtype).removeprefix('torch.')}{' deterministic' if deterministic else ''} "
-                f"(sm{arch} backward)")
+                f"{str(dtype).removeprefix('torch.')}{' deterministic' if deterministic else ''}"
+                f"{f' {chains} chains' if chains else ''} (sm{arch} backward)")
         results.append((name, err <= 4 * ATOL[dtype], f"max grad err {err:.2e}"))
     return results
 

@@ -166,10 +166,11 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // Bitwise-reproducible dq: the CTAs that add into one query tile's dQ do so in a fixed
   // order (a counter per tile), instead of racing: descending K/V tile index with a right
   // window bound (causal), where the CTAs are then launched last tile first; the order of
-  // the steps in the rotated walk of full attention; else ascending (bwd_kernel.cuh).
+  // the steps in the rotated walk of full attention; else ascending (dq_order.cuh).
   bool deterministic;
   // K/V tile n adds its dQ into accumulator n % dq_chains (a power of two, bwd_dq_chains;
-  // the workspace sizes depend on it); the convert kernel sums the chains in order.
+  // the workspace sizes depend on it), ordered within its chain (deterministic mode, either
+  // backward); the convert kernel sums the chains in order.
   int dq_chains = 1;
   // Deterministic full attention walks the query tiles in rotated order (bwd_kernel.cuh)
   // only with at most this many K/V tiles per (batch, head), so that they all fit on the GPU

@@ -41,9 +41,10 @@
 // (common/dq_order.cuh: descending with a right window bound, rotated for full attention
 // that fits, else ascending), each CTA waiting for the tile's counter to reach its turn
 // (launch order: blockIdx.x fastest, so a head's tiles launch together and share its Q /
-// dO in L2; a key-tile-major grid was tried and lost that: 1.5-1.8x). In the ascending
-// order the tiles are dealt to BwdParams::dq_chains accumulators in turn (tile n to chain
-// n % chains, ordered within its chain), which divides its stagger by the chains.
+// dO in L2; a key-tile-major grid was tried and lost that: 1.5-1.8x). The tiles are dealt
+// to BwdParams::dq_chains accumulators in turn (tile n to chain n % chains, ordered within
+// its chain), which divides the ascending order's stagger by the chains and gives the
+// rotated walk chains - 1 steps of slack (dq_order.cuh).
 //
 // Masks, tails and windows follow the forward: key j is visible to query i iff i < seqlen_q,
 // j < seqlen_k and the window bounds of FwdParams hold. Limits: d <= 256 (each warp's dK and
@@ -99,11 +100,6 @@ struct BwdTraits {
   static_assert(kKvCols <= 64 && kSCols <= 64 && kSCols + kKvCols <= 96,
                 "backward warp tiles: register budget");
 };
-
-// Chain c's f32 dQ accumulator (BwdParams::dq_chains).
-__device__ __forceinline__ float* dq_chain(const BwdParams& p, int c) {
-  return p.dq_accum + c * ws_rows(p) * p.headdim;
-}
 
 // dsum[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; zero dq_accum[b, h, i, :] (with the
 // padding of the last 16-row block) and the counter of each 64-row query tile, in every chain.
@@ -292,10 +288,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // Full attention (no window bound) with at most as many K/V tiles as query tiles: K/V
   // tile n starts at query tile n, so at any step the CTAs of a head work on distinct query
   // tiles. Their dQ reductions then never hit the same rows at once, and in deterministic
-  // mode (one accumulator, bwd_dq_chains) each query tile has one visitor per step, in the
-  // order of the steps, so nobody waits for a CTA running in step. Such a wait can be for a
-  // CTA launched later: deterministic mode rotates only while all of a head's K/V tiles fit
-  // on the GPU at once (dq_rotate_tiles).
+  // mode each query tile has one visitor per step, in the order of the steps, so nobody
+  // waits for a CTA running in step (with chains, only for the chain-mate that visited the
+  // tile chains steps earlier: dq_order.cuh). Such a wait can be for a CTA launched later:
+  // deterministic mode rotates only while all of a head's K/V tiles fit on the GPU at once
+  // (dq_rotate_tiles).
   const int m_start = order.rotate ? n_block : m_block_min;
   const int n_steps = group * (m_block_max - m_block_min);
   auto next_step = [&](int& head, int& m_block) {
@@ -514,8 +511,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // a power of two: no integer division in the loop; recomputed where needed rather than
   // kept live across the step).
   auto dq_counter = [&](int head, int m_block) {  // that of the tile's first 64 rows
-    return dq_counters(p) + (n_block & (p.dq_chains - 1)) * ws_tiles(p, 64) +
-           ws_tile0(p, seq, batch, head, 64) + m_block * (kBlockM / 64);
+    return dq_chain_counters(p, n_block) + ws_tile0(p, seq, batch, head, 64) +
+           m_block * (kBlockM / 64);
   };
   int head = head_k * group, m_block = m_start;  // step t's
   for (int t = 0; t < n_steps; ++t) {
@@ -558,11 +555,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       // step t - 1: the previous query tile, or the previous head's last
       const bool wrap = m_block == m_start;
       const int prev_m_block = (m_block == m_block_min ? m_block_max : m_block) - 1;
-      // This CTA's place among the visitors of the query tile: by K/V tile, or (rotating)
-      // by the step of the visit, (m_block - n) mod m_block_max for tile n.
-      const int rank = order.rank(n_block, m_block);
+      // This CTA's place among the visitors of the query tile in its chain: by K/V tile,
+      // or (rotating) by the step of the visit, (m_block - n) mod m_block_max for tile n.
       dq_order_step(t > 0 ? dq_counter(wrap ? head - 1 : head, prev_m_block) : nullptr,
-                    dq_counter(head, m_block), rank >> (31 - __clz(p.dq_chains)));
+                    dq_counter(head, m_block), order.turn(n_block, m_block));
     }
 
     // dV += P^T dO, dK += dS^T Q: the warp's 32 keys x kKvCols columns over all queries.

@@ -87,8 +87,9 @@ DECODE_L2_PREFETCH = _env_flag("FLASHATTN2_DECODE_L2_PREFETCH", "1")
 DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
-# window, softcap / ALiBi, MHA / GQA, fp16 / bf16; not dropout, deterministic mode or a bias:
-# those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at import turns it off;
+# window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
+# gradient; not dropout or dbias: those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at
+# import turns it off;
 # force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
 SM90_BWD = _env_flag("FLASHATTN2_SM90_BWD", "1")
 # Where the build has the Hopper backward of kernel head dim 64 (build_info
@@ -98,6 +99,14 @@ SM90_BWD = _env_flag("FLASHATTN2_SM90_BWD", "1")
 SM90_BWD_D64 = _env_flag("FLASHATTN2_SM90_BWD_D64", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
+# The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
+# cpp/common/dq_order.cuh): None (the default) takes _C.bwd_dq_chains's choice; 1, 2 or 4
+# force that many, for A/B comparisons and tests (FLASHATTN2_DQ_CHAINS=1|2|4 at import, or
+# the dq_chains() context manager). Backwards without deterministic=True keep one.
+_DQ_CHAINS_ENV = os.environ.get("FLASHATTN2_DQ_CHAINS", "auto") or "auto"
+if _DQ_CHAINS_ENV not in ("auto", "1", "2", "4"):
+    raise ValueError(f"FLASHATTN2_DQ_CHAINS must be auto, 1, 2 or 4, got {_DQ_CHAINS_ENV!r}")
+DQ_CHAINS = None if _DQ_CHAINS_ENV == "auto" else int(_DQ_CHAINS_ENV)
 
 
 def _switch(flag, doc):
@@ -132,6 +141,20 @@ decode_l2_prefetch = _switch("DECODE_L2_PREFETCH", "Inside the block, the decode
 decode_issue_early = _switch("DECODE_ISSUE_EARLY", "Inside the block, the decode kernel issues "
                              "each step's next tile before waiting for the current one "
                              "(enabled) or after.")
+
+
+@contextlib.contextmanager
+def dq_chains(chains):
+    """Inside the block, deterministic backwards use ``chains`` dQ accumulators (1, 2 or 4;
+    None: the default choice). For A/B comparisons and tests; not thread-safe."""
+    global DQ_CHAINS
+    if chains not in (None, 1, 2, 4):
+        raise ValueError(f"dq_chains must be None, 1, 2 or 4, got {chains!r}")
+    previous, DQ_CHAINS = DQ_CHAINS, chains
+    try:
+        yield
+    finally:
+        DQ_CHAINS = previous
 
 
 def build_info():
