@@ -32,8 +32,12 @@
 //          dV += (P o M / (1 - p))^T dO and dS = P o (dP o M / (1 - p) - D); softcap
 //          multiplies dS by d logit / d(scale s) = 1 - tanh^2 (the scale is applied later).
 //          An attention bias (FLASHATTN2_BIAS builds) is added to the recomputed logits as in
-//          the forward; its gradient, dS before the softcap factor, goes to dbias (one
-//          store per visible score: each (b, h, i, j) is computed by exactly one CTA).
+//          the forward; its gradient, dS before the softcap factor, goes to dbias
+//          (flash.h BiasLayout): each (b, h, i, j) is computed by exactly one CTA, which
+//          stores it in dbias's dtype, or adds it by a float32 atomic (a bias broadcast over
+//          batch or heads); one shuffle between the lanes of keys j, j ^ 1 gives each lane
+//          two adjacent keys of one query, so one 4-byte (8-byte for float32) store or one
+//          red.v2 (sm_90) writes two scores.
 // 3. bwd_convert_dq_kernel: dQ = accumulator (chains summed in order) * scale, cast, store
 //    (back from the accumulator order through shared memory).
 //
@@ -428,7 +432,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kSTiles; ++nt)
+        for (int nt = 0; nt < kSTiles; ++nt) {
+          float ds_tile[4];  // d loss / d logit of the four scores (kBias: for dbias)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             // Base-2 logit (score_mod.cuh); dist = query + offset - key, exact from one
@@ -448,10 +453,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             const bool kept = (keep >> (4 * (kSTiles * mt + nt) + e)) & 1;
             const float dp = kept ? acc_dp[mt][nt][e] * p.dropout_scale : 0.f;
             const float ds = prob * (dp - sDsum_t[col]);  // d loss / d logit
-            if (kBias && mod.has_bias() && inside) mod.store_dbias(query, key, ds);
+            ds_tile[e] = ds;
             acc_dp[mt][nt][e] = ds * dlogit;
             acc_s[mt][nt][e] = kept ? prob * p.dropout_scale : 0.f;
           }
+          if constexpr (kBias) {
+            if (mod.has_dbias()) {  // (warp-uniform)
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                mod.store_dbias2(p, m0 + sc + nt * 8 + 2 * q, n0 + kr + 16 * mt + g + 8 * r,
+                                 ds_tile[2 * r], ds_tile[2 * r + 1], seqlen_q, seqlen_k);
+              }
+            }
+          }
+        }
     } else {
 #pragma unroll
       for (int nt = 0; nt < kSTiles; ++nt) {

@@ -137,7 +137,8 @@ def _fwd_bias_cuda(q, k, v, attn_bias, softmax_scale, window_left, window_right,
 def _bwd_bias_cuda(dout, q, k, v, out, lse, attn_bias, softmax_scale, window_left, window_right,
                    deterministic, bias_grad, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
                    rng_state=None):
-    dbias = (bias_mod.dbias_buffer(attn_bias.shape, q.device, window_left, window_right)
+    dbias = (bias_mod.dbias_target(attn_bias.shape, torch.float32, attn_bias.shape, q.device,
+                                   window_left, window_right, deterministic)[0]
              if bias_grad else q.new_empty((0,), dtype=torch.float32))  # fmt: skip
     attn_bias = bias_view(attn_bias, attn_bias.shape, q.dtype)
     grads = _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,

@@ -241,7 +241,7 @@ def _dropout_keep_mask(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p):
 def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                          deterministic=False, dq=None, dk=None, dv=None, softcap=0.0,
                          alibi_slopes=None, dropout_p=0.0, rng_state=None, attn_bias=None,
-                         dbias=None):
+                         dbias=None, dbias_add=False):
     """Launches the backward kernels with no argument checks; returns ``(dq, dk, dv)``.
 
     q, k, v, out and lse as ``_flash_attn_forward`` takes / returns them (kernel-ready; lse
@@ -251,8 +251,9 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     Empty problems never reach the kernel and give zero gradients. ``deterministic`` makes dq
     bitwise reproducible (the kernel orders its accumulation). Score modifiers as the
     forward took them (the same ``rng_state`` regenerates its dropout mask), ``attn_bias``
-    too; ``dbias``: None, or a zero-filled float32 ``(b, h, sq, sk)`` tensor with a unit
-    last stride that receives d loss / d logit (``bias.py``).
+    too; ``dbias``: None, or a 4-D tensor with a unit last stride (float16, bfloat16 or
+    float32) that receives d loss / d logit (``bias.dbias_target``), by float32 atomic adds
+    with ``dbias_add`` (not with ``deterministic``).
     """
     if q.dtype is _FP32:
         _check_fp32_backward(deterministic)
@@ -271,13 +272,14 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse.stride()[:2], batch, seqlen_q,
                 seqlen_k, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
                 deterministic, _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state, attn_bias),
-                dbias=dbias)
+                dbias=dbias, dbias_add=dbias_add)
     return dq, dk, dv
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_q, seqlen_k,
                 nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
-                deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None, dbias=None):
+                deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None, dbias=None,
+                dbias_add=False):
     """``_C.bwd`` with its workspaces. Dense: 4-D tensors. Varlen (cu_seqlens_q/k given):
     3-D ``(total, heads, d)`` tensors read with batch stride 0, lse ``(nheads, total_q)``."""
     if cu_seqlens_q is None:
@@ -298,7 +300,9 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
     bias_grad = {} if dbias is None else dict(dbias=dbias.data_ptr(),
-                                              dbias_strides=tuple(dbias.stride()[:3]))
+                                              dbias_strides=tuple(dbias.stride()[:3]),
+                                              dbias_dtype=_dtype_code(dbias.dtype),
+                                              dbias_add=dbias_add)
     _ext.last_bwd_arch = _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
