@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/flash.h"
@@ -179,8 +180,10 @@ void set_bias(Params& params, std::uintptr_t attn_bias, const Strides& bias_stri
     params.dbias_batch_stride = dbias_strides[0];
     params.dbias_head_stride = dbias_strides[1];
     params.dbias_row_stride = dbias_strides[2];
-    params.dbias_dtype = dbias_dtype;
-    params.dbias_add = dbias_add;
+    if constexpr (std::is_same_v<Params, flashattn2::BwdParams>) {  // (the forward has none)
+      params.dbias_dtype = dbias_dtype;
+      params.dbias_add = dbias_add;
+    }
   }
 #else
   (void)params, (void)bias_strides, (void)bias_dtype, (void)dtype, (void)dbias_strides;

@@ -69,6 +69,11 @@ SM90_BWD = os.environ.get("FLASHATTN2_SM90_BWD", "1") not in ("", "0")
 # mma.sync backward, the rest unchanged (for A/B comparisons). FLASHATTN2_SM90_BWD_D64=0 at
 # import, or the sm90_bwd_d64(False) context manager.
 SM90_BWD_D64 = os.environ.get("FLASHATTN2_SM90_BWD_D64", "1") not in ("", "0")
+# True (the default): the bias gradient goes straight into the gradient in the bias's dtype,
+# or by float32 atomics into a buffer without the broadcast batch / head dims
+# (bias.dbias_target); FLASHATTN2_DBIAS_DIRECT=0 at import keeps the float32
+# (b, h, sq, sk) buffer and torch's sum and cast for every bias (for A/B comparisons).
+DBIAS_DIRECT = os.environ.get("FLASHATTN2_DBIAS_DIRECT", "1") not in ("", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 

@@ -108,12 +108,15 @@ def dbias_target(shape, dtype, full, device, window_left, window_right, determin
     bias's; ``full``: ``(batch, nheads, seqlen_q, seqlen_k)``. Without broadcast dims the
     target is the gradient itself in ``dtype``; else float32, with b' = 1 (h' = 1) where the
     bias broadcasts over batch (heads) and atomics sum over it, except in deterministic mode
-    (then b', h' are full: stores). Every visible score is computed by exactly one CTA, so a
+    (then b', h' are full: stores; also for every bias with FLASHATTN2_DBIAS_DIRECT=0,
+    ``_ext.DBIAS_DIRECT``). Every visible score is computed by exactly one CTA, so a
     stored target needs the zero fill only under a window or causal mask (8.6 GB of writes at
     8k, b 2, 16 heads in float32: ~2.9 ms on an H100); an added one always. With an odd
     seqlen_k the rows have one padding element (the target is a view without it)."""
     padded = (1,) * (4 - len(shape)) + tuple(shape)
     broadcast = [p == 1 and f != 1 for p, f in zip(padded, full)]
+    if not _ext.DBIAS_DIRECT:  # (A/B switch: the float32 (b, h, sq, sk) buffer for all)
+        broadcast, deterministic = [True] * 4, True
     add = not deterministic and (broadcast[0] or broadcast[1])
     dims = tuple(1 if add and broadcast[d] else full[d] for d in range(2)) + tuple(full[2:])
     target_dtype = dtype if not any(broadcast) else _FP32
