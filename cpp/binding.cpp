@@ -265,7 +265,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains,
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
-         bool dbias_add) {
+         bool dbias_add, bool bias_staged) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -317,6 +317,11 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
   set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, dbias, dbias_strides,
            dbias_dtype, dbias_add);
+#if FLASHATTN2_BIAS
+  params.bias_staged = bias_staged;
+#else
+  (void)bias_staged;
+#endif
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
                                 "deterministic mode needs a stored dbias");
@@ -589,7 +594,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("smem_limit") = 0, py::arg("allow_sm90") = true, py::arg("attn_bias") = 0,
         py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1, py::arg("dbias") = 0,
         py::arg("dbias_strides") = Strides{}, py::arg("dbias_dtype") = 2,
-        py::arg("dbias_add") = false,
+        py::arg("dbias_add") = false, py::arg("bias_staged") = true,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80. "
@@ -608,7 +613,8 @@ PYBIND11_MODULE(_C, m) {
         "a time (rows 2-element aligned, of an even stride >= seqlen_k): stored in "
         "dbias_dtype (0 float16, 1 bfloat16, 2 float32), or with dbias_add (float32, not "
         "with deterministic) added by atomics, where a 0 batch or head stride sums over "
-        "that dim.");
+        "that dim. bias_staged=False keeps the mma.sync backward from staging a bias with "
+        "16-byte aligned rows in shared memory (one global load per score; A/B).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),

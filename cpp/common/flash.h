@@ -180,6 +180,9 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // least seqlen_k (the binding checks it): with an odd seqlen_k the last one is padding.
   int dbias_dtype = static_cast<int>(DType::kFloat32);
   bool dbias_add = false;
+  // The mma.sync backward may stage a bias with 16-byte aligned rows in shared memory
+  // (sm80/bwd_launch.cuh); false: one global load per score (for A/B comparisons).
+  bool bias_staged = true;
 #endif
 };
 

@@ -163,23 +163,24 @@ struct ScoreMod {
       return __bfloat162float(b);
     }
   }
-  // The backward's d loss / d logit into dbias (has_dbias(); every lane of the warp calls it,
-  // with warp-uniform arguments but its own i, j, ds0, ds1): the lane holds queries i, i + 1
-  // of key j, the lane 4 apart (xor) the same queries of key j ^ 1. One shuffle gives each
-  // lane two adjacent keys of one query, so that one store (or atomic) writes both: lanes of
-  // even j take (i, j), (i, j + 1), lanes of odd j (i + 1, j - 1), (i + 1, j). Rows i <
-  // seqlen_q are written; with an odd seqlen_k, the last pair's second column is the row's
-  // padding (BwdParams: rows of an even number of elements >= seqlen_k, pairs aligned).
+  // The backward's d loss / d logit into dbias (has_dbias()). The lane holds queries i, i + 1
+  // of key j, the lane 4 apart (xor) the same queries of key j ^ 1: one shuffle gives each
+  // lane two adjacent keys of one query, so that one store (or atomic) writes both. Lanes of
+  // even j take (i, j), (i, j + 1), lanes of odd j (i + 1, j - 1), (i + 1, j): `at` is the
+  // address of that pair (dbias_pair), `valid` whether its row is < seqlen_q and its first
+  // key < seqlen_k (with an odd seqlen_k the last pair's second key is the row's padding:
+  // BwdParams). Every lane of the warp calls it (the shuffle), with warp-uniform p.
   template <typename Params>
-  __device__ __forceinline__ void store_dbias2(const Params& p, int i, int j, float ds0,
-                                               float ds1, int seqlen_q, int seqlen_k) const {
+  __device__ __forceinline__ char* dbias_pair(const Params& p, int i, int j) const {
     const bool odd = j & 1;
+    return dbias_plane + ((i + odd) * dbias_row + j - odd) * dbias_bytes(p);
+  }
+  template <typename Params>
+  __device__ __forceinline__ void store_dbias2(const Params& p, char* at, bool odd, bool valid,
+                                               float ds0, float ds1) const {
     const float got = __shfl_xor_sync(0xffffffffu, odd ? ds0 : ds1, 4);
     const float lo = odd ? got : ds0, hi = odd ? ds1 : got;
-    i += odd;
-    j -= odd;
-    if (i >= seqlen_q || j >= seqlen_k) return;
-    char* const at = dbias_plane + (i * dbias_row + j) * dbias_bytes(p);
+    if (!valid) return;
     if (p.dbias_dtype == static_cast<int>(DType::kFloat32)) {
       float* const d = reinterpret_cast<float*>(at);
       if (p.dbias_add) {
@@ -201,8 +202,10 @@ struct ScoreMod {
   template <typename Element>
   __device__ __forceinline__ float bias_at(int, int) const { return 0.f; }
   template <typename Params>
-  __device__ __forceinline__ void store_dbias2(const Params&, int, int, float, float, int,
-                                               int) const {}
+  __device__ __forceinline__ char* dbias_pair(const Params&, int, int) const { return nullptr; }
+  template <typename Params>
+  __device__ __forceinline__ void store_dbias2(const Params&, char*, bool, bool, float,
+                                               float) const {}
 #endif
 
   // The four Philox words of the group {i, i + 8} x {j, j + 8} (i % 16 < 8, j % 16 < 8).

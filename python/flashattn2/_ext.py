@@ -74,6 +74,11 @@ SM90_BWD_D64 = os.environ.get("FLASHATTN2_SM90_BWD_D64", "1") not in ("", "0")
 # (bias.dbias_target); FLASHATTN2_DBIAS_DIRECT=0 at import keeps the float32
 # (b, h, sq, sk) buffer and torch's sum and cast for every bias (for A/B comparisons).
 DBIAS_DIRECT = os.environ.get("FLASHATTN2_DBIAS_DIRECT", "1") not in ("", "0")
+# True (the default): the mma.sync backward copies each step's tile of a bias with 16-byte
+# aligned rows (unit key stride) into shared memory by cp.async, where the GPU's blocks have
+# room (cpp/sm80/bwd_launch.cuh); FLASHATTN2_BWD_BIAS_STAGED=0 at import keeps one global
+# load per score (for A/B comparisons).
+BWD_BIAS_STAGED = os.environ.get("FLASHATTN2_BWD_BIAS_STAGED", "1") not in ("", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 

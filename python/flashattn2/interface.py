@@ -303,6 +303,8 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                               dbias_strides=tuple(dbias.stride()[:3]),
                                               dbias_dtype=_dtype_code(dbias.dtype),
                                               dbias_add=dbias_add)
+    if mods and "attn_bias" in mods:
+        bias_grad["bias_staged"] = _ext.BWD_BIAS_STAGED
     _ext.last_bwd_arch = _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
