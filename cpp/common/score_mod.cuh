@@ -149,6 +149,7 @@ struct ScoreMod {
   }
   __device__ __forceinline__ bool has_bias() const { return bias_plane != nullptr; }
   __device__ __forceinline__ bool has_dbias() const { return dbias_plane != nullptr; }
+  __device__ __forceinline__ int64_t dbias_row_stride() const { return dbias_row; }
   template <typename Params>
   static __device__ __forceinline__ int dbias_bytes(const Params& p) {
     return p.dbias_dtype == static_cast<int>(DType::kFloat32) ? 4 : 2;
@@ -201,6 +202,9 @@ struct ScoreMod {
   static constexpr bool has_dbias() { return false; }
   template <typename Element>
   __device__ __forceinline__ float bias_at(int, int) const { return 0.f; }
+  template <typename Params>
+  static __device__ __forceinline__ int dbias_bytes(const Params&) { return 0; }
+  __device__ __forceinline__ int64_t dbias_row_stride() const { return 0; }
   template <typename Params>
   __device__ __forceinline__ char* dbias_pair(const Params&, int, int) const { return nullptr; }
   template <typename Params>

@@ -12,13 +12,15 @@
 //          blocks from shared memory (tile.cuh warp_gemm), so P^T and dS^T go through
 //          shared memory: every warp reads only the Q, dO, K rows of its own tile.
 //   smem   sK, sV [kBlockN x d], sP, sdS [kBlockN x kBlockM], and kQStages stages of sQ, sdO
-//          [kBlockM x d], LSE, dsum [kBlockM] f32 (tile.cuh swizzle; sizes in bwd_config.h).
+//          [kBlockM x d], LSE, dsum [kBlockM] f32 (tile.cuh swizzle; sizes in bwd_config.h);
+//          kBiasStaged: sBias [kBlockM x kBlockN] (the bias tile of the step, bwd_bias_smem_bytes).
 //   step   (query tile m)
 //            wait for Q_m, dO_m, LSE_m, dsum_m ; __syncthreads
 //            (2 stages: issue cp.async of tile m + 1 into the other stage)
 //            S^T = K Q^T and dP^T = V dO^T ; mask (boundary tiles only)
 //            P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T o (dP^T - dsum)
 //            P^T -> sP, dS^T -> sdS (the warp keeps its own part in registers) ; __syncthreads
+//            (kBiasStaged: issue cp.async of the next step's bias tile into sBias)
 //            dV += P^T dO, dK += dS^T Q (d <= 128: the warp's own query columns of P^T, dS^T
 //              from its registers, the rest from sP, sdS)
 //            (1 stage: __syncthreads ; issue cp.async of tile m + 1, overlapping the dQ GEMM)
@@ -484,7 +486,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         if (mod.has_dbias()) {
           dbias_bytes = ScoreMod::dbias_bytes(p);
           dbias_lane = mod.dbias_pair(p, m0 + sc + 2 * q, n0 + kr + g);
-          dbias_rows8 = 8 * mod.dbias_row * dbias_bytes;
+          dbias_rows8 = 8 * mod.dbias_row_stride() * dbias_bytes;
         }
       }
       if constexpr (kBiasStaged) {

@@ -46,13 +46,15 @@ void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
   auto launch_mods = [&](auto traits) {
     using Traits = decltype(traits);
     if (has_bias(params)) {  // (FLASHATTN2_BIAS builds only)
-      if constexpr (FLASHATTN2_BIAS && !Traits::kSmallSmem) {
+#if FLASHATTN2_BIAS
+      if constexpr (!Traits::kSmallSmem) {
         if (params.bias_staged && bias_rows_16b(params) &&
             smem_per_block >= Traits::kSmemBytes + bwd_bias_smem_bytes(kHeadDim)) {
           launch(traits, std::true_type{}, std::true_type{}, std::true_type{});
           return;
         }
       }
+#endif
       if constexpr (FLASHATTN2_BIAS) {
         launch(traits, std::true_type{}, std::true_type{}, std::false_type{});
       }

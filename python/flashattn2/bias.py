@@ -31,10 +31,11 @@ torch.compile / torch.export / dispatch modes trace the ``flashattn2::fwd_bias``
 ``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion, the broadcast view and
 the gradient's reduction are ordinary torch ops in the graph.
 
-Cost: the kernels run their bias instances with one load per score (scalar 2-byte loads
-through the L1 cache; a (b, h, sq, sk) bias is read once per forward and once per backward):
-on sm_90 the Hopper forward (more than 64 query rows, no dropout) and the mma.sync backward
-(the Hopper backward does not take a bias yet), elsewhere the mma.sync kernels.
+Cost: a (b, h, sq, sk) bias is read once per forward and once per backward. The Hopper
+kernels (sm_90; the backward for a bias without its gradient) and the mma.sync backward
+(dbias, other GPUs; FLASHATTN2_BWD_BIAS_STAGED=0 turns it off) copy each tile of a bias with
+16-byte aligned rows and unit key stride into shared memory by cp.async; otherwise one 2-byte
+load per score through the L1 cache (the mma.sync forward always).
 """
 
 import torch
