@@ -182,6 +182,11 @@ def test_bias_operators_fake_implementations():
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
         assert dbias.dtype == torch.float32
         assert dbias.shape == ((2, 4, 33, 40) if bias_grad else (0,))
+    # with the bias's shape and dtype (the autograd node's): its gradient
+    *_, dbias = torch.ops.flashattn2.bwd_bias(out, q, k, v, out, lse, bias, 0.125, -1, 0, False,
+                                              True, bias_shape=[2, 1, 1, 40],
+                                              bias_dtype=torch.bfloat16)  # fmt: skip
+    assert dbias.shape == (2, 1, 1, 40) and dbias.dtype == torch.bfloat16
 
 
 @needs_bias
@@ -491,6 +496,10 @@ def test_opcheck_bias_operators():
     for bias_grad in (True, False):
         torch.library.opcheck(torch.ops.flashattn2.bwd_bias.default,
                               (dout, q, k, v, out, lse, bias, 0.125, -1, 0, False, bias_grad))
+    for shape, dtype in (((2, 1, 77, 130), torch.float32), ((2, 4, 77, 130), torch.float16)):
+        torch.library.opcheck(torch.ops.flashattn2.bwd_bias.default,
+                              (dout, q, k, v, out, lse, bias, 0.125, -1, 0, False, True),
+                              dict(bias_shape=list(shape), bias_dtype=dtype))
 
 
 # SDPA entry point: against torch's SDPA math backend in float32 (the truth); PyTorch's own

@@ -28,8 +28,9 @@ A broadcast over queries or keys is summed by torch too, after the atomics (if a
 Dense attention only: varlen, KV caches and split-KV raise.
 
 torch.compile / torch.export / dispatch modes trace the ``flashattn2::fwd_bias`` and
-``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion, the broadcast view and
-the gradient's reduction are ordinary torch ops in the graph.
+``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion and the broadcast view
+are ordinary torch ops in the graph, the gradient's targets and reduction are inside
+``bwd_bias`` (which returns it in the bias's shape and dtype).
 
 Cost: a (b, h, sq, sk) bias is read once per forward and once per backward. The Hopper
 kernels (sm_90; the backward for a bias without its gradient) and the mma.sync backward
@@ -177,10 +178,11 @@ class _FlashAttnBiasFunc(torch.autograd.Function):
         bias_grad = ctx.needs_input_grad[3]
         mods = dict(softcap=ctx.softcap, alibi_slopes=alibi_slopes, dropout_p=ctx.dropout_p,
                     rng_state=rng_state)
-        if _tracing():
+        if _tracing():  # (dbias comes back in the bias's shape and dtype)
             scale, left, right, det = ctx.args
             dq, dk, dv, dbias = torch.ops.flashattn2.bwd_bias(
-                dout, q, k, v, out, lse, view, scale, left, right, det, bias_grad, **mods)
+                dout, q, k, v, out, lse, view, scale, left, right, det, bias_grad, **mods,
+                bias_shape=list(ctx.bias_shape), bias_dtype=ctx.bias_dtype)
         else:
             dbias, add = None, False
             if bias_grad:
@@ -189,12 +191,12 @@ class _FlashAttnBiasFunc(torch.autograd.Function):
             dq, dk, dv = _flash_attn_backward(dout, q, k, v, out, lse, *ctx.args,
                                               attn_bias=view, dbias=dbias, dbias_add=add,
                                               **mods)  # fmt: skip
+            if bias_grad:  # (the target itself where nothing broadcasts)
+                dbias = reduce_to(dbias, ctx.bias_shape).to(ctx.bias_dtype)
         if q.shape[3] != ctx.headdim:
             h = ctx.headdim
             dq, dk, dv = dq[..., :h], dk[..., :h], dv[..., :h]
-        if bias_grad:  # (the target itself when the bias broadcasts nowhere: a view)
-            dbias = reduce_to(dbias, ctx.bias_shape).to(ctx.bias_dtype)
-        return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
+        return dq, dk, dv, dbias if bias_grad else None, None, None, None, None, None, None, None, None
 
 
 def run_with_bias(q, k, v, attn_bias, softmax_scale, window_left, window_right, deterministic,

@@ -365,10 +365,10 @@ def _forward_any(q, k, v, softmax_scale, window_left, window_right, softcap=0.0,
 
 def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                   deterministic=False, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
-                  rng_state=None, attn_bias=None, dbias=None):
+                  rng_state=None, attn_bias=None, dbias=None, dbias_add=False):
     """``(dq, dk, dv)`` for checked tensors of any head dim and strides, like ``_forward_any``
-    (views of the padded gradients when the head dim is padded); ``dbias`` as
-    ``_flash_attn_backward`` takes it."""
+    (views of the padded gradients when the head dim is padded); ``dbias``, ``dbias_add``
+    as ``_flash_attn_backward`` takes them."""
     headdim = q.shape[3]
     pad = -headdim % 8
     grads = _flash_attn_backward(
@@ -376,7 +376,7 @@ def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_ri
         _kernel_ready(v, pad), _kernel_ready(out, pad), _lse_ready(lse),
         softmax_scale, window_left, window_right, deterministic,
         softcap=softcap, alibi_slopes=_alibi_ready(alibi_slopes), dropout_p=dropout_p,
-        rng_state=rng_state, attn_bias=attn_bias, dbias=dbias,
+        rng_state=rng_state, attn_bias=attn_bias, dbias=dbias, dbias_add=dbias_add,
     )  # fmt: skip
     return tuple(g[..., :headdim] for g in grads) if pad else grads
 
