@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) 
 // (FLASHATTN2_BIAS builds), so the instance without keeps its registers. kBiasStaged (with
 // kBias): the bias has 16-byte aligned rows of unit key stride (bias_rows_16b), and each
 // step's kBlockM x kBlockN tile of it is copied by cp.async into sBias, bwd_bias_smem_bytes
-// past the Traits' shared memory (BwdStagedBias), instead of one 2-byte global load per score.
+// past the Traits' shared memory (bwd_config.h), instead of one 2-byte global load per score.
 template <typename Traits, typename Element, bool kMods, bool kBias = false,
           bool kBiasStaged = false>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)

@@ -196,7 +196,8 @@ class _FlashAttnBiasFunc(torch.autograd.Function):
         if q.shape[3] != ctx.headdim:
             h = ctx.headdim
             dq, dk, dv = dq[..., :h], dk[..., :h], dv[..., :h]
-        return dq, dk, dv, dbias if bias_grad else None, None, None, None, None, None, None, None, None
+        dbias = dbias if bias_grad else None
+        return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
 
 
 def run_with_bias(q, k, v, attn_bias, softmax_scale, window_left, window_right, deterministic,

@@ -299,12 +299,12 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
-    bias_grad = {} if dbias is None else dict(dbias=dbias.data_ptr(),
+    bias_args = {} if dbias is None else dict(dbias=dbias.data_ptr(),
                                               dbias_strides=tuple(dbias.stride()[:3]),
                                               dbias_dtype=_dtype_code(dbias.dtype),
                                               dbias_add=dbias_add)
     if mods and "attn_bias" in mods:
-        bias_grad["bias_staged"] = _ext.BWD_BIAS_STAGED
+        bias_args["bias_staged"] = _ext.BWD_BIAS_STAGED
     _ext.last_bwd_arch = _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
@@ -312,7 +312,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
         _dtype_code(q.dtype),
-        device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_grad,
+        device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_args,
         dq_chains=dq_chains, allow_sm90=_allow_sm90_bwd(headdim),
     )  # fmt: skip
 
