@@ -41,6 +41,7 @@ Writes decode.json ({"meta": ..., "rows": [...]}) and decode.csv to --out.
 import argparse
 import csv
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -54,7 +55,19 @@ import sys
 COLUMNS = ["gpu", "bench", "impl", "layout", "page_size", "num_splits", "batch", "seqlen_q",
            "seqlen_k", "tokens", "nheads", "nheads_k", "headdim", "causal", "us", "gbps",
            "frac_copy", "tflops", "gqa", "timer", "error"]
-IMPLS = ("flashattn2", "flashattn2_oldkv", "sdpa_flash", "sdpa_cudnn", "read_floor")
+IMPLS = ("flashattn2", "flashattn2_oldkv", "flashattn2_combine", "flashattn2_noprefetch",
+         "flashattn2_lateissue", "sdpa_flash", "sdpa_cudnn", "read_floor")
+# A/B variants of flashattn2, each an impl of its own (not a baseline): the _ext switch it
+# turns off, and the summary's line. flashattn2_combine: the decode kernel's splits always
+# merged by the combine kernel (flashattn2._ext.decode_fused_merge(False), as
+# FLASHATTN2_DECODE_FUSED_MERGE=0); flashattn2_noprefetch: its K / V copies without the L2
+# prefetch hint (decode_l2_prefetch(False), FLASHATTN2_DECODE_L2_PREFETCH=0);
+# flashattn2_lateissue: its loop waiting for a tile before issuing the next
+# (decode_issue_early(False), FLASHATTN2_DECODE_ISSUE_EARLY=0).
+AB_VARIANTS = {"flashattn2_oldkv": ("decode_kernel", "decode kernel vs KV kernel"),
+               "flashattn2_combine": ("decode_fused_merge", "fused merge vs combine kernel"),
+               "flashattn2_noprefetch": ("decode_l2_prefetch", "L2 prefetch hint vs none"),
+               "flashattn2_lateissue": ("decode_issue_early", "early tile issue vs late")}
 # flashattn2_oldkv: flashattn2 with the decode kernel switched off (flashattn2._ext.decode_kernel
 # (False), as FLASHATTN2_DECODE_KERNEL=0): the KV kernel, for an A/B of builds with
 # FLASHATTN2_EXPERIMENTAL=decode in one run (identical to flashattn2 in builds without it).
@@ -100,11 +113,14 @@ def parse_args(argv=None):
     p.add_argument("--page-sizes", type=csv_list(int), default=[256],
                    help="paged-cache page sizes, e.g. 16,64,256 ('' for none; default 256); "
                         "skipped for a cache length they do not divide")
+    p.add_argument("--bhsd", action="store_true",
+                   help="also time flashattn2 on a (b, h_k, s, d) cache (layout bhsd): the "
+                        "read pattern of SDPA and the read floor, in the same kernel")
     p.add_argument("--splits", type=csv_list(int), default=[],
                    help="num_splits values to force, timed besides the heuristic (0)")
     p.add_argument("--impls", type=csv_list(str), default=list(DEFAULT_IMPLS),
-                   help="flashattn2,flashattn2_oldkv,sdpa_flash,sdpa_cudnn,read_floor "
-                        "(default all but flashattn2_oldkv)")
+                   help="flashattn2,sdpa_flash,sdpa_cudnn,read_floor and the A/B variants "
+                        "(not by default) " + ",".join(AB_VARIANTS))
     p.add_argument("--parts", type=csv_list(str), default=list(PARTS), help="decode,varlen")
     p.add_argument("--mem-budget-gib", type=float, default=40.0,
                    help="skip decode configs whose tensors, SDPA copies included, exceed it")
@@ -219,16 +235,21 @@ def print_summary(rows, meta):
     report(f"sq4 within {T_SQ4_SLACK:.0%} of sq1",
            sq4 and f"worst {sq4[-1][0]:+.1%} ({sq4[-1][1]}), {len(sq4)} cfgs",
            [x for x, _ in sq4], lambda x: x <= T_SQ4_SLACK)
-    old = {(r["layout"], r["page_size"]) + key(r): r for r in dec
-           if r["impl"] == "flashattn2_oldkv" and r["num_splits"] == 0}
-    ab = sorted((old[k]["us"] / r["us"], cfg(r)) for r in fa
-                if (k := (r["layout"], r["page_size"]) + key(r)) in old)
-    if ab:  # (no target: the A/B of the decode kernel against the KV kernel)
-        print(f"  decode kernel vs KV kernel (flashattn2_oldkv time / flashattn2 time): "
-              f"worst {ab[0][0]:.2f}x ({ab[0][1]}), best {ab[-1][0]:.2f}x ({ab[-1][1]}), "
-              f"{len(ab)} cfgs")
+    for variant, (_, what) in AB_VARIANTS.items():  # (no targets: A/B of flashattn2's switches)
+        old = {(r["layout"], r["page_size"]) + key(r): r for r in dec
+               if r["impl"] == variant and r["num_splits"] == 0}
+        ab = sorted((old[k]["us"] / r["us"], cfg(r)) for r in fa
+                    if (k := (r["layout"], r["page_size"]) + key(r)) in old)
+        if ab:
+            print(f"  {what} ({variant} time / flashattn2 time): worst {ab[0][0]:.2f}x "
+                  f"({ab[0][1]}), best {ab[-1][0]:.2f}x ({ab[-1][1]}), {len(ab)} cfgs")
+    bhsd = sorted((contig[key(r)]["us"] / r["us"], cfg(r)) for r in fa
+                  if r["layout"] == "bhsd" and key(r) in contig)
+    if bhsd:  # (no target: how much the (b, s, h_k, d) read pattern costs, --bhsd)
+        print(f"  bhsd cache vs bshd (contiguous time / bhsd time): min {bhsd[0][0]:.2f}x "
+              f"({bhsd[0][1]}), max {bhsd[-1][0]:.2f}x ({bhsd[-1][1]}), {len(bhsd)} cfgs")
     host = {r["impl"]: r["us"] for r in ok if r["bench"] == "host"}
-    others = [us for impl, us in host.items() if impl != "flashattn2"]
+    others = [us for impl, us in host.items() if not impl.startswith("flashattn2")]
     report("eager host time per call at most SDPA's (b=1, cache 1k, sq 1)",
            ", ".join(f"{impl} {us:.1f} us" for impl, us in host.items()),
            [host["flashattn2"] / min(others)] if "flashattn2" in host and others else [],
@@ -420,24 +441,34 @@ class Runner:
         return r
 
 
-def decode_flashattn2(run, base, qs, k_cache, v_cache, impl="flashattn2"):
-    """flash_attn_with_kvcache on the contiguous cache and on its memory as shuffled pages
-    (impl flashattn2_oldkv: with the decode kernel switched off, also while a graph is
-    captured, so the graph replays the KV kernel)."""
-    import contextlib
-    import torch
-    b, s, h_k, d = k_cache.shape
+def flashattn2_call(impl):
+    """flash_attn_with_kvcache, or for an AB_VARIANTS impl the same with its switch off."""
     call = flashattn2_api("flash_attn_with_kvcache")
-    switch = contextlib.nullcontext
-    if impl == "flashattn2_oldkv":
-        import flashattn2._ext
-        switch = lambda: flashattn2._ext.decode_kernel(False)  # noqa: E731
+    if impl not in AB_VARIANTS:
+        return call
+    import flashattn2._ext
+    switch = getattr(flashattn2._ext, AB_VARIANTS[impl][0])
 
     def attend(*args, **kwargs):
-        with switch():
+        with switch(False):
             return call(*args, **kwargs)
+    return attend
+
+
+def decode_flashattn2(run, base, qs, k_cache, v_cache, impl="flashattn2"):
+    """flash_attn_with_kvcache on the contiguous cache and on its memory as shuffled pages
+    (an AB_VARIANTS impl: with its switch off, also while a graph is captured, so the graph
+    replays that path); with --bhsd also on a (b, h_k, s, d) copy passed as its transposed
+    view (layout "bhsd": each KV head's keys contiguous, as SDPA and the read floor read
+    them, where a (b, s, h_k, d) cache gives 256-byte rows at a 2 KiB stride)."""
+    import torch
+    b, s, h_k, d = k_cache.shape
+    attend = flashattn2_call(impl)
     seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
     layouts = [("contiguous", None, k_cache, v_cache, None)]
+    if run.args.bhsd:
+        layouts.append(("bhsd", None, *(x.transpose(1, 2).contiguous().transpose(1, 2)
+                                        for x in (k_cache, v_cache)), None))
     gen = torch.Generator().manual_seed(run.args.seed)
     for page in (p for p in run.args.page_sizes if s % p == 0):
         pages = b * s // page
@@ -462,7 +493,7 @@ def run_decode(run, b, s):
     (h, h_k), d = a.heads, a.headdim
     sdpa = [i for i in a.impls if i.startswith("sdpa")]
     kv = 2 * b * s * h_k * d * 2
-    if kv * (2 if sdpa else 1) > run.budget:
+    if kv * (2 if sdpa or a.bhsd else 1) > run.budget:
         return None
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     qs = {sq: torch.randn(b, sq, h, d, **bf16) for sq in a.sq}
@@ -470,7 +501,7 @@ def run_decode(run, b, s):
     base = dict(bench="decode", batch=b, seqlen_k=s, nheads=h, nheads_k=h_k, headdim=d,
                 causal=False)
     rows = []
-    for impl in ("flashattn2", "flashattn2_oldkv"):
+    for impl in ("flashattn2",) + tuple(AB_VARIANTS):
         if impl in a.impls:
             rows += decode_flashattn2(run, base, qs, k_cache, v_cache, impl)
     if "read_floor" in a.impls:  # (no query: one row, seqlen_q 0)
@@ -528,9 +559,10 @@ def run_host(run):
     q = torch.randn(1, 1, h, d, **bf16)
     k_cache, v_cache = (torch.randn(1, s, h_k, d, **bf16) for _ in range(2))
     seqlens = torch.full((1,), s, dtype=torch.int32, device="cuda")
-    attend = flashattn2_api("flash_attn_with_kvcache")
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k_cache, v_cache))
-    calls = [("flashattn2", lambda: attend(q, k_cache, v_cache, cache_seqlens=seqlens))]
+    calls = [(impl, functools.partial(flashattn2_call(impl), q, k_cache, v_cache,
+                                      cache_seqlens=seqlens))
+             for impl in ("flashattn2",) + tuple(AB_VARIANTS) if impl in run.args.impls]
     calls += [(impl, sdpa_call(impl, qt, kt, vt, enable_gqa=True))
               for impl in run.args.impls if impl.startswith("sdpa")]
     rows = []

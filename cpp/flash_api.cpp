@@ -278,8 +278,9 @@ bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool 
 
 namespace {
 
-// The float32 forward / backward (cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds): dense
-// attention with causal / window, GQA and ragged tails; nothing else.
+// The float32 forward / backward (cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds): dense or
+// varlen (cu_seqlens_q and cu_seqlens_k) attention with causal / window, GQA, ragged tails,
+// softcap and ALiBi; nothing else.
 template <typename Params>
 void require_fp32_supported(const Params& p) {
   require(FLASHATTN2_FP32,
@@ -287,11 +288,13 @@ void require_fp32_supported(const Params& p) {
           "on a GPU)");
   require(fp32_kernel_head_dim(p.headdim) > 0,
           "float32 supports head dims up to 128, got " + std::to_string(p.headdim));
-  require(!p.cu_seqlens_q && !p.cu_seqlens_k && !p.seqused_k && !p.leftpad_k &&
-              !p.kv_batch_idx && !p.block_table && p.seqlen_k_new == 0,
-          "float32 runs dense attention only: no varlen or KV cache");
-  require(p.softcap == 0.f && !p.alibi_slopes && p.dropout_threshold == 0 && !has_bias(p),
-          "float32 supports no softcap, ALiBi, dropout or attention bias");
+  require(!p.seqused_k && !p.leftpad_k && !p.kv_batch_idx && !p.block_table &&
+              p.seqlen_k_new == 0,
+          "float32 runs dense or varlen attention only: no KV cache");
+  require(!p.cu_seqlens_q == !p.cu_seqlens_k,
+          "float32 varlen takes both cu_seqlens_q and cu_seqlens_k");
+  require(p.dropout_threshold == 0 && !has_bias(p),
+          "float32 supports no dropout or attention bias");
 }
 
 int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
@@ -321,7 +324,6 @@ int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
 
 int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
   require_fp32_supported(params);
-  require(!params.deterministic, "float32 has no deterministic backward (unordered dq adds)");
   require(params.dq_chains == 1, "float32 runs one dq accumulator (dq_chains 1)");
   const BwdParams p = checked(params);
   DeviceGuard guard(device);
@@ -334,7 +336,7 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
               std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
   auto s = static_cast<cudaStream_t>(stream);
 #if FLASHATTN2_FP32
-  switch (kd) {  // (workspaces: dense (batch, nheads, seqlen_q) rows, within bwd_workspace_floats)
+  switch (kd) {  // (workspaces: seqlen.cuh's layouts, as bwd_workspace_floats sizes them)
     case 32: run_bwd_fp32<32>(p, s); break;
     case 64: run_bwd_fp32<64>(p, s); break;
     default: run_bwd_fp32<128>(p, s); break;
@@ -383,6 +385,8 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
     require(int64_t(params.batch) * params.nheads * params.seqlen_q <= (int64_t(1) << 30),
             "split-KV needs batch * nheads * seqlen_q <= 2^30 (the combine kernel's row index)");
   }
+  require(reinterpret_cast<uintptr_t>(params.split_counters) % 8 == 0,
+          "split_counters must be 8-byte aligned");
   if (params.q_pack != 1) {
     require(params.nheads_k > 0 && params.nheads % params.nheads_k == 0 &&
                 params.q_pack == params.nheads / params.nheads_k,
@@ -402,12 +406,13 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
   require_supported_device(device);
   auto s = static_cast<cudaStream_t>(stream);
   if (decode_applies(p, kd, device, allow_decode)) {
+    bool merged = false;
     DecodeHeadDims::dispatch(kd, [&](auto head_dim) {
       dispatch_dtype(p.dtype, [&](auto element) {
-        run_decode<decltype(element), decltype(head_dim)::value>(p, s);
+        merged = run_decode<decltype(element), decltype(head_dim)::value>(p, s);
       });
     });
-    return kFwdKernelDecode;
+    return merged ? kFwdKernelDecodeMerged : kFwdKernelDecode;
   }
   // The Hopper kernels take what they support on an sm_90 GPU (sm90/fwd_config.h); the
   // mma.sync kernels everything else, and whatever TMA cannot describe.
@@ -513,7 +518,13 @@ int smem_per_sm(int device) {
 // H100 2 at d128, 3 at d64; A100 1 / 2) in whole waves within 95 % of the best -- each
 // resident CTA keeps 4 warps x (kStages - 1) K/V tiles in flight, so an SM with fewer CTAs
 // reads at a fraction of its bandwidth -- with at least one 16-key tile per warp per split.
+// But no split where the unsplit grid already gives 90 % of the SMs a CTA (b16 x 8 KV heads
+// = 128 CTAs on 132 SMs): one CTA keeps 4 warps x ~2 tiles x 8 KiB = 64 KiB in flight, ~3x
+// what Little's law asks of an SM's share of 3 TB/s at ~0.8 us, and no split means no
+// partials and no merge (b16 1k: 2 splits + merge took 35.2 us, cuDNN 28.8; a prediction,
+// bench_decode.py --splits 1,2 compares).
 int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device) {
+  if (groups * 10 >= int64_t(sm_count(device)) * 9) return 1;
   const int per_sm = std::max(1, std::min(decode_ctas_per_sm(kd),
                                           smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
   const int64_t slots = int64_t(sm_count(device)) * per_sm;

@@ -4,10 +4,9 @@
 # mma.sync backward tests again under FLASHATTN2_FORCE_SM80, compute-sanitizer, then the
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
 # own folder of $JOB_OUT. Steps to skip: SKIP
-# (space-separated names of the steps below). Meanwhile second builds serve A/B runs: ab,
-# without dq_bulk (d128); exp, with the opt-in float32 and decode kernels (d64, d128); base,
-# a base commit's kernels (fwdab). HEAD_DIMS limits the main build (default: all); TEST_FILES
-# narrows the suite (pytest arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
+# (space-separated names of the steps below). Meanwhile a second build (base: a base commit's
+# kernels) serves A/B runs (fwdab, bwdab). HEAD_DIMS limits the main build (default: all);
+# TEST_FILES narrows the suite (pytest arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
 set -u
 O=${JOB_OUT:-gpu_logs}
 SKIP=" ${SKIP:-} "
@@ -57,19 +56,6 @@ if want base && [ -d .base/cpp ]; then
         > "$O/base_build.txt" 2>&1 &
     BASE_PID=$!
 fi
-if want ab; then
-    stamp "A/B build (no dq_bulk), in the background"
-    side_build ab -C cmake.define.FLASHATTN2_HEAD_DIMS=128 \
-        -C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=d64;window;varlen;mods" \
-        -C cmake.define.FLASHATTN2_EXPERIMENTAL=none
-    AB_PID=$!
-fi
-if want exp || want race || want fp32probe; then
-    stamp "exp build (bias;fp32;decode, d64 / d128), in the background"
-    side_build exp -C "cmake.define.FLASHATTN2_HEAD_DIMS=${EXP_HEAD_DIMS:-32;64;128}" \
-        -C "cmake.define.FLASHATTN2_EXPERIMENTAL=bias;fp32;decode"
-    EXP_PID=$!
-fi
 if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
@@ -108,59 +94,40 @@ if want fncu; then
         python3 scripts/sass_stalls.py "$O/src_fwd_d$1_s$2_c$3.csv" 2>&1 | head -n 40
     done
 fi
-if want exp; then
-    stamp "exp: float32 and decode-kernel tests, sanitizers, benchmarks"
-    wait "$EXP_PID"
-    tail -n 2 "$O/exp_build.txt"
-    PYTHONPATH=/tmp/exp timeout 900 python3 -m pytest tests/test_fp32.py tests/test_decode_kernel.py \
-        tests/test_kvcache.py tests/test_fwd.py tests/test_variants.py tests/test_api.py \
-        tests/test_bad_input.py tests/test_bench.py -q -ra -p no:cacheprovider \
-        --junitxml="$O/junit_exp.xml" 2>&1 | tail -n 30
-    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in memcheck racecheck; do
-        echo "--- $tool"
-        PYTHONPATH=/tmp/exp PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 600 "$san" --tool $tool \
-            --error-exitcode 1 python3 -m pytest tests/test_decode_kernel.py tests/test_fp32.py \
-            -q -x -p no:cacheprovider -k "test_splits or test_every_row_written or against_float64" \
-            2>&1 | tail -n 4
-    done
-    PYTHONPATH=/tmp/exp python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 \
-        --dtypes fp32 --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_math --no-summary \
-        --out "$O/fp32" 2>&1 | grep -v "run/s" | tail -n 30
-    PYTHONPATH=/tmp/exp python3 benchmarks/bench_decode.py --parts decode \
-        --impls flashattn2,flashattn2_oldkv,sdpa_cudnn,read_floor --page-sizes 16,256 \
-        --out "$O/decode_ab" 2>&1 | tail -n 40
+if want fp32; then
+    stamp "bench float32 (3xTF32) against SDPA's float32 backends"
+    python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes fp32 \
+        --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_math --no-summary \
+        --out "$O/fp32" 2> /dev/null | tail -n 30
 fi
 if want race; then
     stamp "race: racecheck of the decode and float32 kernels apart, full reports"
-    wait "$EXP_PID"
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     for part in "test_decode_kernel.py -k test_splits or test_every_row_written" \
                 "test_fp32.py -k against_float64"; do
         file=${part%% *}; expr=${part#* -k }
-        PYTHONPATH=/tmp/exp PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 400 "$san" --tool racecheck \
+        [[ -n "${RACE_ONLY:-}" && "$file" != "$RACE_ONLY" ]] && continue  # one file only
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 400 "$san" --tool racecheck \
             --print-limit 20 python3 -m pytest "tests/$file" -q -p no:cacheprovider -k "$expr" \
             > "$O/race_${file%.py}.txt" 2>&1
         grep -E "passed|failed|RACECHECK SUMMARY" "$O/race_${file%.py}.txt" | tail -n 3
     done
-    PYTHONPATH=/tmp/exp python3 -m pytest tests/test_fp32.py -q -p no:cacheprovider \
-        -k "against_float64" 2>&1 | grep -E "^FAILED|passed|failed" | tail -n 20
 fi
 if want fp32probe; then
     stamp "fp32 probe: the float32 backward's error against the length"
-    wait "$EXP_PID"
-    PYTHONPATH=/tmp/exp python3 scripts/fp32_probe.py 2>&1 | tee "$O/fp32_probe.txt" | tail -n 30
+    python3 scripts/fp32_probe.py 2>&1 | tee "$O/fp32_probe.txt" | tail -n 30
+fi
+if want fwd; then
+    stamp "bench fwd: the standard sweep, bf16 and fp16"
+    python3 benchmarks/bench.py --modes fwd --headdims 64,128,256 --dtypes bf16,fp16 \
+        --impls flashattn2,flashattn2_sm80,sdpa_flash,sdpa_cudnn --out "$O/fwd" 2> /dev/null \
+        | tail -n 12
 fi
 if want bwd; then
     stamp "bench bwd"
-    python3 benchmarks/bench.py --modes bwd,fwd_bwd --headdims 64,128 --dtypes bf16 \
-        --impls flashattn2,flashattn2_det,flashattn2_sm80,sdpa_flash,sdpa_cudnn --out "$O/bwd"
-fi
-if want ab; then
-    stamp "bench dq_bulk A/B"
-    wait "$AB_PID"
-    tail -n 3 "$O/ab_build.txt"
-    ab_bench ab nobulk bulk --modes bwd --headdims 128 --dtypes bf16 --impls flashattn2
+    python3 benchmarks/bench.py --modes bwd,fwd_bwd --headdims "${BWD_DIMS:-64,128,256}" \
+        --dtypes bf16 --impls flashattn2,flashattn2_det,flashattn2_sm80,sdpa_flash,sdpa_cudnn \
+        --out "$O/bwd" 2> /dev/null | tail -n 12
 fi
 if want variants; then
     stamp "bench backward variants, Hopper vs mma.sync"
@@ -171,7 +138,8 @@ fi
 if want bias; then
     stamp "bench bias"
     python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \
-        --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias --out "$O/bias"
+        --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias ${BIAS_ARGS:-} \
+        --out "$O/bias" 2> /dev/null | tail -n 12
 fi
 if want decode; then
     stamp "bench decode"

@@ -2,6 +2,8 @@
 # Nsight Compute report of one forward or backward kernel launch (clocks left alone):
 #   PASS=fwd HEAD_DIM=128 SEQLEN=4096 CAUSAL=0 bash scripts/ncu.sh > report.txt
 #   PASS=bwd ...   (the backward main kernel)
+#   PASS=decode BATCH=16 SEQLEN=8192 ...  (flash_attn_with_kvcache, sq 1, 32 / 8 heads, the
+#                  decode kernel; SPLITS=n forces a split count, 0 = the heuristic)
 #   IMPL=sdpa ...  (the same problem through SDPA's flash backend: FA2's kernel)
 #   SOURCE=out.csv ...  (instead: per-SASS-line executed instructions and stall samples,
 #                        SourceCounters + WarpStateStats, as CSV; sum them by opcode)
@@ -9,7 +11,7 @@
 # the average stall cycles per instruction by reason.
 set -euo pipefail
 PASS=${PASS:-fwd} HEAD_DIM=${HEAD_DIM:-128} SEQLEN=${SEQLEN:-4096} CAUSAL=${CAUSAL:-0}
-IMPL=${IMPL:-ours} SOURCE=${SOURCE:-}
+IMPL=${IMPL:-ours} SOURCE=${SOURCE:-} BATCH=${BATCH:-16} SPLITS=${SPLITS:-0}
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 script=$(mktemp --suffix=.py)
 cat > "$script" <<PY
@@ -20,8 +22,14 @@ d, s, bwd = $HEAD_DIM, $SEQLEN, "$PASS" == "bwd"
 b, h = 16384 // s, 2048 // d
 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=bwd)
            for _ in range(3))
+if "$PASS" == "decode":
+    b = $BATCH
+    q = torch.randn(b, 1, 32, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, s, 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 for _ in range(2):
-    if "$IMPL" == "sdpa":
+    if "$PASS" == "decode":
+        out = flashattn2.flash_attn_with_kvcache(q, k, v, num_splits=$SPLITS)
+    elif "$IMPL" == "sdpa":
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                  v.transpose(1, 2), is_causal=bool($CAUSAL))

@@ -11,6 +11,7 @@ import torch
 from flashattn2 import bias as bias_mod
 from flashattn2 import interface
 from reference import attention_scores, dropout_keep_mask
+from test_decode_kernel import binding_args
 from test_sdpa import plain_attention, torch_sdpa
 
 gpu = pytest.mark.gpu
@@ -113,18 +114,18 @@ class _FakeC:
     def __init__(self, real):
         self.real, self.calls = real, []
 
-    def _record(self, name, kwargs):
-        doc = getattr(self.real, name).__doc__
-        unknown = [key for key in kwargs if f"{key}:" not in doc]
+    def _record(self, name, args, kwargs):
+        names = binding_args(getattr(self.real, name))  # (positional ones by the signature)
+        unknown = [key for key in kwargs if key not in names[len(args):]]
         assert not unknown, f"_C.{name} has no argument(s) {unknown}"
-        self.calls.append((name, kwargs))
+        self.calls.append((name, {**dict(zip(names, args)), **kwargs}))
         return 80
 
     def fwd(self, *args, **kwargs):
-        return self._record("fwd", kwargs)
+        return self._record("fwd", args, kwargs)
 
     def bwd(self, *args, **kwargs):
-        return self._record("bwd", kwargs)
+        return self._record("bwd", args, kwargs)
 
     def sm90_fwd_applies(self, *args):
         return False

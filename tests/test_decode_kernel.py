@@ -7,9 +7,13 @@ appended keys, rotary, pages 16 / 64 / 256, cache_batch_idx, left padding, windo
 and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and ALiBi;
 flash_attn_func with few rows and the backward on its out / LSE; that the decode kernel ran
 there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with the runtime
-switch off. CPU: the runtime switch and its plumbing into _C.
+switch off; the split-KV merge inside the kernel (_ext.last_fwd_fused_merge) against the
+combine kernel's, on junk-filled workspaces and in CUDA-graph replays; the split heuristic's
+unsplit full grid. CPU: the runtime switches and their plumbing into _C (every argument by
+position, in the binding's order), the split workspace as one buffer.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -88,8 +92,9 @@ def test_layouts(case, dtype):
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 0], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_splits(headdim, num_splits):
-    """Forced split counts (the decode kernel's partials through the unchanged combine kernel,
-    some splits without a key tile at 40) and the heuristic (0)."""
+    """Forced split counts (the partials merged in the kernel up to 32 splits at d128 / 64 at
+    d64 here, by the combine kernel past that; some splits without a key tile at 40) and the
+    heuristic (0)."""
     decode_case(headdim=headdim, cache_len=2048, num_splits=num_splits, batch=2, seqlen_q=2,
                 new=2, nheads=8, nheads_k=2)
 
@@ -195,6 +200,132 @@ def test_out_of_scope_and_switched_off_run_the_kv_kernel():
     torch.testing.assert_close(lse, lse_kv, atol=1e-4, rtol=1e-5)
 
 
+@gpu
+@needs_decode
+@pytest.mark.parametrize("num_splits", [2, 5, 16, 17, 64, 65, 128], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_fused_merge_against_the_combine_kernel(headdim, seqlen_q, num_splits):
+    """The splits merged in the decode kernel (last CTA of each group; ragged cache_seqlens,
+    an empty entry, splits without keys) against the reference and against the combine
+    kernel's merge of the same partials; the combine kernel where the merge is too long for
+    one CTA (decode_config.h decode_fused_merge: rows x splits x d / 4 <= 64 x 128)."""
+    nheads, nheads_k, cache_len, dtype = 32, 8, 1500, torch.bfloat16
+    q = torch.randn(3, seqlen_q, nheads, headdim, device="cuda", dtype=dtype)
+    k_cache = torch.randn(3, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([cache_len, 0, 77], dtype=torch.int32)
+    out, lse = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"), causal=True,
+                              num_splits=num_splits)
+    assert_kernel("decode")
+    rows = seqlen_q * nheads // nheads_k
+    assert _ext.last_fwd_fused_merge is (rows * num_splits * headdim // 4 <= 64 * 128)
+    check_against_reference(out, lse, q, k_cache, v_cache, seqlens, True, (-1, -1))
+    with _ext.decode_fused_merge(False):
+        out_c, lse_c = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"), causal=True,
+                                      num_splits=num_splits)
+    assert _ext.last_fwd_fused_merge is False
+    torch.testing.assert_close(lse, lse_c, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(out, out_c, atol=1e-2, rtol=1e-2)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("variant", ["prefetch", "issue_early", "both"])
+@pytest.mark.parametrize("case", ["contig", "page16_leftpad", "d96_window"])
+def test_copy_variants_change_nothing(case, variant):
+    """The K / V copies with the L2 prefetch hint and / or issued before the wait give
+    bitwise the out and lse of the plain loop (a hint moves no data; the order of the copies
+    changes no value), on rows that straddle pages (left padding), a head dim below the
+    kernel's (its rows shorter than the prefetched block), ragged lengths (31 keys: one warp
+    with 2 tiles, the others fewer)."""
+    headdim = 96 if case == "d96_window" else 128
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 2, 16, headdim, device="cuda", dtype=torch.float16)
+    k_cache = torch.randn(3, 1024, 4, headdim, device="cuda", dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    kwargs = dict(cache_seqlens=torch.tensor([1024, 500, 31], dtype=torch.int32, device="cuda"),
+                  causal=True, return_softmax_lse=True)
+    if case == "page16_leftpad":
+        k_cache, v_cache, kwargs["block_table"] = paged_kv(k_cache, v_cache, 16, gen)
+        kwargs["cache_leftpad"] = torch.tensor([5, 0, 17], dtype=torch.int32, device="cuda")
+    if case == "d96_window":
+        kwargs["window_size"] = (100, 0)
+    with _ext.decode_l2_prefetch(variant != "issue_early"), \
+            _ext.decode_issue_early(variant != "prefetch"):
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    assert_kernel("decode")
+    with _ext.decode_l2_prefetch(False), _ext.decode_issue_early(False):
+        out_plain, lse_plain = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
+
+
+@gpu
+@needs_decode
+def test_split_heuristic_leaves_a_full_grid_unsplit():
+    """decode_num_splits: no split once batch x KV heads fills 90 % of the SMs with one CTA
+    each; a small grid still splits (and then merges in the kernel at b1 sq1)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    groups = -(-9 * sms // 10)  # ceil(0.9 x SMs)
+    heuristic = _ext._C.num_splits_heuristic
+    # (batch, KV heads, packed rows, keys, head dim, device, sm90, decode)
+    assert heuristic(groups, 1, 4, 8192, 128, 0, False, True) == 1
+    assert heuristic(groups - 1, 1, 4, 8192, 128, 0, False, True) > 1
+    assert heuristic(1, 8, 4, 8192, 128, 0, False, True) > 1
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16)
+    flash_attn_with_kvcache(q, k, torch.randn_like(k))
+    assert_kernel("decode")
+    assert _ext.last_fwd_fused_merge is True
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("paged", [0, 16], ids=lambda p: f"page{p}" if p else "contig")
+def test_fused_merge_counters_in_any_state(paged):
+    """The split counters live in uninitialised workspace memory: freed blocks filled with
+    random 64-bit words before each call, then CUDA-graph replays (which keep one tag and must
+    find their counters cleared by the replay before) on new cache contents each time."""
+    nheads, nheads_k, headdim, cache_len, dtype = 32, 8, 128, 2048, torch.bfloat16
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 1, nheads, headdim, device="cuda", dtype=dtype)
+    k_cache = torch.randn(2, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([cache_len, 999], dtype=torch.int32)
+    kc, vc, table = k_cache, v_cache, None
+    if paged:
+        kc, vc, table = paged_kv(k_cache, v_cache, paged, gen)
+    seqlens_gpu = seqlens.to("cuda")  # (no host copy while a graph captures)
+    call = lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens_gpu,  # noqa: E731
+                                           block_table=table, num_splits=24,
+                                           return_softmax_lse=True)
+    for trial in range(3):
+        # (the allocator's small pool, blocks a bit larger than the ~0.8 MB workspace, and
+        # its large pool; best fit then hands the workspace junk-filled memory)
+        for size in (1 << 10, 120_000, 1 << 18):
+            junk = torch.randint(-2**63, 2**63 - 1, (size,), device="cuda")
+            del junk
+        out, lse = call()
+        assert _ext.last_fwd_fused_merge is True
+        check_against_reference(out, lse, q, k_cache, v_cache, seqlens, False, (-1, -1))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for replay in range(3):
+        k_cache.normal_(), v_cache.normal_()
+        if paged:
+            kc[table.flatten().long()] = k_cache.reshape(-1, paged, nheads_k, headdim)
+            vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
+        out.fill_(float("nan")), lse.fill_(float("nan"))
+        graph.replay()
+        check_against_reference(out, lse, q, k_cache, v_cache, seqlens, False, (-1, -1))
+
+
 # ---- CPU: the runtime switch ---------------------------------------------------------------
 
 
@@ -219,44 +350,123 @@ def test_context_manager_restores_the_switch():
     assert _ext.DECODE_KERNEL == before
 
 
+def binding_args(fn):
+    """Parameter names of a pybind11 function, in order, from its signature line."""
+    return re.findall(r"(?:\(|, )(\w+): ", fn.__doc__.splitlines()[0])
+
+
 class _FakeC:
-    """Records the keyword arguments of _C.fwd / _C.num_splits_heuristic (no GPU), checked
-    against the real binding's argument names; fwd answers `code`."""
+    """Records the arguments of _C.fwd / _C.num_splits_heuristic by name (no GPU), positional
+    ones named by the real binding's signature; fwd answers `code`."""
 
     def __init__(self, real, code):
         self.real, self.code, self.calls = real, code, []
 
-    def _record(self, name, kwargs):
-        doc = getattr(self.real, name).__doc__
-        unknown = [key for key in kwargs if f"{key}:" not in doc]
-        assert not unknown, f"_C.{name} has no argument(s) {unknown}"
-        self.calls.append((name, kwargs))
+    def _record(self, name, args, kwargs):
+        names = binding_args(getattr(self.real, name))
+        assert len(args) <= len(names), f"_C.{name} takes {len(names)} arguments"
+        named = dict(zip(names, args))
+        unknown = [key for key in kwargs if key not in names or key in named]
+        assert not unknown, f"_C.{name}: unknown or repeated argument(s) {unknown}"
+        named.update(kwargs)
+        self.calls.append((name, named))
 
     def fwd(self, *args, **kwargs):
-        self._record("fwd", kwargs)
+        self._record("fwd", args, kwargs)
         return self.code
 
     def num_splits_heuristic(self, *args, **kwargs):
-        self._record("num_splits_heuristic", kwargs)
+        self._record("num_splits_heuristic", args, kwargs)
         return 3
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-@pytest.mark.parametrize("code", [80, 81])
-def test_switch_reaches_the_binding_and_the_kernel_is_recorded(monkeypatch, enabled, code):
-    fake = _FakeC(interface._C, code)
+def fake_launch(monkeypatch, code=81, num_splits=0, **layout):
+    """_launch_fwd of a small GQA decode (8 / 2 heads, d64, 100 keys) against _FakeC; returns
+    the recorded calls."""
+    fake = _FakeC(_ext._C, code)
     monkeypatch.setattr(interface, "_C", fake)
     monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
     q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
     k = v = torch.zeros(1, 100, 2, 64, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(1, 8, 1)
+    _launch_fwd(q, k, v, out, lse, q.stride()[:3], k.stride()[:3], v.stride()[:3],
+                out.stride()[:3], lse.stride()[:2], 1, 1, 100, 8, 2, 64, 0.125, -1, -1,
+                num_splits=num_splits, **layout)
+    return fake.calls
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("code", [80, 81])
+def test_switch_reaches_the_binding_and_the_kernel_is_recorded(monkeypatch, enabled, code):
     with _ext.decode_kernel(enabled):
-        _launch_fwd(q, k, v, out, lse, q.stride()[:3], k.stride()[:3], v.stride()[:3],
-                    out.stride()[:3], lse.stride()[:2], 1, 1, 100, 8, 2, 64, 0.125, -1, -1,
-                    num_splits=0)
-    (name, heuristic), (name2, fwd) = fake.calls
+        (name, heuristic), (name2, fwd) = fake_launch(monkeypatch, code)
     assert name == "num_splits_heuristic" and heuristic["decode"] is enabled
     assert name2 == "fwd" and fwd["allow_decode"] is enabled and fwd["num_splits"] == 3
     assert fwd["q_pack"] == 4
     assert _ext.last_fwd_arch == 80
     assert _ext.last_fwd_kernel == ("decode" if code == 81 else "sm80")
+
+
+def test_launch_passes_every_argument_by_position(monkeypatch):
+    """_launch_fwd's positional call (interface._FWD_OPTIONAL) follows the binding's order,
+    and the layout reaches the parameters of its names."""
+    names = binding_args(_ext._C.fwd)
+    assert names[22:] == list(interface._FWD_OPTIONAL)
+    assert names[20:22] == ["device", "stream"]
+    (_, heuristic), (_, fwd) = fake_launch(monkeypatch, seqused_k=1234, seqlen_k_new=1,
+                                           block_table=4096, page_size=16, num_pages=7)
+    assert len(fwd) == len(names)
+    assert (fwd["seqused_k"], fwd["seqlen_k_new"], fwd["block_table"], fwd["page_size"],
+            fwd["num_pages"], fwd["cu_seqlens_q"]) == (1234, 1, 4096, 16, 7, 0)
+    assert (fwd["softcap"], fwd["alibi_slopes"], fwd["dropout_p"], fwd["attn_bias"]) == (0, 0, 0, 0)
+    assert len(heuristic) == len(binding_args(_ext._C.num_splits_heuristic))
+
+
+def test_split_workspace_is_one_buffer(monkeypatch):
+    """o_accum and lse_accum: one float32 allocation, lse_accum after the rows x headdim
+    partial outputs, both 16-byte aligned."""
+    (_, fwd), = fake_launch(monkeypatch, num_splits=5)
+    rows = 5 * 1 * 8 * 1  # splits x batch x nheads x seqlen_q
+    assert fwd["num_splits"] == 5
+    assert fwd["lse_accum"] - fwd["o_accum"] == 4 * rows * 64
+    assert fwd["o_accum"] % 16 == 0 and fwd["lse_accum"] % 16 == 0
+    (_, fwd), = fake_launch(monkeypatch, num_splits=1)
+    assert fwd["o_accum"] == fwd["lse_accum"] == 0
+
+
+def test_decode_switches_reach_the_binding(monkeypatch):
+    """decode_fused_merge(False): no split counters (the combine kernel merges);
+    decode_l2_prefetch(False) / decode_issue_early(False): the loop's variants off."""
+    with _ext.decode_fused_merge(True), _ext.decode_l2_prefetch(True), \
+            _ext.decode_issue_early(True):
+        (_, fwd), = fake_launch(monkeypatch, num_splits=5)
+    assert fwd["split_counters"] > fwd["lse_accum"] and fwd["split_counters"] % 16 == 0
+    assert fwd["kv_l2_prefetch"] is True and fwd["kv_issue_early"] is True
+    with _ext.decode_fused_merge(False), _ext.decode_l2_prefetch(False), \
+            _ext.decode_issue_early(False):
+        (_, fwd), = fake_launch(monkeypatch, num_splits=5)
+    assert fwd["split_counters"] == 0 and fwd["kv_l2_prefetch"] is False
+    assert fwd["kv_issue_early"] is False
+    (_, fwd), = fake_launch(monkeypatch, num_splits=1)
+    assert fwd["split_counters"] == 0
+
+
+def test_decode_switches_are_read_at_import():
+    code = ("import flashattn2._ext as e; "
+            "print(e.DECODE_FUSED_MERGE, e.DECODE_L2_PREFETCH, e.DECODE_ISSUE_EARLY)")
+    names = ("FLASHATTN2_DECODE_FUSED_MERGE", "FLASHATTN2_DECODE_L2_PREFETCH",
+             "FLASHATTN2_DECODE_ISSUE_EARLY")
+    for value, expected in (("0", "False False False"), (None, "True True True")):
+        env = {k: v for k, v in os.environ.items() if k not in names}
+        if value is not None:
+            env.update(dict.fromkeys(names, value))
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                text=True, check=True)
+        assert result.stdout.strip() == expected, (value, result.stderr)
+
+
+def test_launch_rejects_unknown_arguments(monkeypatch):
+    with pytest.raises(TypeError, match="seqused"):
+        fake_launch(monkeypatch, seqused=1)
+    with pytest.raises(TypeError, match="softcapp"):
+        fake_launch(monkeypatch, mods={"softcapp": 1.0})

@@ -13,6 +13,7 @@ import pytest
 import torch
 from flashattn2 import _ext, interface
 from reference import attention_ref, attention_scores
+from test_decode_kernel import binding_args
 
 gpu = pytest.mark.gpu
 BUILT = "fp32" in _ext.EXPERIMENTAL
@@ -59,48 +60,45 @@ def test_fp32_head_dims_beyond_the_kernels_raise(headdim):
 
 @needs_fp32
 @pytest.mark.parametrize("kwargs,name", [
-    (dict(softcap=5.0), "softcap"),
-    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
     (dict(dropout_p=0.1), "dropout_p"),
+    (dict(dropout_p=0.1, softcap=5.0), "dropout_p"),
     (dict(attn_bias=torch.zeros(2, 4, 5, 7)), "attn_bias"),
 ])
 def test_fp32_unsupported_features_are_named(kwargs, name):
+    """(softcap and ALiBi run: test_fp32_mods.py)"""
     q, k, v = _qkv()
     with pytest.raises(NotImplementedError, match=f"float32 inputs do not support {name}"):
         flashattn2.flash_attn_func(q, k, v, **kwargs)
 
 
 @needs_fp32
-def test_fp32_varlen_and_kvcache_refuse():
+def test_fp32_kvcache_refuses():
+    """(varlen: test_fp32_varlen.py)"""
     q, k, v = _qkv(batch=1)
-    cu = torch.tensor([0, 5], dtype=torch.int32)
-    with pytest.raises(ValueError, match="only supports fp16 and bf16"):
-        flashattn2.flash_attn_varlen_func(q[0], k[0, :5], v[0, :5], cu, cu, 5, 5)
     with pytest.raises(ValueError, match="only supports fp16 and bf16"):
         flashattn2.flash_attn_with_kvcache(q, k, v)
 
 
 def test_fp32_backward_refusal():
-    """The float32 backward: deterministic mode is refused (unordered dq adds); a build
-    without the backward names the option."""
+    """A build without the float32 backward names the option (deterministic mode runs:
+    test_fp32_varlen.py)."""
     if _ext.FP32_BWD:
-        with pytest.raises(NotImplementedError, match="deterministic=True is not supported"):
-            interface._check_fp32_backward(True)
+        interface._check_fp32_backward()
     else:
         with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL=bias;fp32"):
-            interface._check_fp32_backward(False)
+            interface._check_fp32_backward()
 
 
 class _FakeC:
-    """Records the keyword arguments and dtype code of _C.fwd (no GPU)."""
+    """Records the dtype code and arguments (by name) of _C.fwd (no GPU)."""
 
     def __init__(self, real):
         self.real, self.calls = real, []
 
     def fwd(self, *args, **kwargs):
-        doc = self.real.fwd.__doc__
-        assert not [key for key in kwargs if f"{key}:" not in doc]
-        self.calls.append((args[19], kwargs))  # (dtype is the 20th positional argument)
+        names = binding_args(self.real.fwd)  # (positional ones by the signature)
+        assert not [key for key in kwargs if key not in names[len(args):]]
+        self.calls.append((args[19], {**dict(zip(names, args)), **kwargs}))  # (dtype: 20th)
         return 80
 
     def sm90_fwd_applies(self, *args):

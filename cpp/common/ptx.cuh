@@ -23,6 +23,22 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(src_bytes));
 }
 
+// cp.async.cg.shared.global.L2::{128,256}B: cp_async_16 with a hint that L2 fetch the whole
+// aligned kPrefetch-byte block around src from DRAM at once (the decode kernel's K / V rows:
+// one 128- or 256-byte row segment per head, at a stride of nheads_k rows).
+template <int kPrefetch>
+__device__ __forceinline__ void cp_async_16_prefetch(uint32_t dst, const void* src, bool pred) {
+  static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch size");
+  const int src_bytes = pred ? 16 : 0;
+  if constexpr (kPrefetch == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(src_bytes));
+  } else {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(src_bytes));
+  }
+}
+
 // The same with the first src_bytes (0..16) read and the rest of the 16 zero-filled.
 __device__ __forceinline__ void cp_async_16_bytes(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),

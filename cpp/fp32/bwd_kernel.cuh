@@ -2,8 +2,9 @@
 // (fwd_kernel.cuh); FA2 Algorithm 2 with dQ through float32 atomics.
 //
 // Kernels (bwd_launch.cuh runs them in this order)
-//   preprocess  (bwd_prepost.cu) dsum = rowsum(dO o O) and dq_accum zeroed, workspace rows
-//               (batch, head, row), dense.
+//   preprocess  (bwd_prepost.cu) dsum = rowsum(dO o O), dq_accum zeroed (and the dQ order
+//               counters when deterministic); workspace rows of fp32/seq.cuh fp32_ws_row0,
+//               dq_accum row-major (row * headdim + column).
 //   main        below.
 //   convert     (bwd_prepost.cu) dq = dq_accum * softmax_scale at dq's strides.
 // Tiling of the main kernel
@@ -30,6 +31,7 @@
 //            wait Q_i, dO_i, lse_i, dsum_i ; __syncthreads (kPreSplit: split ; __syncthreads)
 //            S^T = K Q^T ; P^T = exp2(S^T scale log2e - lse log2e), masked to 0
 //            dV += P^T dO ; dP^T = V dO^T ; dS^T = P^T o (dP^T - dsum) ; dK += dS^T Q
+//            (softcap / ALiBi: P^T from the logit, dS^T times d logit / d(scale s))
 //            (two-level, tf32.cuh: S^T, dP^T and dQ per k8 step, dV and dK per step,
 //            through a fresh accumulator added with FADD)
 //            dS^T -> sdS (natural query order) ; __syncthreads
@@ -37,7 +39,16 @@
 //            dQ_i += dS K: warp w one m16 query tile and a share of the d columns, float32
 //            atomics into dq_accum
 //   epilogue  dK * softmax_scale and dV written from the accumulators (float2 stores).
-//   limits as the forward; deterministic mode is refused (the dQ atomics are unordered).
+//   kGeneral the instance for varlen (cu_seqlens_q / cu_seqlens_k: the grid covers the longest
+//          sequence, rows offset by the sequence's first row, fp32/seq.cuh) and for the
+//          deterministic dQ order (common/dq_order.cuh, per 64-row group of query rows, whose
+//          16 / 32-row tiles a CTA visits in consecutive steps: thread 0 waits for the
+//          group's counter to reach the CTA's rank before the group's first dQ adds, and
+//          releases it after the group's last; descending with a right window bound, else
+//          ascending, one accumulator, no rotated walk), and for softcap / ALiBi
+//          (fp32/mods.cuh). The plain instance, dense, unordered and without modifiers,
+//          keeps the code it had without them (255 registers).
+//   limits as the forward (no dropout, no bias).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -46,7 +57,10 @@
 
 #include "common/flash.h"
 #include "common/ptx.cuh"
+#include "common/dq_order.cuh"
 #include "fp32/fwd_config.h"
+#include "fp32/mods.cuh"
+#include "fp32/seq.cuh"
 #include "fp32/tf32.cuh"
 
 namespace flashattn2 {
@@ -78,13 +92,11 @@ struct Fp32BwdTraits {
   static_assert(kNWarps == 4 && (kBlockM == 16 || kBlockM == 32), "dQ GEMM warp split");
 };
 
-// Workspace row of (batch, head, query row): dense (batch, nheads, seqlen_q) (bwd_prepost.cu
-// writes dsum and zeroes dq_accum in this layout).
-__device__ __forceinline__ int64_t fp32_ws_row(const BwdParams& p, int batch, int head, int row) {
-  return (int64_t(batch) * p.nheads + head) * p.seqlen_q + row;
-}
+// The deterministic order's query-row groups: DqOrder and the workspace counters (seqlen.cuh
+// ws_tile0) count 64-row tiles.
+constexpr int kFp32DqGroupRows = 64;
 
-template <typename Traits>
+template <typename Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     bwd_fp32_kernel(const BwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -117,12 +129,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int n_block = blockIdx.x;
   const int head_k = blockIdx.y;
   const int batch = blockIdx.z;
   const int group = p.nheads / p.nheads_k;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  const Fp32Seq<kGeneral> seq(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  using Order = DqOrder<kFp32DqGroupRows, kBlockN>;
+  auto dq_order = [&] {
+    return Order(p, seqlen_q, seqlen_k, (seqlen_q + kFp32DqGroupRows - 1) / kFp32DqGroupRows,
+                 false);
+  };
+  // (deterministic, descending: the last K/V tile launched first)
+  const int n_block = kGeneral ? dq_order().n_block() : int(blockIdx.x);
   const int n0 = n_block * kBlockN;
+  if (kGeneral && n0 >= seqlen_k) return;  // (the grid covers the longest sequence)
   const int offset = seqlen_k - seqlen_q;
 
   // Query tiles that see a key of this tile (bottom-right aligned window, FwdParams).
@@ -137,35 +157,45 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   }
   const int n_m = max(0, m_block_max - m_block_min);
   const int n_steps = n_m * group;
+  // kGeneral, deterministic: the order counter of (query head, 64-row group) (generic, so
+  // that only the kGeneral instance compiles it).
+  auto dq_counter = [&](auto head, int g64) {
+    return dq_counters(p) + ws_tile0(p, seq, batch, head, kFp32DqGroupRows) + g64;
+  };
 
-  // Row `row` of head `head` of a (batch, seqlen, heads, d) tensor.
+  // Row `row` of head `head` of a (batch, seqlen, heads, d) tensor (row: of the sequence,
+  // which starts at row0).
   auto row_ptr = [&](const void* base, int64_t batch_stride, int64_t head_stride,
-                     int64_t row_stride, int head, int row) {
+                     int64_t row_stride, int head, int64_t row0, int row) {
     return static_cast<const float*>(base) + batch * batch_stride + head * head_stride +
-           int64_t(row) * row_stride;
+           (row0 + row) * row_stride;
   };
   auto load_q_tile = [&](int t) {  // step t: query head head_k * group + t / n_m
     const int head = head_k * group + t / n_m;
     const int m0 = (m_block_min + t % n_m) * kBlockM;
     const int rows = seqlen_q - m0;
     load_tile_f32<QTile, kBlockM, kHeadDim, kNThreads>(
-        sQ, row_ptr(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, head, m0),
+        sQ, row_ptr(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, head, seq.q_row0, m0),
         p.q_row_stride, rows, p.headdim, tid);
     load_tile_f32<QTile, kBlockM, kHeadDim, kNThreads>(
-        sdO, row_ptr(p.dout, p.do_batch_stride, p.do_head_stride, p.do_row_stride, head, m0),
+        sdO,
+        row_ptr(p.dout, p.do_batch_stride, p.do_head_stride, p.do_row_stride, head, seq.q_row0, m0),
         p.do_row_stride, rows, p.headdim, tid);
     if (tid < kBlockM) {
       const bool in = tid < rows;
-      const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + m0 + tid;
-      const float* dsum = p.dsum + fp32_ws_row(p, batch, head, m0 + tid);
+      const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride +
+                         seq.q_row0 + m0 + tid;
+      const float* dsum = p.dsum + fp32_ws_row0(p, seq, batch, head) + m0 + tid;
       ptx::cp_async_4(ptx::smem_addr(sLse + tid), in ? lse : p.lse, in);
       ptx::cp_async_4(ptx::smem_addr(sDsum + tid), in ? dsum : p.dsum, in);
     }
   };
 
   // Prologue: K, V and the first query tile.
-  const float* gK = row_ptr(p.k, p.k_batch_stride, p.k_head_stride, p.k_row_stride, head_k, n0);
-  const float* gV = row_ptr(p.v, p.v_batch_stride, p.v_head_stride, p.v_row_stride, head_k, n0);
+  const float* gK =
+      row_ptr(p.k, p.k_batch_stride, p.k_head_stride, p.k_row_stride, head_k, seq.k_row0, n0);
+  const float* gV =
+      row_ptr(p.v, p.v_batch_stride, p.v_head_stride, p.v_row_stride, head_k, seq.k_row0, n0);
   load_tile_f32<KTile, kBlockN, kHeadDim, kNThreads>(sK, gK, p.k_row_stride, seqlen_k - n0,
                                                      p.headdim, tid);
   load_tile_f32<KTile, kBlockN, kHeadDim, kNThreads>(sV, gV, p.v_row_stride, seqlen_k - n0,
@@ -293,7 +323,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
     float acc_s[kNTilesM][4];
     gemm_keys_queries(acc_s, sK, sKlo, sQ, sQlo);
-    // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query.
+    // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query;
+    // kGeneral with softcap / ALiBi: exp2((logit - lse) log2e), the logit (fp32/mods.cuh) and
+    // its d logit / d(scale s) of the forward's definition.
+    const Fp32Mods mods = kGeneral ? Fp32Mods(p, batch, head) : Fp32Mods{};
+    float dlogit[kNTilesM][4];  // (softcap only)
+    // (a flag rather than a generic lambda: that cost the plain instance 16 SASS instructions)
+    const bool with_mods = kGeneral && mods.on;
 #pragma unroll
     for (int nt = 0; nt < kNTilesM; ++nt)
 #pragma unroll
@@ -303,8 +339,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         const bool visible = i < seqlen_q && j < seqlen_k &&
                              (p.window_right < 0 || j <= i + offset + p.window_right) &&
                              (p.window_left < 0 || j >= i + offset - p.window_left);
-        acc_s[nt][e] = visible ? ptx::exp2_approx(fmaf(acc_s[nt][e], scale_log2, -sLse[ql] * kLog2e))
-                               : 0.f;
+        if (with_mods) {
+          const float x = mods.logit(p, acc_s[nt][e], float(i + offset - j), &dlogit[nt][e]);
+          acc_s[nt][e] = visible ? ptx::exp2_approx((x - sLse[ql]) * kLog2e) : 0.f;
+        } else {
+          acc_s[nt][e] =
+              visible ? ptx::exp2_approx(fmaf(acc_s[nt][e], scale_log2, -sLse[ql] * kLog2e)) : 0.f;
+        }
       }
     gemm_accumulate(acc_dv, acc_s, sdO, sdOlo);
     float acc_dp[kNTilesM][4];
@@ -316,9 +357,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int e = 0; e < 4; ++e) {
         const int ql = 8 * nt + q + 4 * (e & 1);
         acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - sDsum[ql]);
+        if constexpr (kGeneral) {
+          if (p.softcap > 0.f) acc_dp[nt][e] *= dlogit[nt][e];
+        }
         sdS[STile::offset(key_row + 8 * (e >> 1), ql)] = acc_dp[nt][e];
       }
     gemm_accumulate(acc_dk, acc_dp, sQ, sQlo);
+    if constexpr (kGeneral) {
+      // Deterministic: at the first step of a 64-row group (of a head), thread 0 releases
+      // the CTA's previous group (whose dQ adds were made before the barrier at this step's
+      // top) and waits for its turn; the barrier below passes the acquire on to every
+      // thread before its dQ adds.
+      const int g64 = m0 / kFp32DqGroupRows;
+      const int t_prev = t - 1;
+      const int head_prev = head_k * group + t_prev / n_m;
+      const int g64_prev = (m_block_min + t_prev % n_m) * kBlockM / kFp32DqGroupRows;
+      if (p.deterministic && tid == 0 && (t == 0 || head_prev != head || g64_prev != g64)) {
+        dq_order_step(t > 0 ? dq_counter(head_prev, g64_prev) : nullptr, dq_counter(head, g64),
+                      dq_order().rank(n_block, g64));
+      }
+    }
     // sdS is complete; sQ, sdO, lse and dsum are free for the next step's copies.
     __syncthreads();
     if (t + 1 < n_steps) load_q_tile(t + 1);
@@ -355,7 +413,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     for (int rr = 0; rr < 2; ++rr) {
       const int row = m0 + mq + g + 8 * rr;
       if (row < seqlen_q) {
-        float* dq = p.dq_accum + fp32_ws_row(p, batch, head, row) * p.headdim;
+        float* dq = p.dq_accum + (fp32_ws_row0(p, seq, batch, head) + row) * p.headdim;
 #pragma unroll
         for (int i = 0; i < kHalfD; ++i) {
           const int c = 8 * (dt0 + i) + 2 * q;
@@ -368,10 +426,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     }
   }
   ptx::cp_async_wait<0>();
+  if constexpr (kGeneral) {
+    if (p.deterministic && n_steps > 0) {  // the last group's dQ adds: release it
+      __syncthreads();
+      const int t = n_steps - 1;
+      if (tid == 0) {
+        ptx::red_release_add(dq_counter(head_k * group + t / n_m,
+                                        (m_block_min + t % n_m) * kBlockM / kFp32DqGroupRows),
+                             1);
+      }
+    }
+  }
 
-  // Epilogue: dK (times the softmax scale) and dV of the lane's key rows.
-  float* gdK = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head_k * p.dk_head_stride;
-  float* gdV = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head_k * p.dv_head_stride;
+  // Epilogue: dK (times the softmax scale) and dV of the lane's key rows (varlen: the
+  // sequence's first key row re-read, not kept live across the mainloop).
+  const int64_t k_row0 = Fp32Seq<kGeneral>(p, batch).k_row0;
+  float* gdK = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head_k * p.dk_head_stride +
+               k_row0 * p.dk_row_stride;
+  float* gdV = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head_k * p.dv_head_stride +
+               k_row0 * p.dv_row_stride;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int j = n0 + key_row + 8 * rr;

@@ -30,10 +30,15 @@
 //            the 3 MMAs of 4 k8 steps (32 keys) into a fresh accumulator, FFMA into O
 //   epilogue  quad-reduce the row sums, O = acc_o / sum written from the accumulators
 //          (float2 stores); LSE = max * scale + ln(sum), +inf for a row that sees no key.
+//   general  the kGeneral instance, for varlen (cu_seqlens_q / cu_seqlens_k, fp32/seq.cuh: the
+//          grid covers the longest sequence, a CTA past its sequence's rows returns, rows
+//          are offset by the sequence's first row) and softcap / ALiBi (fp32/mods.cuh: the
+//          scores turned into natural-unit logits before the mask; the softmax then takes
+//          exp2((x - max) log2e), as it does without modifiers in this instance). The plain
+//          instance, dense without modifiers, keeps the code it had without them.
 //   limits d multiple of 8, <= kHeadDim (32, 64, 128); 16-byte aligned pointers and strides
-//          a multiple of 4 elements (host API); ragged tails zero-filled and masked. Dense
-//          layout only: no varlen / KV cache / split-KV / score modifiers / bias (mha_fwd
-//          refuses them for float32).
+//          a multiple of 4 elements (host API); ragged tails zero-filled and masked. No KV
+//          cache / split-KV / dropout / bias (mha_fwd refuses them for float32).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -44,6 +49,8 @@
 #include "common/ptx.cuh"
 #include "common/seqlen.cuh"
 #include "fp32/fwd_config.h"
+#include "fp32/mods.cuh"
+#include "fp32/seq.cuh"
 #include "fp32/tf32.cuh"
 
 namespace flashattn2 {
@@ -68,7 +75,7 @@ struct Fp32FwdTraits {
   static_assert(kSmemBytes == fp32_fwd_smem_bytes(kHeadDim), "fwd_config.h and the tiles agree");
 };
 
-template <typename Traits>
+template <typename Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
@@ -100,14 +107,16 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   const int batch = blockIdx.z;
   const int head_k = head / (p.nheads / p.nheads_k);
   const int row0 = m_block * kBlockM;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  const Fp32Seq<kGeneral> seq(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  if (kGeneral && row0 >= seqlen_q) return;  // (the grid covers the longest sequence)
 
   const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
-                    head * p.q_head_stride + int64_t(row0) * p.q_row_stride;
-  const float* gK =
-      static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-  const float* gV =
-      static_cast<const float*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+                    head * p.q_head_stride + (seq.q_row0 + row0) * p.q_row_stride;
+  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
+                    head_k * p.k_head_stride + seq.k_row0 * p.k_row_stride;
+  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
+                    head_k * p.v_head_stride + seq.k_row0 * p.v_row_stride;
 
   // Visible key range of the tile (bottom-right aligned window, FwdParams).
   const int offset = seqlen_k - seqlen_q;
@@ -147,7 +156,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   for (int j = 0; j < 4; ++j) v_off[j] = KTile::kFloats + VTile::offset(q, 8 * j + g);
 
   constexpr float kLog2e = 1.4426950408889634f;
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  // kGeneral: the modifiers of (batch, head); the softmax's scores are then logits (unit 1).
+  const Fp32Mods mods = kGeneral ? Fp32Mods(p, batch, head) : Fp32Mods{};
+  const float scale_log2 = (kGeneral ? mods.unit(p) : p.softmax_scale) * kLog2e;
   float acc_o[kMTiles][kNTilesD][4];
   float row_max[kMTiles][2], row_sum[kMTiles][2];
 #pragma unroll
@@ -191,6 +202,26 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       }
     }
 
+    if constexpr (kGeneral) {
+      if (mods.on) {  // scores -> logits (natural units), before the masks (tanh(-inf) = -1)
+        const int col0 = n_block * kBlockN;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = row0 + warp_row0 + 16 * mt + g + 8 * r;
+#pragma unroll
+          for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              const int col = col0 + 8 * nt + q + 4 * (e & 1);  // the permuted key
+              float dlogit;
+              acc_s[mt][nt][e] = mods.logit(p, acc_s[mt][nt][e], float(row + offset - col), &dlogit);
+            }
+        }
+      }
+    }
+
     if constexpr (kMask) {
       const int col0 = n_block * kBlockN;
 #pragma unroll
@@ -226,17 +257,31 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       // A row with only masked scores so far keeps max -inf: use 0 so that -inf - -inf
       // never happens (its p and correction are then exp2(-inf) = 0).
-      const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      correction[mt][r] = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
-      row_max[mt][r] = m;
       float sum = 0.f;
+      if constexpr (kGeneral) {
+        // (x - max) log2e: the difference before the scaling, so that large logits (ALiBi)
+        // cost no more than PyTorch's softmax (fp32/mods.cuh)
+        const float m0 = m == -INFINITY ? 0.f : m;
+        correction[mt][r] = ptx::exp2_approx((row_max[mt][r] - m0) * scale_log2);
 #pragma unroll
-      for (int nt = 0; nt < kNTilesN; ++nt)
+        for (int nt = 0; nt < kNTilesN; ++nt)
 #pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
-          sum += acc_s[mt][nt][e];
-        }
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            acc_s[mt][nt][e] = ptx::exp2_approx((acc_s[mt][nt][e] - m0) * scale_log2);
+            sum += acc_s[mt][nt][e];
+          }
+      } else {
+        const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+        correction[mt][r] = ptx::exp2_approx(row_max[mt][r] * scale_log2 - max_scaled);
+#pragma unroll
+        for (int nt = 0; nt < kNTilesN; ++nt)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            acc_s[mt][nt][e] = ptx::exp2_approx(fmaf(acc_s[mt][nt][e], scale_log2, -max_scaled));
+            sum += acc_s[mt][nt][e];
+          }
+      }
+      row_max[mt][r] = m;
       row_sum[mt][r] = row_sum[mt][r] * correction[mt][r] + sum;
     }
 
@@ -306,9 +351,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
   }
   ptx::cp_async_wait<0>();  // (Q may be in flight when no K/V tile was visible)
 
-  // Epilogue: O and LSE straight from the accumulators.
-  float* gO = static_cast<float*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  // Epilogue: O and LSE straight from the accumulators (varlen: the sequence's first row
+  // re-read, not kept live across the mainloop).
+  const int64_t q_row0 = Fp32Seq<kGeneral>(p, batch).q_row0;
+  const float unit = kGeneral ? Fp32Mods(p, batch, head).unit(p) : p.softmax_scale;
+  float* gO = static_cast<float*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+              q_row0 * p.o_row_stride;
+  float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + q_row0;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -328,7 +377,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_fp32_kernel(const FwdPa
               make_float2(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
         }
       }
-      if (q == 0) gLse[row] = sum == 0.f ? INFINITY : row_max[mt][r] * p.softmax_scale + logf(sum);
+      if (q == 0) gLse[row] = sum == 0.f ? INFINITY : row_max[mt][r] * unit + logf(sum);
     }
   }
 }

@@ -510,11 +510,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         dq_order_step(nullptr, seq.dq_counter0(head) + m_block,
                       4 * Traits::kConsumers * order_t.rank(n_block, m_block));
       }
-      wgmma_wait<0>();
-      fence_regs(acc_dq);
+      // dV and dK done (all but the dQ group): sQ, sdO, LSE, dsum of stage s are read, so
+      // the stage goes back to the producer while the dQ GEMM still runs.
+      wgmma_wait<1>();
       fence_regs(acc_dk);
       fence_regs(acc_dv);
-      mbar_arrive(bar_empty(s));  // sQ, sdO, LSE, dsum of stage s are read
+      mbar_arrive(bar_empty(s));
+      wgmma_wait<0>();
+      fence_regs(acc_dq);
       if constexpr (kDsBuffers == 1) {
         if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
       }

@@ -35,10 +35,16 @@ FP32_HEAD_DIMS = tuple(dict(_C.build_info()).get("fp32_head_dims", ()))
 # Whether the float32 backward is built (build_info "fp32_bwd").
 FP32_BWD = bool(dict(_C.build_info()).get("fp32_bwd", False))
 
+def _env_flag(name, default):
+    """A switch read at import: the environment variable ``name`` (``default`` if unset); ""
+    and "0" are off."""
+    return os.environ.get(name, default) not in ("", "0")
+
+
 # On Hopper (sm_90) GPUs the forward and backward run the wgmma / TMA kernels of cpp/sm90 for
 # what they support; True sends every call to the mma.sync kernels of cpp/sm80 instead (set by
 # FLASHATTN2_FORCE_SM80=1 at import, or by the force_sm80() context manager).
-FORCE_SM80 = os.environ.get("FLASHATTN2_FORCE_SM80", "0") not in ("", "0")
+FORCE_SM80 = _env_flag("FLASHATTN2_FORCE_SM80", "0")
 # How the Hopper forward walks causal / windowed / varlen tiles: "auto" (a tile counter where
 # tiles are short, sm90/fwd_config.h), "counter" or "blocks" (one CTA per tile); for tuning.
 SM90_TILE_WALK = os.environ.get("FLASHATTN2_SM90_TILE_WALK", "auto") or "auto"
@@ -50,76 +56,99 @@ last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
 # or "decode" (cpp/sm80/decode_kernel.cuh, whose generation is 80); None before any.
 last_fwd_kernel = None
-# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel); 81 is flash_api.h kFwdKernelDecode.
-FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode")}
+# Whether the last forward launch merged its splits inside the decode kernel (no combine
+# kernel; DECODE_FUSED_MERGE); None before any.
+last_fwd_fused_merge = None
+# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel, last_fwd_fused_merge); 81 / 82
+# are flash_api.h kFwdKernelDecode / kFwdKernelDecodeMerged.
+FWD_KERNELS = {90: (90, "sm90", False), 80: (80, "sm80", False), 81: (80, "decode", False),
+               82: (80, "decode", True)}
 # Builds with FLASHATTN2_EXPERIMENTAL=decode run forwards of at most 16 packed query rows
 # (decoding) on the decode kernel where it supports them (cpp/sm80/decode_config.h);
 # FLASHATTN2_DECODE_KERNEL=0 at import, or the decode_kernel(False) context manager, sends
 # them to the KV kernel as before (for A/B comparisons). Without the build item it does
 # nothing.
-DECODE_KERNEL = os.environ.get("FLASHATTN2_DECODE_KERNEL", "1") not in ("", "0")
+DECODE_KERNEL = _env_flag("FLASHATTN2_DECODE_KERNEL", "1")
+# Split-KV on the decode kernel: True (the default) lets the last CTA of each KV-head group
+# merge the splits (arrival counters in the split workspace; one launch, no combine kernel)
+# where that is short (sm80/decode_config.h decode_fused_merge: GQA 4 at d128, sq 1 up to
+# 64 splits, sq 4 up to 16); FLASHATTN2_DECODE_FUSED_MERGE=0 at import, or the decode_fused_merge(False)
+# context manager, always runs the combine kernel (A/B: bench_decode.py impl
+# flashattn2_combine).
+DECODE_FUSED_MERGE = _env_flag("FLASHATTN2_DECODE_FUSED_MERGE", "1")
+# The decode kernel's K / V copies: True (the default) hints L2 to fetch each head's whole
+# row segment (256 bytes at d128, 128 at d64) from DRAM at once (cp.async ... L2::256B);
+# FLASHATTN2_DECODE_L2_PREFETCH=0 at import, or decode_l2_prefetch(False), copies without the
+# hint (A/B: bench_decode.py impl flashattn2_noprefetch). Results are identical either way.
+DECODE_L2_PREFETCH = _env_flag("FLASHATTN2_DECODE_L2_PREFETCH", "1")
+# The decode kernel's loop: True (the default) issues each step's next K / V tile before
+# waiting for the current one (2 tiles in flight through the wait at d128, not 1);
+# FLASHATTN2_DECODE_ISSUE_EARLY=0 at import, or decode_issue_early(False), waits first (A/B:
+# bench_decode.py impl flashattn2_lateissue). Results are identical either way.
+DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16; not dropout, deterministic mode or a bias:
 # those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at import turns it off;
 # force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
-SM90_BWD = os.environ.get("FLASHATTN2_SM90_BWD", "1") not in ("", "0")
+SM90_BWD = _env_flag("FLASHATTN2_SM90_BWD", "1")
 # Where the build has the Hopper backward of kernel head dim 64 (build_info
 # "sm90_bwd_head_dims"), True (the default) runs head dims 33-64 on it; False sends them to the
 # mma.sync backward, the rest unchanged (for A/B comparisons). FLASHATTN2_SM90_BWD_D64=0 at
 # import, or the sm90_bwd_d64(False) context manager.
-SM90_BWD_D64 = os.environ.get("FLASHATTN2_SM90_BWD_D64", "1") not in ("", "0")
+SM90_BWD_D64 = _env_flag("FLASHATTN2_SM90_BWD_D64", "1")
 # True (the default): the bias gradient goes straight into the gradient in the bias's dtype,
 # or by float32 atomics into a buffer without the broadcast batch / head dims
 # (bias.dbias_target); FLASHATTN2_DBIAS_DIRECT=0 at import keeps the float32
 # (b, h, sq, sk) buffer and torch's sum and cast for every bias (for A/B comparisons).
-DBIAS_DIRECT = os.environ.get("FLASHATTN2_DBIAS_DIRECT", "1") not in ("", "0")
+DBIAS_DIRECT = _env_flag("FLASHATTN2_DBIAS_DIRECT", "1")
 # True (the default): the mma.sync backward copies each step's tile of a bias with 16-byte
 # aligned rows (unit key stride) into shared memory by cp.async, where the GPU's blocks have
 # room (cpp/sm80/bwd_launch.cuh); FLASHATTN2_BWD_BIAS_STAGED=0 at import keeps one global
 # load per score (for A/B comparisons).
-BWD_BIAS_STAGED = os.environ.get("FLASHATTN2_BWD_BIAS_STAGED", "1") not in ("", "0")
+BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 
 
-@contextlib.contextmanager
-def force_sm80(enabled=True):
-    """Inside the block, forwards and backwards run the mma.sync (sm80) kernels even on
-    Hopper GPUs (``enabled=False``: the default choice). For comparisons and tests; not
-    thread-safe."""
-    global FORCE_SM80
-    previous, FORCE_SM80 = FORCE_SM80, bool(enabled)
-    try:
-        yield
-    finally:
-        FORCE_SM80 = previous
+def _switch(flag, doc):
+    """A context manager setting the module switch ``flag`` (one of the flags above) inside its
+    block (``enabled``, default True) and restoring it after: for A/B comparisons and tests;
+    not thread-safe. A CUDA graph keeps the choice of its capture."""
+
+    @contextlib.contextmanager
+    def switch(enabled=True):
+        previous = globals()[flag]
+        globals()[flag] = bool(enabled)
+        try:
+            yield
+        finally:
+            globals()[flag] = previous
+
+    switch.__doc__ = doc
+    return switch
 
 
-@contextlib.contextmanager
-def decode_kernel(enabled=True):
-    """Inside the block, forwards may run the decode kernel (``enabled``, the default where
-    built) or never do (``False``: the KV kernel, as builds without it). For A/B comparisons
-    and tests; not thread-safe. A CUDA graph keeps the kernel of its capture."""
-    global DECODE_KERNEL
-    previous, DECODE_KERNEL = DECODE_KERNEL, bool(enabled)
-    try:
-        yield
-    finally:
-        DECODE_KERNEL = previous
-
-
-@contextlib.contextmanager
-def sm90_bwd_d64(enabled=True):
-    """Inside the block, backwards of head dims 33-64 may run the Hopper backward (``enabled``,
-    the default where built) or never do (``False``: the mma.sync backward). For A/B
-    comparisons and tests; not thread-safe."""
-    global SM90_BWD_D64
-    previous, SM90_BWD_D64 = SM90_BWD_D64, bool(enabled)
-    try:
-        yield
-    finally:
-        SM90_BWD_D64 = previous
+force_sm80 = _switch("FORCE_SM80", "Inside the block, forwards and backwards run the mma.sync "
+                     "(sm80) kernels even on Hopper GPUs (enabled=False: the default choice).")
+decode_kernel = _switch("DECODE_KERNEL", "Inside the block, forwards may run the decode kernel "
+                        "(enabled, the default where built) or never do (the KV kernel).")
+sm90_bwd_d64 = _switch("SM90_BWD_D64", "Inside the block, backwards of head dims 33-64 may run "
+                       "the Hopper backward (enabled, the default where built) or never do.")
+decode_fused_merge = _switch("DECODE_FUSED_MERGE", "Inside the block, the decode kernel may "
+                             "merge its splits itself (enabled) or leaves that to the combine "
+                             "kernel.")
+decode_l2_prefetch = _switch("DECODE_L2_PREFETCH", "Inside the block, the decode kernel's K / V "
+                             "copies carry the L2 prefetch hint (enabled) or not.")
+decode_issue_early = _switch("DECODE_ISSUE_EARLY", "Inside the block, the decode kernel issues "
+                             "each step's next tile before waiting for the current one "
+                             "(enabled) or after.")
+dbias_direct = _switch("DBIAS_DIRECT", "Inside the block, the bias gradient goes straight "
+                       "into its target (enabled, the default) or through the float32 "
+                       "(b, h, sq, sk) buffer and torch's sum.")
+bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
+                          "an aligned bias in shared memory (enabled, the default) or loads "
+                          "it per score.")
 
 
 def build_info():

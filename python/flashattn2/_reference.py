@@ -29,9 +29,10 @@ def visible_mask(seqlen_q, seqlen_k, window_left=-1, window_right=-1, device=Non
 
 
 def alibi_bias(alibi_slopes, batch, seqlen_q, seqlen_k, device=None):
-    """float32 ``(batch, nheads, seqlen_q, seqlen_k)``: ``-slope * |i + seqlen_k - seqlen_q - j|``
+    """float32 ``(batch, nheads, seqlen_q, seqlen_k)`` (float64 for float64 slopes, the
+    float64 references of the float32 kernels' tests): ``-slope * |i + seqlen_k - seqlen_q - j|``
     for slopes of shape ``(nheads,)`` or ``(batch, nheads)``."""
-    slopes = alibi_slopes.float().to(device)
+    slopes = alibi_slopes.to(device, torch.promote_types(alibi_slopes.dtype, torch.float32))
     if slopes.dim() == 1:
         slopes = slopes.expand(batch, -1)
     row = torch.arange(seqlen_q, device=device).unsqueeze(1) + (seqlen_k - seqlen_q)

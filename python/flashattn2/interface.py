@@ -60,24 +60,19 @@ def _dtype_code(dtype):
     return 2 if dtype is _FP32 else 1 if dtype is _BF16 else 0
 
 
-def _check_fp32_backward(deterministic):
+def _check_fp32_backward():
     """NotImplementedError for a float32 backward this build cannot run."""
     if not _ext.FP32_BWD:
         raise NotImplementedError(f"flashattn2: the float32 backward is not in this build (build "
                                   f"with {_FP32_BUILD}; the float32 forward runs)")
-    if deterministic:
-        raise NotImplementedError("flashattn2: deterministic=True is not supported for float32 "
-                                  "inputs (its dq adds are unordered)")
 
 
 def _check_fp32(q, softcap=0.0, alibi_slopes=None, dropout_p=0.0, attn_bias=None):
     """NotImplementedError for what the float32 kernels do not run (a no-op for other
-    dtypes): softcap, ALiBi, dropout and attention biases / masks."""
+    dtypes): dropout and attention biases / masks (softcap and ALiBi run)."""
     if q.dtype is not _FP32:
         return
-    unsupported = [name for name, on in (("softcap", softcap > 0),
-                                         ("alibi_slopes", alibi_slopes is not None),
-                                         ("dropout_p > 0", dropout_p > 0),
+    unsupported = [name for name, on in (("dropout_p > 0", dropout_p > 0),
                                          ("attn_bias / attn_mask", attn_bias is not None)) if on]
     if unsupported:
         raise NotImplementedError(f"flashattn2: float32 inputs do not support "
@@ -90,7 +85,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     """Launches the forward kernel with no argument checks; returns ``(out, lse)``.
 
     q ``(b, sq, h, d)``, k/v ``(b, sk, h_k, d)`` CUDA fp16/bf16 (or float32 in builds with
-    the float32 kernels: no score modifiers, no bias), d a multiple of 8 with a compiled
+    the float32 kernels: no dropout, no bias), d a multiple of 8 with a compiled
     kernel, 16-byte aligned pointers, unit last-dim stride and other strides multiples of
     16 bytes. ``out`` (like q, same requirements) and ``lse`` (float32
     ``(b, h, sq)`` with unit last stride) are allocated when not given. Empty problems
@@ -122,13 +117,30 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
     return out, lse
 
 
+# _C.fwd's arguments after its 22 leading ones, in the binding's order (binding.cpp), with
+# their defaults. _launch_fwd passes them all by position: pybind11 matches a keyword by
+# name, one dictionary look-up per parameter, which for these 27 cost ~6 us a call
+# (scripts/host_profile.py --mock). tests/test_decode_kernel.py checks the order against the
+# binding's signature.
+_FWD_LAYOUT = dict(cu_seqlens_q=0, cu_seqlens_k=0, seqused_k=0, leftpad_k=0, kv_batch_idx=0,
+                   block_table=0, block_table_batch_stride=0, page_size=0, num_pages=0)
+_FWD_VARLEN = dict(total_q=0, total_k=0, seqlen_k_new=0)
+_FWD_MODS = dict(softcap=0.0, alibi_slopes=0, alibi_batch_stride=0, rng_state=0, dropout_p=0.0)
+_FWD_BIAS = dict(attn_bias=0, bias_strides=(), bias_dtype=-1)
+_FWD_OPTIONAL = (tuple(_FWD_LAYOUT) + ("num_splits", "o_accum", "lse_accum") + tuple(_FWD_VARLEN)
+                 + tuple(_FWD_MODS) + ("q_pack", "allow_sm90", "tile_counter") + tuple(_FWD_BIAS)
+                 + ("allow_decode", "split_counters", "kv_l2_prefetch", "kv_issue_early"))
+_FWD_KEYS = frozenset(_FWD_LAYOUT) | frozenset(_FWD_VARLEN)  # what **layout may hold
+_FWD_MOD_KEYS = frozenset(_FWD_MODS) | frozenset(_FWD_BIAS)  # what mods may hold
+
+
 def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, lse_strides,
                 batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, softmax_scale,
                 window_left, window_right, num_splits=1, mods=None, **layout):
     """``_C.fwd`` with split-KV: ``num_splits`` 0 takes the heuristic's count, and the float32
-    workspaces of a split run are allocated here. ``layout``: the optional SeqLayout
-    arguments of ``_C.fwd`` (cu_seqlens_q, seqused_k, block_table, ...); ``mods``: the score
-    modifier arguments (``_mod_kwargs``).
+    workspace of a split run (o_accum and lse_accum, one allocation) is allocated here.
+    ``layout``: the optional SeqLayout arguments of ``_C.fwd`` (cu_seqlens_q, seqused_k,
+    block_table, ...; ``_FWD_KEYS``); ``mods``: the score modifier arguments (``_mod_kwargs``).
 
     With GQA (h > h_k), the KV-cache kernel (decoding, paged K/V, split-KV) packs the
     g = h / h_k query heads of each group into its query tiles (``q_pack``, cpp/common/flash.h), so
@@ -137,7 +149,13 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     (``q_pack`` is passed whenever it applies; the plain kernel, which runs longer unsplit
     problems, ignores it.)
     """
-    mods = mods or {}
+    if layout and not _FWD_KEYS.issuperset(layout):
+        raise TypeError(f"_launch_fwd got unknown layout arguments "
+                        f"{sorted(set(layout) - _FWD_KEYS)}")
+    mods = mods or _FWD_MODS
+    if not _FWD_MOD_KEYS.issuperset(mods):
+        raise TypeError(f"_launch_fwd got unknown modifier arguments "
+                        f"{sorted(set(mods) - _FWD_MOD_KEYS)}")
     dropout = mods.get("dropout_p", 0.0) > 0
     bias = bool(mods.get("attn_bias", 0))
     per_head = mods.get("alibi_slopes", 0) or dropout or bias
@@ -146,34 +164,42 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     device = q.get_device()
     if dropout or bias or fp32:
         num_splits = 1  # no split-KV with dropout or a bias (cpp/sm80/fwd_launch.cuh)
+    varlen_q = "cu_seqlens_q" in layout
     sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80 and not fp32
             and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
     # The Hopper forward's persistent CTAs take causal, windowed and varlen tiles (unequal
     # work) from a shared counter that starts at 0 where that pays (short tiles), else it
     # runs one CTA per tile; FLASHATTN2_SM90_TILE_WALK=counter / blocks forces either.
     tile_counter = None
-    if sm90 and (window_left >= 0 or window_right >= 0 or "cu_seqlens_q" in layout):
+    if sm90 and (window_left >= 0 or window_right >= 0 or varlen_q):
         walk = _ext.SM90_TILE_WALK
         if walk == "counter" or (walk == "auto" and _C.sm90_fwd_tile_counter(headdim, seqlen_k)):
             tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     if num_splits == 0:
         # The split count for the kernel that will run: the Hopper forward's tile (no GQA
-        # packing) where it applies, else the KV kernel's.
+        # packing) where it applies, else the KV kernel's (decode: the decode kernel's count
+        # where it would run; dropout and a bias, which it does not take, never get here,
+        # and varlen q never asks). By position, as _C.fwd below.
         if sm90:
             num_splits = _C.num_splits_heuristic(batch, nheads, seqlen_q, seqlen_k, headdim,
-                                                 device, sm90=True)
+                                                 device, True, False)
         else:
-            # (decode: the decode kernel's count where it would run; dropout and a bias,
-            # which it does not take, never get here, and varlen q never asks)
             num_splits = _C.num_splits_heuristic(batch, nheads // q_pack, seqlen_q * q_pack,
-                                                 seqlen_k, headdim, device,
-                                                 decode=_ext.DECODE_KERNEL
-                                                 and "cu_seqlens_q" not in layout)
-    o_accum = lse_accum = None
+                                                 seqlen_k, headdim, device, False,
+                                                 _ext.DECODE_KERNEL and not varlen_q)
+    o_accum = lse_accum = split_counters = 0
     if num_splits > 1:
+        # One float32 buffer: o_accum (rows x headdim), lse_accum (rows; 16-byte aligned, as
+        # headdim is a multiple of 8 here), then from the next 16 bytes the decode kernel's
+        # batch x nheads 8-byte split counters (used in any state: no fill).
         rows = num_splits * batch * nheads * seqlen_q
-        o_accum = torch.empty(rows * headdim, dtype=_FP32, device=q.device)
-        lse_accum = torch.empty(rows, dtype=_FP32, device=q.device)
+        counters_at = rows * (headdim + 1) + (-rows % 4)
+        fused = _ext.DECODE_FUSED_MERGE
+        workspace = torch.empty(counters_at + (2 * batch * nheads if fused else 0),
+                                dtype=_FP32, device=q.device)
+        o_accum = workspace.data_ptr()
+        lse_accum = o_accum + 4 * rows * headdim
+        split_counters = o_accum + 4 * counters_at if fused else 0
     code = _C.fwd(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         q_strides, k_strides, v_strides, o_strides, lse_strides,
@@ -181,14 +207,15 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         softmax_scale, window_left, window_right,
         _dtype_code(q.dtype),
         device, _ext.current_stream(device),
-        num_splits=num_splits,
-        o_accum=0 if o_accum is None else o_accum.data_ptr(),
-        lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
-        q_pack=q_pack, allow_sm90=not _ext.FORCE_SM80, allow_decode=_ext.DECODE_KERNEL,
-        tile_counter=0 if tile_counter is None else tile_counter.data_ptr(),
-        **layout, **mods,
+        *map(layout.get, _FWD_LAYOUT, _FWD_LAYOUT.values()),
+        num_splits, o_accum, lse_accum,
+        *map(layout.get, _FWD_VARLEN, _FWD_VARLEN.values()),
+        *map(mods.get, _FWD_MODS, _FWD_MODS.values()),
+        q_pack, not _ext.FORCE_SM80, 0 if tile_counter is None else tile_counter.data_ptr(),
+        *map(mods.get, _FWD_BIAS, _FWD_BIAS.values()),
+        _ext.DECODE_KERNEL, split_counters, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY,
     )  # fmt: skip
-    _ext.last_fwd_arch, _ext.last_fwd_kernel = _ext.FWD_KERNELS[code]
+    _ext.last_fwd_arch, _ext.last_fwd_kernel, _ext.last_fwd_fused_merge = _ext.FWD_KERNELS[code]
 
 
 def _kv_cache(layout):
@@ -256,7 +283,7 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     with ``dbias_add`` (not with ``deterministic``).
     """
     if q.dtype is _FP32:
-        _check_fp32_backward(deterministic)
+        _check_fp32_backward()
         _check_fp32(q, softcap, alibi_slopes, dropout_p, attn_bias)
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -292,9 +319,12 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         varlen = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
                       total_q=total_q, total_k=k.shape[0])
     device = q.get_device()
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    dq_chains = _C.bwd_dq_chains(seqlen_q, seqlen_k, headdim, deterministic, window_left,
-                                 window_right, num_sms)
+    if q.dtype is _FP32:
+        dq_chains = 1  # (the float32 backward orders its dq adds in one accumulator)
+    else:
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        dq_chains = _C.bwd_dq_chains(seqlen_q, seqlen_k, headdim, deterministic, window_left,
+                                     window_right, num_sms)
     dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim,
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
@@ -548,23 +578,8 @@ def _check_qkv_shapes(q, k, v):
             what = "(batch, seqlen_q, nheads, headdim)" if name == "q" else (
                 "(batch, seqlen_k, nheads_k, headdim)")
             raise _shape_error(name, what, t)
-    dtype = q.dtype
-    if dtype is _FP32:
-        if "fp32" not in _ext.EXPERIMENTAL:
-            raise Float32NotBuilt(
-                f"FlashAttention only supports fp16 and bf16 data type; got q {dtype} (float32 "
-                f"needs the float32 kernels: build with {_FP32_BUILD})")
-    elif dtype is not _HALF and dtype is not _BF16:
-        raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
-    if k.dtype is not dtype:
-        raise ValueError(f"query and key must have the same dtype; got q {dtype}, k {k.dtype}")
-    if v.dtype is not dtype:
-        raise ValueError(f"query and value must have the same dtype; got q {dtype}, v {v.dtype}")
-
+    dtype = _check_dtypes(q, k, v)
     batch, _, nheads, headdim = q.shape
-    if dtype is _FP32 and (headdim % 8 or not 0 < headdim <= _FP32_MAX_HEADDIM):
-        raise ValueError(f"flashattn2: float32 supports head dims that are multiples of 8 up to "
-                         f"{_FP32_MAX_HEADDIM}; got {headdim}")
     if headdim == 0 or headdim > _MAX_HEADDIM:
         raise ValueError(
             f"FlashAttention forward only supports head dimension at most {_MAX_HEADDIM} "
@@ -591,8 +606,31 @@ def _check_qkv_shapes(q, k, v):
         )
 
 
-def _check_devices(*named):
-    """``named``: (name, tensor) pairs, all on one CUDA device that this build can run on."""
+def _check_dtypes(q, k, v):
+    """q's dtype, after the dtype checks of q, k and v (float32: built, and a head dim its
+    kernels take); shared by the dense and the varlen functions."""
+    dtype = q.dtype
+    if dtype is _FP32:
+        if "fp32" not in _ext.EXPERIMENTAL:
+            raise Float32NotBuilt(
+                f"FlashAttention only supports fp16 and bf16 data type; got q {dtype} (float32 "
+                f"needs the float32 kernels: build with {_FP32_BUILD})")
+    elif dtype is not _HALF and dtype is not _BF16:
+        raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
+    if k.dtype is not dtype:
+        raise ValueError(f"query and key must have the same dtype; got q {dtype}, k {k.dtype}")
+    if v.dtype is not dtype:
+        raise ValueError(f"query and value must have the same dtype; got q {dtype}, v {v.dtype}")
+    headdim = q.shape[-1]
+    if dtype is _FP32 and (headdim % 8 or not 0 < headdim <= _FP32_MAX_HEADDIM):
+        raise ValueError(f"flashattn2: float32 supports head dims that are multiples of 8 up to "
+                         f"{_FP32_MAX_HEADDIM}; got {headdim}")
+    return dtype
+
+
+def _check_devices(*named, tracing=None):
+    """``named``: (name, tensor) pairs, all on one CUDA device that this build can run on.
+    ``tracing``: ``_tracing()``, if the caller has it already."""
     for name, t in named:
         if not t.is_cuda:
             raise ValueError(f"flashattn2 needs CUDA tensors; got {name} on {t.device}")
@@ -604,18 +642,21 @@ def _check_devices(*named):
                 f"{', '.join(names[:-1])} and {names[-1]} must be on the same device; got "
                 + ", ".join(f"{name} on {t.device}" for name, t in named)
             )
-    if not _tracing():  # traced (maybe on a machine without GPU): the launch checks it
-        _ext.check_device(device)
+    if not (_tracing() if tracing is None else tracing):
+        _ext.check_device(device)  # (traced, maybe on a machine without GPU: the launch checks)
 
 
 def _kernel_ready(t, pad):
     """``t`` itself if the kernel can read it, else a padded / contiguous copy."""
     if pad:
         t = F.pad(t, (0, pad))
-    stride = t.stride()
+    *outer, last = t.stride()
     align = 16 // t.element_size()  # 16 bytes: 8 two-byte or 4 float32 elements
-    if stride[-1] != 1 or t.data_ptr() % 16 or any(s % align for s in stride[:-1]):
-        t = t.clone(memory_format=_CONTIGUOUS)
+    if last != 1 or t.data_ptr() % 16:
+        return t.clone(memory_format=_CONTIGUOUS)
+    for s in outer:
+        if s % align:
+            return t.clone(memory_format=_CONTIGUOUS)
     return t
 
 
@@ -962,7 +1003,7 @@ def backward(q, k, v, o, lse, dout, causal=False, softmax_scale=None, determinis
         raise _shape_error("lse", f"(batch, nheads, seqlen_q) = {(batch, nheads, seqlen_q)}", lse)
     _devices(q, k, v, alibi_slopes, rng_state, (("o", o), ("lse", lse), ("dout", dout)))
     if q.dtype is _FP32:
-        _check_fp32_backward(deterministic)
+        _check_fp32_backward()
     else:
         _check_backward(headdim, q.device)
     args = (dout, q, k, v, o, lse, _scale(q, softmax_scale), -1, 0 if causal else -1,

@@ -46,11 +46,12 @@ def _check_int32_vector(name, t, batch):
         raise _shape_error(name, f"(batch={batch},)", t)
 
 
-def _cache_ready(name, t):
-    """The kernels read (and write) the cache in place: it must already be readable."""
+def _cache_ready(name, t, tracing):
+    """The kernels read (and write) the cache in place: it must already be readable (``t``
+    4-D; ``tracing``: ``_tracing()``, when there is no pointer: the op checks it)."""
     stride = t.stride()
-    misaligned = not _tracing() and t.data_ptr() % 16  # traced: no pointer (the op checks)
-    if stride[-1] != 1 or misaligned or any(s % 8 for s in stride[:-1]):
+    if (stride[3] != 1 or stride[0] % 8 or stride[1] % 8 or stride[2] % 8
+            or (not tracing and t.data_ptr() % 16)):
         raise ValueError(
             f"{name} must have a unit last stride, a 16-byte aligned data pointer and other "
             f"strides that are multiples of 8 elements (it is used in place); got strides "
@@ -59,15 +60,21 @@ def _cache_ready(name, t):
 
 
 def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                   cache_batch_idx, cache_leftpad, block_table, num_splits, alibi_slopes=None):
-    """Every argument check, before any launch; returns (capacity, page_size)."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
-                    ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                    ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-                    ("block_table", block_table)):
-        if t is not None or name in ("q", "k_cache", "v_cache"):
-            _require_tensor(name, t, "a torch.Tensor" if name in ("q", "k_cache", "v_cache")
-                            else "a torch.Tensor or None")
+                   cache_batch_idx, cache_leftpad, block_table, num_splits, alibi_slopes=None,
+                   tracing=None):
+    """Every argument check, before any launch; returns (capacity, page_size). ``tracing``:
+    ``_tracing()``, if the caller has it already."""
+    tracing = _tracing() if tracing is None else tracing
+    _require_tensor("q", q)
+    _require_tensor("k_cache", k_cache)
+    _require_tensor("v_cache", v_cache)
+    if not (k is None and v is None and rotary_cos is None and rotary_sin is None
+            and cache_batch_idx is None and cache_leftpad is None and block_table is None):
+        for name, t in (("k", k), ("v", v), ("rotary_cos", rotary_cos),
+                        ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
+            if t is not None:
+                _require_tensor(name, t, "a torch.Tensor or None")
     if q.dim() != 4:
         raise _shape_error("q", "(batch, seqlen_q, nheads, headdim)", q)
     dtype = q.dtype
@@ -176,22 +183,23 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
         if t is not None:
             _check_int32_vector(name, t, batch)
             named.append((name, t))
-    try:
-        if isinstance(num_splits, bool):
-            raise TypeError
-        num_splits = operator.index(num_splits)
-    except TypeError:
-        raise ValueError(f"num_splits must be an int; got {num_splits!r}") from None
+    if type(num_splits) is not int:  # (the common case needs no operator.index)
+        try:
+            if isinstance(num_splits, bool):
+                raise TypeError
+            num_splits = operator.index(num_splits)
+        except TypeError:
+            raise ValueError(f"num_splits must be an int; got {num_splits!r}") from None
     if not 0 <= num_splits <= _C.MAX_SPLITS:
         raise ValueError(f"num_splits must be in [0, {_C.MAX_SPLITS}] (0 = heuristic); got "
                          f"{num_splits}")
-    _check_alibi_shape(alibi_slopes, q.shape[0], q.shape[2])
     if alibi_slopes is not None:
+        _check_alibi_shape(alibi_slopes, batch, nheads)
         named.append(("alibi_slopes", alibi_slopes))
     if headdim % 8 == 0:  # else the kernels run on padded copies
-        _cache_ready("k_cache", k_cache)
-        _cache_ready("v_cache", v_cache)
-    _check_devices(*named)
+        _cache_ready("k_cache", k_cache, tracing)
+        _cache_ready("v_cache", v_cache, tracing)
+    _check_devices(*named, tracing=tracing)
     return capacity, page_size
 
 
@@ -211,12 +219,10 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     lse = torch.empty(batch, nheads, seqlen_q, dtype=_FP32, device=q.device)
     if batch == 0 or seqlen_q == 0 or nheads == 0:
         return out, lse
-    device = q.get_device()
-    stream = _ext.current_stream(device)
-    dtype_code = 1 if q.dtype is _BF16 else 0
-    ptr = (lambda t: 0 if t is None else t.data_ptr())
     seqlen_new = 0 if k is None else k.shape[1]
     if seqlen_new:
+        device = q.get_device()
+        ptr = (lambda t: 0 if t is None else t.data_ptr())
         # The append kernel takes q's strides too (it rotates q with rotary): all three
         # must be readable, as for the attention kernel.
         q, k, v = _kernel_ready(q, 0), _kernel_ready(k, 0), _kernel_ready(v, 0)
@@ -235,7 +241,7 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
             0 if rotary_cos is None else rotary_cos.shape[0], bool(rotary_interleaved),
             q.data_ptr(), ptr(q_rot), q.stride()[:3], seqlen_q, nheads,
             window_left >= 0 or window_right >= 0, batch, seqlen_new, nheads_k, headdim,
-            dtype_code, device, stream,
+            1 if q.dtype is _BF16 else 0, device, _ext.current_stream(device),
         )  # fmt: skip
         if q_rot is not None:
             q = q_rot
@@ -255,10 +261,11 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         layout.update(block_table=block_table.data_ptr(),
                       block_table_batch_stride=block_table.stride(0), page_size=page_size,
                       num_pages=k_cache.shape[0])
+    mods = _mod_kwargs(softcap, alibi_slopes) if softcap or alibi_slopes is not None else None
     _launch_fwd(q, k_cache, v_cache, out, lse, q.stride()[:3], k_cache.stride()[:3],
                 v_cache.stride()[:3], out.stride()[:3], lse.stride()[:2], batch, seqlen_q,
                 capacity, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
-                num_splits, _mod_kwargs(softcap, alibi_slopes), **layout)
+                num_splits, mods, **layout)
     return out, lse
 
 
@@ -328,9 +335,10 @@ def flash_attn_with_kvcache(
     """
     _, softcap = _check_mod_values(0.0, softcap, softmax_scale)
     window_left, window_right = _window(window_size, causal)
+    tracing = _tracing()
     capacity, _ = _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                 num_splits, alibi_slopes)
+                                 num_splits, alibi_slopes, tracing)
     # As flash-attn: a bound >= the cache length is unbounded (it then neither masks nor
     # makes rotary rotate q row by row).
     window_left = -1 if window_left >= capacity else window_left
@@ -341,27 +349,22 @@ def flash_attn_with_kvcache(
     rest = (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
             _scale(q, softmax_scale), window_left, window_right, bool(rotary_interleaved),
             int(num_splits), softcap, alibi_slopes)
+    run = torch.ops.flashattn2.fwd_kvcache if tracing else _kvcache_forward
     headdim = q.shape[3]
     pad = -headdim % 8
     if pad == 0:
-        out, lse = _run(q, k_cache, v_cache, k, v, *rest)
+        out, lse = run(q, k_cache, v_cache, k, v, *rest)
     else:
         # The kernels need head dims that are multiples of 8: run on zero-padded copies,
         # then write the appended rows back into the caches given.
         padded = (lambda t: None if t is None else F.pad(t, (0, pad)))
         kc, vc = padded(k_cache), padded(v_cache)
-        out, lse = _run(padded(q), kc, vc, padded(k), padded(v), *rest)
+        out, lse = run(padded(q), kc, vc, padded(k), padded(v), *rest)
         out = out[..., :headdim]
         if k is not None:
             _write_back_appended(k_cache, v_cache, kc, vc, cache_seqlens, k.shape[1],
                                  cache_batch_idx, block_table)
     return (out, lse) if return_softmax_lse else out
-
-
-def _run(*args):
-    if _tracing():
-        return torch.ops.flashattn2.fwd_kvcache(*args)
-    return _kvcache_forward(*args)
 
 
 def _write_back_appended(k_cache, v_cache, kc, vc, cache_seqlens, seqlen_new, cache_batch_idx,

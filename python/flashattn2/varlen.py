@@ -24,6 +24,9 @@ from .interface import (
     _check_alibi_shape,
     _check_backward,
     _check_devices,
+    _check_dtypes,
+    _check_fp32,
+    _check_fp32_backward,
     _check_mod_values,
     _kernel_ready,
     _launch_bwd,
@@ -60,9 +63,10 @@ def _check_cu_seqlens(name, cu):
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                  alibi_slopes=None, block_table=None):
-    """Ranks, dtypes, shapes, then devices; returns the checked max_seqlen ints. With
-    ``block_table``, k and v are paged ``(num_blocks, page_size, nheads_k, headdim)``."""
+                  alibi_slopes=None, block_table=None, softcap=0.0, dropout_p=0.0):
+    """Ranks, dtypes (float32: the features its kernels lack), shapes, then devices; returns
+    the checked max_seqlen ints. With ``block_table``, k and v are paged
+    ``(num_blocks, page_size, nheads_k, headdim)``."""
     paged = block_table is not None
     kv_layout = "(num_blocks, page_size, nheads_k, headdim)" if paged else "(total_k, nheads_k, headdim)"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -70,20 +74,18 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != (3 if name == "q" or not paged else 4):
             raise _shape_error(name, "(total_q, nheads, headdim)" if name == "q" else kv_layout, t)
-    dtype = q.dtype
-    if dtype is not _HALF and dtype is not _BF16:
-        raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
-    for name, t in (("key", k), ("value", v)):
-        if t.dtype is not dtype:
-            raise ValueError(f"query and {name} must have the same dtype; got q {dtype}, "
-                             f"{name[0]} {t.dtype}")
+    dtype = _check_dtypes(q, k, v)
+    _check_fp32(q, softcap, alibi_slopes, dropout_p)
+    if dtype is _FP32 and paged:
+        raise NotImplementedError("flashattn2: float32 inputs do not support a paged KV cache "
+                                  "(block_table); float16 / bfloat16 do")
     _, nheads, headdim = q.shape
     if headdim == 0 or headdim > _MAX_HEADDIM:
         raise ValueError(
             f"FlashAttention forward only supports head dimension at most {_MAX_HEADDIM} "
             f"(and at least 1); got {headdim}"
         )
-    if _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)] < 0:
+    if _ext.KERNEL_HEAD_DIM[headdim + (-headdim % 8)] < 0 and dtype is not _FP32:
         built = ", ".join(map(str, _ext.build_info()["head_dims"]))
         raise ValueError(f"flashattn2: head dim {headdim} needs a kernel head dim >= "
                          f"{headdim}; this build has {built}")
@@ -262,7 +264,10 @@ class _VarlenFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         headdim = ctx.headdim
         q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state = ctx.saved_tensors
-        _check_backward(headdim, q.device)
+        if q.dtype is _FP32:
+            _check_fp32_backward()
+        else:
+            _check_backward(headdim, q.device)
         args = (dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args, ctx.softcap, alibi_slopes,
                 ctx.dropout_p, rng_state)
         if _tracing():
@@ -434,7 +439,7 @@ def flash_attn_varlen_func(
     window_left, window_right = _window(window_size, causal)
     max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                               block_table)
+                                               block_table, softcap, dropout_p)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, window_left, window_right, deterministic,
                              return_attn_probs, softcap, alibi_slopes, dropout_p, block_table)
@@ -462,7 +467,7 @@ def flash_attn_varlen_qkvpacked_func(
         raise _shape_error("qkv", "(total, 3, nheads, headdim)", qkv)
     q, k, v = qkv.unbind(1)
     max_seqlen, _ = _check_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                                  alibi_slopes)
+                                  alibi_slopes, softcap=softcap, dropout_p=dropout_p)
     return _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                              softmax_scale, window_left, window_right, deterministic,
                              return_attn_probs, softcap, alibi_slopes, dropout_p)
@@ -493,7 +498,8 @@ def flash_attn_varlen_kvpacked_func(
         raise _shape_error("kv", "(total_k, 2, nheads_k, headdim)", kv)
     k, v = kv.unbind(1)
     max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k, alibi_slopes)
+                                               max_seqlen_q, max_seqlen_k, alibi_slopes,
+                                               softcap=softcap, dropout_p=dropout_p)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, window_left, window_right, deterministic,
                              return_attn_probs, softcap, alibi_slopes, dropout_p)
