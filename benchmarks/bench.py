@@ -271,6 +271,33 @@ def print_summary(rows):
             parts.append(f"vs {ref}: min {lo:.2f}x geomean {gm:.2f}x "
                          f"({len(ratios)} cfgs{gaps}){met}")
         print(f"  d{d:<4} " + " | ".join(parts))
+    print_bias_summary(rows)
+
+
+BIAS_TARGET = 1.5  # issue 21: flashattn2 >= 1.5x sdpa_efficient with the same bias
+
+
+def print_bias_summary(rows):
+    """--bias / --bias-grad: flashattn2 / sdpa_efficient per (variant, mode, head dim), min and
+    geomean over configs, against BIAS_TARGET (nothing when no such rows)."""
+    sel = [r for r in rows if r.get("variant") in ("bias", "bias_grad") and r["tflops"]
+           and not r["deterministic"]]
+    keys = sorted({(r["variant"], r["mode"], r["headdim"]) for r in sel},
+                  key=lambda k: (k[0], MODES.index(k[1]), k[2]))
+    if keys:
+        print(f"\nBias: flashattn2 / sdpa_efficient (target >= {BIAS_TARGET}x), min and geomean")
+    for variant, mode, d in keys:
+        configs = [{r["impl"]: r["tflops"] for r in grp} for grp in grouped(sel)
+                   if (grp[0]["variant"], grp[0]["mode"], grp[0]["headdim"]) == (variant, mode, d)]
+        ratios = [c["flashattn2"] / c["sdpa_efficient"] for c in configs
+                  if "flashattn2" in c and "sdpa_efficient" in c]
+        if not ratios:
+            print(f"  {variant:<9} {mode:<7} d{d:<4} n/a")
+            continue
+        lo, gm = min(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios))
+        met = "MET" if lo >= BIAS_TARGET else "MISSED"
+        print(f"  {variant:<9} {mode:<7} d{d:<4} min {lo:.2f}x geomean {gm:.2f}x "
+              f"({len(ratios)} cfgs) {met}")
 
 
 def plot(rows, path):

@@ -79,6 +79,22 @@ def test_bias_grad_rows_differentiate_each_impls_own_bias_leaf():
         torch.testing.assert_close(grads[3], expected_grad, atol=1e-5, rtol=1e-5)
 
 
+def test_bias_summary_reports_the_ratio_to_the_efficient_backend(capsys):
+    def row(impl, tflops, variant, mode="bwd", seqlen=1024):
+        return dict(gpu="g", impl=impl, mode=mode, dtype="bf16", headdim=64, causal=False,
+                    seqlen_q=seqlen, deterministic=False, variant=variant, tflops=tflops)
+
+    rows = [row("flashattn2", 300.0, "bias_grad"), row("sdpa_efficient", 100.0, "bias_grad"),
+            row("flashattn2", 120.0, "bias_grad", seqlen=4096),
+            row("sdpa_efficient", 100.0, "bias_grad", seqlen=4096),
+            row("flashattn2", 200.0, "bias", "fwd"), row("sdpa_cudnn", 150.0, "bias", "fwd"),
+            row("flashattn2", 250.0, "plain")]
+    bench.print_bias_summary(rows)
+    out = capsys.readouterr().out
+    assert "bias_grad bwd     d64   min 1.20x geomean 1.90x (2 cfgs) MISSED" in out
+    assert "bias      fwd     d64   n/a" in out and "plain" not in out
+
+
 def test_decode_summary_reports_issue_20s_targets(capsys):
     import bench_decode as bd
 
