@@ -41,11 +41,9 @@ sdpa_efficient with the same bias.
     python benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096 --dtypes bf16 \
         --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias
 
-`--bias-grad` adds rows (variant `bias_grad`, backward modes only) whose bias requires grad:
-the backward also returns dbias, for flashattn2 and for the SDPA backends that give an
-attn_mask a gradient (the memory-efficient one; torch_eager and sdpa_math through autograd).
-A backend that refuses it (cuDNN: its attn_mask takes no gradient in torch 2.4-2.11) leaves
-its cell empty with a note. The issue's target: flashattn2 >= 1.5x sdpa_efficient there too.
+`--bias-grad` adds rows (variant `bias_grad`, bwd / fwd_bwd) whose bias requires grad, so the
+backward also computes dbias; a backend whose attn_mask takes no gradient (cuDNN) leaves its
+cell empty with a note. The summary gives flashattn2 / sdpa_efficient (target >= 1.5x).
 
     python benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \
         --modes bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias --bias-grad
@@ -278,8 +276,7 @@ BIAS_TARGET = 1.5  # issue 21: flashattn2 >= 1.5x sdpa_efficient with the same b
 
 
 def print_bias_summary(rows):
-    """--bias / --bias-grad: flashattn2 / sdpa_efficient per (variant, mode, head dim), min and
-    geomean over configs, against BIAS_TARGET (nothing when no such rows)."""
+    """flashattn2 / sdpa_efficient per (bias variant, mode, head dim) against BIAS_TARGET."""
     sel = [r for r in rows if r.get("variant") in ("bias", "bias_grad") and r["tflops"]
            and not r["deterministic"]]
     keys = sorted({(r["variant"], r["mode"], r["headdim"]) for r in sel},
@@ -481,8 +478,7 @@ class BackwardMissing(Exception):
 
 
 def grad_inputs(impl, q, k, v, variant, bias):
-    """The tensors the backward differentiates: q, k, v, and with "bias_grad" the impl's bias
-    (flashattn2's or the others', each a leaf that requires grad)."""
+    """q, k, v, and with "bias_grad" the impl's bias (a leaf): what the backward differentiates."""
     if variant != "bias_grad":
         return (q, k, v)
     return (q, k, v, bias[0] if impl.startswith("flashattn2") else bias[1])
@@ -490,8 +486,7 @@ def grad_inputs(impl, q, k, v, variant, bias):
 
 def measure(impl, mode, q, k, v, dout, causal, timer, variant="plain", bias=None):
     """Median ms of one impl/mode. A first untimed call surfaces refusals: whatever the
-    forward raises, or BackwardMissing. (A backend whose output does not depend on a bias that
-    requires grad raises RuntimeError at the first backward: its cell stays empty.)"""
+    forward raises, or BackwardMissing (or RuntimeError: a bias_grad bias the output ignores)."""
     import torch
     ctx, fwd = make_call(impl, q, k, v, causal, variant, bias)
     inputs = grad_inputs(impl, q, k, v, variant, bias)
@@ -594,8 +589,7 @@ def run_sweep(args):
                     continue
                 if variant == "bias_grad" and mode == "fwd":  # (the "bias" row's forward)
                     continue
-                # "bias_grad": leaves that require grad, sharing the bias's memory ("bias" rows
-                # keep tensors without grad, or the backward would compute dbias there too)
+                # (bias_grad: leaves sharing the memory; "bias" rows keep no grad, or dbias runs)
                 vbias = bias if variant != "bias_grad" else tuple(
                     x.detach().requires_grad_() for x in bias)
                 try:
