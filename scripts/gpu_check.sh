@@ -8,7 +8,8 @@
 #
 # Switches: SKIP_BUILD SKIP_TESTS SKIP_SM80_TESTS SKIP_SANITIZER SKIP_BENCH SKIP_DECODE (=1),
 # TEST_TIMEOUT (seconds per test step, default 480: a hang fails the step, the rest runs),
-# BENCH_ARGS, DECODE_ARGS, TESTS (pytest paths, default tests), PYTEST_ARGS, SM80_TESTS (forward and backward test files run a
+# BENCH_ARGS, DECODE_ARGS, TESTS (pytest paths, default tests), PYTEST_ARGS, SM80_TESTS
+# (forward and backward test files run a
 # second time with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are
 # tested), ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS
 # (default: all), SM90_BWD_EXPERIMENTAL (the Hopper backward's extensions, a subset of
