@@ -56,6 +56,14 @@ if want base && [ -d .base/cpp ]; then
         > "$O/base_build.txt" 2>&1 &
     BASE_PID=$!
 fi
+# smoke: the test files of what is new (SMOKE_TESTS) first, in their own process with -x, so
+# that a crash there (a CUDA error kills the process's context: every later test errors) is
+# seen at once and does not hide the rest of the suite's results.
+if want smoke && [ -n "${SMOKE_TESTS:-}" ]; then
+    stamp "smoke: $SMOKE_TESTS"
+    # shellcheck disable=SC2086
+    timeout 600 python3 -m pytest $SMOKE_TESTS -q -x -p no:cacheprovider 2>&1 | tail -n 15
+fi
 if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
