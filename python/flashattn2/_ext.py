@@ -27,13 +27,14 @@ __version__ = _C.__version__
 KERNEL_HEAD_DIM = tuple(_C.kernel_head_dim(d) if d else -1 for d in range(257))
 # Largest head dim the backward supports in this build (0 if none).
 BWD_MAX_HEAD_DIM = _C.bwd_max_head_dim()
+_BUILD = dict(_C.build_info())  # (read once, at import)
 # FLASHATTN2_EXPERIMENTAL features built in ("bias"), read once: the per-call checks (traced
 # by torch.compile, which cannot call into _C) only look at this set.
-EXPERIMENTAL = frozenset(dict(_C.build_info()).get("experimental", ()))
+EXPERIMENTAL = frozenset(_BUILD.get("experimental", ()))
 # Kernel head dims of the float32 kernels (FLASHATTN2_EXPERIMENTAL=fp32 builds; () without).
-FP32_HEAD_DIMS = tuple(dict(_C.build_info()).get("fp32_head_dims", ()))
+FP32_HEAD_DIMS = tuple(_BUILD.get("fp32_head_dims", ()))
 # Whether the float32 backward is built (build_info "fp32_bwd").
-FP32_BWD = bool(dict(_C.build_info()).get("fp32_bwd", False))
+FP32_BWD = bool(_BUILD.get("fp32_bwd", False))
 
 def _env_flag(name, default):
     """A switch read at import: the environment variable ``name`` (``default`` if unset); ""

@@ -317,12 +317,12 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         varlen = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
                       total_q=total_q, total_k=k.shape[0])
     device = q.get_device()
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     if q.dtype is _FP32:
         dq_chains = 1  # (the float32 backward orders its dq adds in one accumulator)
     elif deterministic and _ext.DQ_CHAINS:
         dq_chains = _ext.DQ_CHAINS
     else:
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         dq_chains = _C.bwd_dq_chains(seqlen_q, seqlen_k, headdim, deterministic, window_left,
                                      window_right, num_sms)
     dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim,

@@ -26,6 +26,7 @@ from .interface import (
     _check_alibi_shape,
     _check_devices,
     _check_mod_values,
+    _dtype_code,
     _kernel_ready,
     _launch_fwd,
     _mod_kwargs,
@@ -241,7 +242,7 @@ def _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
             0 if rotary_cos is None else rotary_cos.shape[0], bool(rotary_interleaved),
             q.data_ptr(), ptr(q_rot), q.stride()[:3], seqlen_q, nheads,
             window_left >= 0 or window_right >= 0, batch, seqlen_new, nheads_k, headdim,
-            1 if q.dtype is _BF16 else 0, device, _ext.current_stream(device),
+            _dtype_code(q.dtype), device, _ext.current_stream(device),
         )  # fmt: skip
         if q_rot is not None:
             q = q_rot
