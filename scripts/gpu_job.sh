@@ -175,7 +175,9 @@ if want grid; then
     python3 benchmarks/bench.py --grid --rep 30 --warmup 10 --out "$O/grid"
 fi
 if want cp; then
-    stamp "bench context parallel (2 GPUs)"
-    bash scripts/cp_bench.sh --out "$O/cp"
+    # CP_ARGS: bench_cp.py's options, e.g. issue 22's scaling run on 4 GPUs (its docstring)
+    stamp "bench context parallel ($(nvidia-smi -L | wc -l) GPUs) ${CP_ARGS:-}"
+    # shellcheck disable=SC2086
+    bash scripts/cp_bench.sh --out "$O/cp" ${CP_ARGS:-}
 fi
 stamp done

@@ -6,15 +6,19 @@ Markers:
          tests then fail with the build's message, so a wrong-arch build cannot pass.
   large  allocates > 10 GB of GPU memory; runs by default, deselect with -m "not large".
   gpu2   needs 2 CUDA GPUs of one host (NCCL); skipped (with the reason) on fewer.
+  gpu4   needs 4 CUDA GPUs of one host (NCCL); skipped (with the reason) on fewer.
 """
 import pytest
 import torch
+
+_GPU_COUNT_MARKERS = (2, 4)  # gpuN markers: tests that need N GPUs of one host
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (sm_80 or newer)")
     config.addinivalue_line("markers", 'large: needs > 10 GB of GPU memory (-m "not large")')
-    config.addinivalue_line("markers", "gpu2: needs 2 CUDA GPUs of one host (NCCL)")
+    for count in _GPU_COUNT_MARKERS:
+        config.addinivalue_line("markers", f"gpu{count}: needs {count} CUDA GPUs of one host (NCCL)")
 
 
 def _gpu_skip_reason():
@@ -26,21 +30,18 @@ def _gpu_skip_reason():
     return None
 
 
-def _gpu2_skip_reason():
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count < 2:
-        return f"needs 2 CUDA GPUs; this machine has {count}"
-    return None
-
-
 def pytest_collection_modifyitems(config, items):
     reason = _gpu_skip_reason()
-    reason2 = reason or _gpu2_skip_reason()
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
         if reason is not None and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
-        elif reason2 is not None and "gpu2" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason=reason2))
+            continue
+        for count in _GPU_COUNT_MARKERS:
+            if f"gpu{count}" in item.keywords and have < count:
+                item.add_marker(pytest.mark.skip(
+                    reason=f"needs {count} CUDA GPUs; this machine has {have}"))
+                break
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,9 @@ so a failed comparison on one rank cannot leave the others waiting.
 CPU (gloo): the block attention is the float32 reference, so results must equal
 single-process reference attention within float32 rounding. CUDA (NCCL): bf16, held to
 the 2x rule (the larger of single-GPU flash_attn_func's and plain PyTorch bf16's error on the
-full sequence); past 16k tokens the references run by query chunks (_reference).
+full sequence); past 16k tokens the references run by query chunks (_reference). A case
+with ``vs_world2`` also runs on ranks 0 and 1 as a 2-rank group, and the two results,
+gathered whole, must agree within the same bound (_two_rank_results).
 """
 import datetime
 import json
@@ -49,15 +51,16 @@ def _attn_kwargs(case):
                 window_size=tuple(case.get("window", (-1, -1))), softcap=case.get("softcap", 0.0))
 
 
-def _distributed(case, q, k, v, dout, rank, world_size):
-    """This rank's (out, lse, dq, dk, dv) from the distributed function under test."""
+def _distributed(case, q, k, v, dout, rank, world_size, group=None):
+    """This rank's (out, lse, dq, dk, dv) from the distributed function under test, over
+    ``group`` (default: the world)."""
     import flashattn2.distributed as cp
 
     func = {"ring": cp.ring_attn_func, "gather": cp.gather_attn_func,
             "ulysses": cp.ulysses_attn_func}[case["variant"]]  # fmt: skip
     layout = case.get("layout", "zigzag")
     local = [cp.shard_sequence(t, rank, world_size, layout).requires_grad_() for t in (q, k, v)]
-    out, lse = func(*local, layout=layout, return_lse=True,
+    out, lse = func(*local, group=group, layout=layout, return_lse=True,
                     deterministic=case.get("deterministic", False), **_attn_kwargs(case))
     out.backward(cp.shard_sequence(dout, rank, world_size, layout))
     return [out.detach(), lse] + [t.grad for t in local]
@@ -134,6 +137,14 @@ def _compare_cpu(ours, ref):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def _bound(flash, lowp, ref, atol):
+    """The 2x rule's bound of one tensor: twice the larger of the errors of single-GPU
+    flash_attn_func and of plain PyTorch in bf16 against the float32 reference, plus atol."""
+    err_flash = (flash.float() - ref.float()).abs().max().item()
+    err_torch = (lowp.float() - ref.float()).abs().max().item()
+    return 2 * max(err_flash, err_torch) + atol, err_flash, err_torch
+
+
 def _compare_gpu(ours, flash, lowp, ref, atol):
     """The 2x rule for out and gradients, the base the larger of the errors of single-GPU
     flash_attn_func and of plain PyTorch in bf16; LSE within float32 rounding. (The ring sums
@@ -144,13 +155,50 @@ def _compare_gpu(ours, flash, lowp, ref, atol):
             torch.testing.assert_close(a, r, atol=1e-4, rtol=1e-5)
             continue
         err = (a.float() - r.float()).abs().max().item()
-        err_flash = (f.float() - r.float()).abs().max().item()
-        err_torch = (t.float() - r.float()).abs().max().item()
-        bound = 2 * max(err_flash, err_torch) + atol
+        bound, err_flash, err_torch = _bound(f, t, r, atol)
         assert err <= bound, (
             f"{name}: max |ours - ref| = {err:.3e} > {bound:.3e} "
             f"(single-GPU flash_attn_func: {err_flash:.3e}, PyTorch bf16: {err_torch:.3e})"
         )
+
+
+_PAIR_GROUPS = {}  # world size -> the process group of ranks 0 and 1 (made once a process)
+
+
+def _two_rank_results(case, q, k, v, dout, ours, rank, world_size):
+    """``vs_world2`` cases: (this world's result gathered whole, the same case run again by
+    ranks 0 and 1 as a 2-rank group on the same full sequence, gathered whole); None on
+    ranks >= 2 and for other cases. Every rank makes the pair's group (torch.distributed's
+    rule) and joins the world's gathers; all of it happens before any comparison."""
+    if not case.get("vs_world2"):
+        return None
+    from flashattn2.distributed import gather_sequence
+
+    layout = case.get("layout", "zigzag")
+    if world_size not in _PAIR_GROUPS:
+        _PAIR_GROUPS[world_size] = dist.new_group([0, 1])
+    pair = _PAIR_GROUPS[world_size]
+    dims = [2 if name == "lse" else 1 for name in NAMES]
+    whole = [gather_sequence(t, layout=layout, dim=d) for t, d in zip(ours, dims)]
+    if rank >= 2:
+        return None
+    two = _distributed(case, q, k, v, dout, rank, 2, group=pair)
+    return whole, [gather_sequence(t, group=pair, layout=layout, dim=d)
+                   for t, d in zip(two, dims)]
+
+
+def _compare_two_ranks(results, flash, lowp, ref, atol, world_size):
+    """The whole results of the world and of the 2-rank group agree within the 2x rule's
+    bound, the bound each of them is held to against the float32 reference."""
+    for name, a, b, f, t, r in zip(NAMES, *results, flash, lowp, ref):
+        if name == "lse":
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5,
+                                       msg=lambda m: f"lse, {world_size} ranks vs 2: {m}")
+            continue
+        err = (a.float() - b.float()).abs().max().item()
+        bound, _, _ = _bound(f, t, r, atol)
+        assert err <= bound, (f"{name}: max |{world_size} ranks - 2 ranks| = {err:.3e} > "
+                              f"{bound:.3e} (the 2x rule's bound against the reference)")
 
 
 def _run_case(case, rank, world_size, device):
@@ -162,11 +210,16 @@ def _run_case(case, rank, world_size, device):
         return
     q, k, v, dout = _full_inputs(case, device, torch.bfloat16)
     ours = _distributed(case, q, k, v, dout, rank, world_size)
-    flash = _shards(_flash_single(q, k, v, dout, case), rank, world_size, layout)
-    lowp = _shards(_reference(q, k, v, dout, case, upcast=False), rank, world_size, layout)
-    ref = _shards(_reference(q, k, v, dout, case), rank, world_size, layout)
-    _compare_gpu(ours, flash, lowp, ref, atol=case.get("atol", 4e-3))
-    del ref, lowp, flash, ours
+    pair = _two_rank_results(case, q, k, v, dout, ours, rank, world_size)
+    flash = _flash_single(q, k, v, dout, case)
+    lowp = _reference(q, k, v, dout, case, upcast=False)
+    ref = _reference(q, k, v, dout, case)
+    atol = case.get("atol", 4e-3)
+    _compare_gpu(ours, *(_shards(t, rank, world_size, layout) for t in (flash, lowp, ref)),
+                 atol=atol)
+    if pair is not None:
+        _compare_two_ranks(pair, flash, lowp, ref, atol, world_size)
+    del ref, lowp, flash, ours, pair
     torch.cuda.empty_cache()
 
 

@@ -1,10 +1,14 @@
-"""Context parallelism on 2 GPUs of one host (NCCL): bf16, 8k-128k tokens in all, ring /
-all-gather / Ulysses, causal and not, GQA. Each rank's output and gradients are held to the
+"""Context parallelism on 2 GPUs of one host, and on 4 (8 where the host has them), by
+NCCL: bf16, 8k-128k tokens in all, ring / all-gather / Ulysses, causal and not, GQA. Each rank's output and gradients are held to the
 2x rule: ``max|ours - ref| <= 2 * max(max|flash - ref|, max|torch - ref|) + ATOL`` with
 ``ref`` the float32 reference, ``flash`` single-GPU flash_attn_func and ``torch`` plain
 PyTorch in bf16 on the full sequence (ATOL 4e-3, as test_fwd / test_bwd for bf16); the LSE
 within float32 rounding of the reference. Past 16k tokens the references run by query
 chunks (distributed_cases._reference; the 32k-128k cases have not run on a GPU yet).
+
+On 4 or more GPUs (marker gpu4) the same checks run at world size 4 (8 on an 8-GPU host),
+and cases marked ``vs_world2`` must also agree with the 2-GPU result of the same sequence
+(ranks 0 and 1 as a 2-rank group) within the 2x rule's bound.
 
 Run: ``pytest tests/test_distributed_gpu.py`` on a machine with >= 2 GPUs (marker gpu2;
 the processes are spawned here and meet through a file, no network).
@@ -12,6 +16,7 @@ the processes are spawned here and meet through a file, no network).
 import os
 
 import pytest
+import torch
 
 from distributed_cases import case_name, run_world
 
@@ -63,4 +68,44 @@ def test_two_gpus(name):
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         _RESULTS["results"] = run_world(2, "nccl", _cases())
     error = _RESULTS["results"][name]
+    assert not error, error
+
+
+# the larger world: 8 on an 8-GPU host, else 4 (the gpu4 tests skip below 4 GPUs)
+_WORLD = 8 if torch.cuda.is_available() and torch.cuda.device_count() >= 8 else 4
+
+
+def _many_gpu_cases():
+    """Every scheme and layout at 2k tokens a rank; nheads_k 8 (MHA) or _WORLD // 2 (GQA,
+    Ulysses needs nheads_k % world == 0: 8 only); a long ring (16k a rank); and the
+    vs_world2 cases, compared with a 2-rank run of the same sequence."""
+    base = dict(world_size=_WORLD, batch=1, headdim=128, seqlen_local=2048, nheads=8)
+    gqa = max(2, _WORLD // 2)
+    cases = []
+    for variant, layout in [("ring", "zigzag"), ("ring", "contiguous"), ("gather", "zigzag")]:
+        for causal in (False, True):
+            cases.append(dict(base, variant=variant, layout=layout, causal=causal,
+                              nheads_k=gqa if causal else 8))
+    cases += [
+        dict(base, variant="ulysses", causal=True, nheads_k=8),
+        dict(base, variant="ulysses", causal=False, nheads_k=8, nheads=16),
+        dict(base, variant="ring", causal=True, nheads_k=2, window=(1500, 0)),
+        dict(base, variant="ring", causal=True, nheads_k=2, deterministic=True),
+        dict(base, variant="ring", causal=True, seqlen_local=16384, nheads=4, nheads_k=1),
+        dict(base, variant="ring", causal=True, nheads_k=2, vs_world2=True),
+        dict(base, variant="ring", causal=False, nheads_k=8, vs_world2=True),
+        dict(base, variant="gather", causal=True, nheads_k=2, vs_world2=True),
+        dict(base, variant="ulysses", causal=True, nheads_k=8, vs_world2=True),
+    ]
+    return cases
+
+
+@pytest.mark.gpu4
+@pytest.mark.parametrize("name", [case_name(c) for c in _many_gpu_cases()])
+def test_many_gpus(name):
+    if "many" not in _RESULTS:
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        _RESULTS["many"] = run_world(_WORLD, "nccl", _many_gpu_cases())
+    error = _RESULTS["many"][name]
     assert not error, error
