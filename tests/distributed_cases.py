@@ -187,9 +187,19 @@ def _two_rank_results(case, q, k, v, dout, ours, rank, world_size):
                    for t, d in zip(two, dims)]
 
 
+def _bf16_step(ref):
+    """The spacing of bfloat16 numbers at the largest magnitude of ``ref`` (8 bits of
+    significand: 2^(floor(log2 max|ref|) - 7))."""
+    return 2.0 ** (torch.log2(ref.float().abs().max()).floor().item() - 7)
+
+
 def _compare_two_ranks(results, flash, lowp, ref, atol, world_size):
     """The whole results of the world and of the 2-rank group agree within the 2x rule's
-    bound, the bound each of them is held to against the float32 reference."""
+    bound (the bound each of them is held to against the float32 reference) plus one bf16
+    step at the tensor's largest magnitude: each result rounds its own float32 sums to bf16
+    once, so the two may sit on either side of a rounding boundary. (Ring, causal, GQA 8 / 2,
+    4 ranks against 2 on H200s, 2026-11-26: dv differed by 6.25e-2, one step at |dv| in
+    [8, 16), against a bound of 5.8e-2 without the step.)"""
     for name, a, b, f, t, r in zip(NAMES, *results, flash, lowp, ref):
         if name == "lse":
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5,
@@ -197,8 +207,10 @@ def _compare_two_ranks(results, flash, lowp, ref, atol, world_size):
             continue
         err = (a.float() - b.float()).abs().max().item()
         bound, _, _ = _bound(f, t, r, atol)
-        assert err <= bound, (f"{name}: max |{world_size} ranks - 2 ranks| = {err:.3e} > "
-                              f"{bound:.3e} (the 2x rule's bound against the reference)")
+        step = _bf16_step(r)
+        assert err <= bound + step, (
+            f"{name}: max |{world_size} ranks - 2 ranks| = {err:.3e} > {bound:.3e} (the 2x "
+            f"rule's bound against the reference) + {step:.3e} (one bf16 step)")
 
 
 def _run_case(case, rank, world_size, device):
