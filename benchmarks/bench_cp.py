@@ -12,7 +12,10 @@ is compared with the same baseline. Reported per scheme and W:
 - efficiency = T(1 GPU) / (W * T(W GPUs)); for W > 2 also efficiency_vs_2gpu
   = 2 * T(2 GPUs) / (W * T(W GPUs)) of the same scheme in the same run;
 - ring only: compute_ms, the same ring with its transfers skipped
-  (``Ring.disabled``), so exposed_comm_ms = ms - compute_ms; comm_ms, the ring's transfers
+  (``Ring.bench_mode = "skip"``), so exposed_comm_ms = ms - compute_ms; sync_ms, the ring
+  with one element sent in place of each tensor (``"sync"``: the step-by-step waits on the
+  neighbours without the bytes), so sync_ms - compute_ms is what waiting costs (uneven
+  steps across ranks) and ms - sync_ms what the bytes cost; comm_ms, the ring's transfers
   alone (K/V W - 1 times forward and backward, dK/dV W times, float32), so hidden_comm_ms
   = comm_ms - exposed_comm_ms; bytes_per_step and the link bandwidth a ring step needs to
   stay compute-bound (bytes moved per step / compute time per step);
@@ -150,12 +153,13 @@ def run_config(args, rank, world, groups, seqlen, nheads_k, causal, iters):
                 # scaling from the 2-GPU figure of the same scheme in this run
                 row["efficiency_vs_2gpu"] = 2 * ms_by[scheme, 2] / (w * row["ms"])
             if scheme == "ring":
-                Ring.disabled = True
-                try:
-                    compute, _ = timed(step, 1, iters)
-                finally:
-                    Ring.disabled = False
-                row["compute_ms"] = slowest(compute, group)
+                for mode, key in (("skip", "compute_ms"), ("sync", "sync_ms")):
+                    Ring.bench_mode = mode
+                    try:
+                        row[key], _ = timed(step, 1, iters)
+                    finally:
+                        Ring.bench_mode = None
+                    row[key] = slowest(row[key], group)
                 row.update(ring_comm(kl, vl, w, group, args.warmup, iters))
                 row["exposed_comm_ms"] = max(0.0, row["ms"] - row["compute_ms"])
                 row["hidden_comm_ms"] = max(0.0, row["comm_ms"] - row["exposed_comm_ms"])
@@ -221,8 +225,8 @@ def worker(rank, args, init_file, out_file):
                 torch.cuda.empty_cache()
                 if rank == 0:
                     for r in new:
-                        extra = (f" compute {r['compute_ms']:.1f} exposed "
-                                 f"{r['exposed_comm_ms']:.1f} comm {r['comm_ms']:.1f}"
+                        extra = (f" compute {r['compute_ms']:.1f} sync {r['sync_ms']:.1f}"
+                                 f" exposed {r['exposed_comm_ms']:.1f} comm {r['comm_ms']:.1f}"
                                  if "compute_ms" in r else "")
                         if "efficiency_vs_2gpu" in r:
                             extra += f" eff/2gpu {r['efficiency_vs_2gpu']:.3f}"

@@ -214,9 +214,11 @@ class Ring:
     kernels queued between ``start`` and ``wait`` overlap the transfer."""
 
     _streams = {}  # device index -> side stream
-    # Benchmark hook (benchmarks/bench_cp.py): True skips every transfer, so a run times
-    # the compute of the ring alone (its results are then wrong).
-    disabled = False
+    # Benchmark hook (benchmarks/bench_cp.py; the results are then wrong): "skip" skips every
+    # transfer, so a run times the compute of the ring alone; "sync" sends one element of
+    # each tensor instead, so a run keeps the ring's step-by-step waits on the neighbours
+    # without its bytes.
+    bench_mode = None
 
     def __init__(self, setup, cuda):
         group, rank, world_size = setup.group, setup.rank, setup.world_size
@@ -231,8 +233,11 @@ class Ring:
             self.stream = Ring._streams[device]
 
     def start(self, sends, recvs):
-        if Ring.disabled:
+        if Ring.bench_mode == "skip":
             return []
+        if Ring.bench_mode == "sync":
+            sends = [t.reshape(-1)[:1] for t in sends]
+            recvs = [t.reshape(-1)[:1] for t in recvs]
         ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in sends]
         ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in recvs]
         if not self.cuda:
