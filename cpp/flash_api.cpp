@@ -678,24 +678,35 @@ std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seql
 
 int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, int window_left,
                   int window_right, int num_sms) {
+  // The one choice for both backwards (their d64 / d128 tiles are the same: 128 keys x 128 /
+  // 64 queries). A chain beyond the first costs its accumulator's traffic, ~16 bytes per dQ
+  // element (zeroed, read into L2 by the first reduce, written back, read by the convert
+  // kernel) against a backward of 10 seqlen_k d FLOPs per element: on an H100 (3 TB/s, the
+  // Hopper backward ~450 TFLOP/s) 16 / 3e12 / (10 seqlen_k / 450e12) = 240 / seqlen_k of its
+  // time, 1.5 % at 16k keys, 6 % at 4k.
+  // Descending (a right window bound): each visitor's predecessor reached the query tile a
+  // step before it (d128: two), so one accumulator.
   if (!deterministic || window_right >= 0) return 1;
-  // Full attention: one accumulator, so that the kernel walks the query tiles in rotated
-  // order (stagger-free, bwd_kernel.cuh), if it will with either tile of the head dim (at
-  // most as many K/V tiles as query tiles, and no more than the SMs).
+  // Full attention in the rotated walk (at most as many K/V tiles as query tiles and no
+  // more than the SMs, dq_order.cuh): with one chain each head's n_tiles CTAs form a ring in
+  // which every CTA waits for the next one's previous step, so one late CTA stalls them
+  // all; the Hopper backward measured 1.2-1.3x the default time up to 32 K/V tiles (4k
+  // keys), 1.33x at 64, 1.80x at 128 (H100, d128, benchmarks/NOTES.md). With c chains a
+  // CTA waits for its chain's previous visitor, which came c steps before it (c - 1 steps
+  // of slack): 2 chains from 8k keys (3 % cost), 4 from 16k (3 x 1.5 %); below 8k keys the
+  // ring costs less than a chain would.
   const int kd = bwd_kernel_head_dim(headdim);
   if (window_left < 0 && kd > 0) {
-    bool rotates = true;
-    for (const bool small_smem : {false, true}) {
-      const BwdTile tile = bwd_tile(kd, small_smem);
-      const int n_tiles = (seqlen_k + tile.block_n - 1) / tile.block_n;
-      rotates = rotates && n_tiles <= (seqlen_q + tile.block_m - 1) / tile.block_m &&
-                n_tiles <= num_sms;
+    const BwdTile tile = bwd_tile(kd);
+    const int n_tiles = (seqlen_k + tile.block_n - 1) / tile.block_n;
+    if (n_tiles <= (seqlen_q + tile.block_m - 1) / tile.block_m && n_tiles <= num_sms) {
+      return seqlen_k >= 16384 ? 4 : seqlen_k >= 8192 ? 2 : 1;
     }
-    if (rotates) return 1;
   }
-  // Otherwise chains help the ascending order, where every K/V tile starts at query tile 0,
-  // and only with enough tiles: at seqlen_k 512 (8 tiles) the extra accumulators cost as
-  // much memory traffic as the stagger they save (H100, benchmarks/NOTES.md).
+  // The ascending order, where every K/V tile starts at the same query tile and each CTA
+  // runs a step behind its predecessor: chains divide that stagger, and pay from 1024 keys
+  // (at 512, 8 tiles, the extra accumulators cost as much memory traffic as the stagger
+  // they save: H100, mma.sync backward, benchmarks/NOTES.md).
   return seqlen_k < 1024 ? 1 : kBwdMaxDqChains;
 }
 

@@ -60,8 +60,9 @@ std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seql
                                                  int dq_chains = 1);
 
 // The dQ accumulator chains (BwdParams::dq_chains) a backward of these arguments should
-// use on a GPU of num_sms SMs: more than one only for deterministic runs without a right
-// window bound that the kernel does not walk in rotated order.
+// use on a GPU of num_sms SMs, on either backward: more than one only for deterministic runs
+// without a right window bound, from 1024 keys in the ascending order and from 8192 in the
+// rotated walk of full attention (common/dq_order.cuh).
 int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, int window_left,
                   int window_right, int num_sms);
 

@@ -126,15 +126,21 @@ def test_bwd_workspace_floats(sizes, chains):
 
 
 def test_bwd_dq_chains():
-    # One chain unless deterministic without a right window bound. Full attention keeps one
-    # (the kernel walks the query tiles in rotated order) while both tiles of the head dim
-    # have at most as many K/V tiles as query tiles and no more than the SMs; otherwise, and
-    # with a left window only, 4 chains from 1024 keys on. Powers of two up to 4 accepted.
+    # One chain unless deterministic without a right window bound. Full attention that the
+    # kernels walk in rotated order (at most as many K/V tiles as query tiles, and no more
+    # than the SMs) keeps one up to 8k keys, then 2, and 4 from 16k keys (the rotated ring's
+    # slack); otherwise, and with a left window only, 4 chains from 1024 keys on. Powers of
+    # two up to 4 accepted.
     chains = _ext._C.bwd_dq_chains
     for d in _ext.build_info()["bwd_head_dims"]:
         assert chains(4096, 4096, d, False, -1, -1, 132) == 1
         assert chains(4096, 4096, d, True, -1, 0, 132) == 1
+        assert chains(16384, 16384, d, True, -1, 0, 132) == 1  # causal: descending
+        assert chains(16384, 16384, d, False, -1, -1, 132) == 1
         assert chains(4096, 4096, d, True, -1, -1, 132) == 1  # rotated
+        assert chains(8191, 8191, d, True, -1, -1, 132) == 1
+        assert chains(8192, 8192, d, True, -1, -1, 132) == 2  # rotated, longer rings
+        assert chains(16384, 16384, d, True, -1, -1, 132) == 4
         assert chains(4096, 4096, d, True, -1, -1, 16) == 4  # more K/V tiles than SMs
         assert chains(512, 4096, d, True, -1, -1, 132) == 4  # more K/V than query tiles
         assert chains(65536, 65536, d, True, -1, -1, 132) == 4
@@ -145,6 +151,50 @@ def test_bwd_dq_chains():
     for bad in (0, 3, 8):
         with pytest.raises(ValueError, match="dq_chains"):
             _ext._C.bwd_workspace_floats(1, 1, 64, 64, dq_chains=bad)
+
+
+def test_dq_chains_switch(monkeypatch):
+    # FLASHATTN2_DQ_CHAINS / _ext.dq_chains(n): deterministic backwards get that many
+    # accumulators, sized by bwd_workspace_floats; others keep bwd_dq_chains's choice.
+    class Recorder:
+        def __init__(self, real):
+            self.real, self.bwd_chains = real, []
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def bwd_workspace_floats(self, *args):
+            self.workspace_chains = args[-1]
+            return 16, 16
+
+        def bwd(self, *args, **kwargs):
+            self.bwd_chains.append(kwargs["dq_chains"])
+            return 80
+
+    fake = Recorder(interface._C)
+    monkeypatch.setattr(interface, "_C", fake)
+    monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: type("P", (), {"multi_processor_count": 132}))
+    q, k, v, out, dout = (torch.zeros(1, 2048, 2, 64, dtype=torch.float16) for _ in range(5))
+    lse = torch.zeros(1, 2, 2048)
+    monkeypatch.setattr(q, "get_device", lambda: 0)
+
+    def launch(deterministic, window=(-1, -1)):
+        interface._launch_bwd(dout, q, k, v, out, lse, q, k, v, lse.stride()[:2], 1, 2048,
+                              2048, 2, 2, 64, 0.125, *window, deterministic)
+        assert fake.workspace_chains == fake.bwd_chains[-1]
+        return fake.bwd_chains[-1]
+
+    assert launch(True) == 1 and launch(True, (256, -1)) == 4  # rotated; ascending
+    for forced in (1, 2, 4):
+        with _ext.dq_chains(forced):
+            assert launch(True) == forced and launch(True, (256, -1)) == forced
+            assert launch(False) == 1
+    assert _ext.DQ_CHAINS is None and launch(True) == 1
+    with pytest.raises(ValueError, match="dq_chains"):
+        with _ext.dq_chains(3):
+            pass
 
 
 def test_bwd_shared_memory_per_block():

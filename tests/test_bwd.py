@@ -374,24 +374,27 @@ def test_deterministic_gradients_are_bitwise_reproducible(packing, causal):
      ((1025, 1025), False, (256, 64)),  # band: descending
      ((1025, 1025), False, (-1, 300)),  # right bound only: descending, every tile from m 0
      ((1025, 1025), False, (256, -1)),  # left bound only: ascending, 4 chains
-     ((1025, 1025), False, (-1, -1)),  # rotated walk, one chain
+     ((1025, 1025), False, (-1, -1)),  # rotated walk, one chain (up to 8k keys)
      ((1500, 700), False, (-1, -1)),  # rotated, fewer K/V tiles than query tiles
      ((300, 1025), False, (-1, -1)),  # ascending, 4 chains, few query tiles
      ((129, 1100), False, (-1, -1))],  # ascending, 4 chains, 3 query tiles
     ids=["causal", "causal-sq<sk", "causal-sq>sk", "band", "right", "left", "full",
          "full-sq>sk", "full-sq<sk", "full-sq<<sk"],
 )  # fmt: skip
+@pytest.mark.parametrize("chains", [None, 4], ids=["chains-auto", "chains-4"])
 @pytest.mark.parametrize("headdim", [64, 128])
-def test_deterministic_orders(headdim, seqlens, causal, window_size):
+def test_deterministic_orders(headdim, seqlens, causal, window_size, chains):
     # Each order (descending for a right window bound; rotated for full attention with at
-    # most as many K/V as query tiles; else ascending in dq_chains chains): gradients right
-    # by the error rule, and three runs bitwise equal.
+    # most as many K/V as query tiles; else ascending), in the chains bwd_dq_chains picks or
+    # forced to 4 (dq_order.cuh; the rotated walk then counts its chain-mates across the
+    # wrap): gradients right by the error rule, and three runs bitwise equal.
     q, k, v, dout = make_inputs(2, *seqlens, 4, 2, headdim, torch.bfloat16)
 
     def grads():
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         out = flash_attn_func(*leaves, causal=causal, window_size=window_size, deterministic=True)
-        out.backward(dout)
+        with _ext.dq_chains(chains):
+            out.backward(dout)
         return [t.grad for t in leaves]
 
     first = grads()

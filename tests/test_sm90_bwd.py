@@ -7,7 +7,7 @@ backwards stay on the mma.sync kernels.
 """
 import pytest
 import torch
-from flashattn2 import _ext, flash_attn_func
+from flashattn2 import _ext, flash_attn_func, interface
 from test_bwd import check_grads, check_kernel, make_inputs, run_backward
 from test_variants import CASES as MOD_CASES
 from test_variants import case_inputs, ref_kwargs, run_kernels
@@ -181,51 +181,98 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
     assert arch == 80
 
 
-# Deterministic mode on the Hopper backward (dq_bulk builds): the orders of
-# common/dq_order.cuh that never stagger run here, the ascending one on the mma.sync kernels.
+# Deterministic mode on the Hopper backward (dq_bulk builds), in every order of
+# common/dq_order.cuh and with 1, 2 or 4 dQ chains (None: bwd_dq_chains's choice, one chain at
+# these lengths but for the ascending cases from 1024 keys, which take 4).
 @pytest.mark.parametrize(
-    "seqlens,causal,window_size,arch",
-    [((1025, 1025), True, (-1, -1), 90),  # descending, key blocks launched last first
-     ((700, 1500), True, (-1, -1), 90),  # sq < sk
-     ((1500, 700), True, (-1, -1), 90),  # sq > sk: the first query blocks see no key
-     ((1025, 1025), False, (256, 64), 90),  # band: descending
-     ((1025, 1025), False, (-1, -1), 90),  # rotated walk
-     ((1500, 700), False, (-1, -1), 90),  # rotated, fewer key blocks than query blocks
-     ((300, 1025), False, (-1, -1), 80),  # more key blocks than query blocks: ascending
-     ((1025, 1025), False, (256, -1), 80)],  # left bound only: ascending
-    ids=["causal", "causal-sq<sk", "causal-sq>sk", "band", "full", "full-sq>sk", "full-sq<sk",
-         "left"],
+    "seqlens,causal,window_size",
+    [((1025, 1025), True, (-1, -1)),  # descending, key blocks launched last first
+     ((700, 1500), True, (-1, -1)),  # sq < sk
+     ((1500, 700), True, (-1, -1)),  # sq > sk: the first query blocks see no key
+     ((1025, 1025), False, (256, 64)),  # band: descending
+     ((1025, 1025), False, (-1, -1)),  # rotated walk
+     ((1500, 700), False, (-1, -1)),  # rotated, fewer key blocks than query blocks
+     ((1024, 1024), False, (-1, -1)),  # rotated, 8 key blocks: whole rings of 2 / 4 chains
+     ((300, 1025), False, (-1, -1)),  # more key blocks than query blocks: ascending
+     ((1025, 1025), False, (256, -1))],  # left bound only: ascending
+    ids=["causal", "causal-sq<sk", "causal-sq>sk", "band", "full", "full-sq>sk", "full-8",
+         "full-sq<sk", "left"],
 )  # fmt: skip
+@pytest.mark.parametrize("chains", [None, 2, 4], ids=["chains-auto", "chains-2", "chains-4"])
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
 @pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
-def test_sm90_backward_deterministic(sm90_bwd, headdim, seqlens, causal, window_size, arch,
+def test_sm90_backward_deterministic(sm90_bwd, headdim, seqlens, causal, window_size, chains,
                                      nheads, nheads_k):
-    """The arch column holds at d64 too: with 128-row query tiles, (1025, 1025) full has 9 key
-    blocks and 9 query tiles (rotated), (1500, 700) 6 and 12."""
+    """Three runs bitwise equal and right, on the Hopper backward. The rotated walk with
+    chains: at d64 (128-row query tiles), (1025, 1025) full has 9 key blocks and 9 query tiles,
+    so a key block's chain-mates wrap around unevenly (dq_order.cuh turn); (1500, 700) 6 and 12;
+    d128 (64-row tiles) 9 and 17, 6 and 24."""
     require_sm90_bwd(headdim)
     if "dq_bulk" not in EXPERIMENTAL:
         pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
-    if window_size != (-1, -1) and "window" not in EXPERIMENTAL:
-        arch = 80
+    arch = 90 if window_size == (-1, -1) or "window" in EXPERIMENTAL else 80
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, headdim, torch.bfloat16)
     runs = []
-    for _ in range(3):
-        grads, ran = arch_of_backward(q, k, v, dout, causal=causal, window_size=window_size,
-                                      deterministic=True)
-        assert ran == arch
-        runs.append(grads)
+    with _ext.dq_chains(chains):
+        for _ in range(3):
+            grads, ran = arch_of_backward(q, k, v, dout, causal=causal, window_size=window_size,
+                                          deterministic=True)
+            assert ran == arch
+            runs.append(grads)
     check_grads(runs[0], q, k, v, dout, causal=causal, window_size=window_size)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert torch.equal(a, b)
 
 
+class _ChainsRecorder:
+    """Stands in for interface._C: records the dq_chains of each _C.bwd, runs the real one."""
+
+    def __init__(self, real):
+        self.real, self.chains = real, []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def bwd(self, *args, **kwargs):
+        self.chains.append(kwargs["dq_chains"])
+        return self.real.bwd(*args, **kwargs)
+
+
+@pytest.mark.parametrize("seqlen,chains", [(8192, 2), (16384, 4)], ids=["8k", "16k"])
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward_deterministic_long(sm90_bwd, monkeypatch, headdim, seqlen, chains):
+    """Long full attention (GQA 2:1): the rotated walk with the chains bwd_dq_chains gives it
+    (2 from 8k keys, 4 from 16k: 64 / 128 key blocks, within the 132 SMs of an H100 SXM; on
+    fewer SMs 16k takes the ascending order, also in 4 chains), on the Hopper backward; three
+    runs bitwise equal and right."""
+    require_sm90_bwd(headdim)
+    if "dq_bulk" not in EXPERIMENTAL:
+        pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
+    recorder = _ChainsRecorder(interface._C)
+    monkeypatch.setattr(interface, "_C", recorder)
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(1, seqlen, seqlen, 2, 1, headdim, torch.bfloat16)
+    runs = []
+    for _ in range(3):
+        grads, ran = arch_of_backward(q, k, v, dout, deterministic=True)
+        assert ran == 90
+        runs.append(grads)
+    assert recorder.chains == [chains] * 3
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    check_grads(runs[0], q, k, v, dout)
+
+
+@pytest.mark.parametrize("chains", [None, 4], ids=["chains-auto", "chains-4"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
-def test_sm90_backward_deterministic_varlen(sm90_bwd, headdim, causal):
+def test_sm90_backward_deterministic_varlen(sm90_bwd, headdim, causal, chains):
     """Packed sequences: each sequence's CTAs keep their own order (a sequence whose key
-    blocks outnumber its query blocks takes the ascending order, still bitwise)."""
+    blocks outnumber its query blocks takes the ascending order, still bitwise), in each
+    chain's counters of the varlen layout (seqlen.cuh ws_tile0)."""
     require_sm90_bwd(headdim)
     if not {"dq_bulk", "varlen"} <= EXPERIMENTAL:
         pytest.skip("needs the dq_bulk and varlen extensions")
@@ -245,7 +292,8 @@ def test_sm90_backward_deterministic_varlen(sm90_bwd, headdim, causal):
         _ext.last_bwd_arch = None
         out = flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k),
                                      causal=causal, deterministic=True)
-        out.backward(dout)
+        with _ext.dq_chains(chains):
+            out.backward(dout)
         torch.cuda.synchronize()
         assert _ext.last_bwd_arch == 90
         runs.append([t.grad for t in leaves])

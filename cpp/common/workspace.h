@@ -14,13 +14,12 @@ constexpr int64_t bwd_ws_rows(int batch, int nheads, int seqlen_q, int total_q) 
                       : int64_t(batch) * nheads * round16(seqlen_q);
 }
 
-// Deterministic mode orders the dQ adds of the K/V tiles that visit a query tile. In the
-// ascending order (no right window bound, and no rotated walk: bwd_kernel.cuh) every K/V
-// tile starts at the same query tile, so each CTA of a head runs one step behind the one
-// before it in the order. There the tiles are dealt
-// round-robin to up to this many chains (a power of two, as is the count used), each
-// adding into its own f32 dQ accumulator in its own order (summed in a fixed order at the
-// end): the stagger shrinks by that factor, for as many times the accumulator memory.
+// Deterministic mode orders the dQ adds of the K/V tiles that visit a query tile
+// (dq_order.cuh). The tiles can be dealt round-robin to up to this many chains (a power of
+// two, as is the count used: bwd_dq_chains), each adding into its own f32 dQ accumulator
+// in its own order (summed in a fixed order at the end), so that a tile waits only for its
+// chain's previous visitor: the ascending order's stagger shrinks by that factor and the
+// rotated walk gains chains - 1 steps of slack, for as many times the accumulator memory.
 constexpr int kBwdMaxDqChains = 4;
 
 }  // namespace flashattn2

@@ -27,8 +27,8 @@ struct Sm90BwdTile {
 // sm90/fwd_config.h).
 // Shared memory (bf16): K, V 2 x 128 d; per stage Q, dO 2 x block_m d and LSE, dsum
 // 2 x block_m f32; dS^T 2 x [128 keys x block_m] (double-buffered so that one named barrier
-// per step suffices); dq_bulk staging; mbarriers; 1 KiB alignment: d128 194 KiB, d64 195 KiB
-// (kBias: below).
+// per step suffices); dq_bulk staging; mbarriers and the deterministic order's counter
+// address; 1 KiB alignment: d128 194 KiB, d64 195 KiB (kBias: below).
 constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
   return Sm90BwdTile{head_dim == 64 ? 128 : 64, 128, 2, 240, 24};
 }
@@ -52,7 +52,7 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
          2 * 2 * sm90_bwd_tile(head_dim).block_n * sm90_bwd_tile(head_dim).block_m +
          sm90_bwd_dq_stage_bytes(head_dim) +
          sm90_bwd_tile(head_dim).stages * sm90_bwd_tile(head_dim).block_m * 8 +
-         8 * (1 + 4 * sm90_bwd_tile(head_dim).stages) + 1024;
+         8 * (2 + 4 * sm90_bwd_tile(head_dim).stages) + 1024;
 }
 
 // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's block_m queries
@@ -79,9 +79,9 @@ constexpr int sm90_bwd_bias_bytes(int head_dim) {
 // FLASHATTN2_SM90_BWD_EXPERIMENTAL (validated on an H100, on by default): window, any
 // sliding window, not only causal or full (the kernel's masks and query-block range take
 // both bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>); mods, softcap and
-// ALiBi; an attention bias without its gradient (below). Not served: dropout, dbias, other
-// head dims, deterministic mode in the ascending dQ order (below). (dq_chains > 1 only comes
-// with deterministic mode: bwd_dq_chains.)
+// ALiBi; an attention bias without its gradient (below); deterministic mode, in every dQ
+// order and chain count of common/dq_order.cuh (with dq_bulk). Not served: dropout, dbias,
+// other head dims.
 // An attention bias on the Hopper backward (its kBias instance, with the mods one built):
 // dense, no dbias asked for, rows 16-byte aligned with unit key stride (staged in shared
 // memory by 16-byte copies); the rest runs the mma.sync backward.
@@ -98,21 +98,10 @@ inline bool sm90_bwd_takes_bias(const BwdParams& p, int kernel_head_dim) {
 inline bool sm90_bwd_supports(const BwdParams& p, int kernel_head_dim) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
   const bool dense = !p.cu_seqlens_q && !p.cu_seqlens_k;
-  // Deterministic (with dq_bulk): the orders of common/dq_order.cuh that never stagger, i.e.
-  // descending (a right window bound) or rotated (full attention with at most as many
-  // 128-key blocks as query blocks of the tile's block_m rows, all of a head's CTAs resident
-  // at once: one per SM); the ascending order runs on the mma.sync backward, which has dQ
-  // chains for it.
-  const Sm90BwdTile tile = sm90_bwd_tile(kernel_head_dim);
-  const int n_tiles = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
-  const bool ordered = p.window_right >= 0 ||
-                       (p.window_left < 0 && n_tiles <= (p.seqlen_q + tile.block_m - 1) / tile.block_m &&
-                        n_tiles <= p.dq_rotate_tiles);
   return (dense || FLASHATTN2_SM90_BWD_VARLEN) && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
          ((p.softcap == 0.f && !p.alibi_slopes) || FLASHATTN2_SM90_BWD_MODS) &&
          p.dropout_threshold == 0 && (!has_bias(p) || sm90_bwd_takes_bias(p, kernel_head_dim)) &&
-         p.dq_chains == 1 &&
-         (!p.deterministic || (FLASHATTN2_SM90_BWD_DQ_BULK && ordered));
+         (!p.deterministic || FLASHATTN2_SM90_BWD_DQ_BULK);
 }
 
 }  // namespace flashattn2

@@ -16,7 +16,8 @@
 //          dV accumulators have the mma.sync C layout (fwd_softmax.cuh).
 //   smem   sK, sV [128 x d]; per stage sQ, sdO [kBlockM x d] (TMA's 128-byte swizzle,
 //          wgmma.cuh) and LSE, dsum [kBlockM] f32; sdS 2 x [128 keys x kBlockM queries] (dS^T
-//          in chunks of 64 queries, the same swizzle); dq_bulk staging; mbarriers. Budget:
+//          in chunks of 64 queries, the same swizzle); dq_bulk staging; mbarriers; the
+//          deterministic dQ-order counter's address (8 bytes). Budget:
 //          sm90/bwd_config.h.
 //   step   (t, query block m of head h; stage s = t % 2)
 //            S^T = K_c Q^T (SS, m64 n kBlockM), dP^T = V_c dO^T (SS)
@@ -38,17 +39,18 @@
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
-//          order of common/dq_order.cuh (descending: key blocks launched last first; or the
-//          rotated walk), one counter per query tile: after issuing dV (d64: before the dS^T
-//          pass), each warp's
-//          lane 0 waits for its previous reduce to complete and adds 1 to that tile's
-//          counter (release); thread 128, while its dQ GEMM runs, waits for this tile's
-//          turn (8 adds per earlier visitor); a second named barrier passes it on.
+//          order of common/dq_order.cuh (descending: key blocks launched last first; the
+//          rotated walk; or ascending), each key block n into dQ chain n % dq_chains (its
+//          own accumulator and counters), one counter per query tile and chain: after
+//          issuing dV (d64: before the dS^T pass), each warp's lane 0 waits for its
+//          previous reduce to complete and adds 1 to that tile's counter (release); thread
+//          128, while its dQ GEMM runs, waits for this tile's turn (8 adds per earlier
+//          visitor of its chain); a second named barrier passes it on.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
 // causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
-// dbias (kBias; at d64 with one sdS buffer); no dropout / dbias / deterministic mode in the
-// ascending order (sm90_bwd_supports).
+// dbias (kBias; at d64 with one sdS buffer), deterministic mode (dq_bulk builds); no dropout
+// or dbias (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -70,6 +72,15 @@
 
 namespace flashattn2 {
 namespace sm90 {
+// Deterministic mode, lane 0 of a consumer warp: once its last bulk reduce is complete, adds
+// 1 (release) to the dQ-order counter whose address thread 128 left at shared address `slot`.
+// Not inlined: inline, the address arithmetic sat in the step's register peak (with the dQ
+// chains' term the plain d128 instance spilled 100 bytes; as a call it spills none).
+static __device__ __noinline__ void dq_release(uint32_t slot) {
+  tma_store_wait();
+  fence_proxy_async_global();
+  ptx::red_release_add(reinterpret_cast<int*>(ld_shared_u64(slot)), 1);
+}
 
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
 // Instances of their own, so that plain calls run none of their code (with kMods in the one
@@ -111,7 +122,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
   auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
   const uint32_t bars = sLse + kStages * 2 * Traits::kRowBytes;
-  [[maybe_unused]] const uint32_t sBias = (bars + 8 * (1 + 4 * kStages) + 127) & ~127u;  // kBias
+  // Deterministic: the dQ-order counter of the step's query tile (thread 128 writes it).
+  const uint32_t sDqCounter = bars + 8 * (1 + 4 * kStages);
+  [[maybe_unused]] const uint32_t sBias = (sDqCounter + 8 + 127) & ~127u;  // kBias
   const uint32_t bar_kv_full = bars;
   auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
   auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
@@ -242,14 +255,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         Wgmma<kHeadDim, Element>::template rs<1>(acc, a[kk], b, 1);
       }
       wgmma_commit();
-    };
-
-    // Deterministic: the counter of the step before (head, m_block) (the previous query
-    // tile, or the previous head's last).
-    auto prev_dq_counter = [&](int head, int m_block) {
-      const bool wrap = m_block == range.m_start;
-      const int prev_m_block = (m_block == range.m_block_min ? range.m_block_max : m_block) - 1;
-      return seq.dq_counter0(wrap ? head - 1 : head) + prev_m_block;
     };
 
     // kBias: the warpgroup's 64 keys x kBlockM queries of the bias of step (head, m_block) into
@@ -403,13 +408,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (!kDvAfterDs) gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes);
       // Deterministic: this warp's reduce of the previous step (issued before this step's
       // softmax) is complete by now; its lane 0 releases it, one of the 4 kConsumers adds
-      // a visitor makes to the query tile's counter. (Released at the dQ point instead, the
-      // next visitor waited for it there in step: 1.84x the default time at 16k.)
-      if (p.deterministic && t > 0 && lane == 0) {
-        tma_store_wait();
-        fence_proxy_async_global();
-        ptx::red_release_add(prev_dq_counter(head, m_block), 1);
-      }
+      // a visitor makes to the query tile's counter (thread 128 left its address in
+      // sDqCounter; rewritten only after this step's sdS barrier). (Released at the dQ point
+      // instead, the next visitor waited for it there in step: 1.84x the default time at
+      // 16k.)
+      if (p.deterministic && t > 0 && lane == 0) dq_release(sDqCounter);
       wgmma_wait<kDvAfterDs ? 0 : 1>();  // dP^T (d128: the dV GEMM may still run)
       fence_regs(acc_dp);
 
@@ -501,14 +504,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       wgmma_commit();
       // Deterministic (while the dQ GEMM runs): thread 128 waits for this query tile's
-      // turn (every warp of the visitors before this CTA has released); the second barrier
-      // passes it on.
+      // turn in the CTA's chain (every warp of the chain's visitors before this CTA has
+      // released) and leaves the counter's address for the releases (dq_release); the
+      // second barrier passes both on.
       if (p.deterministic && tid == 128) {
         // (the order rebuilt here from the params rather than kept live across the loop)
         const DqOrder<kBlockM, kBlockN> order_t(p, seq.seqlen_q(), seq.seqlen_k(),
                                                 (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
-        dq_order_step(nullptr, seq.dq_counter0(head) + m_block,
-                      4 * Traits::kConsumers * order_t.rank(n_block, m_block));
+        int* const counter = seq.dq_counter0(head, n_block) + m_block;
+        st_shared_u64(sDqCounter, reinterpret_cast<uint64_t>(counter));
+        dq_order_step(nullptr, counter, 4 * Traits::kConsumers * order_t.turn(n_block, m_block));
       }
       // dV and dK done (all but the dQ group): sQ, sdO, LSE, dsum of stage s are read, so
       // the stage goes back to the producer while the dQ GEMM still runs.
@@ -544,9 +549,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           __syncwarp();
           const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
           if (lane == 0 && tiles > 0) {
-            if (p.deterministic) fence_proxy_async_global();  // after the turn's acquire
-            float* const dq =
+            float* dq =
                 p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 16 * 64 * dq_chunk;
+            if (p.deterministic) {
+              fence_proxy_async_global();  // after the turn's acquire
+              dq += (n_block & (p.dq_chains - 1)) * ws_rows(p) * p.headdim;  // dq_chain's
+            }
             bulk_reduce_add_f32(dq, sdq, tiles * 128 * 4);
             tma_store_commit();
           }
@@ -568,11 +576,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits;
     // deterministic: then the last step's query tile is released.
     if (Traits::kDqBulk && lane == 0) {
-      tma_store_wait();
-      if (p.deterministic && range.steps > 0) {
-        fence_proxy_async_global();
-        ptx::red_release_add(prev_dq_counter(head, m_block), 1);
-      }
+      if (p.deterministic && range.steps > 0) dq_release(sDqCounter);
+      else tma_store_wait();
     }
 
     // ---- epilogue: dK * scale, dV in the input dtype, from registers ----

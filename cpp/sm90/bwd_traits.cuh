@@ -68,7 +68,7 @@ struct BwdTraits {
   // barrier per step) and the smem layout below hold for 2 stages only.
   static_assert(kStages == 2, "sdS buffer = stage index: 2 stages");
   static_assert(2 * kKBytes + kStages * (2 * kQBytes + 2 * kRowBytes) + 2 * kDSBytes +
-                        kDqStageBytes + 8 * (1 + 4 * kStages) + 1024 <= kSmemBytes &&
+                        kDqStageBytes + 8 * (2 + 4 * kStages) + 1024 <= kSmemBytes &&
                     kSmemBytes <= 227 * 1024,
                 "smem budget");
   static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
@@ -111,11 +111,13 @@ struct BwdSeq {
   __device__ __forceinline__ int64_t ws_row0(int head) const {
     return (int64_t(batch) * p.nheads + head) * round16(p.seqlen_q);
   }
-  // The dQ-order counter of the head's first query tile (deterministic mode). The workspace
-  // has one per 64 rows (the mma.sync backward's tiles, bwd_workspace_floats); with tiles of
-  // 128 rows (d64) the kernel uses the first half of each head's (or sequence's) counters.
-  __device__ __forceinline__ int* dq_counter0(int head) const {
-    return dq_counters(p) + (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + 63) / 64);
+  // The dQ-order counter of the head's first query tile in K/V block n_block's chain
+  // (deterministic mode). The workspace has one per 64 rows (the mma.sync backward's tiles,
+  // bwd_workspace_floats); with tiles of 128 rows (d64) the kernel uses the first half of
+  // each head's (or sequence's) counters.
+  __device__ __forceinline__ int* dq_counter0(int head, int n_block) const {
+    return dq_chain_counters(p, n_block) +
+           (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + 63) / 64);
   }
 };
 template <>
@@ -134,8 +136,8 @@ struct BwdSeq<true> {
   __device__ __forceinline__ int64_t ws_row0(int head) const {
     return flashattn2::ws_row0(p, seq, batch, head);
   }
-  __device__ __forceinline__ int* dq_counter0(int head) const {
-    return dq_counters(p) + ws_tile0(p, seq, batch, head, 64);
+  __device__ __forceinline__ int* dq_counter0(int head, int n_block) const {
+    return dq_chain_counters(p, n_block) + ws_tile0(p, seq, batch, head, 64);
   }
 };
 

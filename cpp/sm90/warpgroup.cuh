@@ -64,6 +64,15 @@ __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
+// st.shared.b64 / ld.shared.b64: a global address kept in shared memory.
+__device__ __forceinline__ void st_shared_u64(uint32_t addr, uint64_t v) {
+  asm volatile("st.shared.b64 [%0], %1;\n" ::"r"(addr), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t ld_shared_u64(uint32_t addr) {
+  uint64_t v;
+  asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(v) : "r"(addr));
+  return v;
+}
 // ld.shared.u16, zero-extended: a 2-byte element in the low half.
 __device__ __forceinline__ uint32_t ld_shared_u16(uint32_t addr) {
   uint16_t v;

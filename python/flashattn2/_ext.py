@@ -69,13 +69,12 @@ FWD_KERNELS = {90: (90, "sm90", False), 80: (80, "sm80", False), 81: (80, "decod
 # them to the KV kernel as before (for A/B comparisons). Without the build item it does
 # nothing.
 DECODE_KERNEL = _env_flag("FLASHATTN2_DECODE_KERNEL", "1")
-# Split-KV on the decode kernel: True (the default) lets the last CTA of each KV-head group
-# merge the splits (arrival counters in the split workspace; one launch, no combine kernel)
-# where that is short (sm80/decode_config.h decode_fused_merge: GQA 4 at d128, sq 1 up to
-# 64 splits, sq 4 up to 16); FLASHATTN2_DECODE_FUSED_MERGE=0 at import, or the decode_fused_merge(False)
-# context manager, always runs the combine kernel (A/B: bench_decode.py impl
-# flashattn2_combine).
-DECODE_FUSED_MERGE = _env_flag("FLASHATTN2_DECODE_FUSED_MERGE", "1")
+# Split-KV on the decode kernel: True lets the last CTA of each KV-head group merge the splits
+# (arrival counters in the split workspace; one launch, no combine kernel) where that is short
+# (sm80/decode_config.h decode_fused_merge). Off by default: on an H100 it measured never
+# faster than the combine kernel and up to 1.5x slower at batch 1-4 (benchmarks/NOTES.md);
+# FLASHATTN2_DECODE_FUSED_MERGE=1 at import, or decode_fused_merge(True), turns it on.
+DECODE_FUSED_MERGE = _env_flag("FLASHATTN2_DECODE_FUSED_MERGE", "0")
 # The decode kernel's K / V copies: True (the default) hints L2 to fetch each head's whole
 # row segment (256 bytes at d128, 128 at d64) from DRAM at once (cp.async ... L2::256B);
 # FLASHATTN2_DECODE_L2_PREFETCH=0 at import, or decode_l2_prefetch(False), copies without the
@@ -88,8 +87,9 @@ DECODE_L2_PREFETCH = _env_flag("FLASHATTN2_DECODE_L2_PREFETCH", "1")
 DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
-# window, softcap / ALiBi, MHA / GQA, fp16 / bf16; not dropout, deterministic mode or a bias:
-# those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at import turns it off;
+# window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
+# gradient; not dropout or dbias: those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at
+# import turns it off;
 # force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
 SM90_BWD = _env_flag("FLASHATTN2_SM90_BWD", "1")
 # Where the build has the Hopper backward of kernel head dim 64 (build_info
@@ -97,18 +97,16 @@ SM90_BWD = _env_flag("FLASHATTN2_SM90_BWD", "1")
 # mma.sync backward, the rest unchanged (for A/B comparisons). FLASHATTN2_SM90_BWD_D64=0 at
 # import, or the sm90_bwd_d64(False) context manager.
 SM90_BWD_D64 = _env_flag("FLASHATTN2_SM90_BWD_D64", "1")
-# True (the default): the bias gradient goes straight into the gradient in the bias's dtype,
-# or by float32 atomics into a buffer without the broadcast batch / head dims
-# (bias.dbias_target); FLASHATTN2_DBIAS_DIRECT=0 at import keeps the float32
-# (b, h, sq, sk) buffer and torch's sum and cast for every bias (for A/B comparisons).
-DBIAS_DIRECT = _env_flag("FLASHATTN2_DBIAS_DIRECT", "1")
-# True (the default): the mma.sync backward copies each step's tile of a bias with 16-byte
-# aligned rows (unit key stride) into shared memory by cp.async, where the GPU's blocks have
-# room (cpp/sm80/bwd_launch.cuh); FLASHATTN2_BWD_BIAS_STAGED=0 at import keeps one global
-# load per score (for A/B comparisons).
-BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
+# The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
+# cpp/common/dq_order.cuh): None (the default) takes _C.bwd_dq_chains's choice; 1, 2 or 4
+# force that many, for A/B comparisons and tests (FLASHATTN2_DQ_CHAINS=1|2|4 at import, or
+# the dq_chains() context manager). Backwards without deterministic=True keep one.
+_DQ_CHAINS_ENV = os.environ.get("FLASHATTN2_DQ_CHAINS", "auto") or "auto"
+if _DQ_CHAINS_ENV not in ("auto", "1", "2", "4"):
+    raise ValueError(f"FLASHATTN2_DQ_CHAINS must be auto, 1, 2 or 4, got {_DQ_CHAINS_ENV!r}")
+DQ_CHAINS = None if _DQ_CHAINS_ENV == "auto" else int(_DQ_CHAINS_ENV)
 
 
 def _switch(flag, doc):
@@ -143,12 +141,20 @@ decode_l2_prefetch = _switch("DECODE_L2_PREFETCH", "Inside the block, the decode
 decode_issue_early = _switch("DECODE_ISSUE_EARLY", "Inside the block, the decode kernel issues "
                              "each step's next tile before waiting for the current one "
                              "(enabled) or after.")
-dbias_direct = _switch("DBIAS_DIRECT", "Inside the block, the bias gradient goes straight "
-                       "into its target (enabled, the default) or through the float32 "
-                       "(b, h, sq, sk) buffer and torch's sum.")
-bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
-                          "an aligned bias in shared memory (enabled, the default) or loads "
-                          "it per score.")
+
+
+@contextlib.contextmanager
+def dq_chains(chains):
+    """Inside the block, deterministic backwards use ``chains`` dQ accumulators (1, 2 or 4;
+    None: the default choice). For A/B comparisons and tests; not thread-safe."""
+    global DQ_CHAINS
+    if chains not in (None, 1, 2, 4):
+        raise ValueError(f"dq_chains must be None, 1, 2 or 4, got {chains!r}")
+    previous, DQ_CHAINS = DQ_CHAINS, chains
+    try:
+        yield
+    finally:
+        DQ_CHAINS = previous
 
 
 def build_info():
