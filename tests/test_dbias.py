@@ -43,6 +43,25 @@ def test_dbias_target_plan(shape, deterministic, dims, add, dtype):
         assert grad.shape == shape
 
 
+@pytest.mark.parametrize("shape", [(2, 4, 6, 9), (4, 6, 9), (2, 1, 6, 9), (6, 9), (2, 1, 1, 9),
+                                   (1, 4, 6, 1)])  # fmt: skip
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_indexes_the_target_as_expanded_to_the_full_shape(shape, deterministic, dtype):
+    """The kernel sends (b, h, i, j) to b * batch_stride + h * head_stride + i * row + j: the
+    strides it gets must be those of the target expanded to (b, h, sq, sk) (0 where the
+    target has one plane for every batch / head), and every (b, h, i, j) must land inside the
+    target's storage. (GPU run 8: a size-1 dim's contiguous stride sent batch / head 1 past
+    a (1, h, sq, sk) buffer: dv NaN, an illegal address, memcheck errors.)"""
+    target, add = bias_mod.dbias_target(shape, dtype, FULL, "cpu", -1, -1, deterministic)
+    args = interface._dbias_args(target, add)
+    assert args["dbias_strides"] == target.expand(FULL).stride()[:3]
+    assert args["dbias_add"] == add and args["dbias"] == target.data_ptr()
+    assert args["dbias_dtype"] == {torch.bfloat16: 1, torch.float32: 2}[target.dtype]
+    last = sum((n - 1) * s for n, s in zip(FULL, args["dbias_strides"])) + FULL[3] + FULL[3] % 2
+    assert last <= target.untyped_storage().nbytes() // target.element_size()
+
+
 def test_dbias_direct_switch_keeps_the_float32_buffer(monkeypatch):
     monkeypatch.setattr(bias_mod._ext, "DBIAS_DIRECT", False)
     for shape in ((2, 4, 6, 9), (6, 9)):
@@ -153,6 +172,38 @@ def test_dbias_target_is_written_wherever_it_is_not_zeroed(monkeypatch, kind, ca
     monkeypatch.setattr(bias_mod, "dbias_target", poisoned)
     _run_case(2, 200, 263, 4, 2, 64, torch.bfloat16, torch.bfloat16, kind, causal=causal,
               deterministic=deterministic)  # fmt: skip
+
+
+@gpu
+@needs_bias
+@pytest.mark.parametrize("kind", ["full", "heads", "batch", "keys", "plane"])
+@pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_dbias_writes_nothing_outside_its_target(monkeypatch, kind, bias_dtype, causal, headdim):
+    """GPU run 8's failures: a (1, h, sq, sk) / (b, 1, sq, sk) target got its size-1 dim's
+    contiguous stride, so batch / head 1 wrote past it (test_bias: dv NaN at sq 113, sk 203,
+    d64 / d128, then an illegal address; memcheck: a float32 (2, 1, 77, 113) bias, d64,
+    causal). Here the target lies between two guard regions of a sentinel, inside one
+    allocation: the gradients must pass the 2x rule and the guards stay untouched."""
+    real = bias_mod.dbias_target
+    guards = []
+
+    def guarded(shape, dtype, full, device, window_left, window_right, deterministic):
+        target, add = real(shape, dtype, full, device, window_left, window_right, deterministic)
+        n = target.untyped_storage().nbytes() // target.element_size()
+        pad = n + -n % 64  # (a whole target's worth: where a wrong plane stride lands)
+        room = torch.full((n + 2 * pad,), 1536.0, dtype=target.dtype, device=device)
+        room[pad:pad + n] = target.as_strided((n,), (1,))  # (padding included)
+        guards.append((room, pad, n))
+        return room[pad:pad + n].as_strided(target.shape, target.stride()), add
+
+    monkeypatch.setattr(bias_mod, "dbias_target", guarded)
+    for seqlens in ((113, 203), (77, 113)):
+        _run_case(2, *seqlens, 4, 2, headdim, torch.bfloat16, bias_dtype, kind, causal=causal)
+    assert guards, "the bias gradient did not go through dbias_target"
+    for room, pad, n in guards:
+        assert torch.all(room[:pad] == 1536.0) and torch.all(room[pad + n:] == 1536.0)
 
 
 @gpu

@@ -303,6 +303,17 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     return dq, dk, dv
 
 
+def _dbias_args(dbias, dbias_add):
+    """``_C.bwd``'s dbias arguments for a 4-D target ``(b', h', sq, sk)``
+    (``bias.dbias_target``). A batch / head dim of size 1 is one plane shared by every batch /
+    head (the kernel adds at ``b * batch_stride + h * head_stride``), so its stride goes as 0:
+    torch gives a size-1 dim the contiguous stride, which sent batch / head 1 past the buffer
+    (GPU run 8: dv NaN, then an illegal address)."""
+    strides = tuple(0 if d < 2 and dbias.shape[d] == 1 else dbias.stride(d) for d in range(3))
+    return dict(dbias=dbias.data_ptr(), dbias_strides=strides,
+                dbias_dtype=_dtype_code(dbias.dtype), dbias_add=dbias_add)
+
+
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_q, seqlen_k,
                 nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
                 deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None, dbias=None,
@@ -331,10 +342,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
-    bias_args = {} if dbias is None else dict(dbias=dbias.data_ptr(),
-                                              dbias_strides=tuple(dbias.stride()[:3]),
-                                              dbias_dtype=_dtype_code(dbias.dtype),
-                                              dbias_add=dbias_add)
+    bias_args = {} if dbias is None else _dbias_args(dbias, dbias_add)
     if mods and "attn_bias" in mods:
         bias_args["bias_staged"] = _ext.BWD_BIAS_STAGED
     _ext.last_bwd_arch = _C.bwd(
