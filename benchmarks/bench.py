@@ -41,6 +41,13 @@ sdpa_efficient with the same bias.
     python benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096 --dtypes bf16 \
         --modes fwd,bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias
 
+`--bias-grad` adds rows (variant `bias_grad`, bwd / fwd_bwd) whose bias requires grad, so the
+backward also computes dbias; a backend whose attn_mask takes no gradient (cuDNN) leaves its
+cell empty with a note. The summary gives flashattn2 / sdpa_efficient (target >= 1.5x).
+
+    python benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \
+        --modes bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias --bias-grad
+
 Writes results.json ({"meta": ..., "rows": [...]}), results.csv and results.png to --out.
 """
 import argparse
@@ -104,6 +111,9 @@ def parse_args(argv=None):
     p.add_argument("--bias", action="store_true",
                    help="rows with a full (b, h, sq, sk) additive bias, for the impls that "
                         "take one, and the bias read time")
+    p.add_argument("--bias-grad", action="store_true",
+                   help="rows (bwd / fwd_bwd) with a full bias that requires grad: the "
+                        "backward also computes dbias")
     p.add_argument("--warmup", type=float, help="warm-up per measurement, ms (default 25)")
     p.add_argument("--rep", type=float, help="measuring time per measurement, ms (default 100)")
     p.add_argument("--quick", action="store_true", help="a few configs, short timings")
@@ -158,12 +168,12 @@ def variants(args):
     """["plain", then one name per --window / --softcap value and --alibi]."""
     return (["plain"] + [f"window={w}" for w in args.window]
             + [f"softcap={x:g}" for x in args.softcap] + (["alibi"] if args.alibi else [])
-            + (["bias"] if args.bias else []))
+            + (["bias"] if args.bias else []) + (["bias_grad"] if args.bias_grad else []))
 
 
 def variant_kwargs(variant, nheads, causal, device):
     """flash_attn_func keyword arguments of a variant name (the bias: make_call)."""
-    if variant in ("plain", "bias"):
+    if variant in ("plain", "bias", "bias_grad"):
         return {}
     name, _, value = variant.partition("=")
     if name == "window":
@@ -259,6 +269,32 @@ def print_summary(rows):
             parts.append(f"vs {ref}: min {lo:.2f}x geomean {gm:.2f}x "
                          f"({len(ratios)} cfgs{gaps}){met}")
         print(f"  d{d:<4} " + " | ".join(parts))
+    print_bias_summary(rows)
+
+
+BIAS_TARGET = 1.5  # issue 21: flashattn2 >= 1.5x sdpa_efficient with the same bias
+
+
+def print_bias_summary(rows):
+    """flashattn2 / sdpa_efficient per (bias variant, mode, head dim) against BIAS_TARGET."""
+    sel = [r for r in rows if r.get("variant") in ("bias", "bias_grad") and r["tflops"]
+           and not r["deterministic"]]
+    keys = sorted({(r["variant"], r["mode"], r["headdim"]) for r in sel},
+                  key=lambda k: (k[0], MODES.index(k[1]), k[2]))
+    if keys:
+        print(f"\nBias: flashattn2 / sdpa_efficient (target >= {BIAS_TARGET}x), min and geomean")
+    for variant, mode, d in keys:
+        configs = [{r["impl"]: r["tflops"] for r in grp} for grp in grouped(sel)
+                   if (grp[0]["variant"], grp[0]["mode"], grp[0]["headdim"]) == (variant, mode, d)]
+        ratios = [c["flashattn2"] / c["sdpa_efficient"] for c in configs
+                  if "flashattn2" in c and "sdpa_efficient" in c]
+        if not ratios:
+            print(f"  {variant:<9} {mode:<7} d{d:<4} n/a")
+            continue
+        lo, gm = min(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios))
+        met = "MET" if lo >= BIAS_TARGET else "MISSED"
+        print(f"  {variant:<9} {mode:<7} d{d:<4} min {lo:.2f}x geomean {gm:.2f}x "
+              f"({len(ratios)} cfgs) {met}")
 
 
 def plot(rows, path):
@@ -408,21 +444,21 @@ def eager_attention(q, k, v, causal, bias=None):
 
 
 def make_call(impl, q, k, v, causal, variant="plain", bias=None):
-    """(context, fn): fn() computes attention on the BSHD tensors inside context. Variant
-    "bias": ``bias`` is (flashattn2's, the others') (b, h, sq, sk) bias; the others' has the
-    causal mask folded in (SDPA takes attn_mask or is_causal, not both)."""
+    """(context, fn): fn() computes attention on the BSHD tensors inside context. Variants
+    "bias" and "bias_grad": ``bias`` is (flashattn2's, the others') (b, h, sq, sk) bias; the
+    others' has the causal mask folded in (SDPA takes attn_mask or is_causal, not both)."""
     import contextlib
     import torch.nn.functional as F
     if impl in ("flashattn2", "flashattn2_det", "flashattn2_sm80"):
         import flashattn2
         det = impl == "flashattn2_det"
         kwargs = variant_kwargs(variant, q.shape[2], causal, q.device)
-        if variant == "bias":
+        if variant in ("bias", "bias_grad"):
             kwargs["attn_bias"] = bias[0]
         ctx = flashattn2.force_sm80() if impl == "flashattn2_sm80" else contextlib.nullcontext()
         return ctx, lambda: flashattn2.flash_attn_func(
             q, k, v, causal=causal, deterministic=det, **kwargs)
-    mask = bias[1] if variant == "bias" else None
+    mask = bias[1] if variant in ("bias", "bias_grad") else None
     if impl == "torch_eager":
         return contextlib.nullcontext(), lambda: eager_attention(q, k, v, causal and mask is None,
                                                                  mask)  # fmt: skip
@@ -441,26 +477,34 @@ class BackwardMissing(Exception):
     """The impl has no backward pass (NotImplementedError from autograd)."""
 
 
+def grad_inputs(impl, q, k, v, variant, bias):
+    """q, k, v, and with "bias_grad" the impl's bias (a leaf): what the backward differentiates."""
+    if variant != "bias_grad":
+        return (q, k, v)
+    return (q, k, v, bias[0] if impl.startswith("flashattn2") else bias[1])
+
+
 def measure(impl, mode, q, k, v, dout, causal, timer, variant="plain", bias=None):
     """Median ms of one impl/mode. A first untimed call surfaces refusals: whatever the
-    forward raises, or BackwardMissing."""
+    forward raises, or BackwardMissing (or RuntimeError: a bias_grad bias the output ignores)."""
     import torch
     ctx, fwd = make_call(impl, q, k, v, causal, variant, bias)
+    inputs = grad_inputs(impl, q, k, v, variant, bias)
     with ctx, torch.set_grad_enabled(mode != "fwd"):
         out = fwd()
         if mode != "fwd":
             try:
-                torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                torch.autograd.grad(out, inputs, dout, retain_graph=True)
             except NotImplementedError as e:
                 raise BackwardMissing(e) from e
         if mode == "fwd":
             step = fwd
         elif mode == "bwd":
             def step():
-                torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                torch.autograd.grad(out, inputs, dout, retain_graph=True)
         else:
             def step():
-                torch.autograd.grad(fwd(), (q, k, v), dout)
+                torch.autograd.grad(fwd(), inputs, dout)
         torch.cuda.synchronize()
         return timer(step)
 
@@ -501,7 +545,8 @@ def run_sweep(args):
     # (impl, variant) pairs: the variants run on flashattn2 only, the bias on BIAS_IMPLS.
     runs = [(i, "plain") for i in impls] + [
         (i, var) for var in variants(args)[1:] for i in impls
-        if i in ("flashattn2", "flashattn2_sm80") or (var == "bias" and i in BIAS_IMPLS)]
+        if (i in ("flashattn2", "flashattn2_sm80") and var != "bias_grad")
+        or (var.startswith("bias") and i in BIAS_IMPLS)]
     total = len(configs) * len(args.modes) * len(runs)
     try:
         from tqdm import tqdm
@@ -520,7 +565,7 @@ def run_sweep(args):
         for x in (q, k, v):
             x.requires_grad_(True)
         bias, bias_read_ms = None, None
-        if args.bias:  # (flashattn2's, the others': the causal mask folded in), no grad
+        if args.bias or args.bias_grad:  # (flashattn2's, the others': the causal mask folded in)
             try:
                 full = torch.randn(b, h, s, s, device="cuda", dtype=dtype)
                 others = full.masked_fill(causal_hidden(s, s, full.device), float("-inf")) \
@@ -540,10 +585,15 @@ def run_sweep(args):
                 elif sys.stderr.isatty() or done % max(1, total // 20) == 0 or done == total:
                     end = "" if sys.stderr.isatty() else "\n"
                     print(f"\r[{done}/{total}]", end=end, file=sys.stderr, flush=True)
-                if (impl, mode, d) in skipped or (variant == "bias" and bias is None):
+                if (impl, mode, d) in skipped or (variant.startswith("bias") and bias is None):
                     continue
+                if variant == "bias_grad" and mode == "fwd":  # (the "bias" row's forward)
+                    continue
+                # (bias_grad: leaves sharing the memory; "bias" rows keep no grad, or dbias runs)
+                vbias = bias if variant != "bias_grad" else tuple(
+                    x.detach().requires_grad_() for x in bias)
                 try:
-                    ms = measure(impl, mode, q, k, v, dout, causal, timer, variant, bias)
+                    ms = measure(impl, mode, q, k, v, dout, causal, timer, variant, vbias)
                 except BackwardMissing as e:   # per head dim (flashattn2: d > 128 on sm_86/89)
                     skipped.add((impl, mode, d))
                     note(f"note: {impl} {mode}: no backward for d{d} ({e}); skipping it for d{d}")
@@ -559,7 +609,7 @@ def run_sweep(args):
                     headdim=d, seqlen_q=s, seqlen_k=s, causal=causal, ms=ms,
                     tflops=attn_flops(b, s, s, h, d, causal, mode, variant) / (ms * 1e-3) / 1e12,
                     gbps=None, deterministic=impl == "flashattn2_det", variant=variant,
-                    bias_read_ms=bias_read_ms if variant == "bias" else None))
+                    bias_read_ms=bias_read_ms if variant.startswith("bias") else None))
             for var in variants(args):
                 var_rows = [r for r in cfg_rows if r["variant"] == var]
                 if var_rows:

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/flash.h"
@@ -125,11 +126,14 @@ void set_mods(Params& params, float softcap, std::uintptr_t alibi_slopes,
 
 // The attention-bias fields (BiasLayout) of FwdParams / BwdParams: bias_strides (batch, head,
 // row, col) in elements, bias_dtype (0 float16, 1 bfloat16) that of the attention (dtype);
-// dbias (float32, the backward's) with dbias_strides (batch, head, row) and column stride 1.
-// A build without FLASHATTN2_EXPERIMENTAL=bias takes none (attn_bias 0).
+// dbias (the backward's) with dbias_strides (batch, head, row), column stride 1, elements of
+// dbias_dtype (0 float16, 1 bfloat16, 2 float32), stored, or with dbias_add (float32 only)
+// added by atomics: then a batch or head stride may be 0 (a plane shared by those dims).
+// Call after set_problem. A build without FLASHATTN2_EXPERIMENTAL=bias takes none (attn_bias 0).
 template <typename Params>
 void set_bias(Params& params, std::uintptr_t attn_bias, const Strides& bias_strides,
-              int bias_dtype, int dtype, std::uintptr_t dbias, const Strides& dbias_strides) {
+              int bias_dtype, int dtype, std::uintptr_t dbias, const Strides& dbias_strides,
+              int dbias_dtype = 2, bool dbias_add = false) {
   if (!attn_bias) {
     if (dbias) throw std::invalid_argument("dbias needs an attn_bias");
     return;
@@ -147,14 +151,43 @@ void set_bias(Params& params, std::uintptr_t attn_bias, const Strides& bias_stri
   params.bias_col_stride = bias_strides[3];
   if (dbias) {
     check_strides("dbias_strides", dbias_strides, 3, "(batch, head, row)");
-    if (dbias % 4) throw std::invalid_argument("dbias must be 4-byte aligned (float32)");
-    params.dbias = reinterpret_cast<float*>(dbias);
+    if (dbias_dtype < 0 || dbias_dtype > 2) {
+      throw std::invalid_argument("dbias_dtype must be 0 (float16), 1 (bfloat16) or 2 "
+                                  "(float32), got " + std::to_string(dbias_dtype));
+    }
+    if (dbias_add && dbias_dtype != 2) {
+      throw std::invalid_argument("dbias_add needs a float32 dbias (dbias_dtype 2)");
+    }
+    // The kernel writes pairs of keys (BwdParams::dbias_dtype): aligned, and rows of an
+    // even length with room for seqlen_k rounded up to even.
+    const int64_t bytes = dbias_dtype == 2 ? 4 : 2;
+    if (dbias % (2 * bytes)) {
+      throw std::invalid_argument("dbias must be aligned to two elements (" +
+                                  std::to_string(2 * bytes) + " bytes)");
+    }
+    if (dbias_strides[0] % 2 || dbias_strides[1] % 2 || dbias_strides[2] % 2 ||
+        dbias_strides[2] < params.seqlen_k + params.seqlen_k % 2) {
+      throw std::invalid_argument(
+          "dbias_strides must be even, the row stride at least seqlen_k rounded up to even (" +
+          std::to_string(params.seqlen_k + params.seqlen_k % 2) + ")");
+    }
+    // A stored plane written for several (batch, head): racing stores, so only adds share.
+    if (!dbias_add && ((params.batch > 1 && dbias_strides[0] == 0) ||
+                       (params.nheads > 1 && dbias_strides[1] == 0))) {
+      throw std::invalid_argument("dbias_strides: a 0 batch or head stride needs dbias_add");
+    }
+    params.dbias = reinterpret_cast<void*>(dbias);
     params.dbias_batch_stride = dbias_strides[0];
     params.dbias_head_stride = dbias_strides[1];
     params.dbias_row_stride = dbias_strides[2];
+    if constexpr (std::is_same_v<Params, flashattn2::BwdParams>) {  // (the forward has none)
+      params.dbias_dtype = dbias_dtype;
+      params.dbias_add = dbias_add;
+    }
   }
 #else
   (void)params, (void)bias_strides, (void)bias_dtype, (void)dtype, (void)dbias_strides;
+  (void)dbias_dtype, (void)dbias_add;
   throw std::invalid_argument(
       "attn_bias needs a build with FLASHATTN2_EXPERIMENTAL=bias (not yet validated on a GPU)");
 #endif
@@ -235,7 +268,8 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          float softcap, std::uintptr_t alibi_slopes,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains,
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
-         int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides) {
+         int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
+         bool dbias_add, bool bias_staged) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -285,7 +319,17 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.total_q = total_q;
   params.total_k = total_k;
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
-  set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, dbias, dbias_strides);
+  set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, dbias, dbias_strides,
+           dbias_dtype, dbias_add);
+#if FLASHATTN2_BIAS
+  params.bias_staged = bias_staged;
+#else
+  (void)bias_staged;
+#endif
+  if (dbias_add && deterministic) {
+    throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
+                                "deterministic mode needs a stored dbias");
+  }
 
   py::gil_scoped_release no_gil;  // as in fwd
   return flashattn2::mha_bwd(params, device, reinterpret_cast<void*>(stream), smem_limit,
@@ -558,7 +602,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("dq_chains") = 1,
         py::arg("smem_limit") = 0, py::arg("allow_sm90") = true, py::arg("attn_bias") = 0,
         py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1, py::arg("dbias") = 0,
-        py::arg("dbias_strides") = Strides{},
+        py::arg("dbias_strides") = Strides{}, py::arg("dbias_dtype") = 2,
+        py::arg("dbias_add") = false, py::arg("bias_staged") = true,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80. "
@@ -571,9 +616,14 @@ PYBIND11_MODULE(_C, m) {
         "as in fwd, with the forward's values (the same rng_state for dropout). "
         "smem_limit > 0 caps the shared memory per block below the GPU's (a test hook: "
         "the tiles an sm_86 / sm_89 GPU gets). attn_bias as in fwd; dbias (0 = not asked "
-        "for): a zero-filled float32 (batch, nheads, seqlen_q, seqlen_k) buffer with "
-        "dbias_strides (batch, head, row) and column stride 1 that receives d loss / d logit "
-        "(flash.h BiasLayout).");
+        "for): a (batch, nheads, seqlen_q, seqlen_k) tensor with dbias_strides (batch, head, "
+        "row) and column stride 1 that receives d loss / d logit of every visible score "
+        "(flash.h BiasLayout; zero-fill it under a window or causal mask), pairs of keys at "
+        "a time (rows 2-element aligned, of an even stride >= seqlen_k): stored in "
+        "dbias_dtype (0 float16, 1 bfloat16, 2 float32), or with dbias_add (float32, not "
+        "with deterministic) added by atomics, where a 0 batch or head stride sums over "
+        "that dim. bias_staged=False keeps the mma.sync backward from staging a bias with "
+        "16-byte aligned rows in shared memory (one global load per score; A/B).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),

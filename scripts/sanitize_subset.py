@@ -202,38 +202,47 @@ def layout_cases(gen):
 
 def bias_cases(gen):
     """(name, ok, detail) for attention with a bias (where built): forward + backward against
-    float32 autograd on the CPU, a (b, 1, sq, sk) bias (0-stride heads) with its gradient, a
-    bool key mask and a constant bias whose rows are a view of wider ones (sk = 203 of 208:
-    the staged copies' partial chunks; both without dbias: on sm_90 the Hopper backward)."""
+    float32 autograd on the CPU. With the gradient (the mma.sync backward): a float32
+    (b, 1, sq, sk) bias (0-stride heads: float32 atomics into a (b, 1, sq, sk) plane), a bf16
+    (1, h, sq, 264) one (16-byte rows: the staged tile; atomics over the batch) and a full
+    bf16 one with an odd sk (pairs stored straight into the gradient, padded rows); without:
+    a bool key mask and a constant bias whose rows are a view of wider ones (sk = 203 of 208:
+    the staged copies' partial chunks; on sm_90 the Hopper backward)."""
     if "bias" not in flashattn2.build_info().get("experimental", ()):
         return []
     results = []
     for b, sq, sk, h, hk, d, causal, kind in ((2, 77, 113, 4, 2, 64, True, "float"),
+                                              (2, 100, 264, 4, 2, 64, True, "batch"),
+                                              (2, 90, 203, 2, 2, 128, False, "full"),
                                               (1, 70, 200, 2, 2, 128, False, "bool"),
                                               (2, 130, 203, 2, 2, 128, True, "view")):
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(torch.bfloat16)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
+        grad = kind in ("float", "batch", "full")
         if kind == "float":
             bias = torch.randn(b, 1, sq, sk, generator=gen)
+        elif kind in ("batch", "full"):
+            bias = torch.randn(1 if kind == "batch" else b, h, sq, sk,
+                               generator=gen).to(torch.bfloat16)
         elif kind == "view":
             bias = torch.randn(b, 1, sq, 208, generator=gen).to(torch.bfloat16)
         else:
             bias = torch.rand(b, 1, 1, sk, generator=gen) > 0.3
         dout = torch.randn(b, sq, h, d, generator=gen).to(torch.bfloat16)
         leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
-        bias_g = bias.cuda().requires_grad_(kind == "float")
+        bias_g = bias.cuda().requires_grad_(grad)
         if kind == "view":
             bias, bias_g = bias[..., :sk], bias_g[..., :sk]  # rows 416 bytes apart
         out = flashattn2.flash_attn_func(*leaves, causal=causal, attn_bias=bias_g)
-        wrt = leaves + ([bias_g] if kind == "float" else [])
+        wrt = leaves + ([bias_g] if grad else [])
         grads = torch.autograd.grad(out, wrt, dout.cuda())
         torch.cuda.synchronize()
         ref_leaves = [x.float().requires_grad_() for x in (q, k, v)]
-        ref_bias = bias.float().requires_grad_() if kind == "float" else \
+        ref_bias = bias.float().requires_grad_() if grad else \
             bias.float() if kind == "view" else \
             torch.zeros(bias.shape).masked_fill(~bias, -math.inf)
         ref_out, _ = reference(*ref_leaves, causal, bias=ref_bias)
-        ref_wrt = ref_leaves + ([ref_bias] if kind == "float" else [])
+        ref_wrt = ref_leaves + ([ref_bias] if grad else [])
         ref_grads = torch.autograd.grad(ref_out, ref_wrt, dout.float())
         err = max((g.cpu().float() - r).abs().max().item()
                   for g, r in zip((out, *grads), (ref_out, *ref_grads)))

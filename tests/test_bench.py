@@ -55,6 +55,46 @@ def test_bias_rows_fold_the_causal_mask_into_the_others_bias():
     assert bench.variants(bench.parse_args(["--bias"])) == ["plain", "bias"]
 
 
+def test_bias_grad_rows_differentiate_each_impls_own_bias_leaf():
+    """--bias-grad: the backward's inputs add the impl's bias (flashattn2's, or the others'
+    with the causal mask folded in), whose gradient is that of softmax(scores + bias)."""
+    assert bench.variants(bench.parse_args(["--bias", "--bias-grad"])) == [
+        "plain", "bias", "bias_grad"]
+    q, k, v = (t.requires_grad_() for t in torch.randn(3, 1, 7, 2, 16))
+    full = torch.randn(1, 2, 7, 7)
+    others = full.masked_fill(bench.causal_hidden(7, 7, full.device), float("-inf"))
+    leaves = (full.requires_grad_(), others.requires_grad_())
+    assert bench.grad_inputs("flashattn2", q, k, v, "bias_grad", leaves)[3] is full
+    assert bench.grad_inputs("sdpa_math", q, k, v, "bias", leaves) == (q, k, v)
+    dout = torch.randn(1, 7, 2, 16)
+    ref = others.detach().clone().requires_grad_()
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * 0.25 + ref
+    expected = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, -1), v)
+    (expected_grad,) = torch.autograd.grad(expected, ref, dout)
+    for impl in ("torch_eager", "sdpa_math"):
+        ctx, fn = bench.make_call(impl, q, k, v, True, "bias_grad", leaves)
+        inputs = bench.grad_inputs(impl, q, k, v, "bias_grad", leaves)
+        with ctx:
+            grads = torch.autograd.grad(fn(), inputs, dout)
+        torch.testing.assert_close(grads[3], expected_grad, atol=1e-5, rtol=1e-5)
+
+
+def test_bias_summary_reports_the_ratio_to_the_efficient_backend(capsys):
+    def row(impl, tflops, variant, mode="bwd", seqlen=1024):
+        return dict(gpu="g", impl=impl, mode=mode, dtype="bf16", headdim=64, causal=False,
+                    seqlen_q=seqlen, deterministic=False, variant=variant, tflops=tflops)
+
+    rows = [row("flashattn2", 300.0, "bias_grad"), row("sdpa_efficient", 100.0, "bias_grad"),
+            row("flashattn2", 120.0, "bias_grad", seqlen=4096),
+            row("sdpa_efficient", 100.0, "bias_grad", seqlen=4096),
+            row("flashattn2", 200.0, "bias", "fwd"), row("sdpa_cudnn", 150.0, "bias", "fwd"),
+            row("flashattn2", 250.0, "plain")]
+    bench.print_bias_summary(rows)
+    out = capsys.readouterr().out
+    assert "bias_grad bwd     d64   min 1.20x geomean 1.90x (2 cfgs) MISSED" in out
+    assert "bias      fwd     d64   n/a" in out and "plain" not in out
+
+
 def test_decode_summary_reports_issue_20s_targets(capsys):
     import bench_decode as bd
 

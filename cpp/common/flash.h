@@ -53,13 +53,15 @@ struct SeqLayout {
 // masks; -inf hides the key). Dense attention only (mha_fwd / mha_bwd refuse varlen, KV
 // caches and split-KV with it): the plain-tile mma.sync kernels and the Hopper forward (the
 // Hopper backward passes it on to the mma.sync one).
-// The backward writes d loss / d logit (float32) of every visible (b, h, i, j) to dbias at
-// its strides (column stride 1) when dbias is not null, and nothing elsewhere: the caller
-// zero-fills it and sums it over the bias's broadcast dims.
+// The backward, when dbias is not null, sends d loss / d logit of every visible (b, h, i, j) to
+//   dbias + b * dbias_batch_stride + h * dbias_head_stride + i * dbias_row_stride + j
+// (elements of BwdParams::dbias_dtype) and nothing elsewhere (the caller zero-fills what a
+// window or causal mask hides): a store, or with BwdParams::dbias_add a float32 atomic add
+// (a 0 batch / head stride then sums a broadcast bias's gradient over those dims).
 struct BiasLayout {
   const void* attn_bias = nullptr;
   int64_t bias_batch_stride = 0, bias_head_stride = 0, bias_row_stride = 0, bias_col_stride = 0;
-  float* dbias = nullptr;
+  void* dbias = nullptr;
   int64_t dbias_batch_stride = 0, dbias_head_stride = 0, dbias_row_stride = 0;
 };
 #if FLASHATTN2_BIAS
@@ -184,6 +186,18 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   const int64_t* rng_state;    // dropout (seed, offset) on the device
   uint32_t dropout_threshold;  // drop iff the element's Philox word < this; 0: no dropout
   float dropout_scale;         // 1 / (1 - dropout_p)
+#if FLASHATTN2_BIAS
+  // dbias (BiasLayout), here at the end so that the other fields keep their offsets (and the
+  // instances without a bias their code): its DType code; dbias_add: float32 atomic adds
+  // instead of stores. The kernel writes two keys at a time (j even, one store or atomic),
+  // so every row of dbias starts 2-element aligned and has an even number of elements, at
+  // least seqlen_k (the binding checks it): with an odd seqlen_k the last one is padding.
+  int dbias_dtype = static_cast<int>(DType::kFloat32);
+  bool dbias_add = false;
+  // The mma.sync backward may stage a bias with 16-byte aligned rows in shared memory
+  // (sm80/bwd_launch.cuh); false: one global load per score (for A/B comparisons).
+  bool bias_staged = true;
+#endif
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

@@ -145,6 +145,17 @@ __device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, 
 #endif
 }
 
+// red.global.add.v2.f32 (sm_90): two consecutive floats at an 8-byte aligned address added
+// atomically in one request (two scalar atomics before sm_90).
+__device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
 // ex2.approx.ftz.f32: 2^x (ex2(-inf) = +0).
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;

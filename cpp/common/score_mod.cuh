@@ -131,7 +131,7 @@ struct ScoreMod {
   // kernels' bias instances call (the others keep the registers they had without it).
   const void* bias_plane;  // elements of the attention's own dtype (BiasLayout)
   int64_t bias_row, bias_col;
-  float* dbias_plane;
+  char* dbias_plane;       // elements of BiasLayout::dbias_dtype
   int64_t dbias_row;
 
   template <typename Params>
@@ -140,11 +140,20 @@ struct ScoreMod {
     bias_col = p.bias_col_stride;
     const int64_t at = batch * p.bias_batch_stride + head * p.bias_head_stride;
     bias_plane = p.attn_bias ? static_cast<const char*>(p.attn_bias) + at * 2 : nullptr;
-    dbias_plane = p.dbias ? p.dbias + batch * p.dbias_batch_stride + head * p.dbias_head_stride
-                          : nullptr;
-    dbias_row = p.dbias_row_stride;
+    dbias_plane = nullptr;
+    if constexpr (std::is_same_v<Params, BwdParams>) {
+      const int64_t dat = batch * p.dbias_batch_stride + head * p.dbias_head_stride;
+      dbias_plane = p.dbias ? static_cast<char*>(p.dbias) + dat * dbias_bytes(p) : nullptr;
+      dbias_row = p.dbias_row_stride;
+    }
   }
   __device__ __forceinline__ bool has_bias() const { return bias_plane != nullptr; }
+  __device__ __forceinline__ bool has_dbias() const { return dbias_plane != nullptr; }
+  __device__ __forceinline__ int64_t dbias_row_stride() const { return dbias_row; }
+  template <typename Params>
+  static __device__ __forceinline__ int dbias_bytes(const Params& p) {
+    return p.dbias_dtype == static_cast<int>(DType::kFloat32) ? 4 : 2;
+  }
   // Bias of query i, key j (natural units); the caller checks i < seqlen_q, j < seqlen_k.
   template <typename Element>
   __device__ __forceinline__ float bias_at(int i, int j) const {
@@ -155,18 +164,52 @@ struct ScoreMod {
       return __bfloat162float(b);
     }
   }
-  // The backward's d loss / d logit of (i, j) into dbias (when asked for; i, j visible rows
-  // and columns).
-  __device__ __forceinline__ void store_dbias(int i, int j, float ds) const {
-    if (dbias_plane) dbias_plane[i * dbias_row + j] = ds;
+  // The backward's d loss / d logit into dbias (has_dbias()). The lane holds queries i, i + 1
+  // of key j, the lane 4 apart (xor) the same queries of key j ^ 1: one shuffle gives each
+  // lane two adjacent keys of one query, so that one store (or atomic) writes both. Lanes of
+  // even j take (i, j), (i, j + 1), lanes of odd j (i + 1, j - 1), (i + 1, j): `at` is the
+  // address of that pair (dbias_pair), `valid` whether its row is < seqlen_q and its first
+  // key < seqlen_k (with an odd seqlen_k the last pair's second key is the row's padding:
+  // BwdParams). Every lane of the warp calls it (the shuffle), with warp-uniform p.
+  template <typename Params>
+  __device__ __forceinline__ char* dbias_pair(const Params& p, int i, int j) const {
+    const bool odd = j & 1;
+    return dbias_plane + ((i + odd) * dbias_row + j - odd) * dbias_bytes(p);
+  }
+  template <typename Params>
+  __device__ __forceinline__ void store_dbias2(const Params& p, char* at, bool odd, bool valid,
+                                               float ds0, float ds1) const {
+    const float got = __shfl_xor_sync(0xffffffffu, odd ? ds0 : ds1, 4);
+    const float lo = odd ? got : ds0, hi = odd ? ds1 : got;
+    if (!valid) return;
+    if (p.dbias_dtype == static_cast<int>(DType::kFloat32)) {
+      float* const d = reinterpret_cast<float*>(at);
+      if (p.dbias_add) {
+        ptx::red_add_v2(d, lo, hi);
+      } else {
+        *reinterpret_cast<float2*>(d) = make_float2(lo, hi);
+      }
+    } else {
+      *reinterpret_cast<uint32_t*>(at) = p.dbias_dtype == static_cast<int>(DType::kBFloat16)
+                                             ? ptx::pack2<__nv_bfloat16>(lo, hi)
+                                             : ptx::pack2<__half>(lo, hi);
+    }
   }
 #else
   template <typename Params>
   __device__ __forceinline__ void init_bias(const Params&, int, int) {}
   static constexpr bool has_bias() { return false; }
+  static constexpr bool has_dbias() { return false; }
   template <typename Element>
   __device__ __forceinline__ float bias_at(int, int) const { return 0.f; }
-  __device__ __forceinline__ void store_dbias(int, int, float) const {}
+  template <typename Params>
+  static __device__ __forceinline__ int dbias_bytes(const Params&) { return 0; }
+  __device__ __forceinline__ int64_t dbias_row_stride() const { return 0; }
+  template <typename Params>
+  __device__ __forceinline__ char* dbias_pair(const Params&, int, int) const { return nullptr; }
+  template <typename Params>
+  __device__ __forceinline__ void store_dbias2(const Params&, char*, bool, bool, float,
+                                               float) const {}
 #endif
 
   // The four Philox words of the group {i, i + 8} x {j, j + 8} (i % 16 < 8, j % 16 < 8).

@@ -55,4 +55,11 @@ constexpr int bwd_smem_bytes(int head_dim, bool small_smem = false) {
              (4 * head_dim + 2 * int(sizeof(float)));
 }
 
+// The bias instance's staged bias tile (bwd_kernel.cuh kBiasStaged), past bwd_smem_bytes:
+// block_m queries x block_n keys of 2-byte elements (d64 32 KiB, d128 16 KiB). Only where the
+// GPU's blocks have room for both (not the small-smem tiles; d64 needs an H100's 227 KiB).
+constexpr int bwd_bias_smem_bytes(int head_dim, bool small_smem = false) {
+  return 2 * bwd_tile(head_dim, small_smem).block_m * bwd_tile(head_dim, small_smem).block_n;
+}
+
 }  // namespace flashattn2

@@ -12,13 +12,15 @@
 //          blocks from shared memory (tile.cuh warp_gemm), so P^T and dS^T go through
 //          shared memory: every warp reads only the Q, dO, K rows of its own tile.
 //   smem   sK, sV [kBlockN x d], sP, sdS [kBlockN x kBlockM], and kQStages stages of sQ, sdO
-//          [kBlockM x d], LSE, dsum [kBlockM] f32 (tile.cuh swizzle; sizes in bwd_config.h).
+//          [kBlockM x d], LSE, dsum [kBlockM] f32 (tile.cuh swizzle; sizes in bwd_config.h);
+//          kBiasStaged: sBias [kBlockM x kBlockN] (the bias tile of the step, bwd_bias_smem_bytes).
 //   step   (query tile m)
 //            wait for Q_m, dO_m, LSE_m, dsum_m ; __syncthreads
 //            (2 stages: issue cp.async of tile m + 1 into the other stage)
 //            S^T = K Q^T and dP^T = V dO^T ; mask (boundary tiles only)
 //            P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T o (dP^T - dsum)
 //            P^T -> sP, dS^T -> sdS (the warp keeps its own part in registers) ; __syncthreads
+//            (kBiasStaged: issue cp.async of the next step's bias tile into sBias)
 //            dV += P^T dO, dK += dS^T Q (d <= 128: the warp's own query columns of P^T, dS^T
 //              from its registers, the rest from sP, sdS)
 //            (1 stage: __syncthreads ; issue cp.async of tile m + 1, overlapping the dQ GEMM)
@@ -32,8 +34,12 @@
 //          dV += (P o M / (1 - p))^T dO and dS = P o (dP o M / (1 - p) - D); softcap
 //          multiplies dS by d logit / d(scale s) = 1 - tanh^2 (the scale is applied later).
 //          An attention bias (FLASHATTN2_BIAS builds) is added to the recomputed logits as in
-//          the forward; its gradient, dS before the softcap factor, goes to dbias (one
-//          store per visible score: each (b, h, i, j) is computed by exactly one CTA).
+//          the forward; its gradient, dS before the softcap factor, goes to dbias
+//          (flash.h BiasLayout): each (b, h, i, j) is computed by exactly one CTA, which
+//          stores it in dbias's dtype, or adds it by a float32 atomic (a bias broadcast over
+//          batch or heads); one shuffle between the lanes of keys j, j ^ 1 gives each lane
+//          two adjacent keys of one query, so one 4-byte (8-byte for float32) store or one
+//          red.v2 (sm_90) writes two scores.
 // 3. bwd_convert_dq_kernel: dQ = accumulator (chains summed in order) * scale, cast, store
 //    (back from the accumulator order through shared memory).
 //
@@ -220,8 +226,12 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) 
 
 
 // kMods: the score-modifier instance; kBias (with kMods): it also takes an attention bias
-// (FLASHATTN2_BIAS builds), so the instance without keeps its registers.
-template <typename Traits, typename Element, bool kMods, bool kBias = false>
+// (FLASHATTN2_BIAS builds), so the instance without keeps its registers. kBiasStaged (with
+// kBias): the bias has 16-byte aligned rows of unit key stride (bias_rows_16b), and each
+// step's kBlockM x kBlockN tile of it is copied by cp.async into sBias, bwd_bias_smem_bytes
+// past the Traits' shared memory (bwd_config.h), instead of one 2-byte global load per score.
+template <typename Traits, typename Element, bool kMods, bool kBias = false,
+          bool kBiasStaged = false>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     bwd_kernel(const BwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -246,6 +256,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   Element* sdO = sQ + kBlockM * kHeadDim;
   float* sLse = reinterpret_cast<float*>(sdO + kBlockM * kHeadDim);
   float* sDsum = sLse + kBlockM;
+  // kBiasStaged: the bias tile [kBlockM queries x kBlockN keys] after the query-tile stages.
+  [[maybe_unused]] Element* sBias = reinterpret_cast<Element*>(smem_raw + Traits::kSmemBytes);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, q = lane % 4;
@@ -327,7 +339,43 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       ptx::cp_async_4(ptx::smem_addr(sLse_t + kBlockM + tid), gDsum + row, valid);
     }
   };
+  // kBiasStaged: the bias of step (head, m_block) into sBias, kBlockM / kBiasRows 16-byte
+  // cp.async per thread (consecutive threads take a query row's consecutive 8-key chunks; a
+  // thread's rows kBiasRows apart), chunk c of row r at (c ^ r % 8) * 16 bytes, so that the
+  // score loop's reads (one 16-byte chunk of 4 rows 2 apart per instruction) hit distinct
+  // banks; rows past seqlen_q, keys past seqlen_k zero-filled (the bias of an invisible
+  // score is 0, as in the unstaged loads). Issued once every warp is done with the previous
+  // step's tile (after the barrier behind the scores), waited for at the top of the step.
+  constexpr int kBiasChunks = kBlockN / 8;                  // 16-byte chunks of a tile row
+  constexpr int kBiasRows = kNThreads / kBiasChunks;        // rows per pass of the threads
+  static_assert(!kBiasStaged || (kNThreads % kBiasChunks == 0 && kBlockM % kBiasRows == 0 &&
+                                 kBiasRows % 8 == 0),
+                "bias tile copy must split evenly over the threads");
+  [[maybe_unused]] auto load_bias_tile = [&](int head, int m_block) {
+#if FLASHATTN2_BIAS
+    const Element* plane = static_cast<const Element*>(p.attn_bias) +
+                           batch * p.bias_batch_stride + head * p.bias_head_stride;
+    // (threadIdx read again rather than tid kept live across the mainloop)
+    const int row0 = threadIdx.x / kBiasChunks, chunk = threadIdx.x % kBiasChunks;
+    const int key = n0 + 8 * chunk;
+    const int key_bytes = 2 * min(max(seqlen_k - key, 0), 8);
+    const int query0 = m_block * kBlockM + row0;
+    const Element* src = plane + int64_t(query0) * p.bias_row_stride + key;
+    const uint32_t dst =
+        ptx::smem_addr(sBias) + row0 * (2 * kBlockN) + ((chunk ^ (row0 % 8)) * 16);
+#pragma unroll
+    for (int i = 0; i < kBlockM / kBiasRows; ++i) {
+      const int bytes = query0 + kBiasRows * i < seqlen_q ? key_bytes : 0;
+      ptx::cp_async_16_bytes(dst + i * kBiasRows * 2 * kBlockN,
+                             bytes > 0 ? src + int64_t(kBiasRows * i) * p.bias_row_stride : plane,
+                             bytes);
+    }
+#endif
+  };
   if (n_steps > 0) load_query_tile(head_k * group, m_start, 0);
+  if constexpr (kBiasStaged) {
+    if (n_steps > 0) load_bias_tile(head_k * group, m_start);
+  }
   ptx::cp_async_commit();
 
   // ldmatrix operands (tile.cuh LdsmTile), one per GEMM operand:
@@ -422,10 +470,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             }
       }
       const float dist0 = float(m0 + sc + 2 * q + offset - n0 - kr - g);
+      // kBiasStaged: element offset in sBias of the lane's query column sc + 2 q + e % 2 (of
+      // n8 tile 0; tile nt is 8 nt rows on, the same swizzle) and key kr + 8 c + g, c = 2 mt +
+      // e / 2: row col, chunk (kr / 8 + c) ^ (col % 8), element g.
+      [[maybe_unused]] int bias_at[2][4];
+      // kBias with dbias: the lane's pair (ScoreMod::dbias_pair) of n8 tile 0, key offset 0;
+      // n8 tile nt is 8 nt rows on, key offset k k elements on.
+      [[maybe_unused]] char* dbias_lane = nullptr;
+      [[maybe_unused]] int64_t dbias_rows8 = 0;
+      [[maybe_unused]] int dbias_bytes = 0;
+      if constexpr (kBias) {
+        if (mod.has_dbias()) {
+          dbias_bytes = ScoreMod::dbias_bytes(p);
+          dbias_lane = mod.dbias_pair(p, m0 + sc + 2 * q, n0 + kr + g);
+          dbias_rows8 = 8 * mod.dbias_row_stride() * dbias_bytes;
+        }
+      }
+      if constexpr (kBiasStaged) {
+#pragma unroll
+        for (int e01 = 0; e01 < 2; ++e01)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int row = sc + 2 * q + e01;
+            bias_at[e01][c] = row * kBlockN + (((kr / 8 + c) ^ (row % 8)) * 8) + g;
+          }
+      }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kSTiles; ++nt)
+        for (int nt = 0; nt < kSTiles; ++nt) {
+          float ds_tile[4];  // d loss / d logit of the four scores (kBias: for dbias)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             // Base-2 logit (score_mod.cuh); dist = query + offset - key, exact from one
@@ -435,9 +509,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             float x = mod.logit2(acc_s[mt][nt][e],
                                  dist0 + float(8 * nt + (e & 1) - 16 * mt - 8 * (e >> 1)), &dlogit);
             // Attention bias (BiasLayout): query m0 + col, key n0 + kr + 16 mt + g + 8 (e / 2).
-            const int query = m0 + col, key = n0 + kr + 16 * mt + g + 8 * (e >> 1);
-            const bool inside = query < seqlen_q && key < seqlen_k;
-            if (kBias && mod.has_bias()) {
+            [[maybe_unused]] const int query = m0 + col, key = n0 + kr + 16 * mt + g + 8 * (e >> 1);
+            [[maybe_unused]] const bool inside = query < seqlen_q && key < seqlen_k;
+            if constexpr (kBiasStaged) {
+              const int at = bias_at[e & 1][2 * mt + (e >> 1)] + nt * 8 * kBlockN;
+              x = fmaf(static_cast<float>(sBias[at]), kLog2e, x);
+            } else if (kBias && mod.has_bias()) {
               x = fmaf(inside ? mod.template bias_at<Element>(query, key) : 0.f, kLog2e, x);
             }
             if (kMask && acc_s[mt][nt][e] == -INFINITY) x = -INFINITY;
@@ -445,10 +522,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
             const bool kept = (keep >> (4 * (kSTiles * mt + nt) + e)) & 1;
             const float dp = kept ? acc_dp[mt][nt][e] * p.dropout_scale : 0.f;
             const float ds = prob * (dp - sDsum_t[col]);  // d loss / d logit
-            if (kBias && mod.has_bias() && inside) mod.store_dbias(query, key, ds);
+            ds_tile[e] = ds;
             acc_dp[mt][nt][e] = ds * dlogit;
             acc_s[mt][nt][e] = kept ? prob * p.dropout_scale : 0.f;
           }
+          if constexpr (kBias) {
+            if (mod.has_dbias()) {  // (warp-uniform) keys 16 mt + 8 r on, queries 8 nt on
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const bool valid = !kMask || (m0 + sc + nt * 8 + 2 * q + (g & 1) < seqlen_q &&
+                                              n0 + kr + 16 * mt + 8 * r + (g & ~1) < seqlen_k);
+                mod.store_dbias2(p, dbias_lane + nt * dbias_rows8 + (16 * mt + 8 * r) * dbias_bytes,
+                                 g & 1, valid, ds_tile[2 * r], ds_tile[2 * r + 1]);
+              }
+            }
+          }
+        }
     } else {
 #pragma unroll
       for (int nt = 0; nt < kSTiles; ++nt) {
@@ -540,7 +629,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     } else {
       scores(std::false_type{}, m_block, mod, stage);
     }
-    __syncthreads();  // sP, sdS complete
+    __syncthreads();  // sP, sdS complete (and every read of sBias done)
+    if constexpr (kBiasStaged) {
+      if (t + 1 < n_steps) load_bias_tile(next_head, next_m_block);
+      ptx::cp_async_commit();
+    }
 
     // Deterministic: advance the previous step's counter (the barriers above order every
     // thread's dQ adds of that step before thread 0's release; the release waits for them

@@ -27,23 +27,41 @@ void run_bwd_convert_dq(const BwdParams& params, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
   run_bwd_preprocess<Element, kHeadDim>(params, stream);
-  auto launch = [&](auto traits, auto mods, auto bias) {
+  auto launch = [&](auto traits, auto mods, auto bias, auto staged) {
     using Traits = decltype(traits);
-    constexpr auto kernel = bwd_kernel<Traits, Element, decltype(mods)::value, decltype(bias)::value>;
-    raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_kernel, smem)");
+    constexpr bool kStaged = decltype(staged)::value;
+    constexpr auto kernel = bwd_kernel<Traits, Element, decltype(mods)::value,
+                                       decltype(bias)::value, kStaged>;
+    constexpr int kSmem =
+        Traits::kSmemBytes + (kStaged ? bwd_bias_smem_bytes(kHeadDim, Traits::kSmallSmem) : 0);
+    raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(bwd_kernel, smem)");
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
                     params.batch);
-    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+    kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
   };
   // Score modifiers in their own instance, as in run_fwd; the small-smem tile where the
   // full one does not fit the GPU's blocks (bwd_config.h; the host checked that one fits).
+  // A bias with 16-byte aligned rows is staged in shared memory where the full tile has room
+  // for it (bwd_bias_smem_bytes; BwdParams::bias_staged lets the caller turn it off).
   auto launch_mods = [&](auto traits) {
+    using Traits = decltype(traits);
     if (has_bias(params)) {  // (FLASHATTN2_BIAS builds only)
-      if constexpr (FLASHATTN2_BIAS) launch(traits, std::true_type{}, std::true_type{});
+#if FLASHATTN2_BIAS
+      if constexpr (!Traits::kSmallSmem) {
+        if (params.bias_staged && bias_rows_16b(params) &&
+            smem_per_block >= Traits::kSmemBytes + bwd_bias_smem_bytes(kHeadDim)) {
+          launch(traits, std::true_type{}, std::true_type{}, std::true_type{});
+          return;
+        }
+      }
+#endif
+      if constexpr (FLASHATTN2_BIAS) {
+        launch(traits, std::true_type{}, std::true_type{}, std::false_type{});
+      }
     } else if (has_score_mods(params)) {
-      launch(traits, std::true_type{}, std::false_type{});
+      launch(traits, std::true_type{}, std::false_type{}, std::false_type{});
     } else {
-      launch(traits, std::false_type{}, std::false_type{});
+      launch(traits, std::false_type{}, std::false_type{}, std::false_type{});
     }
   };
   if constexpr (bwd_smem_bytes(kHeadDim, true) < bwd_smem_bytes(kHeadDim, false)) {

@@ -98,6 +98,16 @@ SM90_BWD = _env_flag("FLASHATTN2_SM90_BWD", "1")
 # mma.sync backward, the rest unchanged (for A/B comparisons). FLASHATTN2_SM90_BWD_D64=0 at
 # import, or the sm90_bwd_d64(False) context manager.
 SM90_BWD_D64 = _env_flag("FLASHATTN2_SM90_BWD_D64", "1")
+# True (the default): the bias gradient goes straight into the gradient in the bias's dtype,
+# or by float32 atomics into a buffer without the broadcast batch / head dims
+# (bias.dbias_target); FLASHATTN2_DBIAS_DIRECT=0 at import keeps the float32
+# (b, h, sq, sk) buffer and torch's sum and cast for every bias (for A/B comparisons).
+DBIAS_DIRECT = _env_flag("FLASHATTN2_DBIAS_DIRECT", "1")
+# True (the default): the mma.sync backward copies each step's tile of a bias with 16-byte
+# aligned rows (unit key stride) into shared memory by cp.async, where the GPU's blocks have
+# room (cpp/sm80/bwd_launch.cuh); FLASHATTN2_BWD_BIAS_STAGED=0 at import keeps one global
+# load per score (for A/B comparisons).
+BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
@@ -142,6 +152,12 @@ decode_l2_prefetch = _switch("DECODE_L2_PREFETCH", "Inside the block, the decode
 decode_issue_early = _switch("DECODE_ISSUE_EARLY", "Inside the block, the decode kernel issues "
                              "each step's next tile before waiting for the current one "
                              "(enabled) or after.")
+dbias_direct = _switch("DBIAS_DIRECT", "Inside the block, the bias gradient goes straight "
+                       "into its target (enabled, the default) or through the float32 "
+                       "(b, h, sq, sk) buffer and torch's sum.")
+bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
+                          "an aligned bias in shared memory (enabled, the default) or loads "
+                          "it per score.")
 
 
 @contextlib.contextmanager

@@ -16,12 +16,14 @@
     flashattn2::fwd_bias(q, k, v, attn_bias, softmax_scale, window_left, window_right, ...mods)
         -> (out, lse)
     flashattn2::bwd_bias(dout, q, k, v, out, lse, attn_bias, softmax_scale, window_left,
-                         window_right, deterministic, bias_grad, ...mods)
+                         window_right, deterministic, bias_grad, ...mods, bias_shape=None,
+                         bias_dtype=None)
         -> (dq, dk, dv, dbias)
         with an attention bias (bias.py; builds with FLASHATTN2_EXPERIMENTAL=bias):
         ``attn_bias`` is the (batch, nheads, seqlen_q, seqlen_k) view (any strides, 0 for
-        broadcast dims) in fp16 / bf16 / fp32; dbias float32 (batch, nheads, seqlen_q,
-        seqlen_k) when ``bias_grad``, else an empty (0,) tensor
+        broadcast dims) in fp16 / bf16 / fp32; when ``bias_grad``, dbias is the gradient of
+        a bias of ``bias_shape`` and ``bias_dtype`` (the autograd node's; bias.dbias_target),
+        or without them float32 (batch, nheads, seqlen_q, seqlen_k); else an empty (0,) tensor
 
 Dropout's randomness is an input (``rng_state``, drawn by the caller), so every operator is
 a pure function of its arguments.
@@ -79,7 +81,8 @@ torch.library.define(
     "flashattn2::bwd_bias",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor attn_bias,"
     " float softmax_scale, int window_left, int window_right, bool deterministic, bool bias_grad,"
-    " " + _MODS + ") -> (Tensor, Tensor, Tensor, Tensor)",
+    " " + _MODS + ", int[]? bias_shape=None, ScalarType? bias_dtype=None)"
+    " -> (Tensor, Tensor, Tensor, Tensor)",
 )
 torch.library.define(
     "flashattn2::dropout_mask",
@@ -136,13 +139,21 @@ def _fwd_bias_cuda(q, k, v, attn_bias, softmax_scale, window_left, window_right,
 
 def _bwd_bias_cuda(dout, q, k, v, out, lse, attn_bias, softmax_scale, window_left, window_right,
                    deterministic, bias_grad, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
-                   rng_state=None):
-    dbias = (bias_mod.dbias_buffer(attn_bias.shape, q.device, window_left, window_right)
-             if bias_grad else q.new_empty((0,), dtype=torch.float32))  # fmt: skip
+                   rng_state=None, bias_shape=None, bias_dtype=None):
+    if bias_shape is None:
+        bias_shape, bias_dtype = tuple(attn_bias.shape), torch.float32
+    target, add = None, False
+    if bias_grad:
+        target, add = bias_mod.dbias_target(tuple(bias_shape), bias_dtype, attn_bias.shape,
+                                            q.device, window_left, window_right, deterministic)
     attn_bias = bias_view(attn_bias, attn_bias.shape, q.dtype)
     grads = _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                           deterministic, softcap, alibi_slopes, dropout_p, rng_state, attn_bias,
-                          dbias if bias_grad else None)
+                          target, dbias_add=add)  # fmt: skip
+    if bias_grad:
+        dbias = bias_mod.reduce_to(target, tuple(bias_shape)).to(bias_dtype).contiguous()
+    else:
+        dbias = q.new_empty((0,), dtype=torch.float32)
     return (*(g.contiguous() for g in grads), dbias)
 
 
@@ -151,8 +162,11 @@ def _fwd_bias_fake(q, k, v, attn_bias, *args):
 
 
 def _bwd_bias_fake(dout, q, k, v, out, lse, attn_bias, softmax_scale, window_left, window_right,
-                   deterministic, bias_grad, *args):
-    dbias = (attn_bias.new_empty(attn_bias.shape, dtype=torch.float32) if bias_grad
+                   deterministic, bias_grad, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+                   rng_state=None, bias_shape=None, bias_dtype=None):
+    if bias_shape is None:
+        bias_shape, bias_dtype = attn_bias.shape, torch.float32
+    dbias = (attn_bias.new_empty(tuple(bias_shape), dtype=bias_dtype) if bias_grad
              else q.new_empty((0,), dtype=torch.float32))  # fmt: skip
     return (*_bwd_fake(dout, q, k, v, out, lse, softmax_scale, window_left, window_right), dbias)
 

@@ -16,19 +16,27 @@ dtype: one copy each, of the tensor's own size, before the broadcast. (PyTorch's
 attention in q's dtype rounds the bias the same way.) A row whose keys are all hidden gives out = 0 and lse = +inf (torch's SDPA gives
 0 too since 2.5).
 
-Gradient: when the bias requires grad, the backward writes d loss / d logit of every
-(b, h, i, j) to a zero-filled float32 ``(b, h, sq, sk)`` buffer (memory: 4 bytes per score,
-like a full float32 bias), sums it over the bias's broadcast dims and returns it in the
-bias's dtype and shape. Dense attention only: varlen, KV caches and split-KV raise.
+Gradient: when the bias requires grad, the backward kernel sends d loss / d logit of every
+(b, h, i, j) to the tensor that ``dbias_target`` picks:
+  - a bias without broadcast dims: the returned gradient itself, stored in the bias's dtype
+    (2 bytes a score for bf16 / fp16, no float32 copy, no pass of torch over it);
+  - broadcast over batch and / or heads: a float32 buffer without those dims (zeroed), which
+    the kernel adds into with float32 atomics, then converted (one small pass);
+  - otherwise (deterministic mode with a broadcast, whose sum must not depend on the atomics'
+    order): a float32 ``(b, h, sq, sk)`` buffer, then torch sums the broadcast dims.
+A broadcast over queries or keys is summed by torch too, after the atomics (if any).
+Dense attention only: varlen, KV caches and split-KV raise.
 
 torch.compile / torch.export / dispatch modes trace the ``flashattn2::fwd_bias`` and
-``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion, the broadcast view and
-the gradient's reduction are ordinary torch ops in the graph.
+``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion and the broadcast view
+are ordinary torch ops in the graph, the gradient's targets and reduction are inside
+``bwd_bias`` (which returns it in the bias's shape and dtype).
 
-Cost: the kernels run their bias instances with one load per score (scalar 2-byte loads
-through the L1 cache; a (b, h, sq, sk) bias is read once per forward and once per backward):
-on sm_90 the Hopper forward (more than 64 query rows, no dropout) and the mma.sync backward
-(the Hopper backward does not take a bias yet), elsewhere the mma.sync kernels.
+Cost: a (b, h, sq, sk) bias is read once per forward and once per backward. The Hopper
+kernels (sm_90; the backward for a bias without its gradient) and the mma.sync backward
+(dbias, other GPUs; FLASHATTN2_BWD_BIAS_STAGED=0 turns it off) copy each tile of a bias with
+16-byte aligned rows and unit key stride into shared memory by cp.async; otherwise one 2-byte
+load per score through the L1 cache (the mma.sync forward always).
 """
 
 import torch
@@ -96,14 +104,30 @@ def bias_view(attn_bias, full, dtype):
     return attn_bias.expand(full)
 
 
-def dbias_buffer(shape, device, window_left, window_right):
-    """The float32 (b, h, sq, sk) buffer the backward kernels write dS into. Every score of
-    full attention is computed (and stored) by exactly one CTA, so only a window or a causal
-    mask (window_right >= 0) leaves entries for the zero fill (8.6 GB of writes at 8k, b 2,
-    16 heads: ~2.9 ms on an H100)."""
-    if window_left < 0 and window_right < 0:
-        return torch.empty(shape, dtype=_FP32, device=device)
-    return torch.zeros(shape, dtype=_FP32, device=device)
+def dbias_target(shape, dtype, full, device, window_left, window_right, deterministic):
+    """``(target, add)``: the 4-D ``(b', h', sq, sk)`` tensor the backward kernel sends dbias
+    to, and whether it adds (float32 atomics) rather than stores. ``shape`` and ``dtype``: the
+    bias's; ``full``: ``(batch, nheads, seqlen_q, seqlen_k)``. Without broadcast dims the
+    target is the gradient itself in ``dtype``; else float32, with b' = 1 (h' = 1) where the
+    bias broadcasts over batch (heads) and atomics sum over it, except in deterministic mode
+    (then b', h' are full: stores; also for every bias with FLASHATTN2_DBIAS_DIRECT=0,
+    ``_ext.DBIAS_DIRECT``). Every visible score is computed by exactly one CTA, so a
+    stored target needs the zero fill only under a window or causal mask (8.6 GB of writes at
+    8k, b 2, 16 heads in float32: ~2.9 ms on an H100); an added one always. With an odd
+    seqlen_k the rows have one padding element (the target is a view without it)."""
+    padded = (1,) * (4 - len(shape)) + tuple(shape)
+    broadcast = [p == 1 and f != 1 for p, f in zip(padded, full)]
+    if not _ext.DBIAS_DIRECT:  # (A/B switch: the float32 (b, h, sq, sk) buffer for all)
+        broadcast, deterministic = [True] * 4, True
+    add = not deterministic and (broadcast[0] or broadcast[1])
+    dims = tuple(1 if add and broadcast[d] else full[d] for d in range(2)) + tuple(full[2:])
+    target_dtype = dtype if not any(broadcast) else _FP32
+    windowed = window_left >= 0 or window_right >= 0
+    alloc = torch.zeros if add or windowed else torch.empty
+    # (the kernel writes two keys at a time: rows of an even length, odd seqlen_k padded)
+    seqlen_k = dims[3]
+    target = alloc(dims[:3] + (seqlen_k + seqlen_k % 2,), dtype=target_dtype, device=device)
+    return target[..., :seqlen_k], add
 
 
 def reduce_to(grad, shape):
@@ -154,18 +178,25 @@ class _FlashAttnBiasFunc(torch.autograd.Function):
         bias_grad = ctx.needs_input_grad[3]
         mods = dict(softcap=ctx.softcap, alibi_slopes=alibi_slopes, dropout_p=ctx.dropout_p,
                     rng_state=rng_state)
-        if _tracing():
+        if _tracing():  # (dbias comes back in the bias's shape and dtype)
             scale, left, right, det = ctx.args
             dq, dk, dv, dbias = torch.ops.flashattn2.bwd_bias(
-                dout, q, k, v, out, lse, view, scale, left, right, det, bias_grad, **mods)
+                dout, q, k, v, out, lse, view, scale, left, right, det, bias_grad, **mods,
+                bias_shape=list(ctx.bias_shape), bias_dtype=ctx.bias_dtype)
         else:
-            dbias = dbias_buffer(view.shape, q.device, *ctx.args[1:3]) if bias_grad else None
+            dbias, add = None, False
+            if bias_grad:
+                dbias, add = dbias_target(ctx.bias_shape, ctx.bias_dtype, view.shape, q.device,
+                                          *ctx.args[1:])  # fmt: skip
             dq, dk, dv = _flash_attn_backward(dout, q, k, v, out, lse, *ctx.args,
-                                              attn_bias=view, dbias=dbias, **mods)  # fmt: skip
+                                              attn_bias=view, dbias=dbias, dbias_add=add,
+                                              **mods)  # fmt: skip
+            if bias_grad:  # (the target itself where nothing broadcasts)
+                dbias = reduce_to(dbias, ctx.bias_shape).to(ctx.bias_dtype)
         if q.shape[3] != ctx.headdim:
             h = ctx.headdim
             dq, dk, dv = dq[..., :h], dk[..., :h], dv[..., :h]
-        dbias = reduce_to(dbias, ctx.bias_shape).to(ctx.bias_dtype) if bias_grad else None
+        dbias = dbias if bias_grad else None
         return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
 
 

@@ -268,7 +268,7 @@ def _dropout_keep_mask(rng_state, batch, nheads, seqlen_q, seqlen_k, dropout_p):
 def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                          deterministic=False, dq=None, dk=None, dv=None, softcap=0.0,
                          alibi_slopes=None, dropout_p=0.0, rng_state=None, attn_bias=None,
-                         dbias=None):
+                         dbias=None, dbias_add=False):
     """Launches the backward kernels with no argument checks; returns ``(dq, dk, dv)``.
 
     q, k, v, out and lse as ``_flash_attn_forward`` takes / returns them (kernel-ready; lse
@@ -278,8 +278,9 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     Empty problems never reach the kernel and give zero gradients. ``deterministic`` makes dq
     bitwise reproducible (the kernel orders its accumulation). Score modifiers as the
     forward took them (the same ``rng_state`` regenerates its dropout mask), ``attn_bias``
-    too; ``dbias``: None, or a zero-filled float32 ``(b, h, sq, sk)`` tensor with a unit
-    last stride that receives d loss / d logit (``bias.py``).
+    too; ``dbias``: None, or a 4-D tensor with a unit last stride (float16, bfloat16 or
+    float32) that receives d loss / d logit (``bias.dbias_target``), by float32 atomic adds
+    with ``dbias_add`` (not with ``deterministic``).
     """
     if q.dtype is _FP32:
         _check_fp32_backward()
@@ -298,13 +299,25 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse.stride()[:2], batch, seqlen_q,
                 seqlen_k, nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
                 deterministic, _mod_kwargs(softcap, alibi_slopes, dropout_p, rng_state, attn_bias),
-                dbias=dbias)
+                dbias=dbias, dbias_add=dbias_add)
     return dq, dk, dv
+
+
+def _dbias_args(dbias, dbias_add):
+    """``_C.bwd``'s dbias arguments for a 4-D target ``(b', h', sq, sk)``
+    (``bias.dbias_target``). A batch / head dim of size 1 is one plane shared by every batch /
+    head (the kernel adds at ``b * batch_stride + h * head_stride``), so its stride goes as 0:
+    torch gives a size-1 dim the contiguous stride, which sent batch / head 1 past the buffer
+    (GPU run 8: dv NaN, then an illegal address)."""
+    strides = tuple(0 if d < 2 and dbias.shape[d] == 1 else dbias.stride(d) for d in range(3))
+    return dict(dbias=dbias.data_ptr(), dbias_strides=strides,
+                dbias_dtype=_dtype_code(dbias.dtype), dbias_add=dbias_add)
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_q, seqlen_k,
                 nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
-                deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None, dbias=None):
+                deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None, dbias=None,
+                dbias_add=False):
     """``_C.bwd`` with its workspaces. Dense: 4-D tensors. Varlen (cu_seqlens_q/k given):
     3-D ``(total, heads, d)`` tensors read with batch stride 0, lse ``(nheads, total_q)``."""
     if cu_seqlens_q is None:
@@ -329,8 +342,9 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
-    bias_grad = {} if dbias is None else dict(dbias=dbias.data_ptr(),
-                                              dbias_strides=tuple(dbias.stride()[:3]))
+    bias_args = {} if dbias is None else _dbias_args(dbias, dbias_add)
+    if mods and "attn_bias" in mods:
+        bias_args["bias_staged"] = _ext.BWD_BIAS_STAGED
     _ext.last_bwd_arch = _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
@@ -338,7 +352,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
         _dtype_code(q.dtype),
-        device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_grad,
+        device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_args,
         dq_chains=dq_chains, allow_sm90=_allow_sm90_bwd(headdim),
     )  # fmt: skip
 
@@ -391,10 +405,10 @@ def _forward_any(q, k, v, softmax_scale, window_left, window_right, softcap=0.0,
 
 def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_right,
                   deterministic=False, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
-                  rng_state=None, attn_bias=None, dbias=None):
+                  rng_state=None, attn_bias=None, dbias=None, dbias_add=False):
     """``(dq, dk, dv)`` for checked tensors of any head dim and strides, like ``_forward_any``
-    (views of the padded gradients when the head dim is padded); ``dbias`` as
-    ``_flash_attn_backward`` takes it."""
+    (views of the padded gradients when the head dim is padded); ``dbias``, ``dbias_add``
+    as ``_flash_attn_backward`` takes them."""
     headdim = q.shape[3]
     pad = -headdim % 8
     grads = _flash_attn_backward(
@@ -402,7 +416,7 @@ def _backward_any(dout, q, k, v, out, lse, softmax_scale, window_left, window_ri
         _kernel_ready(v, pad), _kernel_ready(out, pad), _lse_ready(lse),
         softmax_scale, window_left, window_right, deterministic,
         softcap=softcap, alibi_slopes=_alibi_ready(alibi_slopes), dropout_p=dropout_p,
-        rng_state=rng_state, attn_bias=attn_bias, dbias=dbias,
+        rng_state=rng_state, attn_bias=attn_bias, dbias=dbias, dbias_add=dbias_add,
     )  # fmt: skip
     return tuple(g[..., :headdim] for g in grads) if pad else grads
 
