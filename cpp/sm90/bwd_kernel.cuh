@@ -375,8 +375,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (range.steps > 0) mbar_wait(bar_kv_full, 0);
     int head = head_k * group, m_block = range.m_start;
     if (kBias && range.steps > 0) bias_issue(head, m_block);
-    // kDqLag: the previous step's query tile and dS^T buffer, this step's buffer.
-    [[maybe_unused]] int head_prev = head, m_block_prev = m_block, ds_prev = 0, ds_cur = 0;
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;
       const uint32_t phase = (t / kStages) & 1;
@@ -506,7 +504,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // distinct banks). kDvAfterDs: P^T (kMods: its logits too, after dP^T: in one pass the
       // tile's S^T and dP^T die together) into the dV GEMM's A fragments here.
       const uint32_t sdS_t =
-          sdS + (kDqLag ? ds_cur : kDsBuffers == 2 ? s : 0) * Traits::kDSBytes;
+          sdS + (kDqLag ? t % 3 : kDsBuffers == 2 ? s : 0) * Traits::kDSBytes;
       if constexpr (kBias && kDvAfterDs) {
         ptx::cp_async_wait<0>();
         named_sync(kBarBias + consumer, 128);  // the warpgroup's tile has landed
@@ -601,7 +599,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         } else {
           named_sync(kBarDsLag + 2 * (1 - consumer) + (t - 1) % 2, 256);
           float acc_dq[32];
-          dq_issue(acc_dq, sdS + ds_prev * Traits::kDSBytes);
+          dq_issue(acc_dq, sdS + (t - 1) % 3 * Traits::kDSBytes);
+          // (the previous step's query tile recomputed rather than kept live over the step)
+          int head_prev = head, m_block_prev = m_block;
+          range.prev(head_prev, m_block_prev);
           if (p.deterministic && tid == 128) dq_turn(head_prev, m_block_prev, dq_slot(t - 1));
           wgmma_wait<1>();  // dV, dK of step t: stage s goes back while the dQ GEMM runs
           fence_regs(acc_dk);
@@ -613,10 +614,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           if (p.deterministic) named_sync(kBarDqTurn, 256);
           dq_reduce(acc_dq, head_prev, m_block_prev);
         }
-        head_prev = head;
-        m_block_prev = m_block;
-        ds_prev = ds_cur;
-        ds_cur = ds_cur == 2 ? 0 : ds_cur + 1;
       }
       range.next(head, m_block);
     }
@@ -626,7 +623,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (p.deterministic && t > 1 && lane == 0) dq_release(dq_slot(t - 2));
       named_sync(kBarDsLag + 2 * (1 - consumer) + (t - 1) % 2, 256);
       float acc_dq[32];
-      dq_issue(acc_dq, sdS + ds_prev * Traits::kDSBytes);
+      dq_issue(acc_dq, sdS + (t - 1) % 3 * Traits::kDSBytes);
+      int head_prev = head, m_block_prev = m_block;
+      range.prev(head_prev, m_block_prev);
       if (p.deterministic && tid == 128) dq_turn(head_prev, m_block_prev, dq_slot(t - 1));
       wgmma_wait<0>();
       fence_regs(acc_dq);

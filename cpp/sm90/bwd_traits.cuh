@@ -175,6 +175,11 @@ struct BwdRange {
     if (++m_block == m_block_max) m_block = m_block_min;
     if (m_block == m_start) ++head;
   }
+  // (head, m_block) of the step before (next's inverse).
+  __device__ __forceinline__ void prev(int& head, int& m_block) const {
+    if (m_block == m_start) --head;
+    if (m_block-- == m_block_min) m_block = m_block_max - 1;
+  }
 };
 
 }  // namespace sm90
