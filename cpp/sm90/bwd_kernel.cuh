@@ -15,10 +15,10 @@
 //          [64 c, 64 c + 64) of the block; its warp w keys 16 w..+15, so the S^T / dP^T / dK /
 //          dV accumulators have the mma.sync C layout (fwd_softmax.cuh).
 //   smem   sK, sV [128 x d]; per stage sQ, sdO [kBlockM x d] (TMA's 128-byte swizzle,
-//          wgmma.cuh) and LSE, dsum [kBlockM] f32; sdS 2 x [128 keys x kBlockM queries] (dS^T
-//          in chunks of 64 queries, the same swizzle); dq_bulk staging; mbarriers; the
-//          deterministic dQ-order counter's address (8 bytes). Budget:
-//          sm90/bwd_config.h.
+//          wgmma.cuh) and LSE, dsum [kBlockM] f32; sdS 2 (dqlag 3) x [128 keys x kBlockM
+//          queries] (dS^T in chunks of 64 queries, the same swizzle); dq_bulk staging;
+//          mbarriers; the deterministic dQ-order counter's address (8 bytes; dqlag 2 x 8).
+//          Budget: sm90/bwd_config.h.
 //   step   (t, query block m of head h; stage s = t % 2)
 //            S^T = K_c Q^T (SS, m64 n kBlockM), dP^T = V_c dO^T (SS)
 //            mask (key tail, causal), P^T = exp2(S^T scale log2e - LSE log2e) -> A fragments
@@ -38,6 +38,19 @@
 //          pass; not with varlen + mods: registers), the rest after it.
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
+//   dqlag  (d128 but kBias; FLASHATTN2_SM90_BWD_EXPERIMENTAL, not GPU-run yet) the dQ GEMM
+//          one step late, so that the consumers pass no common barrier per step (with one,
+//          their P and dS^T passes coincide and the tensor pipe idles then): step t writes
+//          dS^T into sdS[t % 3], issues dV, dK, waits (kBarDsLag, named sync) for the other
+//          warpgroup's arrival of step t - 1, issues dQ of step t - 1 from sdS[(t - 1) % 3]
+//          (its query tile: BwdRange::prev), releases stage s once dV, dK are done, waits for
+//          dQ, arrives (kBarDsLag + 2 c + t % 2: sdS[t % 3] written, sdS[(t - 1) % 3] read),
+//          reduces dQ; after the loop, the last step's dQ. A warpgroup writes sdS[t % 3]
+//          after its sync of step t - 1, i.e. after the other one's dQ of step t - 3; the
+//          arrivals alternate between two barriers per warpgroup so that one's arrival of
+//          step t + 2 never meets an unconsumed one of step t. Deterministic mode follows
+//          the dQ: thread 128 takes the turn of step t - 1's tile, whose counter address
+//          goes into slot (t - 1) % 2, and the releases of step t + 1 read it.
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
 //          order of common/dq_order.cuh (descending: key blocks launched last first; the
 //          rotated walk; or ascending), each key block n into dQ chain n % dq_chains (its
@@ -105,7 +118,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kDvAfterDs = Traits::kBlockM > 64;
   constexpr bool kDvSplit = kDvAfterDs && !(kVarlen && kMods);
   // sdS buffers: 2, indexed by the stage; 1 in d64's kBias instance (smem), whose reuse then
-  // waits for the other warpgroup's dQ GEMM of the step before (kBarDsFree).
+  // waits for the other warpgroup's dQ GEMM of the step before (kBarDsFree); 3 with dqlag.
   constexpr int kDsBuffers = Traits::ds_buffers(kBias);
   // dqlag (d128, not kBias): the dQ GEMM one step late, from one of 3 sdS buffers.
   constexpr bool kDqLag = Traits::dq_lag(kBias);
