@@ -115,8 +115,7 @@ int kernel_head_dim(int headdim);
 std::vector<int> built_head_dims();  // e.g. {32, 64, 96, 128, 192, 256}
 std::vector<int> built_sm90_head_dims();  // the Hopper forward's, e.g. {64, 128, 192, 256}
 std::vector<int> built_sm90_bwd_head_dims();  // the Hopper backward's: {128}, {64, 128} or {}
-// FLASHATTN2_SM90_BWD_EXPERIMENTAL as built, comma-separated
-// (default "d64,window,varlen,mods,dq_bulk,dqlag").
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL as built, comma-separated (default "d64,window,varlen,mods,dq_bulk").
 std::string built_sm90_bwd_experimental();
 // Kernel head dims of the float32 (3xTF32) kernels: {32, 64, 128} in builds with
 // FLASHATTN2_EXPERIMENTAL=fp32, else {}. A float32 head dim d runs the smallest one >= d.

@@ -226,29 +226,6 @@ def test_sm90_backward_deterministic(sm90_bwd, headdim, seqlens, causal, window_
             assert torch.equal(a, b)
 
 
-# The dQ one step late (dqlag, d128): CTAs of 1 to 5 query steps (1: the loop issues no dQ,
-# all of it after the loop; from 4 on the 3 dS^T buffers wrap around), GQA (the previous
-# step's tile across a head change of the walk), causal (CTAs of fewer steps), deterministic
-# turns that follow the lagged dQ (bitwise equal runs), fp16 where the tests above take bf16.
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "determ"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("nheads,nheads_k", [(2, 2), (4, 2)], ids=["mha", "gqa2"])
-@pytest.mark.parametrize("seqlen", [64, 128, 192, 256, 320])
-def test_sm90_backward_query_steps(sm90_bwd, seqlen, nheads, nheads_k, causal, deterministic):
-    require_sm90_bwd(128)
-    if deterministic and "dq_bulk" not in EXPERIMENTAL:
-        pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
-    torch.manual_seed(0)
-    q, k, v, dout = make_inputs(2, seqlen, seqlen, nheads, nheads_k, 128, torch.float16)
-    grads, arch = arch_of_backward(q, k, v, dout, causal=causal, deterministic=deterministic)
-    assert arch == 90
-    check_grads(grads, q, k, v, dout, causal=causal)
-    if deterministic:
-        again, _ = arch_of_backward(q, k, v, dout, causal=causal, deterministic=True)
-        for a, b in zip(grads, again):
-            assert torch.equal(a, b)
-
-
 class _ChainsRecorder:
     """Stands in for interface._C: records the dq_chains of each _C.bwd, runs the real one."""
 

@@ -55,18 +55,6 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
          8 * (2 + 4 * sm90_bwd_tile(head_dim).stages) + 1024;
 }
 
-// dqlag (FLASHATTN2_SM90_BWD_EXPERIMENTAL, d128 only, not in the kBias instance): the dQ GEMM
-// one step late (bwd_kernel.cuh), with a third dS^T buffer and a second 8-byte slot for the
-// deterministic order's counter address: d128 210 KiB.
-constexpr bool sm90_bwd_dq_lag(int head_dim) {
-  return FLASHATTN2_SM90_BWD_DQLAG && sm90_bwd_tile(head_dim).block_m == 64;
-}
-constexpr int sm90_bwd_dq_lag_bytes(int head_dim) {
-  return sm90_bwd_dq_lag(head_dim)
-             ? 2 * sm90_bwd_tile(head_dim).block_n * sm90_bwd_tile(head_dim).block_m + 8
-             : 0;
-}
-
 // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's block_m queries
 // (2-byte, 128-byte rows) after the barriers, + 128 bytes to align it. d128 fits (210 KiB);
 // d64 with both dS^T buffers would need 227.2 KiB of the 227, so its bias instance keeps one

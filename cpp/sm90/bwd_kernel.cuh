@@ -15,10 +15,10 @@
 //          [64 c, 64 c + 64) of the block; its warp w keys 16 w..+15, so the S^T / dP^T / dK /
 //          dV accumulators have the mma.sync C layout (fwd_softmax.cuh).
 //   smem   sK, sV [128 x d]; per stage sQ, sdO [kBlockM x d] (TMA's 128-byte swizzle,
-//          wgmma.cuh) and LSE, dsum [kBlockM] f32; sdS 2 (dqlag 3) x [128 keys x kBlockM
-//          queries] (dS^T in chunks of 64 queries, the same swizzle); dq_bulk staging;
-//          mbarriers; the deterministic dQ-order counter's address (8 bytes; dqlag 2 x 8).
-//          Budget: sm90/bwd_config.h.
+//          wgmma.cuh) and LSE, dsum [kBlockM] f32; sdS 2 x [128 keys x kBlockM queries] (dS^T
+//          in chunks of 64 queries, the same swizzle); dq_bulk staging; mbarriers; the
+//          deterministic dQ-order counter's address (8 bytes). Budget:
+//          sm90/bwd_config.h.
 //   step   (t, query block m of head h; stage s = t % 2)
 //            S^T = K_c Q^T (SS, m64 n kBlockM), dP^T = V_c dO^T (SS)
 //            mask (key tail, causal), P^T = exp2(S^T scale log2e - LSE log2e) -> A fragments
@@ -38,19 +38,6 @@
 //          pass; not with varlen + mods: registers), the rest after it.
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
-//   dqlag  (d128 but kBias; FLASHATTN2_SM90_BWD_EXPERIMENTAL, not GPU-run yet) the dQ GEMM
-//          one step late, so that the consumers pass no common barrier per step (with one,
-//          their P and dS^T passes coincide and the tensor pipe idles then): step t writes
-//          dS^T into sdS[t % 3], issues dV, dK, waits (kBarDsLag, named sync) for the other
-//          warpgroup's arrival of step t - 1, issues dQ of step t - 1 from sdS[(t - 1) % 3]
-//          (its query tile: BwdRange::prev), releases stage s once dV, dK are done, waits for
-//          dQ, arrives (kBarDsLag + 2 c + t % 2: sdS[t % 3] written, sdS[(t - 1) % 3] read),
-//          reduces dQ; after the loop, the last step's dQ. A warpgroup writes sdS[t % 3]
-//          after its sync of step t - 1, i.e. after the other one's dQ of step t - 3; the
-//          arrivals alternate between two barriers per warpgroup so that one's arrival of
-//          step t + 2 never meets an unconsumed one of step t. Deterministic mode follows
-//          the dQ: thread 128 takes the turn of step t - 1's tile, whose counter address
-//          goes into slot (t - 1) % 2, and the releases of step t + 1 read it.
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
 //          order of common/dq_order.cuh (descending: key blocks launched last first; the
 //          rotated walk; or ascending), each key block n into dQ chain n % dq_chains (its
@@ -118,10 +105,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kDvAfterDs = Traits::kBlockM > 64;
   constexpr bool kDvSplit = kDvAfterDs && !(kVarlen && kMods);
   // sdS buffers: 2, indexed by the stage; 1 in d64's kBias instance (smem), whose reuse then
-  // waits for the other warpgroup's dQ GEMM of the step before (kBarDsFree); 3 with dqlag.
+  // waits for the other warpgroup's dQ GEMM of the step before (kBarDsFree).
   constexpr int kDsBuffers = Traits::ds_buffers(kBias);
-  // dqlag (d128, not kBias): the dQ GEMM one step late, from one of 3 sdS buffers.
-  constexpr bool kDqLag = Traits::dq_lag(kBias);
   const BwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
@@ -305,86 +290,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     };
 
-    // dQ (query rows dq_q0..+64 x columns 64 dq_chunk..+64) = dS K over the block's 128 keys
-    // from the dS^T buffer at ds: A = dS^T's query chunk read M-major (k16 step kk: keys
-    // 16 kk..+15), B = K's column chunk (MN-major).
-    const int dq_chunk = Traits::kDqSplitsRows ? 0 : consumer;
-    const int dq_q0 = Traits::kDqSplitsRows ? 64 * consumer : 0;
-    auto dq_issue = [&](float (&acc_dq)[32], uint32_t ds) {
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const int key = 16 * kk;
-        const uint64_t a = desc_mn_major(ds + (dq_q0 / 64) * Traits::kDSChunkBytes +
-                                         key * kSwizzleBytes, Traits::kDSChunkBytes);
-        const uint64_t b = desc_mn_major(sK + dq_chunk * Traits::kKChunkBytes +
-                                         key * kSwizzleBytes, Traits::kKChunkBytes);
-        Wgmma<64, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-    };
-    // Deterministic, thread 128 (while the dQ GEMM runs): waits for query tile (head,
-    // m_block)'s turn in the CTA's chain (every warp of the chain's visitors before this CTA
-    // has released) and leaves the counter's address at `slot` for the releases
-    // (dq_release); a second named barrier (kBarDqTurn) passes both on.
-    auto dq_turn = [&](int head, int m_block, uint32_t slot) {
-      // (the order rebuilt here from the params rather than kept live across the loop)
-      const DqOrder<kBlockM, kBlockN> order_t(p, seq.seqlen_q(), seq.seqlen_k(),
-                                              (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
-      int* const counter = seq.dq_counter0(head, n_block) + m_block;
-      st_shared_u64(slot, reinterpret_cast<uint64_t>(counter));
-      dq_order_step(nullptr, counter, 4 * Traits::kConsumers * order_t.turn(n_block, m_block));
-    };
-    // dQ of query tile (head, m_block) into dq_accum: 16 x 8 blocks in accumulator order
-    // (ws_dq_index): the warp's 16 rows x 64 columns are 8 n8 tiles of 128 floats, contiguous,
-    // the lane's 4 floats of a tile at 4 lane. Rows past seqlen_q in a 16-row block add zeros
-    // (P = 0) to the padding; blocks past it and columns past a padded head dim are skipped.
-    auto dq_reduce = [&](const float (&acc_dq)[32], int head, int m_block) {
-      const int dq_row = m_block * kBlockM + dq_q0 + 16 * warp_in_wg;
-      if constexpr (Traits::kDqBulk) {
-        // Stage the 4 KiB in shared memory (each store: the warp's 512 contiguous bytes) and
-        // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
-        // the previous step's reduce has read the staging buffer.
-        const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
-        if (lane == 0) tma_store_wait_read();
-        __syncwarp();
-        if (dq_row < seq.seqlen_q()) {
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            st_shared_v4(sdq + 4 * (128 * nt + 4 * lane), acc_dq[4 * nt], acc_dq[4 * nt + 1],
-                         acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
-          fence_proxy_async();  // the generic-proxy stores, before the async-proxy read
-          __syncwarp();
-          const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-          if (lane == 0 && tiles > 0) {
-            float* dq =
-                p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 16 * 64 * dq_chunk;
-            if (p.deterministic) {
-              fence_proxy_async_global();  // after the turn's acquire
-              dq += (n_block & (p.dq_chains - 1)) * ws_rows(p) * p.headdim;  // dq_chain's
-            }
-            bulk_reduce_add_f32(dq, sdq, tiles * 128 * 4);
-            tma_store_commit();
-          }
-        }
-      } else if (dq_row < seq.seqlen_q()) {
-        float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
-                          16 * 64 * dq_chunk + 4 * lane;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          if (64 * dq_chunk + 8 * nt < p.headdim) {
-            ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1],
-                            acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
-          }
-        }
-      }
-    };
-    // kDqLag, deterministic: the counter address of step t's dQ (thread 128 writes it in step
-    // t + 1, the releases read it in step t + 2): two slots, so that the write of step t + 2's
-    // (in step t + 3, after the other warpgroup's kBarDsLag arrival of step t + 2) never
-    // precedes a release of step t's.
-    auto dq_slot = [&](int t) { return sDqCounter + (kDqLag ? 8 * (t & 1) : 0); };
-
     if (range.steps > 0) mbar_wait(bar_kv_full, 0);
     int head = head_k * group, m_block = range.m_start;
     if (kBias && range.steps > 0) bias_issue(head, m_block);
@@ -507,8 +412,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // sDqCounter; rewritten only after this step's sdS barrier). (Released at the dQ point
       // instead, the next visitor waited for it there in step: 1.84x the default time at
       // 16k.)
-      // (kDqLag: the reduce of step t - 2's dQ, issued in step t - 1.)
-      if (p.deterministic && t > (kDqLag ? 1 : 0) && lane == 0) dq_release(dq_slot(t - 2));
+      if (p.deterministic && t > 0 && lane == 0) dq_release(sDqCounter);
       wgmma_wait<kDvAfterDs ? 0 : 1>();  // dP^T (d128: the dV GEMM may still run)
       fence_regs(acc_dp);
 
@@ -516,8 +420,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // n8 tile nt in query chunk nt / 8, swizzled: the 4-byte stores of a warp hit 32
       // distinct banks). kDvAfterDs: P^T (kMods: its logits too, after dP^T: in one pass the
       // tile's S^T and dP^T die together) into the dV GEMM's A fragments here.
-      const uint32_t sdS_t =
-          sdS + (kDqLag ? t % 3 : kDsBuffers == 2 ? s : 0) * Traits::kDSBytes;
+      const uint32_t sdS_t = sdS + (kDsBuffers == 2 ? s : 0) * Traits::kDSBytes;
       if constexpr (kBias && kDvAfterDs) {
         ptx::cp_async_wait<0>();
         named_sync(kBarBias + consumer, 128);  // the warpgroup's tile has landed
@@ -574,82 +477,106 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
       }
       fence_proxy_async();
-      if constexpr (!kDqLag) {
-        named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
-        if constexpr (kBias) {
-          if (t + 1 < range.steps) {  // the next step's bias tile (this one's reads are done)
-            int next_head = head, next_m_block = m_block;
-            range.next(next_head, next_m_block);
-            bias_issue(next_head, next_m_block);
+      named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
+      if constexpr (kBias) {
+        if (t + 1 < range.steps) {  // the next step's bias tile (this one's reads are done)
+          int next_head = head, next_m_block = m_block;
+          range.next(next_head, next_m_block);
+          bias_issue(next_head, next_m_block);
+        }
+      }
+
+      // dQ (query rows dq_q0..+64 x columns 64 dq_chunk..+64) = dS K over the block's 128
+      // keys: A = dS^T's query chunk read M-major (k16 step kk: keys 16 kk..+15), B = K's
+      // column chunk (MN-major).
+      const int dq_chunk = Traits::kDqSplitsRows ? 0 : consumer;
+      const int dq_q0 = Traits::kDqSplitsRows ? 64 * consumer : 0;
+      float acc_dq[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const int key = 16 * kk;
+        const uint64_t a = desc_mn_major(sdS_t + (dq_q0 / 64) * Traits::kDSChunkBytes +
+                                         key * kSwizzleBytes, Traits::kDSChunkBytes);
+        const uint64_t b = desc_mn_major(sK + dq_chunk * Traits::kKChunkBytes +
+                                         key * kSwizzleBytes, Traits::kKChunkBytes);
+        Wgmma<64, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      // Deterministic (while the dQ GEMM runs): thread 128 waits for this query tile's
+      // turn in the CTA's chain (every warp of the chain's visitors before this CTA has
+      // released) and leaves the counter's address for the releases (dq_release); the
+      // second barrier passes both on.
+      if (p.deterministic && tid == 128) {
+        // (the order rebuilt here from the params rather than kept live across the loop)
+        const DqOrder<kBlockM, kBlockN> order_t(p, seq.seqlen_q(), seq.seqlen_k(),
+                                                (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
+        int* const counter = seq.dq_counter0(head, n_block) + m_block;
+        st_shared_u64(sDqCounter, reinterpret_cast<uint64_t>(counter));
+        dq_order_step(nullptr, counter, 4 * Traits::kConsumers * order_t.turn(n_block, m_block));
+      }
+      // dV and dK done (all but the dQ group): sQ, sdO, LSE, dsum of stage s are read, so
+      // the stage goes back to the producer while the dQ GEMM still runs.
+      wgmma_wait<1>();
+      fence_regs(acc_dk);
+      fence_regs(acc_dv);
+      mbar_arrive(bar_empty(s));
+      wgmma_wait<0>();
+      fence_regs(acc_dq);
+      if constexpr (kDsBuffers == 1) {
+        if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
+      }
+      if (p.deterministic) named_sync(kBarDqTurn, 256);
+
+      // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64
+      // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at
+      // 4 lane. Rows past seqlen_q in a 16-row block add zeros (P = 0) to the padding; blocks
+      // past it and columns past a padded head dim are skipped.
+      const int dq_row = m0 + dq_q0 + 16 * warp_in_wg;
+      if constexpr (Traits::kDqBulk) {
+        // Stage the 4 KiB in shared memory (each store: the warp's 512 contiguous bytes) and
+        // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
+        // the previous step's reduce has read the staging buffer.
+        const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
+        if (lane == 0) tma_store_wait_read();
+        __syncwarp();
+        if (dq_row < seq.seqlen_q()) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            st_shared_v4(sdq + 4 * (128 * nt + 4 * lane), acc_dq[4 * nt], acc_dq[4 * nt + 1],
+                         acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
+          fence_proxy_async();  // the generic-proxy stores, before the async-proxy read
+          __syncwarp();
+          const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
+          if (lane == 0 && tiles > 0) {
+            float* dq =
+                p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 16 * 64 * dq_chunk;
+            if (p.deterministic) {
+              fence_proxy_async_global();  // after the turn's acquire
+              dq += (n_block & (p.dq_chains - 1)) * ws_rows(p) * p.headdim;  // dq_chain's
+            }
+            bulk_reduce_add_f32(dq, sdq, tiles * 128 * 4);
+            tma_store_commit();
           }
         }
-        float acc_dq[32];
-        dq_issue(acc_dq, sdS_t);
-        if (p.deterministic && tid == 128) dq_turn(head, m_block, sDqCounter);
-        // dV and dK done (all but the dQ group): sQ, sdO, LSE, dsum of stage s are read, so
-        // the stage goes back to the producer while the dQ GEMM still runs.
-        wgmma_wait<1>();
-        fence_regs(acc_dk);
-        fence_regs(acc_dv);
-        mbar_arrive(bar_empty(s));
-        wgmma_wait<0>();
-        fence_regs(acc_dq);
-        if constexpr (kDsBuffers == 1) {
-          if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
-        }
-        if (p.deterministic) named_sync(kBarDqTurn, 256);
-        dq_reduce(acc_dq, head, m_block);
-      } else {
-        // The dQ of step t - 1 from sdS[(t - 1) % 3], once the other warpgroup has written
-        // its rows (its kBarDsLag arrival of step t - 1); then this warpgroup's arrival of
-        // step t: its rows of sdS[t % 3] are written and its reads of sdS[(t - 1) % 3] done.
-        if (t == 0) {
-          wgmma_wait<0>();
-          fence_regs(acc_dk);
-          fence_regs(acc_dv);
-          mbar_arrive(bar_empty(s));
-          named_arrive(kBarDsLag + 2 * consumer, 256);
-        } else {
-          named_sync(kBarDsLag + 2 * (1 - consumer) + (t - 1) % 2, 256);
-          float acc_dq[32];
-          dq_issue(acc_dq, sdS + (t - 1) % 3 * Traits::kDSBytes);
-          // (the previous step's query tile recomputed rather than kept live over the step)
-          int head_prev = head, m_block_prev = m_block;
-          range.prev(head_prev, m_block_prev);
-          if (p.deterministic && tid == 128) dq_turn(head_prev, m_block_prev, dq_slot(t - 1));
-          wgmma_wait<1>();  // dV, dK of step t: stage s goes back while the dQ GEMM runs
-          fence_regs(acc_dk);
-          fence_regs(acc_dv);
-          mbar_arrive(bar_empty(s));
-          wgmma_wait<0>();
-          fence_regs(acc_dq);
-          named_arrive(kBarDsLag + 2 * consumer + t % 2, 256);
-          if (p.deterministic) named_sync(kBarDqTurn, 256);
-          dq_reduce(acc_dq, head_prev, m_block_prev);
+      } else if (dq_row < seq.seqlen_q()) {
+        float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
+                          16 * 64 * dq_chunk + 4 * lane;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          if (64 * dq_chunk + 8 * nt < p.headdim) {
+            ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1],
+                            acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
+          }
         }
       }
       range.next(head, m_block);
-    }
-    // kDqLag: the last step's dQ (as the dQ part of a step range.steps).
-    if (kDqLag && range.steps > 0) {
-      const int t = range.steps;
-      if (p.deterministic && t > 1 && lane == 0) dq_release(dq_slot(t - 2));
-      named_sync(kBarDsLag + 2 * (1 - consumer) + (t - 1) % 2, 256);
-      float acc_dq[32];
-      dq_issue(acc_dq, sdS + (t - 1) % 3 * Traits::kDSBytes);
-      int head_prev = head, m_block_prev = m_block;
-      range.prev(head_prev, m_block_prev);
-      if (p.deterministic && tid == 128) dq_turn(head_prev, m_block_prev, dq_slot(t - 1));
-      wgmma_wait<0>();
-      fence_regs(acc_dq);
-      if (p.deterministic) named_sync(kBarDqTurn, 256);
-      dq_reduce(acc_dq, head_prev, m_block_prev);
     }
 
     // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits;
     // deterministic: then the last step's query tile is released.
     if (Traits::kDqBulk && lane == 0) {
-      if (p.deterministic && range.steps > 0) dq_release(dq_slot(range.steps - 1));
+      if (p.deterministic && range.steps > 0) dq_release(sDqCounter);
       else tma_store_wait();
     }
 

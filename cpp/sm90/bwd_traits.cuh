@@ -45,16 +45,13 @@ struct BwdTraits {
   static constexpr int kBiasWgBytes = 64 * kBlockM * 2;
   static_assert(kConsumers * kBiasWgBytes + 128 == sm90_bwd_bias_tiles_bytes(kHeadDim),
                 "bias tile");
-  // dqlag: the dQ GEMM one step late (not in the kBias instance), 3 dS^T buffers.
-  static constexpr bool dq_lag(bool bias) { return sm90_bwd_dq_lag(kHeadDim) && !bias; }
   static constexpr int ds_buffers(bool bias) {
-    return dq_lag(bias) ? 3 : bias && sm90_bwd_bias_one_ds(kHeadDim) ? 1 : 2;
+    return bias && sm90_bwd_bias_one_ds(kHeadDim) ? 1 : 2;
   }
   static constexpr int smem_bytes(bool bias) {
-    return kSmemBytes + (bias ? sm90_bwd_bias_bytes(kHeadDim) : sm90_bwd_dq_lag_bytes(kHeadDim));
+    return kSmemBytes + (bias ? sm90_bwd_bias_bytes(kHeadDim) : 0);
   }
   static_assert(smem_bytes(true) <= 227 * 1024, "smem budget with the staged bias");
-  static_assert(smem_bytes(false) <= 227 * 1024, "smem budget with dqlag");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
   // dQ = dS K: each consumer warpgroup computes one 64 x 64 tile of it over the block's 128
   // keys (an m64 n64 GEMM, 32 f32 per thread): d128 (64 query rows) the rows x its column
@@ -86,8 +83,7 @@ struct BwdArgs {
 
 // Named barriers (0 is __syncthreads): of the two consumer warpgroups, sdS complete and, in
 // deterministic mode, the dQ turn reached; of consumer warpgroup c (kBias), its staged bias
-// tile landed (kBarBias + c); dqlag: warpgroup c's dS^T of step t written and its dQ GEMM of
-// step t - 1 complete (kBarDsLag + 2 c + t % 2: c arrives, the other one waits in step t + 1).
+// tile landed (kBarBias + c).
 constexpr int kBarDS = 1;
 constexpr int kBarDqTurn = 2;
 constexpr int kBarBias = 3;
@@ -95,7 +91,6 @@ constexpr int kBarBias = 3;
 // of the step is complete (kBarDsFree + c: c arrives, the other one waits before its dS^T
 // stores of the next step).
 constexpr int kBarDsFree = 5;
-constexpr int kBarDsLag = 7;
 
 // The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
 // what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read
@@ -174,11 +169,6 @@ struct BwdRange {
   __device__ __forceinline__ void next(int& head, int& m_block) const {
     if (++m_block == m_block_max) m_block = m_block_min;
     if (m_block == m_start) ++head;
-  }
-  // (head, m_block) of the step before (next's inverse).
-  __device__ __forceinline__ void prev(int& head, int& m_block) const {
-    if (m_block == m_start) --head;
-    if (m_block-- == m_block_min) m_block = m_block_max - 1;
   }
 };
 
