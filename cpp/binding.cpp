@@ -207,7 +207,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack,
          bool allow_sm90, std::uintptr_t tile_counter, std::uintptr_t attn_bias,
          const Strides& bias_strides, int bias_dtype, bool allow_decode,
-         std::uintptr_t split_counters, bool kv_l2_prefetch, bool kv_issue_early) {
+         bool kv_l2_prefetch, bool kv_issue_early) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -244,7 +244,6 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.lse_accum = reinterpret_cast<float*>(lse_accum);
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
   params.tile_counter = reinterpret_cast<int*>(tile_counter);
-  params.split_counters = reinterpret_cast<unsigned long long*>(split_counters);
   params.kv_l2_prefetch = kv_l2_prefetch;
   params.kv_issue_early = kv_issue_early;
   set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, 0, {});
@@ -552,15 +551,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("rng_state") = 0, py::arg("dropout_p") = 0.0, py::arg("q_pack") = 1,
         py::arg("allow_sm90") = true, py::arg("tile_counter") = 0, py::arg("attn_bias") = 0,
         py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1,
-        py::arg("allow_decode") = true, py::arg("split_counters") = 0,
+        py::arg("allow_decode") = true,
         py::arg("kv_l2_prefetch") = false, py::arg("kv_issue_early") = false,
         "Attention forward; returns the kernel that ran: 90 (the Hopper "
         "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false), 80 (the "
         "mma.sync kernels) or 81 (the decode kernel of builds with "
         "FLASHATTN2_EXPERIMENTAL=decode, for the forwards of at most 16 packed query rows it "
-        "supports unless allow_decode is false; flash_api.h kFwdKernelDecode), 82 (the decode "
-        "kernel, which merged its splits itself: split_counters, an 8-byte aligned device "
-        "buffer of batch*nheads uint64 in any state, 0 = always the combine kernel; "
+        "supports unless allow_decode is false; flash_api.h kFwdKernelDecode; "
         "kv_l2_prefetch: its K / V copies hint L2 to fetch whole head rows; kv_issue_early: "
         "each step issues the next tile before waiting for the current one); "
         "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "

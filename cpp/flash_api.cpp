@@ -385,8 +385,6 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
     require(int64_t(params.batch) * params.nheads * params.seqlen_q <= (int64_t(1) << 30),
             "split-KV needs batch * nheads * seqlen_q <= 2^30 (the combine kernel's row index)");
   }
-  require(reinterpret_cast<uintptr_t>(params.split_counters) % 8 == 0,
-          "split_counters must be 8-byte aligned");
   if (params.q_pack != 1) {
     require(params.nheads_k > 0 && params.nheads % params.nheads_k == 0 &&
                 params.q_pack == params.nheads / params.nheads_k,
@@ -406,13 +404,12 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
   require_supported_device(device);
   auto s = static_cast<cudaStream_t>(stream);
   if (decode_applies(p, kd, device, allow_decode)) {
-    bool merged = false;
     DecodeHeadDims::dispatch(kd, [&](auto head_dim) {
       dispatch_dtype(p.dtype, [&](auto element) {
-        merged = run_decode<decltype(element), decltype(head_dim)::value>(p, s);
+        run_decode<decltype(element), decltype(head_dim)::value>(p, s);
       });
     });
-    return merged ? kFwdKernelDecodeMerged : kFwdKernelDecode;
+    return kFwdKernelDecode;
   }
   // The Hopper kernels take what they support on an sm_90 GPU (sm90/fwd_config.h); the
   // mma.sync kernels everything else, and whatever TMA cannot describe.

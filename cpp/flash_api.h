@@ -20,9 +20,6 @@ namespace flashattn2 {
 // FLASHATTN2_EXPERIMENTAL=decode run for the forwards it supports (decode_config.h
 // decode_supports: at most 16 packed query rows) unless allow_decode is false.
 constexpr int kFwdKernelDecode = 81;
-// kFwdKernelDecodeMerged = 82: the decode kernel, which merged its splits itself
-// (FwdParams::split_counters, sm80/decode_launch.cuh).
-constexpr int kFwdKernelDecodeMerged = 82;
 int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 = true,
             bool allow_decode = true);
 

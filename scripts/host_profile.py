@@ -6,11 +6,10 @@
     python3 scripts/host_profile.py --mock            # CPU only: the Python layer
 
 GPU: the calls are issued while the stream waits behind a GPU sleep (as bench_decode.py's host
-part), so the time per call is host work only; prints it for ours (16 splits: the fused merge,
-and with decode_fused_merge(False) the combine kernel's extra launch) and SDPA-cuDNN's in the
-same run, then ours under cProfile by own and cumulative time. Keep --calls x 2 launches under
-the driver's queue of pending launches (~1000), or the launches block on the sleeping GPU and
-_C.fwd looks slow.
+part), so the time per call is host work only; prints it for ours (16 splits: the decode
+kernel, then the combine kernel) and SDPA-cuDNN's in the same run, then ours under cProfile
+by own and cumulative time. Keep --calls x 2 launches under the driver's queue of pending
+launches (~1000), or the launches block on the sleeping GPU and _C.fwd looks slow.
 
 --mock: no GPU; _C.fwd / _C.num_splits_heuristic answer at once (16 splits) and CPU tensors
 pass the device check (same queries, no refusal), so the time is that of the Python layer:
@@ -54,7 +53,7 @@ def mock(args):
             self.real = real
 
         def fwd(self, *a, **k):
-            return 82
+            return 81
 
         def num_splits_heuristic(self, *a, **k):
             return 16
@@ -85,7 +84,7 @@ def mock(args):
             128, 0.08, -1, -1, 1, 0, 0)
     rest = dict(interface._FWD_LAYOUT, num_splits=0, o_accum=0, lse_accum=0,
                 **interface._FWD_VARLEN, **interface._FWD_MODS, q_pack=4, allow_sm90=True,
-                tile_counter=0, **interface._FWD_BIAS, allow_decode=True, split_counters=0,
+                tile_counter=0, **interface._FWD_BIAS, allow_decode=True,
                 kv_l2_prefetch=True, kv_issue_early=True)
     assert tuple(rest) == interface._FWD_OPTIONAL
 
@@ -139,23 +138,17 @@ def gpu(args):
     q, k_cache, v_cache, seqlens = shapes("cuda")
     ours = lambda: flashattn2.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
 
-    def ours_combine():
-        with _ext.decode_fused_merge(False):
-            return ours()
-
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k_cache, v_cache))
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
 
-    for name, fn in (("flashattn2", ours), ("flashattn2_combine", ours_combine),
-                     ("sdpa_cudnn", cudnn)):
+    for name, fn in (("flashattn2", ours), ("sdpa_cudnn", cudnn)):
         print(f"{name}: {gpu_per_call_us(fn, args.calls):.1f} us per eager call "
               f"({args.calls} calls)")
     ours()
-    print(f"(flashattn2's last call: kernel {_ext.last_fwd_kernel}, fused merge "
-          f"{_ext.last_fwd_fused_merge})")
+    print(f"(flashattn2's last call: kernel {_ext.last_fwd_kernel})")
     if args.profile:
         profile(ours, args.calls)
 

@@ -7,10 +7,10 @@ appended keys, rotary, pages 16 / 64 / 256, cache_batch_idx, left padding, windo
 and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and ALiBi;
 flash_attn_func with few rows and the backward on its out / LSE; that the decode kernel ran
 there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with the runtime
-switch off; the split-KV merge inside the kernel (_ext.last_fwd_fused_merge) against the
-combine kernel's, on junk-filled workspaces and in CUDA-graph replays; the split heuristic's
-unsplit full grid. CPU: the runtime switches and their plumbing into _C (every argument by
-position, in the binding's order), the split workspace as one buffer.
+switch off; split counts up to kMaxSplits (ragged lengths, splits without keys) merged by the
+combine kernel; the copy variants; the split heuristic's unsplit full grid. CPU: the runtime
+switches and their plumbing into _C (every argument by position, in the binding's order), the
+split workspace as one buffer.
 """
 import os
 import re
@@ -92,9 +92,8 @@ def test_layouts(case, dtype):
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 0], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_splits(headdim, num_splits):
-    """Forced split counts (the partials merged in the kernel up to 32 splits at d128 / 64 at
-    d64 here, by the combine kernel past that; some splits without a key tile at 40) and the
-    heuristic (0)."""
+    """Forced split counts (the partials merged by the combine kernel; some splits without a
+    key tile at 40) and the heuristic (0)."""
     decode_case(headdim=headdim, cache_len=2048, num_splits=num_splits, batch=2, seqlen_q=2,
                 new=2, nheads=8, nheads_k=2)
 
@@ -205,29 +204,19 @@ def test_out_of_scope_and_switched_off_run_the_kv_kernel():
 @pytest.mark.parametrize("num_splits", [2, 5, 16, 17, 64, 65, 128], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("seqlen_q", [1, 4])
 @pytest.mark.parametrize("headdim", [64, 128])
-def test_fused_merge_against_the_combine_kernel(headdim, seqlen_q, num_splits):
-    """The splits merged in the decode kernel (last CTA of each group; ragged cache_seqlens,
-    an empty entry, splits without keys) against the reference and against the combine
-    kernel's merge of the same partials; the combine kernel where the merge is too long for
-    one CTA (decode_config.h decode_fused_merge: rows x splits x d / 4 <= 64 x 128)."""
+def test_split_counts_against_the_reference(headdim, seqlen_q, num_splits):
+    """Forced split counts up to kMaxSplits (128) on the decode kernel, merged by the combine
+    kernel: ragged cache_seqlens, an empty entry, splits without keys (more splits than the
+    longest entry's 16-key tiles)."""
     nheads, nheads_k, cache_len, dtype = 32, 8, 1500, torch.bfloat16
     q = torch.randn(3, seqlen_q, nheads, headdim, device="cuda", dtype=dtype)
     k_cache = torch.randn(3, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     seqlens = torch.tensor([cache_len, 0, 77], dtype=torch.int32)
-    with _ext.decode_fused_merge(True):  # (off by default: benchmarks/NOTES.md)
-        out, lse = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"), causal=True,
-                                  num_splits=num_splits)
+    out, lse = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"), causal=True,
+                              num_splits=num_splits)
     assert_kernel("decode")
-    rows = seqlen_q * nheads // nheads_k
-    assert _ext.last_fwd_fused_merge is (rows * num_splits * headdim // 4 <= 64 * 128)
     check_against_reference(out, lse, q, k_cache, v_cache, seqlens, True, (-1, -1))
-    with _ext.decode_fused_merge(False):
-        out_c, lse_c = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"), causal=True,
-                                      num_splits=num_splits)
-    assert _ext.last_fwd_fused_merge is False
-    torch.testing.assert_close(lse, lse_c, atol=1e-5, rtol=1e-6)
-    torch.testing.assert_close(out, out_c, atol=1e-2, rtol=1e-2)
 
 
 @gpu
@@ -265,7 +254,7 @@ def test_copy_variants_change_nothing(case, variant):
 @needs_decode
 def test_split_heuristic_leaves_a_full_grid_unsplit():
     """decode_num_splits: no split once batch x KV heads fills 90 % of the SMs with one CTA
-    each; a small grid still splits (and then merges in the kernel at b1 sq1)."""
+    each; a small grid still splits (the combine kernel merges)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     groups = -(-9 * sms // 10)  # ceil(0.9 x SMs)
     heuristic = _ext._C.num_splits_heuristic
@@ -277,62 +266,6 @@ def test_split_heuristic_leaves_a_full_grid_unsplit():
     k = torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16)
     flash_attn_with_kvcache(q, k, torch.randn_like(k))
     assert_kernel("decode")
-    assert _ext.last_fwd_fused_merge is False  # (the in-kernel merge is off by default)
-    with _ext.decode_fused_merge(True):
-        flash_attn_with_kvcache(q, k, torch.randn_like(k))
-    assert _ext.last_fwd_fused_merge is True
-
-
-@gpu
-@needs_decode
-@pytest.mark.parametrize("paged", [0, 16], ids=lambda p: f"page{p}" if p else "contig")
-def test_fused_merge_counters_in_any_state(paged):
-    """The split counters live in uninitialised workspace memory: freed blocks filled with
-    random 64-bit words before each call, then CUDA-graph replays (which keep one tag and must
-    find their counters cleared by the replay before) on new cache contents each time."""
-    with _ext.decode_fused_merge(True):  # (off by default: benchmarks/NOTES.md)
-        _counters_in_any_state(paged)
-
-
-def _counters_in_any_state(paged):
-    nheads, nheads_k, headdim, cache_len, dtype = 32, 8, 128, 2048, torch.bfloat16
-    gen = torch.Generator().manual_seed(7)
-    q = torch.randn(2, 1, nheads, headdim, device="cuda", dtype=dtype)
-    k_cache = torch.randn(2, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
-    seqlens = torch.tensor([cache_len, 999], dtype=torch.int32)
-    kc, vc, table = k_cache, v_cache, None
-    if paged:
-        kc, vc, table = paged_kv(k_cache, v_cache, paged, gen)
-    seqlens_gpu = seqlens.to("cuda")  # (no host copy while a graph captures)
-    call = lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens_gpu,  # noqa: E731
-                                           block_table=table, num_splits=24,
-                                           return_softmax_lse=True)
-    for trial in range(3):
-        # (the allocator's small pool, blocks a bit larger than the ~0.8 MB workspace, and
-        # its large pool; best fit then hands the workspace junk-filled memory)
-        for size in (1 << 10, 120_000, 1 << 18):
-            junk = torch.randint(-2**63, 2**63 - 1, (size,), device="cuda")
-            del junk
-        out, lse = call()
-        assert _ext.last_fwd_fused_merge is True
-        check_against_reference(out, lse, q, k_cache, v_cache, seqlens, False, (-1, -1))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = call()
-    for replay in range(3):
-        k_cache.normal_(), v_cache.normal_()
-        if paged:
-            kc[table.flatten().long()] = k_cache.reshape(-1, paged, nheads_k, headdim)
-            vc[table.flatten().long()] = v_cache.reshape(-1, paged, nheads_k, headdim)
-        out.fill_(float("nan")), lse.fill_(float("nan"))
-        graph.replay()
-        check_against_reference(out, lse, q, k_cache, v_cache, seqlens, False, (-1, -1))
 
 
 # ---- CPU: the runtime switch ---------------------------------------------------------------
@@ -444,30 +377,20 @@ def test_split_workspace_is_one_buffer(monkeypatch):
 
 
 def test_decode_switches_reach_the_binding(monkeypatch):
-    """decode_fused_merge(False): no split counters (the combine kernel merges);
-    decode_l2_prefetch(False) / decode_issue_early(False): the loop's variants off."""
-    with _ext.decode_fused_merge(True), _ext.decode_l2_prefetch(True), \
-            _ext.decode_issue_early(True):
+    """decode_l2_prefetch / decode_issue_early: the loop's variants on (the default) or off."""
+    with _ext.decode_l2_prefetch(True), _ext.decode_issue_early(True):
         (_, fwd), = fake_launch(monkeypatch, num_splits=5)
-    assert fwd["split_counters"] > fwd["lse_accum"] and fwd["split_counters"] % 16 == 0
     assert fwd["kv_l2_prefetch"] is True and fwd["kv_issue_early"] is True
-    with _ext.decode_fused_merge(False), _ext.decode_l2_prefetch(False), \
-            _ext.decode_issue_early(False):
+    with _ext.decode_l2_prefetch(False), _ext.decode_issue_early(False):
         (_, fwd), = fake_launch(monkeypatch, num_splits=5)
-    assert fwd["split_counters"] == 0 and fwd["kv_l2_prefetch"] is False
-    assert fwd["kv_issue_early"] is False
-    (_, fwd), = fake_launch(monkeypatch, num_splits=1)
-    assert fwd["split_counters"] == 0
+    assert fwd["kv_l2_prefetch"] is False and fwd["kv_issue_early"] is False
 
 
 def test_decode_switches_are_read_at_import():
-    code = ("import flashattn2._ext as e; "
-            "print(e.DECODE_FUSED_MERGE, e.DECODE_L2_PREFETCH, e.DECODE_ISSUE_EARLY)")
-    names = ("FLASHATTN2_DECODE_FUSED_MERGE", "FLASHATTN2_DECODE_L2_PREFETCH",
-             "FLASHATTN2_DECODE_ISSUE_EARLY")
-    # (defaults: the in-kernel merge off, measured slower; the two copy variants on)
-    for value, expected in (("0", "False False False"), ("1", "True True True"),
-                            (None, "False True True")):
+    code = "import flashattn2._ext as e; print(e.DECODE_L2_PREFETCH, e.DECODE_ISSUE_EARLY)"
+    names = ("FLASHATTN2_DECODE_L2_PREFETCH", "FLASHATTN2_DECODE_ISSUE_EARLY")
+    # (defaults: both copy variants on)
+    for value, expected in (("0", "False False"), ("1", "True True"), (None, "True True")):
         env = {k: v for k, v in os.environ.items() if k not in names}
         if value is not None:
             env.update(dict.fromkeys(names, value))

@@ -120,12 +120,6 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // Hopper forward (cpp/sm90): a zeroed int32 the persistent CTAs take causal / windowed /
   // varlen tiles from (null: one CTA per such tile).
   int* tile_counter = nullptr;
-  // Decode kernel split-KV (sm80/decode_kernel.cuh merge_if_last): one 64-bit arrival
-  // counter per (batch, KV-head group), in any state (uninitialised memory is fine), and this
-  // launch's tag for them (decode_launch.cuh); the CTA that arrives last merges the group's
-  // splits. Null: the combine kernel merges them.
-  unsigned long long* split_counters = nullptr;
-  unsigned long long split_tag = 0;
   // Decode kernel: its K / V copies ask L2 to fetch each head's whole row segment (128 or
   // 256 bytes) at once (ptx.cuh cp_async_16_prefetch); false: plain 16-byte copies.
   bool kv_l2_prefetch = false;

@@ -50,10 +50,9 @@ void raise_smem_limit(int bytes, const char* name) {
 template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
 // Defined in sm80/decode_launch.cuh, instantiated for the head dims of
-// FLASHATTN2_DECODE_HEAD_DIMS (built_config.h): the decode kernel (+ combine); true if the
-// kernel merged the splits itself (FwdParams::split_counters).
+// FLASHATTN2_DECODE_HEAD_DIMS (built_config.h): the decode kernel (+ combine).
 template <typename Element, int kHeadDim>
-bool run_decode(const FwdParams& params, cudaStream_t stream);
+void run_decode(const FwdParams& params, cudaStream_t stream);
 // Defined in sm90/fwd_launch.cuh (units built for sm_90a only): the Hopper forward, on a
 // persistent grid of at most num_sms CTAs; false if TMA cannot describe the tensors (the
 // caller then runs run_fwd).

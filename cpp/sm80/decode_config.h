@@ -38,19 +38,6 @@ constexpr int decode_ctas_per_sm(int head_dim) {
   return (228 * 1024) / (decode_smem_bytes(head_dim) + 1024);
 }
 
-// Split-KV merge in the decode kernel (FwdParams::split_counters; decode_kernel.cuh
-// merge_if_last) where the last CTA of a group loads at most 64 float4 partials per thread
-// (four batches of 16 in flight, ~0.3 us each from L2, against ~3 us for the combine
-// kernel's launch gap and two L2 round trips): rows x splits <= 256 at d128 (GQA 4: sq 1 up
-// to 64 splits, the heuristic's 32-33 at b1 included; sq 4 up to 16, b1 1k's), 512 at d64.
-// Past that the combine kernel, which spreads the rows over many CTAs, is the faster (a
-// prediction: measure with bench_decode.py --impls flashattn2,flashattn2_combine).
-constexpr int kDecodeMergeLoadsPerThread = 64;
-constexpr bool decode_fused_merge(int rows, int num_splits, int head_dim) {
-  return num_splits > 1 &&
-         rows * num_splits * (head_dim / 4) <= kDecodeMergeLoadsPerThread * 32 * kDecodeWarps;
-}
-
 // The calls the decode kernel computes exactly as the KV kernel would (anything else runs
 // the KV kernel): fp16 / bf16 (checked by mha_fwd), kernel head dim 64 or 128, the packed
 // query rows fit one m16 tile, dense or KV-cache layouts (seqused_k, left padding, cache

@@ -19,9 +19,8 @@
 //          8 warps x 2 tiles x 8 KiB = 128 KiB of K/V in flight per SM), d64 66 KiB
 //          (3 CTAs, 144 KiB in flight).
 //   regs   per thread: rQ [d/16][4] b32 (Q fragments, loaded once), acc_o [d/8][4] f32,
-//          acc_s [2][4] f32; one page-table entry per row slot (2). ptxas (sm_90a, with the
-//          fused merge): d128 189-192, d64 125-126 registers, no spills (bound by shared
-//          memory, not registers).
+//          acc_s [2][4] f32; one page-table entry per row slot (2). ptxas (sm_90a): d128
+//          187-192, d64 119-124 registers, no spills (bound by shared memory, not registers).
 //   copy   lane l copies rows l / 4 and l / 4 + 8 of a K or V tile (16-byte chunks l % 4 + 4 m),
 //          with one row address per row (copy_rows; the layout of load_tile_rows<16, d, 32>);
 //          with p.kv_l2_prefetch each cp.async hints L2 to fetch the row's whole 2d-byte
@@ -40,11 +39,6 @@
 //          128 threads then sum the 4 warps' rows 4 columns at a time and store O (or the
 //          split's float32 partial) and LSE = M ln 2 + ln L (+inf / -inf for a row that saw
 //          no key, as the KV kernel).
-//   merge  split-KV with p.split_counters (decode_launch.cuh: where decode_fused_merge holds):
-//          each CTA counts itself in at its group's counter after its partial (fence,
-//          barrier, one CAS); the last to arrive merges the group's splits (merge_if_last:
-//          the LSEs, weights per row by 8 threads, then O 4 columns per thread with 16
-//          partials in flight) and clears the counter. Else the combine kernel merges.
 //   mods   kModLogits: softcap and ALiBi (q_pack = 1 with ALiBi) as fwd_kernel.cuh does.
 //   limits decode_supports() (decode_config.h): kernel head dim 64 / 128 (real head dims
 //          multiples of 8 below it are zero-padded on load), no varlen, dropout or bias;
@@ -56,11 +50,9 @@
 #include <type_traits>
 
 #include "common/flash.h"
-#include "common/lse_merge.cuh"
 #include "common/ptx.cuh"
 #include "common/score_mod.cuh"
 #include "common/seqlen.cuh"
-#include "flash_api.h"
 #include "sm80/decode_config.h"
 #include "sm80/tile.cuh"
 
@@ -82,128 +74,6 @@ struct DecodeTraits {
                     2 * kNWarps * kStages * 2 * kBlockN * kHeadDim,
                 "the epilogue's sO, sM, sL must fit the K/V rings");
 };
-
-// Counts the calling CTA's arrival at `counter` (one thread): the word holds
-// tag << 8 | arrivals, and a word with another tag (an earlier launch's, or whatever the
-// memory held) counts as no arrival. True for the num_splits-th arrival of this launch.
-__device__ __forceinline__ bool arrive_last(unsigned long long* counter, unsigned long long tag,
-                                            int num_splits) {
-  unsigned long long old = *reinterpret_cast<volatile unsigned long long*>(counter);
-  for (;;) {
-    const unsigned long long next = (old >> 8) == tag ? old + 1 : (tag << 8) | 1ull;
-    const unsigned long long seen = atomicCAS(counter, old, next);
-    if (seen == old) return int(next & 0xff) == num_splits;
-    old = seen;
-  }
-}
-
-// The fused split-KV merge (p.split_counters set): after the CTA's partial rows are stored,
-// the CTA that arrives last for its (batch, group) merges the group's num_splits partials
-// into o and lse with combine_kernel.cuh's math (lse_merge.cuh), and clears the counter
-// for the next launch that reuses the memory (a CUDA graph's replay, which keeps the tag).
-// The partials are read through L2 (ld.global.cg): other SMs wrote them. smem: the K/V
-// rings, free after the epilogue (kMaxSplits x kRows + 2 x kRows floats).
-template <typename Traits, typename Element>
-__device__ __forceinline__ void merge_if_last(const FwdParams& p, int batch, int head0,
-                                              int rows_q, int q_row0, float* smem) {
-  constexpr int kRows = Traits::kRows;
-  constexpr int kNThreads = Traits::kNThreads;
-  constexpr int kUnroll = 16;  // float4 loads in flight per thread
-  const int tid = threadIdx.x;
-  const int pack = p.q_pack;
-  float* const s_w = smem;                         // [kMaxSplits][kRows] LSEs, then weights
-  float* const s_inv = s_w + kMaxSplits * kRows;   // [kRows] 1 / sum of the weights
-  int* const s_last = reinterpret_cast<int*>(s_inv + kRows);
-  unsigned long long* const counter =
-      p.split_counters + int64_t(batch) * (p.nheads / pack) + blockIdx.y;
-
-  // As cooperative groups' grid sync: the barrier orders every thread's partial stores
-  // before thread 0's fence (cumulative), which orders them before its count; the last
-  // CTA's thread 0 fences again, so the CTAs counted in before have their partials visible
-  // to its threads after the second barrier. (One fence per CTA, not one per thread.)
-  __syncthreads();  // (and the rings are free)
-  if (tid == 0) {
-    __threadfence();
-    const bool last = arrive_last(counter, p.split_tag, p.num_splits);
-    if (last) {
-      *counter = 0;  // (no other CTA of this launch touches it again)
-      __threadfence();
-    }
-    *s_last = last;
-  }
-  __syncthreads();
-  if (!*s_last) return;
-
-  const int num_splits = p.num_splits;
-  const int64_t split_rows = int64_t(p.batch) * p.nheads * p.seqlen_q;  // rows per split
-  auto partial_row = [&](int r) {  // tile row r's row in split 0 (as the epilogue's bh0)
-    const int i = r / pack;
-    return (int64_t(batch) * p.nheads + head0 + (r - i * pack)) * p.seqlen_q + i;
-  };
-  for (int e = tid; e < num_splits * rows_q; e += kNThreads) {
-    const int split = e / rows_q, r = e - split * rows_q;
-    s_w[split * kRows + r] = __ldcg(p.lse_accum + split * split_rows + partial_row(r));
-  }
-  __syncthreads();
-  {  // 8 threads per row: the largest LSE, the weights exp(lse_s - max), their sum
-    static_assert(kNThreads == 8 * kRows, "8 threads per row");
-    const int r = tid / 8, part = tid % 8;
-    const bool row_ok = r < rows_q;
-    float lse_max = -INFINITY;
-    if (row_ok) {
-      for (int split = part; split < num_splits; split += 8)
-        lse_max = fmaxf(lse_max, s_w[split * kRows + r]);
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o *= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffff, lse_max, o));
-    float sum = 0.f;
-    if (row_ok) {
-      for (int split = part; split < num_splits; split += 8) {
-        const float w = lse_merge::weight(s_w[split * kRows + r], lse_max);
-        s_w[split * kRows + r] = w;
-        sum += w;
-      }
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o *= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    if (row_ok && part == 0) {
-      s_inv[r] = lse_merge::inv_sum(sum);
-      const int i = r / pack;
-      p.lse[batch * p.lse_batch_stride + (head0 + r - i * pack) * p.lse_head_stride + q_row0 + i] =
-          lse_merge::merged_lse(lse_max, sum, INFINITY);
-    }
-  }
-  __syncthreads();
-
-  // O: (row, 4 columns) per thread and pass, kUnroll splits' partials in flight at a time.
-  const int quads = p.headdim / 4;
-  const int64_t split_step = split_rows * p.headdim;  // floats per split
-  for (int e = tid; e < rows_q * quads; e += kNThreads) {
-    const int r = e / quads, col = 4 * (e - r * quads);
-    const float* const src = p.o_accum + partial_row(r) * p.headdim + col;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < num_splits; s0 += kUnroll) {
-      float4 x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        x[u] = s0 + u < num_splits ? __ldcg(reinterpret_cast<const float4*>(src + (s0 + u) * split_step))
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const float w = s0 + u < num_splits ? s_w[(s0 + u) * kRows + r] : 0.f;
-        acc = make_float4(fmaf(w, x[u].x, acc.x), fmaf(w, x[u].y, acc.y), fmaf(w, x[u].z, acc.z),
-                          fmaf(w, x[u].w, acc.w));
-      }
-    }
-    const float inv = s_inv[r];
-    const int i = r / pack;
-    Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride +
-                  (head0 + r - i * pack) * p.o_head_stride + (q_row0 + i) * p.o_row_stride + col;
-    *reinterpret_cast<uint2*>(gO) = make_uint2(ptx::pack2<Element>(acc.x * inv, acc.y * inv),
-                                               ptx::pack2<Element>(acc.z * inv, acc.w * inv));
-  }
-}
 
 // kMods: kModNone or kModLogits (softcap / ALiBi).
 template <typename Traits, typename Element, int kMods>
@@ -558,9 +428,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     } else {
       p.lse[batch * p.lse_batch_stride + (head0 + h) * p.lse_head_stride + seq.q_row0 + i] = lse;
     }
-  }
-  if (splitkv && p.split_counters != nullptr) {
-    merge_if_last<Traits, Element>(p, batch, head0, rows_q, seq.q_row0, sO);
   }
 }
 

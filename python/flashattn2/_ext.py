@@ -57,25 +57,14 @@ last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
 # or "decode" (cpp/sm80/decode_kernel.cuh, whose generation is 80); None before any.
 last_fwd_kernel = None
-# Whether the last forward launch merged its splits inside the decode kernel (no combine
-# kernel; DECODE_FUSED_MERGE); None before any.
-last_fwd_fused_merge = None
-# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel, last_fwd_fused_merge); 81 / 82
-# are flash_api.h kFwdKernelDecode / kFwdKernelDecodeMerged.
-FWD_KERNELS = {90: (90, "sm90", False), 80: (80, "sm80", False), 81: (80, "decode", False),
-               82: (80, "decode", True)}
+# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel); 81 is flash_api.h kFwdKernelDecode.
+FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode")}
 # Builds with FLASHATTN2_EXPERIMENTAL=decode run forwards of at most 16 packed query rows
 # (decoding) on the decode kernel where it supports them (cpp/sm80/decode_config.h);
 # FLASHATTN2_DECODE_KERNEL=0 at import, or the decode_kernel(False) context manager, sends
 # them to the KV kernel as before (for A/B comparisons). Without the build item it does
 # nothing.
 DECODE_KERNEL = _env_flag("FLASHATTN2_DECODE_KERNEL", "1")
-# Split-KV on the decode kernel: True lets the last CTA of each KV-head group merge the splits
-# (arrival counters in the split workspace; one launch, no combine kernel) where that is short
-# (sm80/decode_config.h decode_fused_merge). Off by default: on an H100 it measured never
-# faster than the combine kernel and up to 1.5x slower at batch 1-4 (benchmarks/NOTES.md);
-# FLASHATTN2_DECODE_FUSED_MERGE=1 at import, or decode_fused_merge(True), turns it on.
-DECODE_FUSED_MERGE = _env_flag("FLASHATTN2_DECODE_FUSED_MERGE", "0")
 # The decode kernel's K / V copies: True (the default) hints L2 to fetch each head's whole
 # row segment (256 bytes at d128, 128 at d64) from DRAM at once (cp.async ... L2::256B);
 # FLASHATTN2_DECODE_L2_PREFETCH=0 at import, or decode_l2_prefetch(False), copies without the
@@ -144,9 +133,6 @@ decode_kernel = _switch("DECODE_KERNEL", "Inside the block, forwards may run the
                         "(enabled, the default where built) or never do (the KV kernel).")
 sm90_bwd_d64 = _switch("SM90_BWD_D64", "Inside the block, backwards of head dims 33-64 may run "
                        "the Hopper backward (enabled, the default where built) or never do.")
-decode_fused_merge = _switch("DECODE_FUSED_MERGE", "Inside the block, the decode kernel may "
-                             "merge its splits itself (enabled) or leaves that to the combine "
-                             "kernel.")
 decode_l2_prefetch = _switch("DECODE_L2_PREFETCH", "Inside the block, the decode kernel's K / V "
                              "copies carry the L2 prefetch hint (enabled) or not.")
 decode_issue_early = _switch("DECODE_ISSUE_EARLY", "Inside the block, the decode kernel issues "

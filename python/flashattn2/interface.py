@@ -129,7 +129,7 @@ _FWD_MODS = dict(softcap=0.0, alibi_slopes=0, alibi_batch_stride=0, rng_state=0,
 _FWD_BIAS = dict(attn_bias=0, bias_strides=(), bias_dtype=-1)
 _FWD_OPTIONAL = (tuple(_FWD_LAYOUT) + ("num_splits", "o_accum", "lse_accum") + tuple(_FWD_VARLEN)
                  + tuple(_FWD_MODS) + ("q_pack", "allow_sm90", "tile_counter") + tuple(_FWD_BIAS)
-                 + ("allow_decode", "split_counters", "kv_l2_prefetch", "kv_issue_early"))
+                 + ("allow_decode", "kv_l2_prefetch", "kv_issue_early"))
 _FWD_KEYS = frozenset(_FWD_LAYOUT) | frozenset(_FWD_VARLEN)  # what **layout may hold
 _FWD_MOD_KEYS = frozenset(_FWD_MODS) | frozenset(_FWD_BIAS)  # what mods may hold
 
@@ -187,19 +187,14 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
             num_splits = _C.num_splits_heuristic(batch, nheads // q_pack, seqlen_q * q_pack,
                                                  seqlen_k, headdim, device, False,
                                                  _ext.DECODE_KERNEL and not varlen_q)
-    o_accum = lse_accum = split_counters = 0
+    o_accum = lse_accum = 0
     if num_splits > 1:
-        # One float32 buffer: o_accum (rows x headdim), lse_accum (rows; 16-byte aligned, as
-        # headdim is a multiple of 8 here), then from the next 16 bytes the decode kernel's
-        # batch x nheads 8-byte split counters (used in any state: no fill).
+        # o_accum (rows x headdim) then lse_accum (rows) in one float32 buffer; lse_accum
+        # stays 16-byte aligned (headdim is a multiple of 8 here).
         rows = num_splits * batch * nheads * seqlen_q
-        counters_at = rows * (headdim + 1) + (-rows % 4)
-        fused = _ext.DECODE_FUSED_MERGE
-        workspace = torch.empty(counters_at + (2 * batch * nheads if fused else 0),
-                                dtype=_FP32, device=q.device)
+        workspace = torch.empty(rows * (headdim + 1), dtype=_FP32, device=q.device)
         o_accum = workspace.data_ptr()
         lse_accum = o_accum + 4 * rows * headdim
-        split_counters = o_accum + 4 * counters_at if fused else 0
     code = _C.fwd(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         q_strides, k_strides, v_strides, o_strides, lse_strides,
@@ -213,9 +208,9 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         *map(mods.get, _FWD_MODS, _FWD_MODS.values()),
         q_pack, not _ext.FORCE_SM80, 0 if tile_counter is None else tile_counter.data_ptr(),
         *map(mods.get, _FWD_BIAS, _FWD_BIAS.values()),
-        _ext.DECODE_KERNEL, split_counters, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY,
+        _ext.DECODE_KERNEL, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY,
     )  # fmt: skip
-    _ext.last_fwd_arch, _ext.last_fwd_kernel, _ext.last_fwd_fused_merge = _ext.FWD_KERNELS[code]
+    _ext.last_fwd_arch, _ext.last_fwd_kernel = _ext.FWD_KERNELS[code]
 
 
 def _kv_cache(layout):
