@@ -5,7 +5,7 @@
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
 # own folder of $JOB_OUT. Steps to skip: SKIP
 # (space-separated names of the steps below). Meanwhile a second build (base: a base commit's
-# kernels) serves A/B runs (fwdab, bwdab). HEAD_DIMS limits the main build (default: all);
+# kernels) serves A/B runs (fwdab, bwdab, decab). HEAD_DIMS limits the main build (default: all);
 # TEST_FILES narrows the suite (pytest arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
 set -u
 O=${JOB_OUT:-gpu_logs}
@@ -82,6 +82,16 @@ if want bwdab && [ -n "${BASE_PID:-}" ]; then
     wait "$BASE_PID"
     ab_bench base bbase bnew --modes bwd,fwd_bwd --headdims "${BWDAB_DIMS:-64,128}" --dtypes bf16 \
         --impls flashattn2,sdpa_cudnn ${BWDAB_ARGS:-}
+fi
+if want decab && [ -n "${BASE_PID:-}" ]; then
+    stamp "decode A/B: base (.base/cpp) vs this tree, interleaved, SDPA-cuDNN and the floor in each"
+    wait "$BASE_PID"
+    for run in base new base2 new2; do
+        pp=""; [[ $run == base* ]] && pp=/tmp/base
+        # shellcheck disable=SC2086
+        PYTHONPATH=$pp python3 benchmarks/bench_decode.py --impls flashattn2,sdpa_cudnn,read_floor \
+            --parts decode ${DECAB_ARGS:-} --out "$O/dec_$run" 2> /dev/null | tail -n 4
+    done
 fi
 if want bncu; then
     stamp "ncu source counters: the Hopper backward, d128 8k full (stalls by warp role)"
