@@ -93,6 +93,16 @@ if want decab && [ -n "${BASE_PID:-}" ]; then
             --parts decode ${DECAB_ARGS:-} --out "$O/dec_$run" 2> /dev/null | tail -n 4
     done
 fi
+if want chains; then
+    # CHAINS_ARGS: bench.py's selection (default: bwd, d64 / d128, causal)
+    stamp "deterministic backward: dQ chains 1 / 2 / 4 forced (FLASHATTN2_DQ_CHAINS), twice"
+    for c in 1 2 4 1b 2b 4b; do
+        # shellcheck disable=SC2086
+        FLASHATTN2_DQ_CHAINS=${c%b} python3 benchmarks/bench.py --dtypes bf16 --impls flashattn2_det \
+            --no-summary --out "$O/chains_$c" ${CHAINS_ARGS:---modes bwd --headdims 64,128 --causal true} \
+            2> /dev/null | tail -n 13
+    done
+fi
 if want bncu; then
     stamp "ncu source counters: the Hopper backward, d128 8k full (stalls by warp role)"
     SOURCE="$O/src_bwd_d128_s8k.csv" PASS=bwd HEAD_DIM=128 SEQLEN=8192 CAUSAL=0 \
