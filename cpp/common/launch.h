@@ -28,6 +28,21 @@ inline void check_cuda(cudaError_t err, const char* what) {
 template <typename Element>
 void launch_combine(const FwdParams& params, cudaStream_t stream);
 
+// The current device's compute capability major, cached per device (a driver call costs
+// about a microsecond: too much for every decode step).
+inline int device_major() {
+  static std::atomic<int> majors[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  int major = majors[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+               "cudaDeviceGetAttribute");
+    majors[device].store(major, std::memory_order_relaxed);
+  }
+  return major;
+}
+
 // Raises kKernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB) once per
 // device: the attribute is per device, and setting it on every launch costs a driver call.
 // The current device must be in [0, kMaxDevices) (the host API checks it); a racing second

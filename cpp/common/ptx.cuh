@@ -118,6 +118,21 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Programmatic dependent launch (griddepcontrol, sm_90; no-ops on older archs). A grid
+// launched with cudaLaunchAttributeProgrammaticStreamSerialization may start once every
+// block of the grid before it has called launch_dependents (or exited); its blocks then
+// wait in griddep_wait until that grid has completed and its writes are visible.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ld.acquire.gpu.b32: a load that orders the loads and stores after it.
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;

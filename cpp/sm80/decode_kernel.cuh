@@ -94,6 +94,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* const sQ = reinterpret_cast<Element*>(smem_raw);
   Element* const sKV = sQ + kRows * kHeadDim;
+  // The split-KV combine after this grid (common/combine_kernel.cuh) may launch now: its
+  // blocks wait for this grid's end on the SMs, so its launch latency is spent meanwhile.
+  ptx::griddep_launch_dependents();
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
