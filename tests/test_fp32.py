@@ -3,23 +3,21 @@
 CPU, every build: the refusals (a build without the kernels names the option; head dims and
 features the float32 kernels lack) and the plumbing to the binding (dtype code 2, no split-KV,
 no GQA packing) through a recording _C. GPU, builds with fp32: out, lse and dq / dk / dv
-against a float64 reference with the 2x rule: max |ours - f64| <= 2 * max |torch f32 - f64|
-+ atol, torch's float32 attention computed with TF32 off (conftest.py).
+against a float64 reference with the 2x rule of fp32_checks.py: max |ours - f64| <= 2 *
+max |torch f32 - f64| + atol. CPU also: the emulated kernels (fp32_emulation.py), same rule.
 """
 import fp32_emulation as emu
 import flashattn2
-import numpy as np
 import pytest
 import torch
 from flashattn2 import _ext, interface
-from reference import attention_ref, attention_scores
+from fp32_checks import GRADS, check_2x, ref_attention
 from test_decode_kernel import binding_args
 
 gpu = pytest.mark.gpu
 BUILT = "fp32" in _ext.EXPERIMENTAL
 needs_fp32 = pytest.mark.skipif(not BUILT, reason="build without FLASHATTN2_EXPERIMENTAL=fp32")
 needs_fp32_bwd = pytest.mark.skipif(not _ext.FP32_BWD, reason="build without the float32 backward")
-ATOL = 1e-5
 
 
 def _qkv(batch=2, seqlen_q=5, seqlen_k=7, nheads=4, nheads_k=2, headdim=16, **kw):
@@ -143,18 +141,6 @@ def test_fp32_operators_fake_implementations():
 # ---- CPU: the kernels' index math, emulated lane by lane (fp32_emulation.py) ----------------
 
 
-def _torch_ref(q, k, v, causal, window, dtype, grad_of=None):
-    """out, lse (and dq, dk, dv with grad_of = dout) of attention_ref in ``dtype`` for
-    (b, s, h, d) float32 inputs."""
-    inputs = [t.clone().to(dtype).requires_grad_() for t in (q, k, v)]
-    out, _ = attention_ref(*inputs, causal=causal, window_size=window, upcast=False)
-    lse = _lse(inputs[0].detach(), inputs[1].detach(), causal, window)
-    if grad_of is None:
-        return out.detach(), lse
-    out.backward(grad_of.to(dtype))
-    return out.detach(), lse, [t.grad for t in inputs]
-
-
 @pytest.mark.parametrize("shape", [(70, 90, 40, 64, False, (16, 8)),
                                    (33, 100, 128, 128, True, (-1, -1)),
                                    (20, 70, 16, 32, False, (-1, -1))],
@@ -166,11 +152,8 @@ def test_fp32_forward_emulation(shape):
     wl, wr = window[0], 0 if causal else window[1]
     out, lse = emu.forward(q[0, :, 0].numpy(), k[0, :, 0].numpy(), v[0, :, 0].numpy(), d**-0.5,
                            wl, wr, kernel_d)
-    assert not np.isnan(out).any() and not np.isnan(lse).any(), "entries left unwritten"
-    out64, lse64 = _torch_ref(q, k, v, causal, window, torch.float64)
-    out32, lse32 = _torch_ref(q, k, v, causal, window, torch.float32)
-    _check("out", torch.from_numpy(out), out32[0, :, 0], out64[0, :, 0])
-    _check("lse", torch.from_numpy(lse), lse32[0, 0], lse64[0, 0])
+    ours = torch.from_numpy(out)[None, :, None], torch.from_numpy(lse)[None, None]
+    check_2x(("out", "lse"), ours, ref_attention(causal, window), (q, k, v))
 
 
 @pytest.mark.parametrize("shape", [(2, 1, 40, 70, 64, 64, True, (-1, -1)),
@@ -186,38 +169,26 @@ def test_fp32_backward_emulation(shape):
     h, hk, sq, sk, d, kernel_d, causal, window = shape
     q, k, v = _qkv(1, sq, sk, h, hk, d)
     dout = torch.randn(1, sq, h, d)
-    out32, lse32, g32 = _torch_ref(q, k, v, causal, window, torch.float32, dout)
-    _, _, g64 = _torch_ref(q, k, v, causal, window, torch.float64, dout)
+    ref = ref_attention(causal, window)
+    out32, lse32 = ref(q, k, v)
     heads = lambda t: t[0].transpose(0, 1).contiguous().numpy()  # (s, h, d) -> (h, s, d)
     wl, wr = window[0], 0 if causal else window[1]
     ours = emu.backward(heads(q), heads(k), heads(v), heads(out32), lse32[0].numpy(), heads(dout),
                         d**-0.5, wl, wr, kernel_d, h // hk)
-    for name, a, b, c in zip(("dq", "dk", "dv"), ours, g32, g64):
-        assert not np.isnan(a).any(), f"{name}: entries left unwritten"
-        _check(name, torch.from_numpy(a).transpose(0, 1)[None], b, c)
+    ours = [torch.from_numpy(g).transpose(0, 1)[None] for g in ours]
+    check_2x(GRADS, ours, ref, (q, k, v), dout)
 
 
 # ---- GPU: accuracy against float64 ---------------------------------------------------------
 
 
-def _errors(ours, ref32, ref64):
-    """(max |ours - ref64|, max |ref32 - ref64|) over the finite reference entries."""
-    finite = torch.isfinite(ref64)
-    assert torch.equal(finite, torch.isfinite(ours)), "non-finite entries differ"
-    diff = lambda t: (t.double() - ref64).abs()[finite].max().item() if finite.any() else 0.0
-    return diff(ours), diff(ref32)
-
-
-def _check(name, ours, ref32, ref64, atol=ATOL):
-    err, err_torch = _errors(ours, ref32, ref64)
-    assert err <= 2 * err_torch + atol, (
-        f"{name}: error {err:.3g} > 2 x torch float32's {err_torch:.3g} + {atol}")
-
-
-def _lse(q, k, causal, window):
-    scores, mask = attention_scores(q, k, causal, window)
-    lse = torch.logsumexp(scores, dim=-1)
-    return lse.masked_fill(~mask.any(-1), float("inf"))
+def kernel_forward(q, k, v, causal, window, **mods):
+    """The kernel alone, into NaN-poisoned out / lse (the head dim is a multiple of 8)."""
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
+    interface._flash_attn_forward(q, k, v, q.shape[-1]**-0.5, window[0],
+                                  0 if causal else window[1], out=out, lse=lse, **mods)
+    return out, lse
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window)
@@ -246,26 +217,11 @@ def _ids(shape):
 def test_fp32_forward_against_float64(shape):
     batch, sq, sk, h, hk, d, causal, window = shape
     q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
-    # The kernel alone, into NaN-poisoned out / lse (the head dim is a multiple of 8).
-    out = torch.full(q.shape, float("nan"), device="cuda")
-    lse = torch.full((batch, h, sq), float("nan"), device="cuda")
-    window_left, window_right = window[0], 0 if causal else window[1]
-    interface._flash_attn_forward(q, k, v, d**-0.5, window_left, window_right, out=out, lse=lse)
-    assert not out.isnan().any() and not lse.isnan().any(), "part of out / lse left unwritten"
-    out64, _ = attention_ref(q.double(), k.double(), v.double(), causal, window, upcast=False)
-    out32, _ = attention_ref(q, k, v, causal, window, upcast=False)
-    _check("out", out, out32, out64)
-    _check("lse", lse, _lse(q, k, causal, window), _lse(q.double(), k.double(), causal, window))
+    out, lse = kernel_forward(q, k, v, causal, window)
+    check_2x(("out", "lse"), (out, lse), ref_attention(causal, window), (q, k, v))
     # The public function gives the same out.
     public = flashattn2.flash_attn_func(q, k, v, causal=causal, window_size=window)
     assert torch.equal(public, out)
-
-
-def _grads(fn, inputs, dout):
-    inputs = [t.detach().requires_grad_() for t in inputs]
-    out = fn(*inputs)
-    out.backward(dout)
-    return out.detach(), [t.grad for t in inputs]
 
 
 @gpu
@@ -276,13 +232,8 @@ def test_fp32_backward_against_float64(shape):
     batch, sq, sk, h, hk, d, causal, window = shape
     q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
     dout = torch.randn(batch, sq, h, d, device="cuda")
-    ref = lambda *t: attention_ref(*t, causal=causal, window_size=window, upcast=False)[0]
-    ours_fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window)
-    _, g64 = _grads(ref, [t.double() for t in (q, k, v)], dout.double())
-    _, g32 = _grads(ref, [q, k, v], dout)
-    _, ours = _grads(ours_fn, [q, k, v], dout)
-    for name, a, b, c in zip(("dq", "dk", "dv"), ours, g32, g64):
-        _check(name, a, b, c)
+    ours = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window)
+    check_2x(GRADS, ours, ref_attention(causal, window), (q, k, v), dout)
 
 
 @gpu
@@ -292,23 +243,16 @@ def test_fp32_packed_views(causal):
     """q / k / v as strided views of packed qkv / kv (read in place: 16-byte strides)."""
     qkv = torch.randn(2, 150, 3, 4, 64, device="cuda")
     out = flashattn2.flash_attn_qkvpacked_func(qkv, causal=causal)
-    q, k, v = qkv.unbind(2)
-    out64, _ = attention_ref(q.double(), k.double(), v.double(), causal, upcast=False)
-    out32, _ = attention_ref(q, k, v, causal, upcast=False)
-    _check("qkvpacked out", out, out32, out64)
+    ref = ref_attention(causal)
+    check_2x(("qkvpacked out",), (out,), ref, qkv.unbind(2))
+    q = qkv[:, :, 0]
     kv = torch.randn(2, 190, 2, 2, 64, device="cuda")
     out = flashattn2.flash_attn_kvpacked_func(q, kv, causal=causal)
-    k, v = kv.unbind(2)
-    out64, _ = attention_ref(q.double(), k.double(), v.double(), causal, upcast=False)
-    out32, _ = attention_ref(q, k, v, causal, upcast=False)
-    _check("kvpacked out", out, out32, out64)
+    check_2x(("kvpacked out",), (out,), ref, (q, *kv.unbind(2)))
     if _ext.FP32_BWD:
-        dout = torch.randn_like(out)
-        _, (g,) = _grads(lambda t: flashattn2.flash_attn_kvpacked_func(q, t, causal=causal), [kv], dout)
-        ref = lambda t: attention_ref(q.to(t.dtype), t[:, :, 0], t[:, :, 1], causal, upcast=False)[0]
-        _, (g64,) = _grads(ref, [kv.double()], dout.double())
-        _, (g32,) = _grads(ref, [kv], dout)
-        _check("kvpacked dkv", g, g32, g64)
+        ours = lambda t: flashattn2.flash_attn_kvpacked_func(q, t, causal=causal)
+        check_2x(("kvpacked dkv",), ours, lambda t: ref(q.to(t.dtype), *t.unbind(2)), (kv,),
+                 torch.randn_like(out))
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): long enough that a
@@ -331,19 +275,8 @@ def test_fp32_long_sequences(shape):
     the length faster than PyTorch's."""
     batch, sq, sk, h, hk, d, causal, window = shape
     q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
-    out = torch.full(q.shape, float("nan"), device="cuda")
-    lse = torch.full((batch, h, sq), float("nan"), device="cuda")
-    interface._flash_attn_forward(q, k, v, d**-0.5, window[0], 0 if causal else window[1],
-                                  out=out, lse=lse)
-    ref = lambda *t: attention_ref(*t, causal=causal, window_size=window, upcast=False)[0]
-    _check("out", out, ref(q, k, v), ref(q.double(), k.double(), v.double()))
-    _check("lse", lse, _lse(q, k, causal, window), _lse(q.double(), k.double(), causal, window))
-    if not _ext.FP32_BWD:
-        return
-    dout = torch.randn(batch, sq, h, d, device="cuda")
-    ours_fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window)
-    _, g64 = _grads(ref, [t.double() for t in (q, k, v)], dout.double())
-    _, g32 = _grads(ref, [q, k, v], dout)
-    _, ours = _grads(ours_fn, [q, k, v], dout)
-    for name, a, b, c in zip(("dq", "dk", "dv"), ours, g32, g64):
-        _check(name, a, b, c)
+    ref = ref_attention(causal, window)
+    check_2x(("out", "lse"), kernel_forward(q, k, v, causal, window), ref, (q, k, v))
+    if _ext.FP32_BWD:
+        ours = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window)
+        check_2x(GRADS, ours, ref, (q, k, v), torch.randn(batch, sq, h, d, device="cuda"))

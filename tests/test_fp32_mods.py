@@ -9,10 +9,8 @@ Varlen with both: test_fp32_varlen.py.
 import flashattn2
 import pytest
 import torch
-from flashattn2 import interface
-from reference import attention_ref
-from test_fp32 import _check, _grads, needs_fp32, needs_fp32_bwd
-from test_fp32_varlen import lse_ref
+from fp32_checks import GRADS, check_2x, grads, ref_attention
+from test_fp32 import kernel_forward, needs_fp32, needs_fp32_bwd
 
 gpu = pytest.mark.gpu
 
@@ -52,21 +50,9 @@ def _inputs(shape):
 def test_fp32_mods_forward_against_float64(shape):
     causal, window = shape[6], shape[7]
     q, k, v, softcap, slopes = _inputs(shape)
-    d = q.shape[-1]
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full(q.shape[:1] + q.shape[2:3] + q.shape[1:2], float("nan"), device="cuda")
-    interface._flash_attn_forward(q, k, v, d**-0.5, window[0], 0 if causal else window[1],
-                                  out=out, lse=lse, softcap=softcap, alibi_slopes=slopes)
-    assert not out.isnan().any() and not lse.isnan().any(), "part of out / lse left unwritten"
-    ref = {}
-    for dtype in (torch.float32, torch.float64):
-        t = [x.to(dtype) for x in (q, k, v)]
-        s = None if slopes is None else slopes.to(dtype)
-        ref[dtype] = (attention_ref(*t, causal, window, upcast=False, softcap=softcap,
-                                    alibi_slopes=s)[0],
-                      lse_ref(t[0], t[1], causal, window, softcap, s))
-    _check("out", out, ref[torch.float32][0], ref[torch.float64][0])
-    _check("lse", lse, ref[torch.float32][1], ref[torch.float64][1])
+    out, lse = kernel_forward(q, k, v, causal, window, softcap=softcap, alibi_slopes=slopes)
+    check_2x(("out", "lse"), (out, lse), ref_attention(causal, window, softcap, slopes),
+             (q, k, v))
     public = flashattn2.flash_attn_func(q, k, v, causal=causal, window_size=window,
                                         softcap=softcap, alibi_slopes=slopes)
     assert torch.equal(public, out)
@@ -84,16 +70,8 @@ def test_fp32_mods_backward_against_float64(shape, deterministic):
     ours_fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window,
                                                     softcap=softcap, alibi_slopes=slopes,
                                                     deterministic=deterministic)
-    g = {}
-    for dtype in (torch.float32, torch.float64):
-        s = None if slopes is None else slopes.to(dtype)
-        ref = lambda *t: attention_ref(*t, causal=causal, window_size=window, upcast=False,
-                                       softcap=softcap, alibi_slopes=s)[0]
-        _, g[dtype] = _grads(ref, [t.to(dtype) for t in (q, k, v)], dout.to(dtype))
-    _, ours = _grads(ours_fn, [q, k, v], dout)
-    for name, a, b, c in zip(("dq", "dk", "dv"), ours, g[torch.float32], g[torch.float64]):
-        _check(name, a, b, c)
+    ours = check_2x(GRADS, ours_fn, ref_attention(causal, window, softcap, slopes), (q, k, v),
+                    dout)
     if deterministic:
-        _, again = _grads(ours_fn, [q, k, v], dout)
-        for name, a, b in zip(("dq", "dk", "dv"), ours, again):
+        for name, a, b in zip(GRADS, ours, grads(ours_fn, (q, k, v), dout)):
             assert torch.equal(a, b), f"deterministic {name} differs between runs"

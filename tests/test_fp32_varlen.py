@@ -14,8 +14,8 @@ import flashattn2
 import pytest
 import torch
 from flashattn2 import _ext, interface
-from reference import attention_ref, attention_scores
-from test_fp32 import _check, needs_fp32, needs_fp32_bwd
+from fp32_checks import GRADS, check_2x, grads, ref_attention
+from test_fp32 import _qkv, needs_fp32, needs_fp32_bwd
 
 gpu = pytest.mark.gpu
 NAN = float("nan")
@@ -148,43 +148,24 @@ def test_fp32_deterministic_order_model(block_m, shape):
 # ---- GPU: accuracy against float64 ---------------------------------------------------------
 
 
-def lse_ref(q, k, causal, window, softcap=0.0, slopes=None):
-    """(b, h, sq) log-sum-exp of the logits in q's dtype (+inf for a row that sees no key)."""
-    scores, mask = attention_scores(q, k, causal, window, softcap=softcap, alibi_slopes=slopes)
-    return torch.logsumexp(scores, dim=-1).masked_fill(~mask.any(-1), math.inf)
-
-
-def _per_sequence_ref(q, k, v, lengths_q, lengths_k, causal, window, dout=None, softcap=0.0,
-                      slopes=None):
-    """out (total_q, h, d), lse (h, total_q) and with dout the gradients, sequence by
-    sequence, in q's dtype (float32: PyTorch's own error; float64: the reference, slopes
-    too); slopes (h,) or (batch, h)."""
-    outs, lses, grads = [], [], []
-    bq, bk = 0, 0
-    for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k)):
-        mods = dict(softcap=softcap,
-                    alibi_slopes=slopes if slopes is None or slopes.dim() == 1 else slopes[b:b + 1])
-        qs, ks, vs = (t.detach()[a:a + n].unsqueeze(0).requires_grad_()
-                      for t, a, n in ((q, bq, lq), (k, bk, lk), (v, bk, lk)))
-        if lk == 0 or lq == 0:
-            out = torch.zeros_like(qs)
-            lse = torch.full((q.shape[1], lq), math.inf, dtype=q.dtype, device=q.device)
-            g = [torch.zeros_like(t) for t in (qs, ks, vs)]
-        else:
-            out = attention_ref(qs, ks, vs, causal, window, upcast=False, **mods)[0]
-            lse = lse_ref(qs.detach(), ks.detach(), causal, window, softcap,
-                          mods["alibi_slopes"])[0]
-            if dout is not None:
-                g = torch.autograd.grad(out, (qs, ks, vs), dout[bq:bq + lq].unsqueeze(0).to(q.dtype))
-        outs.append(out[0].detach())
-        lses.append(lse)
-        if dout is not None:
-            grads.append([t[0] for t in g])
-        bq, bk = bq + lq, bk + lk
-    out, lse = torch.cat(outs), torch.cat(lses, dim=1)
-    if dout is None:
-        return out, lse
-    return out, lse, [torch.cat([g[i] for g in grads]) for i in range(3)]
+def _per_sequence_ref(lengths_q, lengths_k, causal, window, softcap=0.0, slopes=None):
+    """A ref for check_2x: packed q, k, v -> out (total_q, h, d) (differentiable), lse
+    (h, total_q), sequence by sequence in q's dtype; slopes (h,) or (batch, h)."""
+    def ref(q, k, v):
+        outs, lses, bq, bk = [], [], 0, 0
+        for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k)):
+            if lk == 0 or lq == 0:
+                outs.append(torch.zeros_like(q[bq:bq + lq]))
+                lses.append(torch.full((q.shape[1], lq), math.inf, dtype=q.dtype, device=q.device))
+            else:
+                s = slopes if slopes is None or slopes.dim() == 1 else slopes[b:b + 1]
+                seq = [t[a:a + n][None] for t, a, n in ((q, bq, lq), (k, bk, lk), (v, bk, lk))]
+                out, lse = ref_attention(causal, window, softcap, s)(*seq)
+                outs.append(out[0])
+                lses.append(lse[0])
+            bq, bk = bq + lq, bk + lk
+        return torch.cat(outs), torch.cat(lses, dim=1)
+    return ref
 
 
 # (lengths_q, lengths_k): empty sequences (no queries, no keys), single tokens, ragged tails,
@@ -239,11 +220,7 @@ def test_fp32_varlen_forward_against_float64(lengths, case):
     cu_q, cu_k = _cu(lq), _cu(lk)
     wl, wr = window[0], 0 if causal else window[1]
     out, lse = _varlen_kernel_fwd(q, k, v, cu_q, cu_k, max(lq), max(lk), d**-0.5, wl, wr)
-    assert not out.isnan().any() and not lse.isnan().any(), "part of out / lse left unwritten"
-    out64, lse64 = _per_sequence_ref(q.double(), k.double(), v.double(), lq, lk, causal, window)
-    out32, lse32 = _per_sequence_ref(q, k, v, lq, lk, causal, window)
-    _check("out", out, out32, out64)
-    _check("lse", lse, lse32, lse64)
+    check_2x(("out", "lse"), (out, lse), _per_sequence_ref(lq, lk, causal, window), (q, k, v))
     public = flashattn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk),
                                                causal=causal, window_size=window)
     assert torch.equal(public, out)
@@ -262,29 +239,23 @@ def test_fp32_varlen_backward_against_float64(lengths, case, deterministic):
     dout = torch.randn_like(q)
     cu_q, cu_k = _cu(lq), _cu(lk)
     wl, wr = window[0], 0 if causal else window[1]
-    _, _, g64 = _per_sequence_ref(q.double(), k.double(), v.double(), lq, lk, causal, window,
-                                  dout.double())
-    out32, lse32, g32 = _per_sequence_ref(q, k, v, lq, lk, causal, window, dout)
+    ref = _per_sequence_ref(lq, lk, causal, window)
     out, lse = _varlen_kernel_fwd(q, k, v, cu_q, cu_k, max(lq), max(lk), d**-0.5, wl, wr)
     runs = [_varlen_kernel_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max(lq), max(lk), d**-0.5,
                                wl, wr, deterministic) for _ in range(3 if deterministic else 1)]
-    for name, a, b, c in zip(("dq", "dk", "dv"), runs[0], g32, g64):
-        assert not a.isnan().any(), f"{name}: rows left unwritten"
-        _check(name, a, b, c)
+    check_2x(GRADS, runs[0], ref, (q, k, v), dout)  # (every row must be written: no NaN)
     for run in runs[1:]:
-        for name, a, b in zip(("dq", "dk", "dv"), runs[0], run):
+        for name, a, b in zip(GRADS, runs[0], run):
             assert torch.equal(a, b), f"deterministic {name} differs between runs"
     # The public function (autograd) gives the same gradients.
-    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
-    flashattn2.flash_attn_varlen_func(*inputs, cu_q, cu_k, max(lq), max(lk), causal=causal,
-                                      window_size=window, deterministic=deterministic
-                                      ).backward(dout)
+    public = grads(lambda *t: flashattn2.flash_attn_varlen_func(
+        *t, cu_q, cu_k, max(lq), max(lk), causal=causal, window_size=window,
+        deterministic=deterministic), (q, k, v), dout)
     if deterministic:
-        for name, a, t in zip(("dq", "dk", "dv"), runs[0], inputs):
-            assert torch.equal(a, t.grad), f"public {name} differs from the kernel's"
+        for name, a, b in zip(GRADS, runs[0], public):
+            assert torch.equal(a, b), f"public {name} differs from the kernel's"
     else:
-        for name, a, b, c in zip(("dq", "dk", "dv"), [t.grad for t in inputs], g32, g64):
-            _check("public " + name, a, b, c)
+        check_2x(["public " + name for name in GRADS], public, ref, (q, k, v), dout)
 
 
 @gpu
@@ -299,21 +270,15 @@ def test_fp32_varlen_packed_variants():
     out = flashattn2.flash_attn_varlen_qkvpacked_func(qkv, cu, max(lengths), causal=True)
     dout = torch.randn_like(out)
     out.backward(dout)
-    q, k, v = qkv.detach().unbind(1)
-    _, _, g64 = _per_sequence_ref(q.double(), k.double(), v.double(), lengths, lengths, True,
-                                  (-1, -1), dout.double())
-    out32, _, g32 = _per_sequence_ref(q, k, v, lengths, lengths, True, (-1, -1), dout)
-    for i, name in enumerate(("dq", "dk", "dv")):
-        _check("qkvpacked " + name, qkv.grad[:, i], g32[i], g64[i])
+    q = qkv.detach()[:, 0]
+    check_2x(["qkvpacked " + name for name in GRADS], qkv.grad.unbind(1),
+             _per_sequence_ref(lengths, lengths, True, (-1, -1)), qkv.detach().unbind(1), dout)
     kv = torch.randn(sum(lengths), 2, 2, 64, device="cuda", requires_grad=True)
     out = flashattn2.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, max(lengths), max(lengths))
     out.backward(dout)
-    k, v = kv.detach().unbind(1)
-    _, _, g64 = _per_sequence_ref(q.double(), k.double(), v.double(), lengths, lengths, False,
-                                  (-1, -1), dout.double())
-    _, _, g32 = _per_sequence_ref(q, k, v, lengths, lengths, False, (-1, -1), dout)
-    _check("kvpacked dk", kv.grad[:, 0], g32[1], g64[1])
-    _check("kvpacked dv", kv.grad[:, 1], g32[2], g64[2])
+    ref = _per_sequence_ref(lengths, lengths, False, (-1, -1))
+    check_2x(("kvpacked dk", "kvpacked dv"), kv.grad.unbind(1),
+             lambda k, v: ref(q.to(k.dtype), k, v), kv.detach().unbind(1), dout)
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): the three orders of
@@ -335,27 +300,14 @@ DET_SHAPES = [
 def test_fp32_deterministic_backward(shape):
     """deterministic=True: dq, dk, dv bitwise equal over 3 runs, and within the 2x rule."""
     batch, sq, sk, h, hk, d, causal, window = shape
-    q = torch.randn(batch, sq, h, d, device="cuda")
-    k = torch.randn(batch, sk, hk, d, device="cuda")
-    v = torch.randn(batch, sk, hk, d, device="cuda")
+    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
     dout = torch.randn_like(q)
-    runs = []
-    for _ in range(3):
-        inputs = [t.detach().requires_grad_() for t in (q, k, v)]
-        flashattn2.flash_attn_func(*inputs, causal=causal, window_size=window,
-                                   deterministic=True).backward(dout)
-        runs.append([t.grad for t in inputs])
-    for run in runs[1:]:
-        for name, a, b in zip(("dq", "dk", "dv"), runs[0], run):
+    ours = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window,
+                                                 deterministic=True)
+    first = check_2x(GRADS, ours, ref_attention(causal, window), (q, k, v), dout)
+    for _ in range(2):
+        for name, a, b in zip(GRADS, first, grads(ours, (q, k, v), dout)):
             assert torch.equal(a, b), f"deterministic {name} differs between runs"
-    ref = lambda *t: attention_ref(*t, causal=causal, window_size=window, upcast=False)[0]
-    g = {}
-    for dtype in (torch.float32, torch.float64):
-        inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        ref(*inputs).backward(dout.to(dtype))
-        g[dtype] = [t.grad for t in inputs]
-    for name, a, b, c in zip(("dq", "dk", "dv"), runs[0], g[torch.float32], g[torch.float64]):
-        _check(name, a, b, c)
 
 
 @gpu
@@ -376,10 +328,6 @@ def test_fp32_varlen_softcap_alibi(causal, deterministic):
         *inputs, cu_q, cu_k, max(lq), max(lk), causal=causal, softcap=softcap,
         alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True)
     out.backward(dout)
-    ref = {dtype: _per_sequence_ref(q.to(dtype), k.to(dtype), v.to(dtype), lq, lk, causal,
-                                    (-1, -1), dout.to(dtype), softcap, slopes.to(dtype))
-           for dtype in (torch.float32, torch.float64)}
-    _check("out", out.detach(), ref[torch.float32][0], ref[torch.float64][0])
-    _check("lse", lse, ref[torch.float32][1], ref[torch.float64][1])
-    for i, name in enumerate(("dq", "dk", "dv")):
-        _check(name, inputs[i].grad, ref[torch.float32][2][i], ref[torch.float64][2][i])
+    ref = _per_sequence_ref(lq, lk, causal, (-1, -1), softcap, slopes)
+    check_2x(("out", "lse"), (out.detach(), lse), ref, (q, k, v))
+    check_2x(GRADS, [t.grad for t in inputs], ref, (q, k, v), dout)
