@@ -9,7 +9,7 @@ Varlen with both: test_fp32_varlen.py.
 import flashattn2
 import pytest
 import torch
-from flashattn2 import interface
+from flashattn2 import _launch
 from reference import attention_ref
 from test_fp32 import _check, _grads, needs_fp32, needs_fp32_bwd
 from test_fp32_varlen import lse_ref
@@ -55,8 +55,8 @@ def test_fp32_mods_forward_against_float64(shape):
     d = q.shape[-1]
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:1] + q.shape[2:3] + q.shape[1:2], float("nan"), device="cuda")
-    interface._flash_attn_forward(q, k, v, d**-0.5, window[0], 0 if causal else window[1],
-                                  out=out, lse=lse, softcap=softcap, alibi_slopes=slopes)
+    _launch._flash_attn_forward(q, k, v, d**-0.5, window[0], 0 if causal else window[1],
+                                out=out, lse=lse, softcap=softcap, alibi_slopes=slopes)
     assert not out.isnan().any() and not lse.isnan().any(), "part of out / lse left unwritten"
     ref = {}
     for dtype in (torch.float32, torch.float64):
