@@ -24,7 +24,7 @@ import time
 import torch
 
 import flashattn2
-from flashattn2 import _ext, interface, kvcache
+from flashattn2 import _checks, _ext, _launch, kvcache
 
 
 def shapes(device):
@@ -61,19 +61,19 @@ def mock(args):
         def __getattr__(self, name):
             return getattr(self.real, name)
 
-    real = interface._C
-    interface._C = kvcache._C = FakeC(real)
+    real = _launch._C
+    _launch._C = kvcache._C = FakeC(real)
     _ext.current_stream = lambda device: 0
 
-    def check_devices(*named, tracing=None):  # interface._check_devices' queries, CPU allowed
+    def check_devices(*named, tracing=None):  # _checks._check_devices' queries, CPU allowed
         for _, t in named:
             t.is_cuda  # noqa: B018
         device = named[0][1].get_device()
         for _, t in named:
             t.get_device() != device  # noqa: B015
-        interface._tracing() if tracing is None else tracing
+        _checks._tracing() if tracing is None else tracing
 
-    interface._check_devices = kvcache._check_devices = check_devices
+    _checks._check_devices = kvcache._check_devices = check_devices
     q, k_cache, v_cache, seqlens = shapes("cpu")
     ours = lambda: flashattn2.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
     print(f"Python layer of flash_attn_with_kvcache (mocked _C): {cpu_per_call_us(ours):.2f} us")
@@ -82,11 +82,11 @@ def mock(args):
     strides = (4096, 4096, 128)
     lead = (16, 16, 16, 16, 16, strides, strides, strides, strides, (32, 1), 1, 1, 1024, 32, 8,
             128, 0.08, -1, -1, 1, 0, 0)
-    rest = dict(interface._FWD_LAYOUT, num_splits=0, o_accum=0, lse_accum=0,
-                **interface._FWD_VARLEN, **interface._FWD_MODS, q_pack=4, allow_sm90=True,
-                tile_counter=0, **interface._FWD_BIAS, allow_decode=True,
+    rest = dict(_launch._FWD_LAYOUT, num_splits=0, o_accum=0, lse_accum=0,
+                **_launch._FWD_VARLEN, **_launch._FWD_MODS, q_pack=4, allow_sm90=True,
+                tile_counter=0, **_launch._FWD_BIAS, allow_decode=True,
                 kv_l2_prefetch=True, kv_issue_early=True)
-    assert tuple(rest) == interface._FWD_OPTIONAL
+    assert tuple(rest) == _launch._FWD_OPTIONAL
 
     def refused(call):
         def run():

@@ -13,7 +13,7 @@ import sys
 import flashattn2
 import pytest
 import torch
-from flashattn2 import _ext, flash_attn_interface, interface
+from flashattn2 import _checks, _ext, _launch, flash_attn_interface
 from reference import attention_ref
 
 gpu = pytest.mark.gpu
@@ -171,8 +171,8 @@ def test_dq_chains_switch(monkeypatch):
             self.bwd_chains.append(kwargs["dq_chains"])
             return 80
 
-    fake = Recorder(interface._C)
-    monkeypatch.setattr(interface, "_C", fake)
+    fake = Recorder(_launch._C)
+    monkeypatch.setattr(_launch, "_C", fake)
     monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: type("P", (), {"multi_processor_count": 132}))
@@ -181,8 +181,8 @@ def test_dq_chains_switch(monkeypatch):
     monkeypatch.setattr(q, "get_device", lambda: 0)
 
     def launch(deterministic, window=(-1, -1)):
-        interface._launch_bwd(dout, q, k, v, out, lse, q, k, v, lse.stride()[:2], 1, 2048,
-                              2048, 2, 2, 64, 0.125, *window, deterministic)
+        _launch._launch_bwd(dout, q, k, v, out, lse, q, k, v, lse.stride()[:2], 1, 2048,
+                            2048, 2, 2, 64, 0.125, *window, deterministic)
         assert fake.workspace_chains == fake.bwd_chains[-1]
         return fake.bwd_chains[-1]
 
@@ -225,7 +225,7 @@ def test_backward_refused_where_its_shared_memory_does_not_fit(monkeypatch):
     device = torch.device("cuda", 0)
     for small in (128, 20):  # d <= 128 kernels fit every GPU: not even asked
         if small + (-small % 8) <= _ext.BWD_MAX_HEAD_DIM:  # built (else another error)
-            interface._check_backward(small, device)
+            _checks._check_backward(small, device)
     if _ext.KERNEL_HEAD_DIM[128] == 128:
         assert asked == []
     large = [d for d in (130, 200, 256) if _ext.KERNEL_HEAD_DIM[d + (-d % 8)] > 128]
@@ -236,24 +236,24 @@ def test_backward_refused_where_its_shared_memory_does_not_fit(monkeypatch):
         message = (rf"backward pass for head dim {headdim} needs {need} bytes .* of shared "
                    rf"memory per block; GPU 0 allows {99 * 1024} \(99.0 KiB\)")  # fmt: skip
         with pytest.raises(NotImplementedError, match=message):
-            interface._check_backward(headdim, device)
+            _checks._check_backward(headdim, device)
     # Cached per (device, head dim): the limit is not asked again.
     calls = len(asked)
     with pytest.raises(NotImplementedError):
-        interface._check_backward(large[0], device)
+        _checks._check_backward(large[0], device)
     assert len(asked) == calls
     # An H100 gives 227 KiB: no error.
     monkeypatch.setattr(_ext, "smem_per_block", lambda device_index: 227 * 1024)
     monkeypatch.setattr(_ext, "_bwd_smem", {})
     for headdim in large:
-        interface._check_backward(headdim, device)
+        _checks._check_backward(headdim, device)
 
 
 def test_unbuilt_backward_head_dim_is_named(monkeypatch):
     monkeypatch.setattr(_ext, "BWD_MAX_HEAD_DIM", 128)
     message = "the backward pass for head dim 136 is not built; this build supports head dims up to 128"
     with pytest.raises(NotImplementedError, match=message):
-        interface._check_backward(136, torch.device("cuda", 0))
+        _checks._check_backward(136, torch.device("cuda", 0))
 
 
 def test_import_without_C_says_how_to_build():
@@ -461,10 +461,10 @@ def test_good_window_size_reaches_the_device_check(window_size):
 
 
 def test_window_and_causal():
-    assert interface._window((-1, -1), False) == (-1, -1)
-    assert interface._window((-1, -1), True) == (-1, 0)
-    assert interface._window((16, 4), True) == (16, 0)  # flash-attn: causal keeps the left bound
-    assert interface._window([3, 5], False) == (3, 5)
+    assert _checks._window((-1, -1), False) == (-1, -1)
+    assert _checks._window((-1, -1), True) == (-1, 0)
+    assert _checks._window((16, 4), True) == (16, 0)  # flash-attn: causal keeps the left bound
+    assert _checks._window([3, 5], False) == (3, 5)
 
 
 def test_packed_shapes_are_checked():
@@ -573,13 +573,13 @@ def test_low_level_forward_checks_like_flash_attn_func(func, case):
 def test_kernel_ready_passes_views_through():
     qkv = torch.randn(2, 9, 3, 4, 64).bfloat16()
     for t in qkv.unbind(2):
-        assert interface._kernel_ready(t, 0) is t
+        assert _launch._kernel_ready(t, 0) is t
     x = torch.randn(2, 4, 9, 64).half()
     transposed = x.transpose(1, 2)  # (b, s, h, d) view of a (b, h, s, d) tensor
-    assert interface._kernel_ready(transposed, 0) is transposed
+    assert _launch._kernel_ready(transposed, 0) is transposed
     wide = torch.randn(2, 9, 4, 96).half()
     for t in (wide[..., :64], wide[..., 32:]):  # row stride 384, head stride 96, 64 B offset
-        assert interface._kernel_ready(t, 0) is t
+        assert _launch._kernel_ready(t, 0) is t
 
 
 @pytest.mark.parametrize(
@@ -593,7 +593,7 @@ def test_kernel_ready_passes_views_through():
 )
 def test_kernel_ready_copies_what_the_kernel_cannot_read(name, make):
     t = make(torch.randn(2, 9, 4, 32).bfloat16())
-    ready = interface._kernel_ready(t, 0)
+    ready = _launch._kernel_ready(t, 0)
     assert ready.data_ptr() != t.data_ptr()
     assert torch.equal(ready, t)
     assert ready.is_contiguous() and ready.data_ptr() % 16 == 0
@@ -602,7 +602,7 @@ def test_kernel_ready_copies_what_the_kernel_cannot_read(name, make):
 
 def test_kernel_ready_pads_head_dim_with_zeros():
     t = torch.randn(2, 5, 3, 100).half()
-    ready = interface._kernel_ready(t, -100 % 8)
+    ready = _launch._kernel_ready(t, -100 % 8)
     assert ready.shape == (2, 5, 3, 104) and ready.is_contiguous()
     assert torch.equal(ready[..., :100], t) and (ready[..., 100:] == 0).all()
 
@@ -611,7 +611,7 @@ def test_kernel_ready_pads_head_dim_with_zeros():
 
 
 class LaunchRecorder:
-    """Stands in for ``interface._C``: counts fwd and bwd launches, forwards everything."""
+    """Stands in for ``_launch._C``: counts fwd and bwd launches, forwards everything."""
 
     def __init__(self, module):
         self._module = module
@@ -632,8 +632,8 @@ class LaunchRecorder:
 
 @pytest.fixture
 def launches(monkeypatch):
-    recorder = LaunchRecorder(interface._C)
-    monkeypatch.setattr(interface, "_C", recorder)
+    recorder = LaunchRecorder(_launch._C)
+    monkeypatch.setattr(_launch, "_C", recorder)
     return recorder
 
 
@@ -817,7 +817,7 @@ def test_sm90_backward_d64_switch(monkeypatch):
     (kernel head dim 64) off the Hopper backward and no other; on by default."""
     import importlib
 
-    from flashattn2.interface import _allow_sm90_bwd
+    from flashattn2._launch import _allow_sm90_bwd
 
     monkeypatch.delenv("FLASHATTN2_SM90_BWD_D64", raising=False)
     try:

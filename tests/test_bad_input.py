@@ -1,5 +1,5 @@
 """Bad input to every public function (CPU): each raises a TypeError / ValueError that names
-the argument, before any kernel runs, in the order of interface.py's module doc (values,
+the argument, before any kernel runs, in the order of _checks.py's module doc (values,
 types, ranks, dtypes, shapes, then devices). What passes every check reaches the device check
 ("needs CUDA tensors"), so a wrong order shows up here too.
 """

@@ -8,8 +8,8 @@ import math
 import flashattn2
 import pytest
 import torch
+from flashattn2 import _launch
 from flashattn2 import bias as bias_mod
-from flashattn2 import interface
 from reference import attention_scores, dropout_keep_mask
 from test_decode_kernel import binding_args
 from test_sdpa import plain_attention, torch_sdpa
@@ -102,8 +102,8 @@ def test_kernel_arguments_refuse_a_bias_that_is_not_two_bytes():
     """The kernels read 2-byte elements in q's dtype: a float32 view reaching the launch
     arguments would be read as garbage halves, so it raises (bias_view casts first)."""
     with pytest.raises(TypeError, match="float16 or bfloat16"):
-        interface._mod_kwargs(attn_bias=torch.zeros(1, 1, 2, 3))
-    mods = interface._mod_kwargs(attn_bias=torch.zeros(1, 1, 2, 3, dtype=torch.bfloat16))
+        _launch._mod_kwargs(attn_bias=torch.zeros(1, 1, 2, 3))
+    mods = _launch._mod_kwargs(attn_bias=torch.zeros(1, 1, 2, 3, dtype=torch.bfloat16))
     assert mods["bias_dtype"] == 1 and mods["bias_strides"] == (6, 6, 3, 1)
 
 
@@ -143,8 +143,8 @@ def test_bias_reaches_the_binding_as_a_broadcast_view(monkeypatch, bias_dtype):
     """Whatever the bias's dtype, the kernels get q's (fp16 here: code 0), the broadcast dims
     as 0 strides; the gradient comes back in the bias's dtype and shape."""
     code = 0
-    fake = _FakeC(interface._C)
-    monkeypatch.setattr(interface, "_C", fake)
+    fake = _FakeC(_launch._C)
+    monkeypatch.setattr(_launch, "_C", fake)
     monkeypatch.setattr(bias_mod._ext, "current_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: type("P", (), {"multi_processor_count": 132}))
@@ -197,7 +197,7 @@ def test_make_fx_records_the_bias_operators(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    monkeypatch.setattr(interface, "_C", NoLaunch(interface._C))
+    monkeypatch.setattr(_launch, "_C", NoLaunch(_launch._C))
 
     def f(q, k, v, mask):
         return flashattn2.flash_attn_func(q, k, v, causal=True, attn_bias=mask)
@@ -410,7 +410,7 @@ def test_bias_with_dropout_matches_the_kernels_mask():
                    dtype=torch.float16)  # fmt: skip
     bias = _make_bias("full", batch, nheads, seqlen_q, seqlen_k, torch.float16)
     torch.manual_seed(7)
-    seed, offset = interface._rng_state(q.device).tolist()
+    seed, offset = _launch._rng_state(q.device).tolist()
     keep = dropout_keep_mask(seed, offset, batch, nheads, seqlen_q, seqlen_k, p, q.device)
     torch.manual_seed(7)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
@@ -453,7 +453,7 @@ def test_every_output_element_is_written():
     bias = torch.randn(2, 4, 131, 77, device="cuda", dtype=torch.float16).transpose(2, 3)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((2, 4, 77), float("nan"), device="cuda")
-    interface._flash_attn_forward(q, k, v, 0.125, -1, -1, out=out, lse=lse, attn_bias=bias)
+    _launch._flash_attn_forward(q, k, v, 0.125, -1, -1, out=out, lse=lse, attn_bias=bias)
     ref = _reference(q, k, v, bias, True)
     low = _reference(q, k, v, bias, False)
     assert torch.isfinite(lse).all()

@@ -30,7 +30,7 @@ from flashattn2 import (
     flash_attn_qkvpacked_func,
     forward_with_stats,
 )
-from flashattn2.interface import _flash_attn_backward, _flash_attn_forward
+from flashattn2._launch import _flash_attn_backward, _flash_attn_forward
 from reference import attention_ref, visible_mask
 
 pytestmark = pytest.mark.gpu

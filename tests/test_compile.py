@@ -12,13 +12,13 @@ import pytest
 import torch
 from flashattn2 import (
     _ext,
+    _launch,
     backward,
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
     forward,
     forward_with_stats,
-    interface,
 )
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -44,7 +44,7 @@ DROPOUT_MASK_SCHEMA = (
 
 
 class NoLaunch:
-    """Stands in for ``interface._C`` where nothing may launch."""
+    """Stands in for ``_launch._C`` where nothing may launch."""
 
     def __init__(self, module):
         self._module = module
@@ -69,7 +69,7 @@ def fresh_dynamo():
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    monkeypatch.setattr(interface, "_C", NoLaunch(interface._C))
+    monkeypatch.setattr(_launch, "_C", NoLaunch(_launch._C))
 
 
 def contiguous_strides(shape):

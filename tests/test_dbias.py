@@ -8,8 +8,8 @@ targets, exact zeros outside a window.
 import flashattn2
 import pytest
 import torch
+from flashattn2 import _launch
 from flashattn2 import bias as bias_mod
-from flashattn2 import interface
 from test_bias import _qkv, _run_case, needs_bias
 
 gpu = pytest.mark.gpu
@@ -54,7 +54,7 @@ def test_kernel_indexes_the_target_as_expanded_to_the_full_shape(shape, determin
     target's storage. (GPU run 8: a size-1 dim's contiguous stride sent batch / head 1 past
     a (1, h, sq, sk) buffer: dv NaN, an illegal address, memcheck errors.)"""
     target, add = bias_mod.dbias_target(shape, dtype, FULL, "cpu", -1, -1, deterministic)
-    args = interface._dbias_args(target, add)
+    args = _launch._dbias_args(target, add)
     assert args["dbias_strides"] == target.expand(FULL).stride()[:3]
     assert args["dbias_add"] == add and args["dbias"] == target.data_ptr()
     assert args["dbias_dtype"] == {torch.bfloat16: 1, torch.float32: 2}[target.dtype]
@@ -105,7 +105,7 @@ def _bwd_args(dbias_strides, dbias_dtype=2, dbias_add=False, deterministic=False
 def test_binding_refuses_a_dbias_the_kernel_cannot_write(kwargs, match):
     args, kw = _bwd_args(**kwargs)
     with pytest.raises(ValueError, match=match):
-        interface._C.bwd(*args, **kw)
+        _launch._C.bwd(*args, **kw)
 
 
 # ---- GPU --------------------------------------------------------------------------------

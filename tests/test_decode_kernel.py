@@ -19,8 +19,8 @@ import sys
 
 import pytest
 import torch
-from flashattn2 import _ext, flash_attn_func, flash_attn_with_kvcache, interface
-from flashattn2.interface import _launch_fwd
+from flashattn2 import _ext, _launch, flash_attn_func, flash_attn_with_kvcache
+from flashattn2._launch import _launch_fwd
 from reference import attention_ref
 from test_bwd import check_grads
 from test_fwd import LSE_ATOL, LSE_RTOL, dtype_id
@@ -326,7 +326,7 @@ def fake_launch(monkeypatch, code=81, num_splits=0, **layout):
     """_launch_fwd of a small GQA decode (8 / 2 heads, d64, 100 keys) against _FakeC; returns
     the recorded calls."""
     fake = _FakeC(_ext._C, code)
-    monkeypatch.setattr(interface, "_C", fake)
+    monkeypatch.setattr(_launch, "_C", fake)
     monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
     q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
     k = v = torch.zeros(1, 100, 2, 64, dtype=torch.bfloat16)
@@ -350,10 +350,10 @@ def test_switch_reaches_the_binding_and_the_kernel_is_recorded(monkeypatch, enab
 
 
 def test_launch_passes_every_argument_by_position(monkeypatch):
-    """_launch_fwd's positional call (interface._FWD_OPTIONAL) follows the binding's order,
+    """_launch_fwd's positional call (_launch._FWD_OPTIONAL) follows the binding's order,
     and the layout reaches the parameters of its names."""
     names = binding_args(_ext._C.fwd)
-    assert names[22:] == list(interface._FWD_OPTIONAL)
+    assert names[22:] == list(_launch._FWD_OPTIONAL)
     assert names[20:22] == ["device", "stream"]
     (_, heuristic), (_, fwd) = fake_launch(monkeypatch, seqused_k=1234, seqlen_k_new=1,
                                            block_table=4096, page_size=16, num_pages=7)

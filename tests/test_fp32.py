@@ -10,7 +10,7 @@ import fp32_emulation as emu
 import flashattn2
 import pytest
 import torch
-from flashattn2 import _ext, interface
+from flashattn2 import _checks, _ext, _launch
 from fp32_checks import GRADS, check_2x, ref_attention
 from test_decode_kernel import binding_args
 
@@ -36,7 +36,7 @@ def test_unbuilt_fp32_says_how_to_build(monkeypatch):
     q, k, v = _qkv()
     for call in (lambda: flashattn2.flash_attn_func(q, k, v),
                  lambda: flashattn2.flash_attn_qkvpacked_func(torch.stack((q, q, q), 2))):
-        with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL=bias;fp32") as info:
+        with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL including fp32") as info:
             call()
         assert isinstance(info.value, ValueError)  # as the refusal of other dtypes
     if not BUILT:
@@ -81,10 +81,10 @@ def test_fp32_backward_refusal():
     """A build without the float32 backward names the option (deterministic mode runs:
     test_fp32_varlen.py)."""
     if _ext.FP32_BWD:
-        interface._check_fp32_backward()
+        _checks._check_fp32_backward()
     else:
-        with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL=bias;fp32"):
-            interface._check_fp32_backward()
+        with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL including fp32"):
+            _checks._check_fp32_backward()
 
 
 class _FakeC:
@@ -107,11 +107,11 @@ class _FakeC:
 
 
 def test_fp32_reaches_the_binding_as_dtype_2(monkeypatch):
-    fake = _FakeC(interface._C)
-    monkeypatch.setattr(interface, "_C", fake)
-    monkeypatch.setattr(interface._ext, "current_stream", lambda device: 0)
+    fake = _FakeC(_launch._C)
+    monkeypatch.setattr(_launch, "_C", fake)
+    monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
     q, k, v = _qkv(2, 70, 90, 4, 2, 64)
-    out, lse = interface._flash_attn_forward(q, k, v, 0.125, -1, 0, num_splits=0)
+    out, lse = _launch._flash_attn_forward(q, k, v, 0.125, -1, 0, num_splits=0)
     (code, kwargs), = fake.calls
     assert code == 2 and kwargs["num_splits"] == 1 and kwargs["q_pack"] == 1
     assert out.dtype == torch.float32 and lse.dtype == torch.float32
@@ -121,9 +121,9 @@ def test_fp32_kernel_ready_keeps_16_byte_strides():
     """A float32 view with strides of multiples of 4 elements is read in place."""
     qkv = torch.randn(2, 9, 3, 4, 20)[..., :16]  # row stride 240, head stride 20
     q = qkv[:, :, 0]
-    assert interface._kernel_ready(q, 0) is q
+    assert _launch._kernel_ready(q, 0) is q
     odd = torch.randn(2, 9, 4, 18)[..., :16]
-    assert interface._kernel_ready(odd, 0).is_contiguous()
+    assert _launch._kernel_ready(odd, 0).is_contiguous()
 
 
 def test_fp32_operators_fake_implementations():
@@ -186,7 +186,7 @@ def kernel_forward(q, k, v, causal, window, **mods):
     """The kernel alone, into NaN-poisoned out / lse (the head dim is a multiple of 8)."""
     out = torch.full_like(q, float("nan"))
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
-    interface._flash_attn_forward(q, k, v, q.shape[-1]**-0.5, window[0],
+    _launch._flash_attn_forward(q, k, v, q.shape[-1]**-0.5, window[0],
                                   0 if causal else window[1], out=out, lse=lse, **mods)
     return out, lse
 

@@ -13,7 +13,7 @@ import math
 import flashattn2
 import pytest
 import torch
-from flashattn2 import _ext, interface
+from flashattn2 import _ext, _launch
 from fp32_checks import GRADS, check_2x, grads, ref_attention
 from test_fp32 import _qkv, needs_fp32, needs_fp32_bwd
 
@@ -42,7 +42,7 @@ def test_fp32_varlen_unbuilt_says_how_to_build(monkeypatch):
     monkeypatch.setattr(_ext, "EXPERIMENTAL", _ext.EXPERIMENTAL - {"fp32"})
     q, k, v = _packed([5], [5], 2, 2, 16, device="cpu")
     cu = torch.tensor([0, 5], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL=bias;fp32"):
+    with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL including fp32"):
         flashattn2.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5)
     with pytest.raises(ValueError, match="query and key must have the same dtype"):
         flashattn2.flash_attn_varlen_func(q.half(), k, v, cu, cu, 5, 5)
@@ -189,7 +189,7 @@ def _varlen_kernel_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr):
     launch)."""
     out = torch.full_like(q, NAN)
     lse = torch.full((q.shape[1], q.shape[0]), NAN, device=q.device)
-    interface._launch_fwd(q, k, v, out, lse, (0,) + q.stride()[:2], (0,) + k.stride()[:2],
+    _launch._launch_fwd(q, k, v, out, lse, (0,) + q.stride()[:2], (0,) + k.stride()[:2],
                           (0,) + v.stride()[:2], (0,) + out.stride()[:2], (0, lse.stride(0)),
                           cu_q.shape[0] - 1, max_q, max_k, q.shape[1], k.shape[1], q.shape[2],
                           scale, wl, wr, 1, None, cu_seqlens_q=cu_q.data_ptr(),
@@ -202,7 +202,7 @@ def _varlen_kernel_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale,
     """The varlen backward kernels alone into NaN-poisoned dq / dk / dv (every row belongs to
     a sequence, so every row must be written)."""
     dq, dk, dv = (torch.full_like(t, NAN) for t in (q, k, v))
-    interface._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, (0, lse.stride(0)),
+    _launch._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, (0, lse.stride(0)),
                           cu_q.shape[0] - 1, max_q, max_k, q.shape[1], k.shape[1], q.shape[2],
                           scale, wl, wr, deterministic, None, cu_seqlens_q=cu_q,
                           cu_seqlens_k=cu_k)

@@ -39,7 +39,9 @@ import time
 import pytest
 import torch
 from flashattn2 import (
+    _checks,
     _ext,
+    _launch,
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
@@ -47,7 +49,6 @@ from flashattn2 import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
-    interface,
 )
 import fuzz_sampling
 from reference import attention_ref, attention_scores
@@ -128,7 +129,7 @@ def window_for(c, bound):
 
 def backward_supported(headdim):
     try:
-        interface._check_backward(headdim, torch.device(DEVICE, torch.cuda.current_device()))
+        _checks._check_backward(headdim, torch.device(DEVICE, torch.cuda.current_device()))
     except NotImplementedError:
         return False
     return True
@@ -161,8 +162,8 @@ def replayed_keep_mask(cuda_rng, batch, nheads, seqlen_q, seqlen_k, dropout_p):
     """The keep mask of the call that started from CUDA RNG state ``cuda_rng`` (its one draw
     of rng_state), from the package's mask helper."""
     torch.cuda.set_rng_state(cuda_rng)
-    state = interface._rng_state(torch.device(DEVICE, torch.cuda.current_device()))
-    return interface._dropout_keep_mask(state, batch, nheads, seqlen_q, seqlen_k, dropout_p)
+    state = _launch._rng_state(torch.device(DEVICE, torch.cuda.current_device()))
+    return _launch._dropout_keep_mask(state, batch, nheads, seqlen_q, seqlen_k, dropout_p)
 
 
 # ---- reference and checks ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashattn2 import _ext, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
-from flashattn2.interface import _flash_attn_forward
+from flashattn2._launch import _flash_attn_forward
 from reference import attention_ref, visible_mask
 
 pytestmark = pytest.mark.gpu

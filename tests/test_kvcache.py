@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashattn2 import _ext, flash_attn_func, flash_attn_with_kvcache
-from flashattn2.interface import _flash_attn_forward, _launch_fwd, _mod_kwargs
+from flashattn2._launch import _flash_attn_forward, _launch_fwd, _mod_kwargs
 from reference import attention_ref
 from test_fwd import ATOL, LSE_ATOL, LSE_RTOL, dtype_id
 

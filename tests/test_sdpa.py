@@ -20,7 +20,7 @@ import flashattn2
 import pytest
 import torch
 import torch.nn.functional as F
-from flashattn2 import _ext, interface
+from flashattn2 import _checks, _ext, _launch, interface
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from reference import attention_ref
@@ -240,7 +240,7 @@ def reference_kernels(monkeypatch):
         return out, lse, None
 
     monkeypatch.setattr(interface, "_run", run)
-    monkeypatch.setattr(interface, "_check_devices", lambda *named: None)
+    monkeypatch.setattr(_checks, "_check_devices", lambda *named: None)
 
 
 @pytest.mark.parametrize("case", GOOD_SHAPES)
@@ -504,7 +504,7 @@ def test_output_is_a_transposed_view_connected_to_autograd():
 
 
 class PointerRecorder:
-    """Stands in for ``interface._C``: records the q, k, v pointers of each forward launch."""
+    """Stands in for ``_launch._C``: records the q, k, v pointers of each forward launch."""
 
     def __init__(self, module):
         self._module = module
@@ -526,8 +526,8 @@ def test_bhsd_inputs_are_read_in_place_and_run_flash_attn_funcs_kernels(monkeypa
     (its causal is bottom-right: equal where Lq == Lk, else compared without causal)."""
     seqlen_q, seqlen_k = seqlens
     query, key, value = randn(2, 8, seqlen_q, 64), *randn(2, 2, 2, seqlen_k, 64)
-    recorder = PointerRecorder(interface._C)
-    monkeypatch.setattr(interface, "_C", recorder)
+    recorder = PointerRecorder(_launch._C)
+    monkeypatch.setattr(_launch, "_C", recorder)
     is_causal = seqlen_q == seqlen_k
     out = sdpa(query, key, value, is_causal=True, enable_gqa=True)
     out_full = sdpa(query, key, value, is_causal=is_causal, enable_gqa=True)

@@ -7,7 +7,7 @@ backwards stay on the mma.sync kernels.
 """
 import pytest
 import torch
-from flashattn2 import _ext, flash_attn_func, interface
+from flashattn2 import _ext, _launch, flash_attn_func
 from test_bwd import check_grads, check_kernel, make_inputs, run_backward
 from test_variants import CASES as MOD_CASES
 from test_variants import case_inputs, ref_kwargs, run_kernels
@@ -227,7 +227,7 @@ def test_sm90_backward_deterministic(sm90_bwd, headdim, seqlens, causal, window_
 
 
 class _ChainsRecorder:
-    """Stands in for interface._C: records the dq_chains of each _C.bwd, runs the real one."""
+    """Stands in for _launch._C: records the dq_chains of each _C.bwd, runs the real one."""
 
     def __init__(self, real):
         self.real, self.chains = real, []
@@ -250,8 +250,8 @@ def test_sm90_backward_deterministic_long(sm90_bwd, monkeypatch, headdim, seqlen
     require_sm90_bwd(headdim)
     if "dq_bulk" not in EXPERIMENTAL:
         pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
-    recorder = _ChainsRecorder(interface._C)
-    monkeypatch.setattr(interface, "_C", recorder)
+    recorder = _ChainsRecorder(_launch._C)
+    monkeypatch.setattr(_launch, "_C", recorder)
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(1, seqlen, seqlen, 2, 1, headdim, torch.bfloat16)
     runs = []

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from flashattn2 import (
     _ext,
+    _launch,
     _reference,
     backward,
     flash_attn_func,
@@ -29,9 +30,8 @@ from flashattn2 import (
     force_sm80,
     forward,
     forward_with_stats,
-    interface,
 )
-from flashattn2.interface import _flash_attn_backward, _flash_attn_forward
+from flashattn2._launch import _flash_attn_backward, _flash_attn_forward
 from reference import attention_ref, visible_mask
 
 pytestmark = pytest.mark.gpu
@@ -291,7 +291,7 @@ def test_zero_alibi_slopes_and_large_softcap_match_plain():
 def test_dropout_mask_kernel_matches_twin_and_keep_rate(dropout_p):
     batch, nheads, seqlen_q, seqlen_k = 2, 3, 517, 1031  # ragged tails, 3.2M elements
     state = rng_state()
-    keep = interface._dropout_keep_mask(state, batch, nheads, seqlen_q, seqlen_k, dropout_p)
+    keep = _launch._dropout_keep_mask(state, batch, nheads, seqlen_q, seqlen_k, dropout_p)
     assert keep.shape == (batch, nheads, seqlen_q, seqlen_k) and keep.dtype == torch.bool
     assert torch.equal(keep, twin_mask(state, batch, nheads, seqlen_q, seqlen_k, dropout_p))
     n = keep.numel()
@@ -300,8 +300,8 @@ def test_dropout_mask_kernel_matches_twin_and_keep_rate(dropout_p):
     assert abs(rate - (1 - dropout_p)) < 6 * sigma, (rate, 1 - dropout_p, sigma)
     # Heads and batches get different masks; a different state gives a different mask.
     assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])
-    other = interface._dropout_keep_mask(rng_state(), batch, nheads, seqlen_q, seqlen_k,
-                                         dropout_p)  # fmt: skip
+    other = _launch._dropout_keep_mask(rng_state(), batch, nheads, seqlen_q, seqlen_k,
+                                       dropout_p)  # fmt: skip
     assert not torch.equal(keep, other)
 
 
@@ -346,7 +346,7 @@ def test_dropout_public_output_and_grads_match_reference_with_returned_mask(dtyp
     keep = ~torch.signbit(probs)
     # The mask is the twin's for the rng_state this call drew (first draw after the seed).
     torch.manual_seed(1234)
-    state = interface._rng_state(q.device)
+    state = _launch._rng_state(q.device)
     assert torch.equal(keep, twin_mask(state, batch, nheads, seqlen_q, seqlen_k, dropout_p))
     kwargs = ref_kwargs(True, (-1, -1), None, dict(mods, dropout_p=dropout_p), dropout_mask=keep)
     check_forward(out.detach(), lse, q, k, v, kwargs)

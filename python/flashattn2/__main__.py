@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import flashattn2
 
 from . import _ext
+from ._checks import _check_backward
 from ._reference import attention_ref
-from .interface import _check_backward
 
 # Same rule as tests/test_fwd.py / test_bwd.py: error <= 2 * PyTorch's own same-dtype error
 # + ATOL, for the output and for each gradient.

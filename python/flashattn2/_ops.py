@@ -30,12 +30,12 @@ a pure function of its arguments.
 
 Inputs are q, k, v (and dout, out, lse) as the checked public functions have them, any head
 dim up to 256 and any strides: the CUDA implementations pad and copy what the kernels cannot
-read (``interface._forward_any`` / ``_backward_any``). Outputs are new contiguous tensors:
+read (``_launch._forward_any`` / ``_backward_any``). Outputs are new contiguous tensors:
 out like q, lse float32 ``(batch, nheads, seqlen_q)``, dq/dk/dv like q/k/v. The fake
 implementations say exactly that, so traced graphs know every output's shape and strides.
 
 The operators have no autograd formula: autograd is ``interface._FlashAttnFunc``, which
-calls them only while tracing (``interface._tracing()``); eager calls skip the dispatcher.
+calls them only while tracing (``_checks._tracing()``); eager calls skip the dispatcher.
 Per-call host time, CPU tensors and a no-op ``_C`` (torch 2.13, a shared 2-core machine,
 best of 7-9 runs of 1000-2000 calls, +-10%); q, k, v (1, 16, 2, 64) fp16:
 
@@ -55,8 +55,8 @@ warns); use the flash_attn_* functions for autograd.
 import torch
 
 from . import bias as bias_mod
+from ._launch import _backward_any, _dropout_keep_mask, _forward_any
 from .bias import bias_view
-from .interface import _backward_any, _dropout_keep_mask, _forward_any
 from .kvcache import _kvcache_forward
 from .varlen import _varlen_backward_any, _varlen_forward_any
 

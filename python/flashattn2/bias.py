@@ -43,18 +43,13 @@ import torch
 import torch.nn.functional as F
 
 from . import _ext
-from .interface import (
-    _BF16,
-    _FP32,
-    _HALF,
+from ._checks import _BF16, _FP32, _HALF, _check_backward, _require_tensor, _tracing
+from ._launch import (
     _alibi_ready,
-    _check_backward,
     _flash_attn_backward,
     _flash_attn_forward,
     _kernel_ready,
-    _require_tensor,
     _rng_state,
-    _tracing,
 )
 
 _DTYPES = (_HALF, _BF16, _FP32, torch.bool)

@@ -16,26 +16,22 @@ import torch
 import torch.nn.functional as F
 
 from . import _ext
-from .interface import (
+from ._checks import (
     _BF16,
     _CONTIGUOUS,
     _FP32,
     _HALF,
     _MAX_HEADDIM,
-    _C,
     _check_alibi_shape,
     _check_devices,
     _check_mod_values,
-    _dtype_code,
-    _kernel_ready,
-    _launch_fwd,
-    _mod_kwargs,
     _require_tensor,
     _scale,
     _shape_error,
     _tracing,
     _window,
 )
+from ._launch import _C, _dtype_code, _kernel_ready, _launch_fwd, _mod_kwargs
 
 _INT32 = torch.int32
 

@@ -31,9 +31,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import interface
+from . import _checks, interface
+from ._checks import _BF16, _HALF, _MAX_HEADDIM
 from .bias import bias_built, check_bias, run_with_bias
-from .interface import _BF16, _HALF, _MAX_HEADDIM
 
 _NAMES = ("query", "key", "value")
 
@@ -81,12 +81,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         )
     if attn_mask is not None and is_causal is True:
         raise ValueError("attn_mask and is_causal=True cannot both be given (as in torch)")
-    dropout_p, _ = interface._check_mod_values(dropout_p, 0.0)
+    dropout_p, _ = _checks._check_mod_values(dropout_p, 0.0)
     for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be a bool; got {flag!r}")
     if scale is not None:
-        scale = interface._real("scale", scale)
+        scale = _checks._real("scale", scale)
         if not 0.0 < scale < math.inf:
             raise NotImplementedError(
                 f"flashattn2.scaled_dot_product_attention needs a positive, finite scale; got "
@@ -97,7 +97,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         mask = _mask_as_bias(attn_mask, batch_shape, heads, query.shape[-2], key.shape[-2])
         named.append(("attn_mask", attn_mask))
-    interface._check_devices(*named)
+    _checks._check_devices(*named)
 
     seqlen_q, headdim = query.shape[-2:]
     seqlen_k, headdim_v = value.shape[-2:]
@@ -116,7 +116,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             window_right = 0
         else:
             window_right = seqlen_q - seqlen_k
-    interface._check_qkv_shapes(q, k, v)  # the build has a kernel for this head dim
+    _checks._check_qkv_shapes(q, k, v)  # the build has a kernel for this head dim
     softmax_scale = headdim**-0.5 if scale is None else scale
     deterministic = torch.are_deterministic_algorithms_enabled()
     if attn_mask is None:
@@ -137,7 +137,7 @@ def _mask_as_bias(attn_mask, batch_shape, heads, seqlen_q, seqlen_k):
     """``attn_mask`` (bool, True = attend, or float, added), broadcastable to torch's
     ``(*batch_shape, heads, L, S)``, as the kernels' ``(batch, heads, L, S)`` bias: a view
     (a copy only where several broadcast leading dims must be flattened)."""
-    interface._require_tensor("attn_mask", attn_mask, "a tensor or None")
+    _checks._require_tensor("attn_mask", attn_mask, "a tensor or None")
     full = (*batch_shape, heads, seqlen_q, seqlen_k)
     try:
         ok = torch.broadcast_shapes(attn_mask.shape, full) == torch.Size(full)

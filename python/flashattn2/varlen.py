@@ -15,11 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from . import _ext
-from .interface import (
-    _BF16,
+from ._checks import (
     _CONTIGUOUS,
     _FP32,
-    _HALF,
     _MAX_HEADDIM,
     _check_alibi_shape,
     _check_backward,
@@ -28,18 +26,13 @@ from .interface import (
     _check_fp32,
     _check_fp32_backward,
     _check_mod_values,
-    _kernel_ready,
-    _launch_bwd,
     _require_tensor,
-    _launch_fwd,
-    _lse_ready,
-    _mod_kwargs,
-    _rng_state,
     _scale,
     _shape_error,
     _tracing,
     _window,
 )
+from ._launch import _kernel_ready, _launch_bwd, _launch_fwd, _lse_ready, _mod_kwargs, _rng_state
 
 
 def _check_max_seqlen(name, value):

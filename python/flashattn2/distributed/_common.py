@@ -4,7 +4,7 @@
 The block functions take kernel-ready slices and a window in the kernels' bottom-right
 aligned convention (``_layout.block_plan`` computes it), and return float32-mergeable
 ``(out, lse)`` (lse +inf for rows that see no key) or the block's share of the gradients.
-On CUDA they are ``interface._flash_attn_forward`` / ``_flash_attn_backward``: the
+On CUDA they are ``_launch._flash_attn_forward`` / ``_flash_attn_backward``: the
 backward takes the final out and LSE, so nothing is recomputed beyond what FA2's backward
 does. On the CPU (gloo) they are ``_reference.attention_ref`` / ``attention_bwd_ref``: the
 same ring and gather code then runs in the CI without a GPU.
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import _reference, interface
+from .. import _checks, _launch, _reference
 from ..merge import merge, merge_reference
 from . import _layout
 
@@ -27,14 +27,14 @@ class CudaBlocks:
 
     @staticmethod
     def fwd(q, k, v, scale, left, right, softcap):
-        return interface._flash_attn_forward(q, k, v, scale, left, right, softcap=softcap)
+        return _launch._flash_attn_forward(q, k, v, scale, left, right, softcap=softcap)
 
     @staticmethod
     def bwd(dout, q, k, v, out, lse, scale, left, right, softcap, deterministic):
-        interface._check_backward(q.shape[3], q.device)
-        return interface._flash_attn_backward(dout, q, k, v, out, interface._lse_ready(lse),
-                                              scale, left, right, deterministic,
-                                              softcap=softcap)  # fmt: skip
+        _checks._check_backward(q.shape[3], q.device)
+        return _launch._flash_attn_backward(dout, q, k, v, out, _launch._lse_ready(lse),
+                                            scale, left, right, deterministic,
+                                            softcap=softcap)  # fmt: skip
 
     @staticmethod
     def merge_into(acc_out, acc_lse, out, lse):
@@ -101,8 +101,8 @@ def _check_local_shapes(q, k, v):
                 f"{tuple(t.shape)}"
             )
     if q.is_cuda:
-        interface._check_qkv_shapes(q, k, v)
-        interface._check_devices(("q", q), ("k", k), ("v", v))
+        _checks._check_qkv_shapes(q, k, v)
+        _checks._check_devices(("q", q), ("k", k), ("v", v))
     else:
         for name, t in (("k", k), ("v", v)):
             if t.dtype is not q.dtype:
@@ -176,9 +176,9 @@ def prepare(q, k, v, group, causal, softmax_scale, window_size, softcap, determi
     (differentiably); ``setup`` is None for a one-rank group on CUDA (the caller then runs
     ``flash_attn_func``)."""
     _check_local_shapes(q, k, v)
-    _, softcap = interface._check_mod_values(0.0, softcap)
-    window_left, window_right = interface._window(window_size, causal)
-    softmax_scale = interface._scale(q, softmax_scale)
+    _, softcap = _checks._check_mod_values(0.0, softcap)
+    window_left, window_right = _checks._window(window_size, causal)
+    softmax_scale = _checks._scale(q, softmax_scale)
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "flashattn2.distributed needs an initialized default process group "

@@ -48,8 +48,9 @@ except ImportError as exc:
         "flashattn2.integrations.transformers needs transformers (pip install transformers)"
     ) from exc
 
+from .._checks import _tracing
 from ..bert_padding import _mask_metadata, index_first_axis, pad_input
-from ..interface import _tracing, flash_attn_func
+from ..interface import flash_attn_func
 from ..varlen import flash_attn_varlen_func
 
 NAME = "flashattn2"

@@ -199,7 +199,7 @@ def _kernel(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, conju
 def _rotate(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, conjugate):
     """Our kernel for CUDA float16 / bfloat16 / float32, else (and while torch.compile or a
     dispatch mode traces: the kernel takes raw pointers) the PyTorch code."""
-    from ..interface import _tracing
+    from .._checks import _tracing
 
     if (x.is_cuda and x.dtype in _KERNEL_DTYPES and cos.dtype in _KERNEL_DTYPES
             and not _tracing()):
