@@ -251,22 +251,6 @@ int sm_count(int device) {
   return n;
 }
 
-// Compute capability (major * 10 + minor) of `device`, cached.
-int compute_capability(int device) {
-  static std::array<std::atomic<int>, kMaxDevices> ccs{};
-  int cc = ccs[device].load(std::memory_order_relaxed);
-  if (cc == 0) {
-    int major = 0, minor = 0;
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-               "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
-               "cudaDeviceGetAttribute");
-    cc = major * 10 + minor;
-    ccs[device].store(cc, std::memory_order_relaxed);
-  }
-  return cc;
-}
-
 }  // namespace
 
 bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool kv_cache_layout) {

@@ -144,7 +144,9 @@ void launch_combine(const FwdParams& params, cudaStream_t stream) {
   config.blockDim = dim3(128);
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = device_major() >= 9 ? 1 : 0;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  config.numAttrs = compute_capability(device) >= 90 ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&config, combine_kernel<Element>, params),
              "combine_kernel launch");
 }

@@ -28,19 +28,21 @@ inline void check_cuda(cudaError_t err, const char* what) {
 template <typename Element>
 void launch_combine(const FwdParams& params, cudaStream_t stream);
 
-// The current device's compute capability major, cached per device (a driver call costs
-// about a microsecond: too much for every decode step).
-inline int device_major() {
-  static std::atomic<int> majors[kMaxDevices] = {};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  int major = majors[device].load(std::memory_order_relaxed);
-  if (major == 0) {
+// Compute capability (major * 10 + minor) of `device` (in [0, kMaxDevices)), cached: a
+// driver call costs about a microsecond, too much for every decode step.
+inline int compute_capability(int device) {
+  static std::atomic<int> ccs[kMaxDevices] = {};
+  int cc = ccs[device].load(std::memory_order_relaxed);
+  if (cc == 0) {
+    int major = 0, minor = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                "cudaDeviceGetAttribute");
-    majors[device].store(major, std::memory_order_relaxed);
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+               "cudaDeviceGetAttribute");
+    cc = major * 10 + minor;
+    ccs[device].store(cc, std::memory_order_relaxed);
   }
-  return major;
+  return cc;
 }
 
 // Raises kKernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB) once per
