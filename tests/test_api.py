@@ -794,41 +794,48 @@ def test_gpu_result_matches_reference_smoke():
     assert (out.float() - ref.float()).abs().max().item() < 0.05
 
 
-def test_sm90_backward_switch(monkeypatch):
-    """The Hopper backward is on unless FLASHATTN2_SM90_BWD=0 at import (read like
-    FLASHATTN2_FORCE_SM80)."""
+# Every switch read at import (_ext._env_flag), with its default: unset gives the default,
+# "0" turns it off and "1" on.
+_IMPORT_SWITCHES = [
+    ("FLASHATTN2_FORCE_SM80", "FORCE_SM80", False),
+    ("FLASHATTN2_DECODE_KERNEL", "DECODE_KERNEL", True),
+    ("FLASHATTN2_DECODE_L2_PREFETCH", "DECODE_L2_PREFETCH", True),
+    ("FLASHATTN2_DECODE_ISSUE_EARLY", "DECODE_ISSUE_EARLY", True),
+    ("FLASHATTN2_SM90_BWD", "SM90_BWD", True),
+    ("FLASHATTN2_SM90_BWD_D64", "SM90_BWD_D64", True),
+    ("FLASHATTN2_DBIAS_DIRECT", "DBIAS_DIRECT", True),
+    ("FLASHATTN2_BWD_BIAS_STAGED", "BWD_BIAS_STAGED", True),
+]
+
+
+@pytest.mark.parametrize("var, attr, default", _IMPORT_SWITCHES,
+                         ids=[switch[1] for switch in _IMPORT_SWITCHES])
+def test_switch_is_read_at_import(monkeypatch, var, attr, default):
     import importlib
 
-    monkeypatch.delenv("FLASHATTN2_SM90_BWD", raising=False)
     try:
-        assert importlib.reload(_ext).SM90_BWD is True
-        monkeypatch.setenv("FLASHATTN2_SM90_BWD", "1")
-        assert importlib.reload(_ext).SM90_BWD is True
-        monkeypatch.setenv("FLASHATTN2_SM90_BWD", "0")
-        assert importlib.reload(_ext).SM90_BWD is False
+        for value, expected in ((None, default), ("0", False), ("1", True)):
+            if value is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, value)
+            assert getattr(importlib.reload(_ext), attr) is expected, (var, value)
     finally:
         monkeypatch.undo()
         importlib.reload(_ext)
+
+
+def test_sm90_backward_switch_reaches_the_binding():
+    """The Hopper backward's switch (FLASHATTN2_SM90_BWD, test_switch_is_read_at_import) is
+    the binding's allow_sm90 argument."""
     assert "allow_sm90" in _ext._C.bwd.__doc__
 
 
 def test_sm90_backward_d64_switch(monkeypatch):
     """FLASHATTN2_SM90_BWD_D64=0 at import (or _ext.sm90_bwd_d64(False)) keeps head dims 33-64
     (kernel head dim 64) off the Hopper backward and no other; on by default."""
-    import importlib
-
     from flashattn2._launch import _allow_sm90_bwd
 
-    monkeypatch.delenv("FLASHATTN2_SM90_BWD_D64", raising=False)
-    try:
-        assert importlib.reload(_ext).SM90_BWD_D64 is True
-        monkeypatch.setenv("FLASHATTN2_SM90_BWD_D64", "0")
-        assert importlib.reload(_ext).SM90_BWD_D64 is False
-        monkeypatch.setenv("FLASHATTN2_SM90_BWD_D64", "1")
-        assert importlib.reload(_ext).SM90_BWD_D64 is True
-    finally:
-        monkeypatch.undo()
-        importlib.reload(_ext)
     monkeypatch.setattr(_ext, "SM90_BWD", True)
     monkeypatch.setattr(_ext, "FORCE_SM80", False)
     dims = [d for d in range(1, 257) if _ext.KERNEL_HEAD_DIM[d] > 0]
