@@ -8,8 +8,8 @@ does. Run it after changing the shape list and commit both files:
     python scripts/gen_wgmma.py > cpp/sm90/wgmma_ops.cuh
 """
 # Every N a tile of cpp/sm90/fwd_config.h may use: the S tile's key count (QK^T) and the
-# head dims (PV).
-SHAPES = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
+# head dims (PV); 32: the d256 backward's S^T / dP^T of a warpgroup's 32 queries.
+SHAPES = (32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 

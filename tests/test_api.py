@@ -90,14 +90,17 @@ def test_build_info_and_version():
     assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
         info["bwd_head_dims"], default=0
     )
-    # The Hopper backward: kernel head dims 128 and (d64 of FLASHATTN2_SM90_BWD_EXPERIMENTAL) 64.
-    assert set(info["sm90_bwd_head_dims"]) <= {64, 128} & set(head_dims)
+    # The Hopper backward: kernel head dims 128 and (d64 / d256 of
+    # FLASHATTN2_SM90_BWD_EXPERIMENTAL) 64, 256.
+    assert set(info["sm90_bwd_head_dims"]) <= {64, 128, 256} & set(head_dims)
     if info["sm90_bwd_head_dims"]:
         assert 90 in info["archs"]
     # Unvalidated extensions appear only in development builds that ask for them.
-    assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk"}
-    if 64 in info["sm90_bwd_head_dims"]:
-        assert "d64" in info["sm90_bwd_experimental"]
+    assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk",
+                                                  "d256"}
+    for d in (64, 256):
+        if d in info["sm90_bwd_head_dims"]:
+            assert f"d{d}" in info["sm90_bwd_experimental"]
     assert set(info["experimental"]) <= {"bias", "fp32", "decode"}
     assert info["fp32_head_dims"] == ([32, 64, 128] if "fp32" in info["experimental"] else [])
     for d in range(1, 257):

@@ -2,8 +2,9 @@
 ``_ext.SM90_BWD = False`` or force_sm80(); head dims 33-64 also off with
 FLASHATTN2_SM90_BWD_D64=0 or ``_ext.sm90_bwd_d64(False)``): its gradients at its own tile
 boundaries (128 keys per CTA, 64 keys per consumer warpgroup, 64 query rows per step at
-d128, 128 at d64) against the float32 reference under the 2x rule of test_bwd.py, and which
-backwards stay on the mma.sync kernels.
+d128, 128 at d64; d256, a prototype built with FLASHATTN2_SM90_BWD_EXPERIMENTAL=d256: 64 keys
+per CTA, the warpgroups splitting the columns, 64 query rows per step) against the float32
+reference under the 2x rule of test_bwd.py, and which backwards stay on the mma.sync kernels.
 """
 import pytest
 import torch
@@ -43,7 +44,7 @@ def sm90_bwd(monkeypatch):
 def require_sm90_bwd(kernel_head_dim):
     if kernel_head_dim not in SM90_BWD_HEAD_DIMS:
         pytest.skip(f"this build has no sm90 backward for kernel head dim {kernel_head_dim} "
-                    f"(FLASHATTN2_SM90_BWD_EXPERIMENTAL=d64 builds 64)")
+                    f"(FLASHATTN2_SM90_BWD_EXPERIMENTAL=d64 builds 64, d256 256)")
 
 
 def arch_of_backward(*args, **kwargs):
@@ -58,7 +59,7 @@ def arch_of_backward(*args, **kwargs):
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
-@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("headdim", [64, 128, 256], ids=["d64", "d128", "d256"])
 def test_sm90_backward(sm90_bwd, headdim, seqlen_q, seqlen_k, causal, nheads, nheads_k, dtype):
     require_sm90_bwd(headdim)
     torch.manual_seed(0)
@@ -68,14 +69,14 @@ def test_sm90_backward(sm90_bwd, headdim, seqlen_q, seqlen_k, causal, nheads, nh
     check_grads(grads, q, k, v, dout, causal=causal)
 
 
-# Head dims that run on kernel head dims 64 / 128 with columns past d (zero-filled by TMA,
-# not written back): 36 and 100 are padded to 40 and 104 by the Python layer, 56 and 120 are
-# multiples of 8.
-@pytest.mark.parametrize("headdim", [36, 56, 100, 120])
+# Head dims that run on kernel head dims 64 / 128 / 256 with columns past d (zero-filled by
+# TMA, not written back): 36, 100 and 202 are padded to 40, 104 and 208 by the Python layer;
+# 56, 120 and 248 are multiples of 8 (200: d256's first column half only partly used).
+@pytest.mark.parametrize("headdim", [36, 56, 100, 120, 200, 202, 248])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(65, 129), (257, 255)])
 def test_sm90_backward_padded_head_dims(sm90_bwd, seqlen_q, seqlen_k, causal, headdim):
-    require_sm90_bwd(64 if headdim <= 64 else 128)
+    require_sm90_bwd(_ext.KERNEL_HEAD_DIM[headdim])
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, 8, 2, headdim, torch.bfloat16)
     _ext.last_bwd_arch = None
@@ -90,7 +91,7 @@ WINDOWS = [(32, 8), (0, 0), (100, -1), (-1, 50), (200, 200), (63, 0)]
 
 @pytest.mark.parametrize("window_size", WINDOWS, ids=str)
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(65, 129), (300, 300), (500, 100), (100, 500)])
-@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("headdim", [64, 128, 256], ids=["d64", "d128", "d256"])
 def test_sm90_backward_window(sm90_bwd, headdim, seqlen_q, seqlen_k, window_size):
     if "window" not in EXPERIMENTAL:
         pytest.skip("sliding windows are an experimental extension of the Hopper backward "
@@ -179,6 +180,23 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
     monkeypatch.setattr(_ext, "SM90_BWD", False)
     _, arch = arch_of_backward(q, k, v, dout, causal=True)
     assert arch == 80
+
+
+def test_sm90_backward_d256_falls_back_out_of_scope(sm90_bwd):
+    """The d256 prototype (FLASHATTN2_SM90_BWD_EXPERIMENTAL=d256) serves dense backwards
+    without softcap / ALiBi / bias or deterministic mode; those run the mma.sync backward."""
+    require_sm90_bwd(256)
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(1, 200, 200, 4, 2, 256, torch.bfloat16)
+    _, arch = arch_of_backward(q, k, v, dout, causal=True)
+    assert arch == 90
+    for kwargs in (dict(deterministic=True), dict(softcap=20.0)):
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        _ext.last_bwd_arch = None
+        flash_attn_func(qg, kg, vg, causal=True, **kwargs).backward(dout)
+        torch.cuda.synchronize()
+        assert _ext.last_bwd_arch == 80, kwargs
+        assert all(torch.isfinite(t.grad).all() for t in (qg, kg, vg)), kwargs
 
 
 # Deterministic mode on the Hopper backward (dq_bulk builds), in every order of

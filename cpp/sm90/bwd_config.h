@@ -29,14 +29,26 @@ struct Sm90BwdTile {
 // 2 x block_m f32; dS^T 2 x [128 keys x block_m] (double-buffered so that one named barrier
 // per step suffices); dq_bulk staging; mbarriers and the deterministic order's counter
 // address; 1 KiB alignment: d128 194 KiB, d64 195 KiB (kBias: below).
+// d256 (the `d256` prototype, sm90/bwd_d256.cuh): 64 keys per CTA, 64 query rows per step; its
+// two consumer warpgroups split dK / dV by columns (128 each: 64 + 64 f32).
 constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
-  return Sm90BwdTile{head_dim == 64 ? 128 : 64, 128, 2, 240, 24};
+  return head_dim == 256 ? Sm90BwdTile{64, 64, 2, 240, 24}
+                         : Sm90BwdTile{head_dim == 64 ? 128 : 64, 128, 2, 240, 24};
 }
 
 // Kernel head dims of the sm90 backward (built: 128, and 64 with d64 of
-// FLASHATTN2_SM90_BWD_EXPERIMENTAL; built_config.h FLASHATTN2_SM90_BWD_HEAD_DIMS).
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL; 256 with its d256 prototype; built_config.h
+// FLASHATTN2_SM90_BWD_HEAD_DIMS).
 constexpr bool sm90_bwd_head_dim(int kernel_head_dim) {
-  return kernel_head_dim == 64 || kernel_head_dim == 128;
+  return kernel_head_dim == 64 || kernel_head_dim == 128 ||
+         (FLASHATTN2_SM90_BWD_D256 && kernel_head_dim == 256);
+}
+
+// d256 (sm90/bwd_d256.cuh): K, V [64 x 256]; per stage Q, dO [64 x 256], LSE, dsum [64] f32;
+// sP^T, sdS^T 2 x [64 keys x 64 queries]; mbarriers; 1 KiB alignment: 231,496 B of 232,448.
+constexpr int sm90_bwd_d256_smem_bytes() {
+  return 2 * 256 * (2 * 64 + 2 * 2 * 64) + 2 * 2 * 64 * 64 * 2 + 2 * 64 * 8 + 8 * (1 + 4 * 2) +
+         1024;
 }
 
 // dq_bulk (FLASHATTN2_SM90_BWD_EXPERIMENTAL, on by default): each consumer warp stages its
@@ -47,6 +59,7 @@ constexpr int sm90_bwd_dq_stage_bytes(int head_dim) {
 }
 
 constexpr int sm90_bwd_smem_bytes(int head_dim) {
+  if (head_dim == 256) return sm90_bwd_d256_smem_bytes();
   return 2 * head_dim * (2 * sm90_bwd_tile(head_dim).block_n +
                          2 * sm90_bwd_tile(head_dim).stages * sm90_bwd_tile(head_dim).block_m) +
          2 * 2 * sm90_bwd_tile(head_dim).block_n * sm90_bwd_tile(head_dim).block_m +
@@ -94,14 +107,21 @@ inline bool sm90_bwd_takes_bias(const BwdParams& p, int kernel_head_dim) {
 #endif
 }
 
-// kernel_head_dim: 64 or 128 (sm90_bwd_head_dim), the tile's.
+// The d256 prototype: dense, no softcap / ALiBi / bias, not deterministic (bwd256.md).
+inline bool sm90_bwd_d256_supports(const BwdParams& p) {
+  return !p.cu_seqlens_q && !p.cu_seqlens_k && p.softcap == 0.f && !p.alibi_slopes &&
+         !has_bias(p) && !p.deterministic;
+}
+
+// kernel_head_dim: 64, 128 or 256 (sm90_bwd_head_dim), the tile's.
 inline bool sm90_bwd_supports(const BwdParams& p, int kernel_head_dim) {
   const bool causal_or_full = p.window_left < 0 && p.window_right <= 0;
   const bool dense = !p.cu_seqlens_q && !p.cu_seqlens_k;
   return (dense || FLASHATTN2_SM90_BWD_VARLEN) && (causal_or_full || FLASHATTN2_SM90_BWD_WINDOW) &&
          ((p.softcap == 0.f && !p.alibi_slopes) || FLASHATTN2_SM90_BWD_MODS) &&
          p.dropout_threshold == 0 && (!has_bias(p) || sm90_bwd_takes_bias(p, kernel_head_dim)) &&
-         (!p.deterministic || FLASHATTN2_SM90_BWD_DQ_BULK);
+         (!p.deterministic || FLASHATTN2_SM90_BWD_DQ_BULK) &&
+         (kernel_head_dim != 256 || sm90_bwd_d256_supports(p));
 }
 
 }  // namespace flashattn2

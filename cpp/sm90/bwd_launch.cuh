@@ -9,6 +9,9 @@
 #include "common/launch.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/tma_map.h"
+#if FLASHATTN2_SM90_BWD_D256
+#include "sm90/bwd_d256.cuh"
+#endif
 
 namespace flashattn2 {
 namespace sm90 {
@@ -29,6 +32,10 @@ void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
 
 template <typename Element, int kHeadDim>
 bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
+#if FLASHATTN2_SM90_BWD_D256
+  if constexpr (kHeadDim == 256) return sm90::run_bwd_sm90_d256<Element>(p, stream);
+  else {
+#endif
   using Traits = sm90::BwdTraits<kHeadDim>;
   sm90::BwdArgs args;
   args.p = p;
@@ -63,6 +70,9 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
     sm90::launch_bwd<Traits, Element, false, false>(args, stream);
   run_bwd_convert_dq<Element, kHeadDim>(p, stream);
   return true;
+#if FLASHATTN2_SM90_BWD_D256
+  }
+#endif
 }
 
 }  // namespace flashattn2

@@ -150,9 +150,10 @@ struct BwdRange {
   int m_block_min, m_block_max, m_start, steps;
   template <bool kVarlen>
   __device__ __forceinline__ BwdRange(const BwdParams& p, const BwdSeq<kVarlen>& seq, int n0,
-                                      int block_m, int group, bool rotate, int n_block) {
+                                      int block_m, int group, bool rotate, int n_block,
+                                      int block_n = 128) {
     const int offset = seq.seqlen_k() - seq.seqlen_q();
-    const int n_last = min(n0 + 128, seq.seqlen_k()) - 1;
+    const int n_last = min(n0 + block_n, seq.seqlen_k()) - 1;
     const int m_lo = p.window_right >= 0 ? max(0, n0 - offset - p.window_right) : 0;
     const int m_hi = p.window_left >= 0
                          ? min(seq.seqlen_q() - 1, n_last - offset + p.window_left)

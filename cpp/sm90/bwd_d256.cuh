@@ -1,0 +1,419 @@
+// Hopper backward for kernel head dim 256 (issue 18; PROTOTYPE, built only with `d256` in
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL, compiled and ptxas-checked, never run on a GPU). Design and
+// budgets: the helper note bwd256.md (to be moved into benchmarks/NOTES.md "Hopper backward").
+//
+// d256 cannot keep bwd_kernel.cuh's layout (a warpgroup holding dK + dV of its 64 keys over all
+// 256 columns needs 256 f32 per thread), so the two consumer warpgroups split the COLUMNS:
+//   grid   (ceil(seqlen_k / 64), nheads_k, batch): one CTA per 64-key block of a KV head.
+//   block  384 threads: producer warpgroup as bwd_kernel.cuh's (K, V once; Q, dO, LSE, dsum of
+//          each 64-row query step into stage t % 2); consumer warpgroup c (c = 0, 1) owns
+//          dK[:, 128 c..+128] and dV[:, 128 c..+128] of all 64 keys (64 + 64 f32 per thread).
+//   smem   sK, sV [64 x 256]; per stage sQ, sdO [64 x 256], LSE, dsum; sP^T and sdS^T
+//          [64 keys x 64 queries] (one 128-byte swizzled chunk each) x 2 buffers (by stage);
+//          mbarriers: 226.1 KiB of 227 (sm90_bwd_d256_smem_bytes).
+//   step   (t, query block m of head h; stage s)
+//            S^T_c = K Q_c^T, dP^T_c = V dO_c^T: the warpgroup's query half c (queries
+//              32 c..+32; SS m64 n32, k 256)
+//            mask, P^T_c = exp2(S^T scale log2e - LSE log2e) -> A fragments and sP[s] quarter c
+//            dS^T_c = P^T_c o (dP^T_c - dsum) -> A fragments and sdS[s] quarter c
+//            named barrier of both consumers (sP[s], sdS[s] complete)
+//            dV_c += P^T dO[:, 128 c..], dK_c += dS^T Q[:, 128 c..] (m64 n128 over the 64
+//              queries: the own half's two k16 steps from registers (RS), the partner's from
+//              sP / sdS (SS, K-major))
+//            dQ[:, 128 c + 64 j..+64] = dS K[:, ...] for j = 0, 1 (SS m64 n64, A = sdS read
+//              M-major, as bwd_kernel.cuh's dQ); stage released once dV / dK are done;
+//              red.global.add.v4 of each slice into dq_accum (no room for dq_bulk staging)
+//          sP / sdS are double-buffered by stage: the reuse argument of bwd_kernel.cuh (one
+//          named barrier per step) holds unchanged.
+// Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
+// not deterministic, no dropout: everything else runs the mma.sync backward.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "common/flash.h"
+#include "common/launch.h"
+#include "common/ptx.cuh"
+#include "common/workspace.h"
+#include "sm90/bwd_config.h"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/mbarrier.cuh"
+#include "sm90/tma.cuh"
+#include "sm90/tma_map.h"
+#include "sm90/warpgroup.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace flashattn2 {
+namespace sm90 {
+
+struct BwdTraitsD256 {
+  static constexpr int kHeadDim = 256;
+  static constexpr Sm90BwdTile kTile = sm90_bwd_tile(kHeadDim);
+  static constexpr int kBlockM = kTile.block_m;  // 64 query rows per step
+  static constexpr int kBlockN = kTile.block_n;  // 64 keys per CTA
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kChunks = kHeadDim / kChunkCols;     // 4 column chunks
+  static constexpr int kWgCols = kHeadDim / kConsumers;     // dK / dV columns per warpgroup
+  static constexpr int kWgQueries = kBlockM / kConsumers;   // S^T / dP^T queries per warpgroup
+  static constexpr int kQChunkBytes = kBlockM * kSwizzleBytes;
+  static constexpr int kKChunkBytes = kBlockN * kSwizzleBytes;
+  static constexpr int kQBytes = kChunks * kQChunkBytes;    // one of sQ, sdO per stage
+  static constexpr int kKBytes = kChunks * kKChunkBytes;    // one of sK, sV
+  static constexpr int kPBytes = kBlockN * kSwizzleBytes;   // one sP^T / sdS^T buffer
+  static constexpr int kRowBytes = kBlockM * 4;             // one of LSE, dsum per stage
+  static constexpr int kBars = 1 + 4 * kStages;
+  static constexpr int kSmemBytes = sm90_bwd_d256_smem_bytes();
+  static_assert(kBlockM == 64 && kBlockN == 64 && kStages == 2 && kWgCols == 2 * kChunkCols &&
+                    kWgQueries == 32,
+                "the tile of this kernel (bwd256.md)");
+  static_assert(kPBytes == kBlockM * kBlockN * 2, "sP^T / sdS^T: one chunk of 64 queries");
+  static_assert(2 * kKBytes + kStages * (2 * kQBytes + 2 * kRowBytes) + 2 * kStages * kPBytes +
+                        8 * kBars + 1024 <= kSmemBytes &&
+                    kSmemBytes <= 227 * 1024,
+                "smem budget");
+  static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
+                "register budget: setmaxnreg.inc would hang");
+};
+
+template <typename Element>
+__global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
+    bwd_kernel_d256(const __grid_constant__ BwdArgs args) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = BwdTraitsD256;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kChunks = Traits::kChunks;
+  const BwdParams& p = args.p;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
+  const uint32_t sK = smem;
+  const uint32_t sV = sK + Traits::kKBytes;
+  const uint32_t sQ = sV + Traits::kKBytes;             // stage s: + s kQBytes
+  const uint32_t sdO = sQ + kStages * Traits::kQBytes;  // stage s: + s kQBytes
+  const uint32_t sP = sdO + kStages * Traits::kQBytes;  // buffer s: + s kPBytes
+  const uint32_t sdS = sP + kStages * Traits::kPBytes;  // buffer s: + s kPBytes
+  const uint32_t sLse = sdS + kStages * Traits::kPBytes;
+  auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
+  auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
+  const uint32_t bars = sLse + kStages * 2 * Traits::kRowBytes;
+  const uint32_t bar_kv_full = bars;
+  auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
+  auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
+  auto bar_lse_full = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
+  auto bar_empty = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int group = p.nheads / p.nheads_k;
+  const BwdSeq<false> seq(p, batch);
+  const int n0 = n_block * kBlockN;
+  const BwdRange range(p, seq, n0, kBlockM, group, false, n_block, kBlockN);
+  if (tid == 0) {
+    mbar_init(bar_kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_q_full(s), 1);
+      mbar_init(bar_do_full(s), 1);
+      mbar_init(bar_lse_full(s), 32);
+      mbar_init(bar_empty(s), 128 * Traits::kConsumers);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---- producer (bwd_kernel.cuh's, dense) ----
+    regs_decrease<Traits::kTile.producer_regs>();
+    if (warp == 0 && lane == 0 && range.steps > 0) {
+      tma_prefetch(&args.q);
+      tma_prefetch(&args.dout);
+      mbar_arrive_expect_tx(bar_kv_full, 2 * Traits::kKBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        tma_load(sK + c * Traits::kKChunkBytes, &args.k, c * kChunkCols, n0, head_k,
+                 seq.tma_batch_k(), bar_kv_full);
+        tma_load(sV + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, n0, head_k,
+                 seq.tma_batch_k(), bar_kv_full);
+      }
+      int head = head_k * group, m_block = range.m_start;
+      for (int t = 0; t < range.steps; ++t) {
+        const int s = t % kStages;
+        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(bar_q_full(s), Traits::kQBytes);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          tma_load(sQ + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
+                   m_block * kBlockM, head, seq.tma_batch_q(), bar_q_full(s));
+        mbar_arrive_expect_tx(bar_do_full(s), Traits::kQBytes);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          tma_load(sdO + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.dout,
+                   c * kChunkCols, m_block * kBlockM, head, seq.tma_batch_q(), bar_do_full(s));
+        range.next(head, m_block);
+      }
+    } else if (warp == 1) {
+      int head = head_k * group, m_block = range.m_start;
+      for (int t = 0; t < range.steps; ++t) {
+        const int s = t % kStages;
+        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
+        const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+        const float* dsum = p.dsum + seq.ws_row0(head);
+#pragma unroll
+        for (int i = 0; i < kBlockM / 32; ++i) {
+          const int r = 32 * i + lane, row = m_block * kBlockM + r;
+          const bool valid = row < seq.seqlen_q();
+          st_shared(s_lse(s) + 4 * r, valid ? lse[row] : INFINITY);
+          st_shared(s_dsum(s) + 4 * r, valid ? dsum[row] : 0.f);
+        }
+        mbar_arrive(bar_lse_full(s));
+        range.next(head, m_block);
+      }
+    }
+  } else {
+    // ---- consumers ----
+    regs_increase<Traits::kTile.consumer_regs>();
+    const int consumer = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
+    const int warp_in_wg = warp % 4;
+    const int g = lane / 4;
+    const int q = lane % 4;
+    const int lane_key = 16 * warp_in_wg + g;  // + 8 r: the lane's key rows of the block
+    const int wq0 = Traits::kWgQueries * consumer;  // the warpgroup's first query of a step
+    const int offset = seq.seqlen_k() - seq.seqlen_q();
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+
+    float acc_dk[Traits::kWgCols / 2], acc_dv[Traits::kWgCols / 2];
+#pragma unroll
+    for (int i = 0; i < Traits::kWgCols / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+
+    // acc (64 keys x the warpgroup's 32 queries) = sA (64 keys x 256) times the stage's
+    // rows wq0..+32 of sB, transposed.
+    auto gemm_t = [&](float (&acc)[Traits::kWgQueries / 2], uint32_t a_base, uint32_t b_base) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
+        const uint32_t col = (kk % 4) * 32;
+        const uint64_t a = desc_k_major(a_base + (kk / 4) * Traits::kKChunkBytes + col);
+        const uint64_t b = desc_k_major(b_base + (kk / 4) * Traits::kQChunkBytes +
+                                        wq0 * kSwizzleBytes + col);
+        Wgmma<Traits::kWgQueries, Element>::template ss<0>(acc, a, b, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    // acc (64 keys x the warpgroup's 128 columns) += A (64 keys x 64 queries) times the
+    // stage's sB columns 128 c.. (MN-major): the own query half's k16 steps from registers,
+    // then the partner's from sA (K-major), so that the instruction sequence is the same in
+    // both warpgroups.
+    auto gemm_kv = [&](float (&acc)[Traits::kWgCols / 2], const uint32_t (&a)[2][4],
+                       uint32_t a_smem, uint32_t b_base) {
+      const uint32_t b_cols = b_base + 2 * consumer * Traits::kQChunkBytes;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int kk = 2 * consumer + i;
+        const uint64_t b = desc_mn_major(b_cols + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
+        Wgmma<Traits::kWgCols, Element>::template rs<1>(acc, a[i], b, 1);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int kk = 2 * (1 - consumer) + i;
+        const uint64_t a_desc = desc_k_major(a_smem + kk * 32);
+        const uint64_t b = desc_mn_major(b_cols + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
+        Wgmma<Traits::kWgCols, Element>::template ss<1>(acc, a_desc, b, 1);
+      }
+    };
+    // dQ slice j (64 queries x columns 128 c + 64 j..+64) = dS K over the block's 64 keys.
+    auto gemm_dq = [&](float (&acc)[32], uint32_t sdS_t, int j) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const uint64_t a = desc_mn_major(sdS_t + kk * 16 * kSwizzleBytes, Traits::kPBytes);
+        const uint64_t b = desc_mn_major(sK + (2 * consumer + j) * Traits::kKChunkBytes +
+                                         kk * 16 * kSwizzleBytes, Traits::kKChunkBytes);
+        Wgmma<64, Element>::template ss<1, 1>(acc, a, b, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+
+    if (range.steps > 0) mbar_wait(bar_kv_full, 0);
+    int head = head_k * group, m_block = range.m_start;
+    for (int t = 0; t < range.steps; ++t) {
+      const int s = t % kStages;
+      const uint32_t phase = (t / kStages) & 1;
+      const int m0 = m_block * kBlockM;
+      const int mq0 = m0 + wq0;  // the warpgroup's first query row
+      float acc_s[Traits::kWgQueries / 2], acc_dp[Traits::kWgQueries / 2];
+      uint32_t rP[2][4], rdS[2][4];
+
+      mbar_wait(bar_q_full(s), phase);
+      gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
+      mbar_wait(bar_do_full(s), phase);
+      gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
+      mbar_wait(bar_lse_full(s), phase);
+      wgmma_wait<1>();
+      fence_regs(acc_s);
+
+      // Mask (bwd_kernel.cuh's, with all 64 keys and the warpgroup's 32 queries): element
+      // acc[4 nt + 2 r + e] is key n0 + lane_key + 8 r, query mq0 + 8 nt + 2 q + e.
+      const bool need_mask =
+          n0 + kBlockN > seq.seqlen_k() ||
+          (p.window_right >= 0 && n0 + kBlockN - 1 > mq0 + offset + p.window_right) ||
+          (p.window_left >= 0 && n0 < mq0 + Traits::kWgQueries - 1 + offset - p.window_left);
+      if (need_mask) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = n0 + lane_key + 8 * r;
+          const int q_lo = (p.window_right >= 0 ? key - offset - p.window_right : 0) - mq0 - 2 * q;
+          const int q_hi = (key >= seq.seqlen_k()   ? -1
+                            : p.window_left >= 0 ? key - offset + p.window_left
+                                                 : seq.seqlen_q() - 1) - mq0 - 2 * q;
+#pragma unroll
+          for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = 8 * nt + e;
+              if (col < q_lo || col > q_hi) acc_s[4 * nt + 2 * r + e] = -INFINITY;
+            }
+        }
+      }
+      // P^T (rows r: key lane_key + 8 r) into the A fragments of the warpgroup's k16 steps
+      // and into sP[s]: query unit 4 c + nt of the key's 128-byte row, swizzled.
+      const uint32_t sP_t = sP + s * Traits::kPBytes;
+      const uint32_t sdS_t = sdS + s * Traits::kPBytes;
+      auto unit_addr = [&](uint32_t base, int nt, int r) {
+        const int row = lane_key + 8 * r;
+        return base + row * kSwizzleBytes + (((wq0 / 8 + nt) ^ (row % 8)) * 16) + 4 * q;
+      };
+#pragma unroll
+      for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt) {
+        const float2 lse = ld_shared_float2(s_lse(s) + 4 * (wq0 + 8 * nt + 2 * q));
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc_s[4 * nt + e] = ptx::exp2_approx(
+              fmaf(acc_s[4 * nt + e], scale_log2, -(e & 1 ? lse.y : lse.x) * kLog2e));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t v = ptx::pack2<Element>(acc_s[4 * nt + 2 * r], acc_s[4 * nt + 2 * r + 1]);
+          rP[nt / 2][(nt & 1) * 2 + r] = v;
+          st_shared(unit_addr(sP_t, nt, r), v);
+        }
+      }
+      wgmma_wait<0>();  // dP^T
+      fence_regs(acc_dp);
+#pragma unroll
+      for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt) {
+        const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (wq0 + 8 * nt + 2 * q));
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc_dp[4 * nt + e] =
+              acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t v =
+              ptx::pack2<Element>(acc_dp[4 * nt + 2 * r], acc_dp[4 * nt + 2 * r + 1]);
+          rdS[nt / 2][(nt & 1) * 2 + r] = v;
+          st_shared(unit_addr(sdS_t, nt, r), v);
+        }
+      }
+      fence_proxy_async();
+      named_sync(kBarDS, 256);  // both warpgroups' quarters of sP[s], sdS[s] are stored
+
+      wgmma_fence();
+      gemm_kv(acc_dv, rP, sP_t, sdO + s * Traits::kQBytes);
+      gemm_kv(acc_dk, rdS, sdS_t, sQ + s * Traits::kQBytes);
+      wgmma_commit();
+      float acc_dq0[32], acc_dq1[32];
+      gemm_dq(acc_dq0, sdS_t, 0);
+      // dV and dK done: sQ, sdO, LSE, dsum of stage s are read (dQ reads sK and sdS only).
+      wgmma_wait<1>();
+      fence_regs(acc_dk);
+      fence_regs(acc_dv);
+      fence_regs(rP);
+      fence_regs(rdS);
+      mbar_arrive(bar_empty(s));
+      gemm_dq(acc_dq1, sdS_t, 1);
+
+      // dq_accum (ws_dq_index, as bwd_kernel.cuh's non-bulk path): the warp's 16 rows x 64
+      // columns of slice j are 8 n8 tiles of 128 floats at column chunk 2 c + j.
+      const int dq_row = m0 + 16 * warp_in_wg;
+      float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 4 * lane;
+      auto add_dq = [&](const float (&acc)[32], int j) {
+        const int chunk = 2 * consumer + j;
+        if (dq_row < seq.seqlen_q()) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            if (64 * chunk + 8 * nt < p.headdim)
+              ptx::red_add_v4(dq + 16 * 64 * chunk + 128 * nt, acc[4 * nt], acc[4 * nt + 1],
+                              acc[4 * nt + 2], acc[4 * nt + 3]);
+        }
+      };
+      wgmma_wait<1>();
+      fence_regs(acc_dq0);
+      add_dq(acc_dq0, 0);
+      wgmma_wait<0>();
+      fence_regs(acc_dq1);
+      add_dq(acc_dq1, 1);
+      range.next(head, m_block);
+    }
+
+    // ---- epilogue: dK * scale, dV in the input dtype, columns 128 c.., from registers ----
+    Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
+                        head_k * p.dk_head_stride;
+    Element* const dv = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
+                        head_k * p.dv_head_stride;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = n0 + lane_key + 8 * r;
+      if (key < seq.seqlen_k()) {
+#pragma unroll
+        for (int dt = 0; dt < Traits::kWgCols / 8; ++dt) {
+          const int col = Traits::kWgCols * consumer + 8 * dt + 2 * q;
+          if (col < p.headdim) {
+            *reinterpret_cast<uint32_t*>(dk + key * p.dk_row_stride + col) =
+                ptx::pack2<Element>(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
+                                    acc_dk[4 * dt + 2 * r + 1] * p.softmax_scale);
+            *reinterpret_cast<uint32_t*>(dv + key * p.dv_row_stride + col) =
+                ptx::pack2<Element>(acc_dv[4 * dt + 2 * r], acc_dv[4 * dt + 2 * r + 1]);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+// Host: TMA maps (64-row boxes for all four), preprocess, the kernel, dQ convert.
+template <typename Element>
+bool run_bwd_sm90_d256(const BwdParams& p, cudaStream_t stream) {
+  using Traits = BwdTraitsD256;
+  BwdArgs args;
+  args.p = p;
+  const auto [rows_q, rows_k, batch_q, batch_k] = map_rows(p);
+  const bool mapped =
+      make_tma_map(&args.q, p.q, p.dtype, p.headdim, rows_q, p.nheads, batch_q, p.q_row_stride,
+                   p.q_head_stride, p.q_batch_stride, Traits::kBlockM) &&
+      make_tma_map(&args.dout, p.dout, p.dtype, p.headdim, rows_q, p.nheads, batch_q,
+                   p.do_row_stride, p.do_head_stride, p.do_batch_stride, Traits::kBlockM) &&
+      make_tma_map(&args.k, p.k, p.dtype, p.headdim, rows_k, p.nheads_k, batch_k, p.k_row_stride,
+                   p.k_head_stride, p.k_batch_stride, Traits::kBlockN) &&
+      make_tma_map(&args.v, p.v, p.dtype, p.headdim, rows_k, p.nheads_k, batch_k, p.v_row_stride,
+                   p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
+  if (!mapped) return false;
+  run_bwd_preprocess<Element, Traits::kHeadDim>(p, stream);
+  constexpr auto kernel = bwd_kernel_d256<Element>;
+  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel_d256, smem)");
+  const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  check_cuda(cudaGetLastError(), "sm90 bwd_kernel_d256 launch");
+  run_bwd_convert_dq<Element, Traits::kHeadDim>(p, stream);
+  return true;
+}
+
+}  // namespace sm90
+}  // namespace flashattn2
