@@ -99,8 +99,9 @@ def run_case(case, gen):
 # deterministic[, dq chains (None: the default choice)]]). On sm_90 those of head dims 64
 # (where built) and 128 run the Hopper backward (TMA, wgmma, mbarriers, bulk reduces into
 # dq_accum; deterministic: its ordered reduces, descending for causal, rotated for full
-# attention, ascending with more key than query blocks, in 1-4 dQ chains); the name says
-# which ran.
+# attention, ascending with more key than query blocks, in 1-4 dQ chains), and d256 its
+# column-split prototype where built (FLASHATTN2_SM90_BWD_EXPERIMENTAL=d256; else the
+# mma.sync d256 backward); the name says which ran.
 BWD_CASES = [
     (1, 200, 333, 4, 2, 128, True, torch.bfloat16),
     (2, 113, 113, 2, 2, 128, False, torch.float16),
@@ -114,6 +115,8 @@ BWD_CASES = [
     # dQ chains: rotated (3 key blocks in 4 chains), ascending (5 key blocks, 2 query tiles)
     (1, 300, 333, 4, 2, 128, False, torch.bfloat16, True, 4),
     (1, 129, 600, 4, 2, 64, False, torch.bfloat16, True, 2),
+    # d256: 64-key CTAs with a key tail, query tails in both warpgroups' halves, GQA
+    (1, 130, 200, 4, 2, 256, True, torch.bfloat16),
 ]
 
 
@@ -122,6 +125,8 @@ def backward_cases(gen):
     reference on the same data (error bound as ATOL, scaled: a sanitizer harness)."""
     results = []
     for b, sq, sk, h, hk, d, causal, dtype, *det in BWD_CASES:
+        if flashattn2._ext.KERNEL_HEAD_DIM[d] not in flashattn2._ext.build_info()["bwd_head_dims"]:
+            continue  # a build without this head dim (e.g. HEAD_DIMS=64;128)
         deterministic = bool(det and det[0])
         chains = det[1] if len(det) > 1 else None
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
