@@ -3,7 +3,7 @@
 # build, self-check, the suite (less the CPU-only test_distributed.py, which CI runs), the
 # mma.sync backward tests again under FLASHATTN2_FORCE_SM80, compute-sanitizer, then the
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
-# own folder of $JOB_OUT. Steps to skip: SKIP
+# own folder of $JOB_OUT (probe: a side build with PROBE_FLAGS against this one). Steps to skip: SKIP
 # (space-separated names of the steps below). Meanwhile a second build (base: a base commit's
 # kernels) serves A/B runs (fwdab, bwdab, decab). HEAD_DIMS limits the main build (default: all);
 # TEST_FILES narrows the suite (pytest arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
@@ -52,9 +52,17 @@ if want base && [ -d .base/cpp ]; then
     ( cd /tmp/base_src && python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/base_whl . \
         -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real \
         -C "cmake.define.FLASHATTN2_HEAD_DIMS=${HEAD_DIMS:-64;128;256}" -C build-dir=/tmp/build-base \
+        ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"} \
       && rm -rf /tmp/base && python3 -m zipfile -e /tmp/base_whl/*.whl /tmp/base ) \
         > "$O/base_build.txt" 2>&1 &
     BASE_PID=$!
+fi
+# probe: its side build (step probe below) starts now, in the background.
+if want probe && [ -n "${PROBE_FLAGS:-}" ]; then
+    side_build probe -C "cmake.define.CMAKE_CUDA_FLAGS=$PROBE_FLAGS" \
+        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${HEAD_DIMS:-64;128;256}" \
+        ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"}
+    PROBE_PID=$!
 fi
 # smoke: the test files of what is new (SMOKE_TESTS) first, in their own process with -x, so
 # that a crash there (a CUDA error kills the process's context: every later test errors) is
@@ -104,10 +112,26 @@ if want chains; then
     done
 fi
 if want bncu; then
-    stamp "ncu source counters: the Hopper backward, d128 8k full (stalls by warp role)"
-    SOURCE="$O/src_bwd_d128_s8k.csv" PASS=bwd HEAD_DIM=128 SEQLEN=8192 CAUSAL=0 \
+    # BNCU_DIM (default 128), BNCU_SEQLEN (8192), BNCU_CAUSAL (0)
+    bd=${BNCU_DIM:-128} bs=${BNCU_SEQLEN:-8192} bc=${BNCU_CAUSAL:-0}
+    stamp "ncu: the Hopper backward, d$bd s$bs causal=$bc (sections, then source counters)"
+    PASS=bwd HEAD_DIM=$bd SEQLEN=$bs CAUSAL=$bc timeout 300 bash scripts/ncu.sh \
+        > "$O/ncu_bwd_d${bd}_s${bs}_c$bc.txt" 2>&1
+    grep -E "Duration|Throughput|Issue Slots Busy|stalled|Registers|Achieved" \
+        "$O/ncu_bwd_d${bd}_s${bs}_c$bc.txt" | head -n 24
+    SOURCE="$O/src_bwd_d${bd}_s${bs}_c$bc.csv" PASS=bwd HEAD_DIM=$bd SEQLEN=$bs CAUSAL=$bc \
         timeout 300 bash scripts/ncu.sh > /dev/null 2>&1
-    python3 scripts/sass_stalls.py "$O/src_bwd_d128_s8k.csv" 2>&1 | tail -n 3
+    python3 scripts/sass_stalls.py "$O/src_bwd_d${bd}_s${bs}_c$bc.csv" 2>&1 | head -n 40
+fi
+if want probe && [ -n "${PROBE_FLAGS:-}" ]; then
+    # A side build of this tree with extra nvcc flags (PROBE_FLAGS, e.g. a -D of a timing probe
+    # compiled into a kernel), benchmarked against the default build, A B A B (PROBE_ARGS:
+    # bench.py's selection).
+    stamp "probe: this tree with CMAKE_CUDA_FLAGS=$PROBE_FLAGS vs without"
+    wait "$PROBE_PID"
+    tail -n 2 "$O/probe_build.txt"
+    # shellcheck disable=SC2086
+    ab_bench probe probe plain ${PROBE_ARGS:---modes bwd --dtypes bf16 --impls flashattn2,sdpa_cudnn}
 fi
 if want fncu; then
     stamp "ncu: the Hopper forward at short lengths (d128 s512 full, d64 s512 causal)"

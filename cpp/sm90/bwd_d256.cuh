@@ -208,23 +208,29 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       wgmma_commit();
     };
     // acc (64 keys x the warpgroup's 128 columns) += A (64 keys x 64 queries) times the
-    // stage's sB columns 128 c.. (MN-major): the own query half's k16 steps from registers,
-    // then the partner's from sA (K-major), so that the instruction sequence is the same in
-    // both warpgroups.
-    auto gemm_kv = [&](float (&acc)[Traits::kWgCols / 2], const uint32_t (&a)[2][4],
-                       uint32_t a_smem, uint32_t b_base) {
-      const uint32_t b_cols = b_base + 2 * consumer * Traits::kQChunkBytes;
+    // stage's sB columns 128 c.. (MN-major), in two parts: the own query half's k16 steps from
+    // registers (RS), issued as soon as the fragments exist, and the partner's from sA (SS,
+    // K-major) once the named barrier says the partner stored them. The instruction sequence
+    // is the same in both warpgroups.
+    auto kv_cols = [&](uint32_t b_base) { return b_base + 2 * consumer * Traits::kQChunkBytes; };
+    auto gemm_kv_own = [&](float (&acc)[Traits::kWgCols / 2], const uint32_t (&a)[2][4],
+                           uint32_t b_base) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int kk = 2 * consumer + i;
-        const uint64_t b = desc_mn_major(b_cols + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
+        const uint64_t b =
+            desc_mn_major(kv_cols(b_base) + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
         Wgmma<Traits::kWgCols, Element>::template rs<1>(acc, a[i], b, 1);
       }
+    };
+    auto gemm_kv_partner = [&](float (&acc)[Traits::kWgCols / 2], uint32_t a_smem,
+                               uint32_t b_base) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int kk = 2 * (1 - consumer) + i;
         const uint64_t a_desc = desc_k_major(a_smem + kk * 32);
-        const uint64_t b = desc_mn_major(b_cols + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
+        const uint64_t b =
+            desc_mn_major(kv_cols(b_base) + kk * 16 * kSwizzleBytes, Traits::kQChunkBytes);
         Wgmma<Traits::kWgCols, Element>::template ss<1>(acc, a_desc, b, 1);
       }
     };
@@ -304,7 +310,11 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
           st_shared(unit_addr(sP_t, nt, r), v);
         }
       }
-      wgmma_wait<0>();  // dP^T
+      // dV_c += P^T dO over the own query half, while dS^T is computed.
+      wgmma_fence();
+      gemm_kv_own(acc_dv, rP, sdO + s * Traits::kQBytes);
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T (the own dV half may still run)
       fence_regs(acc_dp);
 #pragma unroll
       for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt) {
@@ -321,12 +331,14 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
           st_shared(unit_addr(sdS_t, nt, r), v);
         }
       }
+      wgmma_fence();
+      gemm_kv_own(acc_dk, rdS, sQ + s * Traits::kQBytes);
+      wgmma_commit();
       fence_proxy_async();
       named_sync(kBarDS, 256);  // both warpgroups' quarters of sP[s], sdS[s] are stored
 
-      wgmma_fence();
-      gemm_kv(acc_dv, rP, sP_t, sdO + s * Traits::kQBytes);
-      gemm_kv(acc_dk, rdS, sdS_t, sQ + s * Traits::kQBytes);
+      gemm_kv_partner(acc_dv, sP_t, sdO + s * Traits::kQBytes);
+      gemm_kv_partner(acc_dk, sdS_t, sQ + s * Traits::kQBytes);
       wgmma_commit();
       float acc_dq0[32], acc_dq1[32];
       gemm_dq(acc_dq0, sdS_t, 0);
@@ -344,6 +356,9 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       const int dq_row = m0 + 16 * warp_in_wg;
       float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 4 * lane;
       auto add_dq = [&](const float (&acc)[32], int j) {
+#if defined(FLASHATTN2_D256_PROBE) && (FLASHATTN2_D256_PROBE & 1)
+        if (p.headdim > 0) return;  // timing probe: no dQ reduce (wrong dQ)
+#endif
         const int chunk = 2 * consumer + j;
         if (dq_row < seq.seqlen_q()) {
 #pragma unroll
