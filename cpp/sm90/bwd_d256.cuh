@@ -1,6 +1,6 @@
-// Hopper backward for kernel head dim 256 (issue 18; built with `d256` in
-// FLASHATTN2_SM90_BWD_EXPERIMENTAL). Design and budgets: design/bwd256.md; measurements:
-// benchmarks/NOTES.md "d256 Hopper backward".
+// Hopper backward for kernel head dim 256 (issue 18; PROTOTYPE, built only with `d256` in
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL, compiled and ptxas-checked, never run on a GPU). Design and
+// budgets: the helper note bwd256.md (to be moved into benchmarks/NOTES.md "Hopper backward").
 //
 // d256 cannot keep bwd_kernel.cuh's layout (a warpgroup holding dK + dV of its 64 keys over all
 // 256 columns needs 256 f32 per thread), so the two consumer warpgroups split the COLUMNS:
@@ -10,8 +10,7 @@
 //          dK[:, 128 c..+128] and dV[:, 128 c..+128] of all 64 keys (64 + 64 f32 per thread).
 //   smem   sK, sV [64 x 256]; per stage sQ, sdO [64 x 256], LSE, dsum; sP^T and sdS^T
 //          [64 keys x 64 queries] (one 128-byte swizzled chunk each) x 2 buffers (by stage);
-//          mbarriers: 226.1 KiB of 227 (sm90_bwd_d256_smem_bytes). No room for a dQ staging
-//          buffer of its own: the stage's sQ / sdO serve (below).
+//          mbarriers: 226.1 KiB of 227 (sm90_bwd_d256_smem_bytes).
 //   step   (t, query block m of head h; stage s)
 //            S^T_c = K Q_c^T, dP^T_c = V dO_c^T: the warpgroup's query half c (queries
 //              32 c..+32; SS m64 n32, k 256)
@@ -22,10 +21,8 @@
 //              queries: the own half's two k16 steps from registers (RS), the partner's from
 //              sP / sdS (SS, K-major))
 //            dQ[:, 128 c + 64 j..+64] = dS K[:, ...] for j = 0, 1 (SS m64 n64, A = sdS read
-//              M-major, as bwd_kernel.cuh's dQ); once dV / dK are done the warpgroup's own
-//              column chunks of sQ[s] and sdO[s] are dead, and stage its dQ (16 KiB each):
-//              one bulk reduce-add per warp and slice into dq_accum; stage s is released at
-//              the next step, once those reduces have read it.
+//              M-major, as bwd_kernel.cuh's dQ); stage released once dV / dK are done;
+//              red.global.add.v4 of each slice into dq_accum (no room for dq_bulk staging)
 //          sP / sdS are double-buffered by stage: the reuse argument of bwd_kernel.cuh (one
 //          named barrier per step) holds unchanged.
 // Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
@@ -252,7 +249,6 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
 
     if (range.steps > 0) mbar_wait(bar_kv_full, 0);
     int head = head_k * group, m_block = range.m_start;
-    int release = -1;  // the stage whose dQ staging the last step's reduces read
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;
       const uint32_t phase = (t / kStages) & 1;
@@ -263,12 +259,6 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
 
       mbar_wait(bar_q_full(s), phase);
       gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
-      // The previous step's stage, once its dQ reduces have read it (under this S^T).
-      if (release >= 0) {
-        if (lane == 0) tma_store_wait_read();
-        __syncwarp();
-        mbar_arrive(bar_empty(release));
-      }
       mbar_wait(bar_do_full(s), phase);
       gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
       mbar_wait(bar_lse_full(s), phase);
@@ -352,58 +342,40 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       wgmma_commit();
       float acc_dq0[32], acc_dq1[32];
       gemm_dq(acc_dq0, sdS_t, 0);
-      // dV and dK done: this warpgroup's column chunks 2 c, 2 c + 1 of sQ[s] and sdO[s] are
-      // read by nobody any more (the partner's S^T / dP^T ended before the barrier, its dV / dK
-      // read the other chunks), so they stage its dQ; stage s is released once the bulk
-      // reduces have read them, at the next step.
+      // dV and dK done: sQ, sdO, LSE, dsum of stage s are read (dQ reads sK and sdS only).
       wgmma_wait<1>();
       fence_regs(acc_dk);
       fence_regs(acc_dv);
       fence_regs(rP);
       fence_regs(rdS);
+      mbar_arrive(bar_empty(s));
       gemm_dq(acc_dq1, sdS_t, 1);
 
-      // dq_accum (ws_dq_index, as bwd_kernel.cuh's): the warp's 16 rows x 64 columns of slice
-      // j (column chunk 2 c + j) are 8 n8 tiles of 128 floats, 4 KiB contiguous; they are
-      // staged in that order (each store: the warp's 512 contiguous bytes) in the warp's 8 KiB,
-      // chunk 2 c + w % 2 of sQ[s] (warps 0, 1) or sdO[s] (warps 2, 3), and added by one bulk
-      // reduce per slice from lane 0. Rows past seqlen_q in a 16-row block add zeros (P = 0)
-      // to the padding; blocks past it and columns past a padded head dim are skipped.
+      // dq_accum (ws_dq_index, as bwd_kernel.cuh's non-bulk path): the warp's 16 rows x 64
+      // columns of slice j are 8 n8 tiles of 128 floats at column chunk 2 c + j.
       const int dq_row = m0 + 16 * warp_in_wg;
-      const bool dq_rows = dq_row < seq.seqlen_q();
-      const uint32_t sdq = (warp_in_wg < 2 ? sQ : sdO) + s * Traits::kQBytes +
-                           (2 * consumer + warp_in_wg % 2) * Traits::kQChunkBytes;
-      auto stage_dq = [&](const float (&acc)[32], int j) {
-        if (dq_rows) {
+      float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 4 * lane;
+      auto add_dq = [&](const float (&acc)[32], int j) {
+#if defined(FLASHATTN2_D256_PROBE) && (FLASHATTN2_D256_PROBE & 1)
+        if (p.headdim > 0) return;  // timing probe: no dQ reduce (wrong dQ)
+#endif
+        const int chunk = 2 * consumer + j;
+        if (dq_row < seq.seqlen_q()) {
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt)
-            st_shared_v4(sdq + 4 * (1024 * j + 128 * nt + 4 * lane), acc[4 * nt],
-                         acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
+            if (64 * chunk + 8 * nt < p.headdim)
+              ptx::red_add_v4(dq + 16 * 64 * chunk + 128 * nt, acc[4 * nt], acc[4 * nt + 1],
+                              acc[4 * nt + 2], acc[4 * nt + 3]);
         }
       };
       wgmma_wait<1>();
       fence_regs(acc_dq0);
-      stage_dq(acc_dq0, 0);
+      add_dq(acc_dq0, 0);
       wgmma_wait<0>();
       fence_regs(acc_dq1);
-      stage_dq(acc_dq1, 1);
-      fence_proxy_async();  // the generic-proxy stores, before the async-proxy reads
-      __syncwarp();
-      if (lane == 0 && dq_rows) {
-        float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int chunk = 2 * consumer + j;
-          const int tiles = min(8, (p.headdim - 64 * chunk) / 8);
-          if (tiles > 0) bulk_reduce_add_f32(dq + 16 * 64 * chunk, sdq + 4096 * j, tiles * 512);
-        }
-        tma_store_commit();
-      }
-      release = s;
+      add_dq(acc_dq1, 1);
       range.next(head, m_block);
     }
-    // The last step's reduces complete (read their shared memory) before the CTA exits.
-    if (lane == 0) tma_store_wait();
 
     // ---- epilogue: dK * scale, dV in the input dtype, columns 128 c.., from registers ----
     Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
