@@ -13,7 +13,7 @@
 # second time with FLASHATTN2_FORCE_SM80=1, so that on a Hopper GPU both kernel families are
 # tested), ARCHS (default 90a-real: the mma.sync kernels and the Hopper ones), HEAD_DIMS
 # (default: all), SM90_BWD_EXPERIMENTAL (the Hopper backward's extensions, a subset of
-# "d64;window;varlen;mods;dq_bulk;d256"; default CMake's: all but the d256 prototype), EXPERIMENTAL (other unvalidated features,
+# "d64;window;varlen;mods;dq_bulk;d256"; default CMake's: all), EXPERIMENTAL (other unvalidated features,
 # FLASHATTN2_EXPERIMENTAL: "bias"; default none), SANITIZER_TOOLS (default "memcheck racecheck synccheck"; initcheck also works),
 # SANITIZER_ARGS (extra flags), PYTHON (default python3).
 #

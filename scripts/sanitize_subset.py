@@ -100,7 +100,7 @@ def run_case(case, gen):
 # (where built) and 128 run the Hopper backward (TMA, wgmma, mbarriers, bulk reduces into
 # dq_accum; deterministic: its ordered reduces, descending for causal, rotated for full
 # attention, ascending with more key than query blocks, in 1-4 dQ chains), and d256 its
-# column-split prototype where built (FLASHATTN2_SM90_BWD_EXPERIMENTAL=d256; else the
+# column-split kernel where built (FLASHATTN2_SM90_BWD_EXPERIMENTAL=d256; else the
 # mma.sync d256 backward); the name says which ran.
 BWD_CASES = [
     (1, 200, 333, 4, 2, 128, True, torch.bfloat16),

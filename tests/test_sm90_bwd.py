@@ -2,7 +2,7 @@
 ``_ext.SM90_BWD = False`` or force_sm80(); head dims 33-64 also off with
 FLASHATTN2_SM90_BWD_D64=0 or ``_ext.sm90_bwd_d64(False)``): its gradients at its own tile
 boundaries (128 keys per CTA, 64 keys per consumer warpgroup, 64 query rows per step at
-d128, 128 at d64; d256, a prototype built with FLASHATTN2_SM90_BWD_EXPERIMENTAL=d256: 64 keys
+d128, 128 at d64; d256, built with FLASHATTN2_SM90_BWD_EXPERIMENTAL item d256: 64 keys
 per CTA, the warpgroups splitting the columns, 64 query rows per step) against the float32
 reference under the 2x rule of test_bwd.py, and which backwards stay on the mma.sync kernels.
 """
@@ -183,7 +183,7 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
 
 
 def test_sm90_backward_d256_falls_back_out_of_scope(sm90_bwd):
-    """The d256 prototype (FLASHATTN2_SM90_BWD_EXPERIMENTAL=d256) serves dense backwards
+    """The d256 kernel (FLASHATTN2_SM90_BWD_EXPERIMENTAL item d256) serves dense backwards
     without softcap / ALiBi / bias or deterministic mode; those run the mma.sync backward."""
     require_sm90_bwd(256)
     torch.manual_seed(0)

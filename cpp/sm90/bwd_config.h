@@ -29,7 +29,7 @@ struct Sm90BwdTile {
 // 2 x block_m f32; dS^T 2 x [128 keys x block_m] (double-buffered so that one named barrier
 // per step suffices); dq_bulk staging; mbarriers and the deterministic order's counter
 // address; 1 KiB alignment: d128 194 KiB, d64 195 KiB (kBias: below).
-// d256 (the `d256` prototype, sm90/bwd_d256.cuh): 64 keys per CTA, 64 query rows per step; its
+// d256 (the `d256` item, sm90/bwd_d256.cuh): 64 keys per CTA, 64 query rows per step; its
 // two consumer warpgroups split dK / dV by columns (128 each: 64 + 64 f32).
 constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
   return head_dim == 256 ? Sm90BwdTile{64, 64, 2, 240, 24}
@@ -37,7 +37,7 @@ constexpr Sm90BwdTile sm90_bwd_tile(int head_dim) {
 }
 
 // Kernel head dims of the sm90 backward (built: 128, and 64 with d64 of
-// FLASHATTN2_SM90_BWD_EXPERIMENTAL; 256 with its d256 prototype; built_config.h
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL; 256 with its d256; built_config.h
 // FLASHATTN2_SM90_BWD_HEAD_DIMS).
 constexpr bool sm90_bwd_head_dim(int kernel_head_dim) {
   return kernel_head_dim == 64 || kernel_head_dim == 128 ||
@@ -107,7 +107,7 @@ inline bool sm90_bwd_takes_bias(const BwdParams& p, int kernel_head_dim) {
 #endif
 }
 
-// The d256 prototype: dense, no softcap / ALiBi / bias, not deterministic (bwd256.md).
+// The d256 kernel: dense, no softcap / ALiBi / bias, not deterministic (design/bwd256.md).
 inline bool sm90_bwd_d256_supports(const BwdParams& p) {
   return !p.cu_seqlens_q && !p.cu_seqlens_k && p.softcap == 0.f && !p.alibi_slopes &&
          !has_bias(p) && !p.deterministic;

@@ -1,6 +1,6 @@
-// Hopper backward for kernel head dim 256 (issue 18; PROTOTYPE, built only with `d256` in
-// FLASHATTN2_SM90_BWD_EXPERIMENTAL, compiled and ptxas-checked, never run on a GPU). Design and
-// budgets: the helper note bwd256.md (to be moved into benchmarks/NOTES.md "Hopper backward").
+// Hopper backward for kernel head dim 256 (issue 18; the `d256` item of
+// FLASHATTN2_SM90_BWD_EXPERIMENTAL, on by default). Design and budgets: design/bwd256.md;
+// measurements: benchmarks/NOTES.md "Eighth session: the d256 Hopper backward".
 //
 // d256 cannot keep bwd_kernel.cuh's layout (a warpgroup holding dK + dV of its 64 keys over all
 // 256 columns needs 256 f32 per thread), so the two consumer warpgroups split the COLUMNS:
@@ -22,7 +22,9 @@
 //              sP / sdS (SS, K-major))
 //            dQ[:, 128 c + 64 j..+64] = dS K[:, ...] for j = 0, 1 (SS m64 n64, A = sdS read
 //              M-major, as bwd_kernel.cuh's dQ); stage released once dV / dK are done;
-//              red.global.add.v4 of each slice into dq_accum (no room for dq_bulk staging)
+//              red.global.add.v4 of each slice into dq_accum (no room for dq_bulk staging;
+//              staging in the stage's dead sQ / sdO chunks measured 0.92x: shared memory
+//              bandwidth)
 //          sP / sdS are double-buffered by stage: the reuse argument of bwd_kernel.cuh (one
 //          named barrier per step) holds unchanged.
 // Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
@@ -356,9 +358,6 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       const int dq_row = m0 + 16 * warp_in_wg;
       float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 4 * lane;
       auto add_dq = [&](const float (&acc)[32], int j) {
-#if defined(FLASHATTN2_D256_PROBE) && (FLASHATTN2_D256_PROBE & 1)
-        if (p.headdim > 0) return;  // timing probe: no dQ reduce (wrong dQ)
-#endif
         const int chunk = 2 * consumer + j;
         if (dq_row < seq.seqlen_q()) {
 #pragma unroll
