@@ -82,6 +82,57 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
   ptx::red_release_add(reinterpret_cast<int*>(ld_shared_u64(slot)), 1);
 }
 
+// kDqWarp, deterministic: producer warp 2's walk. Per step, lane 0 waits for the query tile's
+// turn (1 add per earlier visitor of the chain), then for the consumers' staged dQ
+// (kBarDqFull), issues their reduces (as the consumer warps do otherwise), hands the staging
+// back once it is read (kBarDqEmpty) and releases the tile once the reduces are complete: the
+// global round trips overlap the consumers' next step instead of stalling them. Not inlined,
+// so that nothing of it is hoisted into the consumers' registers (inline, ptxas failed to
+// allocate the consumers' 240).
+template <typename Traits, bool kVarlen>
+static __device__ __noinline__ void dq_order_warp(const BwdParams& p, int batch, int head0,
+                                                  int n_block, BwdRange range, uint32_t sDq,
+                                                  int lane) {
+  constexpr int kBlockM = Traits::kBlockM;
+  const BwdSeq<kVarlen> seq(p, batch);
+  int head = head0, m_block = range.m_start;
+  for (int t = 0; t < range.steps; ++t) {
+    int* const counter = seq.dq_counter0(head, n_block) + m_block;
+    if (lane == 0) {
+      const DqOrder<kBlockM, Traits::kBlockN> order(
+          p, seq.seqlen_q(), seq.seqlen_k(), (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
+      dq_order_step(nullptr, counter, order.turn(n_block, m_block));
+    }
+    __syncwarp();
+    named_sync(kBarDqFull, 256 + 32);
+    if (lane == 0) {
+      fence_proxy_async_global();  // after the turn's acquire
+      float* const dq = dq_chain(p, n_block & (p.dq_chains - 1)) +
+                        (seq.ws_row0(head) + m_block * kBlockM) * p.headdim;
+#pragma unroll 1
+      for (int i = 0; i < 4 * Traits::kConsumers; ++i) {  // consumer warp i: 4 c + w
+        const int c = i / 4, w = i % 4;
+        const int dq_chunk = Traits::kDqSplitsRows ? 0 : c;
+        const int row = (Traits::kDqSplitsRows ? 64 * c : 0) + 16 * w;
+        const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
+        if (m_block * kBlockM + row < seq.seqlen_q() && tiles > 0)
+          bulk_reduce_add_f32(dq + row * p.headdim + 16 * 64 * dq_chunk,
+                              sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
+      }
+      tma_store_commit();
+      tma_store_wait_read();
+    }
+    __syncwarp();
+    if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
+    if (lane == 0) {
+      tma_store_wait();
+      fence_proxy_async_global();
+      ptx::red_release_add(counter, 1);
+    }
+    range.next(head, m_block);
+  }
+}
+
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
 // Instances of their own, so that plain calls run none of their code (with kMods in the one
 // d128 kernel, 24 B of spills and the logit pass cost every call ~10 %, H100 2026-11-25).
@@ -141,6 +192,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const DqOrder<kBlockM, kBlockN> order(p, seq.seqlen_q(), seq.seqlen_k(),
                                         (seq.seqlen_q() + kBlockM - 1) / kBlockM, p.deterministic);
   const int n_block = order.n_block();
+  // kDqWarp builds, deterministic: warp 2 runs the dQ order (below), the consumers only stage.
+  const bool dq_warp = Traits::kDqWarp && p.deterministic;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
   if (tid == 0) {
@@ -211,6 +264,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mbar_arrive(bar_lse_full(s));
         range.next(head, m_block);
       }
+    } else if (warp == 2 && dq_warp) {
+      dq_order_warp<Traits, kVarlen>(p, batch, head_k * group, n_block, range, sDq, lane);
     }
   } else {
     // ---- consumers ----
@@ -412,7 +467,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // sDqCounter; rewritten only after this step's sdS barrier). (Released at the dQ point
       // instead, the next visitor waited for it there in step: 1.84x the default time at
       // 16k.)
-      if (p.deterministic && t > 0 && lane == 0) dq_release(sDqCounter);
+      if (p.deterministic && !dq_warp && t > 0 && lane == 0) dq_release(sDqCounter);
       wgmma_wait<kDvAfterDs ? 0 : 1>();  // dP^T (d128: the dV GEMM may still run)
       fence_regs(acc_dp);
 
@@ -507,7 +562,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // turn in the CTA's chain (every warp of the chain's visitors before this CTA has
       // released) and leaves the counter's address for the releases (dq_release); the
       // second barrier passes both on.
-      if (p.deterministic && tid == 128) {
+      if (p.deterministic && !dq_warp && tid == 128) {
         // (the order rebuilt here from the params rather than kept live across the loop)
         const DqOrder<kBlockM, kBlockN> order_t(p, seq.seqlen_q(), seq.seqlen_k(),
                                                 (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
@@ -526,7 +581,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (kDsBuffers == 1) {
         if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
       }
-      if (p.deterministic) named_sync(kBarDqTurn, 256);
+      if (p.deterministic && !dq_warp) named_sync(kBarDqTurn, 256);
 
       // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64
       // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at
@@ -538,8 +593,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
         // the previous step's reduce has read the staging buffer.
         const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
-        if (lane == 0) tma_store_wait_read();
-        __syncwarp();
+        if (dq_warp) {
+          if (t > 0) named_sync(kBarDqEmpty, 256 + 32);  // warp 2's reduces read step t - 1's
+        } else {
+          if (lane == 0) tma_store_wait_read();
+          __syncwarp();
+        }
         if (dq_row < seq.seqlen_q()) {
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt)
@@ -548,7 +607,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           fence_proxy_async();  // the generic-proxy stores, before the async-proxy read
           __syncwarp();
           const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-          if (lane == 0 && tiles > 0) {
+          if (!dq_warp && lane == 0 && tiles > 0) {
             float* dq =
                 p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 16 * 64 * dq_chunk;
             if (p.deterministic) {
@@ -559,6 +618,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             tma_store_commit();
           }
         }
+        if (dq_warp) named_arrive(kBarDqFull, 256 + 32);  // staged (and fenced) for warp 2
       } else if (dq_row < seq.seqlen_q()) {
         float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
                           16 * 64 * dq_chunk + 4 * lane;
@@ -576,7 +636,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits;
     // deterministic: then the last step's query tile is released.
     if (Traits::kDqBulk && lane == 0) {
-      if (p.deterministic && range.steps > 0) dq_release(sDqCounter);
+      if (p.deterministic && !dq_warp && range.steps > 0) dq_release(sDqCounter);
       else tma_store_wait();
     }
 
