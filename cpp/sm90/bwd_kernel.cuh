@@ -82,41 +82,43 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
   ptx::red_release_add(reinterpret_cast<int*>(ld_shared_u64(slot)), 1);
 }
 
-// kDqWarp, deterministic: producer warp 2's walk. Per step, lane 0 waits for the query tile's
-// turn (1 add per earlier visitor of the chain), then for the consumers' staged dQ
-// (kBarDqFull), issues their reduces (as the consumer warps do otherwise), hands the staging
-// back once it is read (kBarDqEmpty) and releases the tile once the reduces are complete: the
-// global round trips overlap the consumers' next step instead of stalling them. Not inlined,
-// so that nothing of it is hoisted into the consumers' registers (inline, ptxas failed to
-// allocate the consumers' 240).
+// kDqWarp: producer warp 2's walk (the deterministic dQ order, off the consumers' path). Per
+// step, lane 0 waits for the query tile's turn (1 add per earlier visitor of the chain), then
+// for the consumers' staged dQ (kBarDqFull), issues their 4 kConsumers bulk reduces, hands the
+// staging back once it is read (kBarDqEmpty) and releases the tile once the reduces are
+// complete: the global round trips overlap the consumers' next step. Inlined, with the
+// counter and accumulator of the step's head stepped per head and everything else rebuilt
+// from the params per step: the producer warpgroup has 24 registers (the consumers need their
+// 240; at 232 ptxas serialises their wgmma, C7512).
 template <typename Traits, bool kVarlen>
-static __device__ __noinline__ void dq_order_warp(const BwdParams& p, int batch, int head0,
-                                                  int n_block, BwdRange range, uint32_t sDq,
-                                                  int lane) {
+__device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
+                                              int head0, int n_block, const BwdRange& range,
+                                              uint32_t sDq, int lane) {
   constexpr int kBlockM = Traits::kBlockM;
-  const BwdSeq<kVarlen> seq(p, batch);
-  int head = head0, m_block = range.m_start;
+  int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
+  float* dq = dq_chain(p, n_block & (p.dq_chains - 1)) + seq.ws_row0(head0) * p.headdim;
+  int m_block = range.m_start;
   for (int t = 0; t < range.steps; ++t) {
-    int* const counter = seq.dq_counter0(head, n_block) + m_block;
     if (lane == 0) {
       const DqOrder<kBlockM, Traits::kBlockN> order(
           p, seq.seqlen_q(), seq.seqlen_k(), (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
-      dq_order_step(nullptr, counter, order.turn(n_block, m_block));
+      const int turn = order.turn(n_block, m_block);
+      while (ptx::ld_acquire(counter + m_block) != turn) __nanosleep(32);
     }
     __syncwarp();
     named_sync(kBarDqFull, 256 + 32);
     if (lane == 0) {
       fence_proxy_async_global();  // after the turn's acquire
-      float* const dq = dq_chain(p, n_block & (p.dq_chains - 1)) +
-                        (seq.ws_row0(head) + m_block * kBlockM) * p.headdim;
-#pragma unroll 1
+      const int rows = seq.seqlen_q() - m_block * kBlockM;  // the tile's rows in the sequence
+      float* const dq_tile = dq + int64_t(m_block * kBlockM) * p.headdim;
+#pragma unroll
       for (int i = 0; i < 4 * Traits::kConsumers; ++i) {  // consumer warp i: 4 c + w
         const int c = i / 4, w = i % 4;
         const int dq_chunk = Traits::kDqSplitsRows ? 0 : c;
         const int row = (Traits::kDqSplitsRows ? 64 * c : 0) + 16 * w;
         const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-        if (m_block * kBlockM + row < seq.seqlen_q() && tiles > 0)
-          bulk_reduce_add_f32(dq + row * p.headdim + 16 * 64 * dq_chunk,
+        if (row < rows && tiles > 0)
+          bulk_reduce_add_f32(dq_tile + row * p.headdim + 16 * 64 * dq_chunk,
                               sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
       }
       tma_store_commit();
@@ -127,9 +129,13 @@ static __device__ __noinline__ void dq_order_warp(const BwdParams& p, int batch,
     if (lane == 0) {
       tma_store_wait();
       fence_proxy_async_global();
-      ptx::red_release_add(counter, 1);
+      ptx::red_release_add(counter + m_block, 1);
     }
-    range.next(head, m_block);
+    if (++m_block == range.m_block_max) m_block = range.m_block_min;
+    if (m_block == range.m_start) {  // range.next: the next head
+      counter += seq.head_tiles();
+      dq += seq.head_rows() * p.headdim;
+    }
   }
 }
 
@@ -138,7 +144,11 @@ static __device__ __noinline__ void dq_order_warp(const BwdParams& p, int batch,
 // d128 kernel, 24 B of spills and the logit pass cost every call ~10 %, H100 2026-11-25).
 // kBias (with kMods, dense, FLASHATTN2_BIAS builds): an attention bias without its gradient,
 // 16-byte aligned rows of unit key stride (bias_rows_16b), staged per step in shared memory.
-template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false>
+// kDqWarp (dq_warp builds, deterministic calls only): producer warp 2 runs the dQ order
+// (dq_order_warp); the other instances have none of its code (their SASS is the default
+// build's), so that a dq_warp build can run both deterministic paths (BwdParams::dq_warp).
+template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
+          bool kDqWarp = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -192,8 +202,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const DqOrder<kBlockM, kBlockN> order(p, seq.seqlen_q(), seq.seqlen_k(),
                                         (seq.seqlen_q() + kBlockM - 1) / kBlockM, p.deterministic);
   const int n_block = order.n_block();
-  // kDqWarp builds, deterministic: warp 2 runs the dQ order (below), the consumers only stage.
-  const bool dq_warp = Traits::kDqWarp && p.deterministic;
+  // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
+  static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
+  constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
   if (tid == 0) {
@@ -265,7 +276,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         range.next(head, m_block);
       }
     } else if (warp == 2 && dq_warp) {
-      dq_order_warp<Traits, kVarlen>(p, batch, head_k * group, n_block, range, sDq, lane);
+      dq_order_warp<Traits, kVarlen>(p, seq, head_k * group, n_block, range, sDq, lane);
     }
   } else {
     // ---- consumers ----

@@ -39,7 +39,7 @@ struct BwdTraits {
   static constexpr int kDqWarpBytes = 16 * 64 * 4;
   // dq_warp (deterministic mode, an opt-in build item): producer warp 2 waits for the dQ
   // turns, issues the consumers' staged reduces and releases the counters (bwd_kernel.cuh).
-  static constexpr bool kDqWarp = kDqBulk && FLASHATTN2_SM90_BWD_DQ_WARP != 0;
+  static constexpr bool kDqWarpBuilt = kDqBulk && FLASHATTN2_SM90_BWD_DQ_WARP != 0;
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
   static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
@@ -127,6 +127,9 @@ struct BwdSeq {
     return dq_chain_counters(p, n_block) +
            (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + 63) / 64);
   }
+  // From one head to the next: workspace rows, counters (ws_row0, dq_counter0).
+  __device__ __forceinline__ int64_t head_rows() const { return round16(p.seqlen_q); }
+  __device__ __forceinline__ int head_tiles() const { return (p.seqlen_q + 63) / 64; }
 };
 template <>
 struct BwdSeq<true> {
@@ -146,6 +149,13 @@ struct BwdSeq<true> {
   }
   __device__ __forceinline__ int* dq_counter0(int head, int n_block) const {
     return dq_chain_counters(p, n_block) + ws_tile0(p, seq, batch, head, 64);
+  }
+  __device__ __forceinline__ int64_t head_rows() const {
+    return p.cu_seqlens_q ? round16(int64_t(p.total_q) + 16 * p.batch)
+                          : round16(p.seqlen_q);
+  }
+  __device__ __forceinline__ int head_tiles() const {
+    return p.cu_seqlens_q ? p.total_q / 64 + p.batch : (p.seqlen_q + 63) / 64;
   }
 };
 
