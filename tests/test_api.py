@@ -95,7 +95,8 @@ def test_build_info_and_version():
     if info["sm90_bwd_head_dims"]:
         assert 90 in info["archs"]
     # Unvalidated extensions appear only in development builds that ask for them.
-    assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk"}
+    assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk",
+                                                  "dq_warp"}
     if 64 in info["sm90_bwd_head_dims"]:
         assert "d64" in info["sm90_bwd_experimental"]
     assert set(info["experimental"]) <= {"bias", "fp32", "decode"}

@@ -45,7 +45,9 @@
 //          issuing dV (d64: before the dS^T pass), each warp's lane 0 waits for its
 //          previous reduce to complete and adds 1 to that tile's counter (release); thread
 //          128, while its dQ GEMM runs, waits for this tile's turn (8 adds per earlier
-//          visitor of its chain); a second named barrier passes it on.
+//          visitor of its chain); a second named barrier passes it on. dq_warp builds
+//          (kDqWarp instances, no mods / bias): producer warp 2 does the waits, the reduces
+//          and 1 add per visitor (dq_order_warp); the consumers only stage dQ.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
 // causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
