@@ -7,7 +7,8 @@
 # (space-separated names of the steps below). Meanwhile a second build (base: a base commit's
 # kernels) serves A/B runs (fwdab, bwdab, decab), and a third (dqw: this tree with the dq_warp
 # item, d64 / d128) the deterministic tests and A/B of detab and the sanitizers of detsan.
-# HEAD_DIMS limits the main build (default: all); TEST_FILES narrows the suite (pytest arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
+# HEAD_DIMS limits the main build (default: all); TEST_FILES narrows the suite (pytest
+# arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
 set -u
 O=${JOB_OUT:-gpu_logs}
 SKIP=" ${SKIP:-} "
