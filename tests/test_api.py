@@ -97,7 +97,7 @@ def test_build_info_and_version():
         assert 90 in info["archs"]
     # Unvalidated extensions appear only in development builds that ask for them.
     assert set(info["sm90_bwd_experimental"]) <= {"d64", "window", "varlen", "mods", "dq_bulk",
-                                                  "d256"}
+                                                  "d256", "dq_warp"}
     for d in (64, 256):
         if d in info["sm90_bwd_head_dims"]:
             assert f"d{d}" in info["sm90_bwd_experimental"]
@@ -808,6 +808,7 @@ _IMPORT_SWITCHES = [
     ("FLASHATTN2_SM90_BWD_D64", "SM90_BWD_D64", True),
     ("FLASHATTN2_DBIAS_DIRECT", "DBIAS_DIRECT", True),
     ("FLASHATTN2_BWD_BIAS_STAGED", "BWD_BIAS_STAGED", True),
+    ("FLASHATTN2_SM90_DQ_WARP", "SM90_DQ_WARP", True),
 ]
 
 

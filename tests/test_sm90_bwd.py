@@ -201,8 +201,9 @@ def test_sm90_backward_d256_falls_back_out_of_scope(sm90_bwd):
 
 # Deterministic mode on the Hopper backward (dq_bulk builds), in every order of
 # common/dq_order.cuh and with 1, 2 or 4 dQ chains (None: bwd_dq_chains's choice, one chain at
-# these lengths but for the ascending cases from 1024 keys, which take 4).
-@pytest.mark.parametrize(
+# these lengths but for the ascending cases from 1024 keys, which take 4). In builds with
+# dq_warp these run its kernel instances (_ext.SM90_DQ_WARP, on by default).
+DET_CASES = pytest.mark.parametrize(
     "seqlens,causal,window_size",
     [((1025, 1025), True, (-1, -1)),  # descending, key blocks launched last first
      ((700, 1500), True, (-1, -1)),  # sq < sk
@@ -216,6 +217,9 @@ def test_sm90_backward_d256_falls_back_out_of_scope(sm90_bwd):
     ids=["causal", "causal-sq<sk", "causal-sq>sk", "band", "full", "full-sq>sk", "full-8",
          "full-sq<sk", "left"],
 )  # fmt: skip
+
+
+@DET_CASES
 @pytest.mark.parametrize("chains", [None, 2, 4], ids=["chains-auto", "chains-2", "chains-4"])
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
 @pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
@@ -245,17 +249,56 @@ def test_sm90_backward_deterministic(sm90_bwd, headdim, seqlens, causal, window_
 
 
 class _ChainsRecorder:
-    """Stands in for _launch._C: records the dq_chains of each _C.bwd, runs the real one."""
+    """Stands in for _launch._C: records the dq_chains and dq_warp of each _C.bwd, runs the
+    real one."""
 
     def __init__(self, real):
-        self.real, self.chains = real, []
+        self.real, self.chains, self.dq_warp = real, [], []
 
     def __getattr__(self, name):
         return getattr(self.real, name)
 
     def bwd(self, *args, **kwargs):
         self.chains.append(kwargs["dq_chains"])
+        self.dq_warp.append(kwargs["dq_warp"])
         return self.real.bwd(*args, **kwargs)
+
+
+def require_dq_warp(headdim):
+    require_sm90_bwd(headdim)
+    if "dq_warp" not in EXPERIMENTAL:
+        pytest.skip("needs a build with dq_warp in FLASHATTN2_SM90_BWD_EXPERIMENTAL")
+
+
+@DET_CASES
+@pytest.mark.parametrize("chains", [None, 4], ids=["chains-auto", "chains-4"])
+@pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward_dq_warp_bitwise(sm90_bwd, monkeypatch, headdim, seqlens, causal,
+                                       window_size, chains, nheads, nheads_k):
+    """dq_warp builds: the deterministic backward with producer warp 2 running the dQ order
+    (_ext.sm90_dq_warp(True)) gives the same bits as with the consumer warps running it
+    (False): the same visitors add the same float32 tiles in the same order; and is right."""
+    require_dq_warp(headdim)
+    if window_size != (-1, -1) and "window" not in EXPERIMENTAL:
+        pytest.skip("this window runs the mma.sync backward without the window extension")
+    recorder = _ChainsRecorder(_launch._C)
+    monkeypatch.setattr(_launch, "_C", recorder)
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, headdim, torch.bfloat16)
+    runs = []
+    with _ext.dq_chains(chains):
+        for warp in (True, False, True):
+            with _ext.sm90_dq_warp(warp):
+                grads, ran = arch_of_backward(q, k, v, dout, causal=causal,
+                                              window_size=window_size, deterministic=True)
+            assert ran == 90
+            runs.append(grads)
+    assert recorder.dq_warp == [True, False, True]
+    check_grads(runs[0], q, k, v, dout, causal=causal, window_size=window_size)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("seqlen,chains", [(8192, 2), (16384, 4)], ids=["8k", "16k"])
@@ -290,7 +333,8 @@ def test_sm90_backward_deterministic_long(sm90_bwd, monkeypatch, headdim, seqlen
 def test_sm90_backward_deterministic_varlen(sm90_bwd, headdim, causal, chains):
     """Packed sequences: each sequence's CTAs keep their own order (a sequence whose key
     blocks outnumber its query blocks takes the ascending order, still bitwise), in each
-    chain's counters of the varlen layout (seqlen.cuh ws_tile0)."""
+    chain's counters of the varlen layout (seqlen.cuh ws_tile0); in dq_warp builds the same
+    bits from its instance and, in the second run, from the consumer warps' order."""
     require_sm90_bwd(headdim)
     if not {"dq_bulk", "varlen"} <= EXPERIMENTAL:
         pytest.skip("needs the dq_bulk and varlen extensions")
@@ -305,12 +349,13 @@ def test_sm90_backward_deterministic_varlen(sm90_bwd, headdim, causal, chains):
             for _ in range(2))
     dout = torch.randn_like(q)
     runs = []
-    for _ in range(3):
+    # dq_warp builds: the second run keeps the dQ order on the consumer warps (the same bits).
+    for warp in (True, False, True):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         _ext.last_bwd_arch = None
         out = flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k),
                                      causal=causal, deterministic=True)
-        with _ext.dq_chains(chains):
+        with _ext.dq_chains(chains), _ext.sm90_dq_warp(warp):
             out.backward(dout)
         torch.cuda.synchronize()
         assert _ext.last_bwd_arch == 90

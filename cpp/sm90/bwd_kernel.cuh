@@ -45,7 +45,9 @@
 //          issuing dV (d64: before the dS^T pass), each warp's lane 0 waits for its
 //          previous reduce to complete and adds 1 to that tile's counter (release); thread
 //          128, while its dQ GEMM runs, waits for this tile's turn (8 adds per earlier
-//          visitor of its chain); a second named barrier passes it on.
+//          visitor of its chain); a second named barrier passes it on. dq_warp builds
+//          (kDqWarp instances, no mods / bias): producer warp 2 does the waits, the reduces
+//          and 1 add per visitor (dq_order_warp); the consumers only stage dQ.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
 // causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
@@ -82,12 +84,73 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
   ptx::red_release_add(reinterpret_cast<int*>(ld_shared_u64(slot)), 1);
 }
 
+// kDqWarp: producer warp 2's walk (the deterministic dQ order, off the consumers' path). Per
+// step, lane 0 waits for the query tile's turn (1 add per earlier visitor of the chain), then
+// for the consumers' staged dQ (kBarDqFull), issues their 4 kConsumers bulk reduces, hands the
+// staging back once it is read (kBarDqEmpty) and releases the tile once the reduces are
+// complete: the global round trips overlap the consumers' next step. Inlined, with the
+// counter and accumulator of the step's head stepped per head and everything else rebuilt
+// from the params per step: the producer warpgroup has 24 registers (the consumers need their
+// 240; at 232 ptxas serialises their wgmma, C7512).
+template <typename Traits, bool kVarlen>
+__device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
+                                              int head0, int n_block, const BwdRange& range,
+                                              uint32_t sDq, int lane) {
+  constexpr int kBlockM = Traits::kBlockM;
+  int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
+  float* dq = dq_chain(p, n_block & (p.dq_chains - 1)) + seq.ws_row0(head0) * p.headdim;
+  int m_block = range.m_start;
+  for (int t = 0; t < range.steps; ++t) {
+    if (lane == 0) {
+      const DqOrder<kBlockM, Traits::kBlockN> order(
+          p, seq.seqlen_q(), seq.seqlen_k(), (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
+      const int turn = order.turn(n_block, m_block);
+      while (ptx::ld_acquire(counter + m_block) != turn) __nanosleep(32);
+    }
+    __syncwarp();
+    named_sync(kBarDqFull, 256 + 32);
+    if (lane == 0) {
+      fence_proxy_async_global();  // after the turn's acquire
+      const int rows = seq.seqlen_q() - m_block * kBlockM;  // the tile's rows in the sequence
+      float* const dq_tile = dq + int64_t(m_block * kBlockM) * p.headdim;
+#pragma unroll
+      for (int i = 0; i < 4 * Traits::kConsumers; ++i) {  // consumer warp i: 4 c + w
+        const int c = i / 4, w = i % 4;
+        const int dq_chunk = Traits::kDqSplitsRows ? 0 : c;
+        const int row = (Traits::kDqSplitsRows ? 64 * c : 0) + 16 * w;
+        const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
+        if (row < rows && tiles > 0)
+          bulk_reduce_add_f32(dq_tile + row * p.headdim + 16 * 64 * dq_chunk,
+                              sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
+      }
+      tma_store_commit();
+      tma_store_wait_read();
+    }
+    __syncwarp();
+    if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
+    if (lane == 0) {
+      tma_store_wait();
+      fence_proxy_async_global();
+      ptx::red_release_add(counter + m_block, 1);
+    }
+    if (++m_block == range.m_block_max) m_block = range.m_block_min;
+    if (m_block == range.m_start) {  // range.next: the next head
+      counter += seq.head_tiles();
+      dq += seq.head_rows() * p.headdim;
+    }
+  }
+}
+
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
 // Instances of their own, so that plain calls run none of their code (with kMods in the one
 // d128 kernel, 24 B of spills and the logit pass cost every call ~10 %, H100 2026-11-25).
 // kBias (with kMods, dense, FLASHATTN2_BIAS builds): an attention bias without its gradient,
 // 16-byte aligned rows of unit key stride (bias_rows_16b), staged per step in shared memory.
-template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false>
+// kDqWarp (dq_warp builds, deterministic calls only): producer warp 2 runs the dQ order
+// (dq_order_warp); the other instances have none of its code (their SASS is the default
+// build's), so that a dq_warp build can run both deterministic paths (BwdParams::dq_warp).
+template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
+          bool kDqWarp = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -141,6 +204,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const DqOrder<kBlockM, kBlockN> order(p, seq.seqlen_q(), seq.seqlen_k(),
                                         (seq.seqlen_q() + kBlockM - 1) / kBlockM, p.deterministic);
   const int n_block = order.n_block();
+  // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
+  static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
+  constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
   if (tid == 0) {
@@ -211,6 +277,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mbar_arrive(bar_lse_full(s));
         range.next(head, m_block);
       }
+    } else if (warp == 2 && dq_warp) {
+      dq_order_warp<Traits, kVarlen>(p, seq, head_k * group, n_block, range, sDq, lane);
     }
   } else {
     // ---- consumers ----
@@ -412,7 +480,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // sDqCounter; rewritten only after this step's sdS barrier). (Released at the dQ point
       // instead, the next visitor waited for it there in step: 1.84x the default time at
       // 16k.)
-      if (p.deterministic && t > 0 && lane == 0) dq_release(sDqCounter);
+      if (p.deterministic && !dq_warp && t > 0 && lane == 0) dq_release(sDqCounter);
       wgmma_wait<kDvAfterDs ? 0 : 1>();  // dP^T (d128: the dV GEMM may still run)
       fence_regs(acc_dp);
 
@@ -507,7 +575,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // turn in the CTA's chain (every warp of the chain's visitors before this CTA has
       // released) and leaves the counter's address for the releases (dq_release); the
       // second barrier passes both on.
-      if (p.deterministic && tid == 128) {
+      if (p.deterministic && !dq_warp && tid == 128) {
         // (the order rebuilt here from the params rather than kept live across the loop)
         const DqOrder<kBlockM, kBlockN> order_t(p, seq.seqlen_q(), seq.seqlen_k(),
                                                 (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
@@ -526,7 +594,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (kDsBuffers == 1) {
         if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
       }
-      if (p.deterministic) named_sync(kBarDqTurn, 256);
+      if (p.deterministic && !dq_warp) named_sync(kBarDqTurn, 256);
 
       // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64
       // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at
@@ -538,8 +606,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
         // the previous step's reduce has read the staging buffer.
         const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
-        if (lane == 0) tma_store_wait_read();
-        __syncwarp();
+        if (dq_warp) {
+          if (t > 0) named_sync(kBarDqEmpty, 256 + 32);  // warp 2's reduces read step t - 1's
+        } else {
+          if (lane == 0) tma_store_wait_read();
+          __syncwarp();
+        }
         if (dq_row < seq.seqlen_q()) {
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt)
@@ -548,7 +620,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           fence_proxy_async();  // the generic-proxy stores, before the async-proxy read
           __syncwarp();
           const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-          if (lane == 0 && tiles > 0) {
+          if (!dq_warp && lane == 0 && tiles > 0) {
             float* dq =
                 p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 16 * 64 * dq_chunk;
             if (p.deterministic) {
@@ -559,6 +631,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             tma_store_commit();
           }
         }
+        if (dq_warp) named_arrive(kBarDqFull, 256 + 32);  // staged (and fenced) for warp 2
       } else if (dq_row < seq.seqlen_q()) {
         float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
                           16 * 64 * dq_chunk + 4 * lane;
@@ -576,7 +649,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits;
     // deterministic: then the last step's query tile is released.
     if (Traits::kDqBulk && lane == 0) {
-      if (p.deterministic && range.steps > 0) dq_release(sDqCounter);
+      if (p.deterministic && !dq_warp && range.steps > 0) dq_release(sDqCounter);
       else tma_store_wait();
     }
 

@@ -37,6 +37,9 @@ struct BwdTraits {
   // dq_bulk: dQ staged per consumer warp (16 rows x 64 columns f32) for one bulk reduce-add.
   static constexpr bool kDqBulk = FLASHATTN2_SM90_BWD_DQ_BULK != 0;
   static constexpr int kDqWarpBytes = 16 * 64 * 4;
+  // dq_warp (deterministic mode, an opt-in build item): producer warp 2 waits for the dQ
+  // turns, issues the consumers' staged reduces and releases the counters (bwd_kernel.cuh).
+  static constexpr bool kDqWarpBuilt = kDqBulk && FLASHATTN2_SM90_BWD_DQ_WARP != 0;
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
   static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
@@ -91,6 +94,11 @@ constexpr int kBarBias = 3;
 // of the step is complete (kBarDsFree + c: c arrives, the other one waits before its dS^T
 // stores of the next step).
 constexpr int kBarDsFree = 5;
+// kDqWarp, deterministic: of the consumer warpgroups and producer warp 2 (288 threads), the
+// step's dQ staged (kBarDqFull: consumers arrive, warp 2 waits) and the staging read by the
+// reduces (kBarDqEmpty: warp 2 arrives, consumers wait before the next step's stores).
+constexpr int kBarDqFull = 7;
+constexpr int kBarDqEmpty = 8;
 
 // The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
 // what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read
@@ -119,6 +127,9 @@ struct BwdSeq {
     return dq_chain_counters(p, n_block) +
            (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + 63) / 64);
   }
+  // From one head to the next: workspace rows, counters (ws_row0, dq_counter0).
+  __device__ __forceinline__ int64_t head_rows() const { return round16(p.seqlen_q); }
+  __device__ __forceinline__ int head_tiles() const { return (p.seqlen_q + 63) / 64; }
 };
 template <>
 struct BwdSeq<true> {
@@ -138,6 +149,13 @@ struct BwdSeq<true> {
   }
   __device__ __forceinline__ int* dq_counter0(int head, int n_block) const {
     return dq_chain_counters(p, n_block) + ws_tile0(p, seq, batch, head, 64);
+  }
+  __device__ __forceinline__ int64_t head_rows() const {
+    return p.cu_seqlens_q ? round16(int64_t(p.total_q) + 16 * p.batch)
+                          : round16(p.seqlen_q);
+  }
+  __device__ __forceinline__ int head_tiles() const {
+    return p.cu_seqlens_q ? p.total_q / 64 + p.batch : (p.seqlen_q + 63) / 64;
   }
 };
 
