@@ -127,7 +127,8 @@ fi
 # detab: in the dq_warp build, the deterministic tests (its instances; and their bits against
 # the consumer warps' order), then the backward with the dQ order on producer warp 2
 # (FLASHATTN2_SM90_DQ_WARP=1) and on the consumers (0), interleaved; the default rows
-# (flashattn2) run the same SASS in both, a control. DETAB_ARGS: more bench.py options.
+# (flashattn2) run the dq_warp instances too (dqw) or not. DETAB_ARGS: more bench.py options;
+# DETAB_RUNS: the runs (default "dqw dqc dqw2 dqc2").
 if want detab; then
     stamp "deterministic A/B in the dq_warp build: warp 2 (dqw) vs the consumers (dqc)"
     [ -n "${DQW_PID:-}" ] && wait "$DQW_PID"
@@ -136,7 +137,7 @@ if want detab; then
         PYTHONPATH=$DQW_PP timeout 1200 python3 -m pytest tests/test_sm90_bwd.py tests/test_bwd.py \
             -q -p no:cacheprovider -k "deterministic or dq_warp" 2>&1 | tail -n 8
     fi
-    for run in dqw dqc dqw2 dqc2; do
+    for run in ${DETAB_RUNS:-dqw dqc dqw2 dqc2}; do
         w=1; [[ $run == dqc* ]] && w=0
         # shellcheck disable=SC2086
         PYTHONPATH=$DQW_PP FLASHATTN2_SM90_DQ_WARP=$w python3 benchmarks/bench.py --no-summary \

@@ -270,6 +270,28 @@ def require_dq_warp(headdim):
         pytest.skip("needs a build with dq_warp in FLASHATTN2_SM90_BWD_EXPERIMENTAL")
 
 
+@pytest.mark.parametrize("chains", [None, 4], ids=["chains-auto", "chains-4"])
+@pytest.mark.parametrize("seqlens,causal", [((1025, 1025), True), ((300, 1025), False),
+                                            ((1500, 700), False)], ids=["causal", "sq<sk", "sq>sk"])
+@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+def test_sm90_backward_dq_warp_default(sm90_bwd, monkeypatch, headdim, seqlens, causal, chains):
+    """dq_warp builds: the default (not deterministic) backward runs the dq_warp instances too
+    (producer warp 2 issues the reduces, no turns) and is right with the switch on and off,
+    also with dQ chains forced (ignored without deterministic mode: one accumulator)."""
+    require_dq_warp(headdim)
+    recorder = _ChainsRecorder(_launch._C)
+    monkeypatch.setattr(_launch, "_C", recorder)
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, *seqlens, 8, 2, headdim, torch.bfloat16)
+    with _ext.dq_chains(chains):
+        for warp in (True, False):
+            with _ext.sm90_dq_warp(warp):
+                grads, ran = arch_of_backward(q, k, v, dout, causal=causal)
+            assert ran == 90
+            check_grads(grads, q, k, v, dout, causal=causal)
+    assert recorder.dq_warp == [True, False]
+
+
 @DET_CASES
 @pytest.mark.parametrize("chains", [None, 4], ids=["chains-auto", "chains-4"])
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])

@@ -192,9 +192,9 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // (sm80/bwd_launch.cuh); false: one global load per score (for A/B comparisons).
   bool bias_staged = true;
 #endif
-  // Builds with dq_warp (FLASHATTN2_SM90_BWD_EXPERIMENTAL): deterministic Hopper backwards
-  // without mods or a bias run its instances (sm90/bwd_launch.cuh); false runs the others
-  // (for A/B comparisons). Host only, here at the end so that the other fields keep their
+  // Builds with dq_warp (FLASHATTN2_SM90_BWD_EXPERIMENTAL): Hopper backwards without mods or
+  // a bias run its instances, where producer warp 2 issues the dQ reduces (sm90/bwd_launch.cuh);
+  // false runs the others (for A/B comparisons). Host only, here at the end so that the other fields keep their
   // offsets.
   bool dq_warp = true;
 };

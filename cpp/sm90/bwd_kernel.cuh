@@ -84,11 +84,14 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
   ptx::red_release_add(reinterpret_cast<int*>(ld_shared_u64(slot)), 1);
 }
 
-// kDqWarp: producer warp 2's walk (the deterministic dQ order, off the consumers' path). Per
-// step, lane 0 waits for the query tile's turn (1 add per earlier visitor of the chain), then
-// for the consumers' staged dQ (kBarDqFull), issues their 4 kConsumers bulk reduces, hands the
-// staging back once it is read (kBarDqEmpty) and releases the tile once the reduces are
-// complete: the global round trips overlap the consumers' next step. Inlined, with the
+// kDqWarp: producer warp 2 issues the dQ reduces of every step, off the consumers' path. Per
+// step, lane 0 waits (deterministic mode) for the query tile's turn (1 add per earlier visitor
+// of the chain), then for the consumers' staged dQ (kBarDqFull), issues their 4 kConsumers
+// bulk reduces, hands the staging back once it is read (kBarDqEmpty) and (deterministic)
+// releases the tile once the reduces are complete: the global round trips overlap the
+// consumers' next step. Without deterministic mode only the reduces and the hand-back remain
+// (measured: the deterministic d64 backward on this path ran at 0.88-0.99x the default one
+// with the reduces on the consumers, H100 2026-11-26). Inlined, with the
 // counter and accumulator of the step's head stepped per head and everything else rebuilt
 // from the params per step: the producer warpgroup has 24 registers (the consumers need their
 // 240; at 232 ptxas serialises their wgmma, C7512).
@@ -98,10 +101,11 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
                                               uint32_t sDq, int lane) {
   constexpr int kBlockM = Traits::kBlockM;
   int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
-  float* dq = dq_chain(p, n_block & (p.dq_chains - 1)) + seq.ws_row0(head0) * p.headdim;
+  float* dq = dq_chain(p, p.deterministic ? n_block & (p.dq_chains - 1) : 0) +
+              seq.ws_row0(head0) * p.headdim;
   int m_block = range.m_start;
   for (int t = 0; t < range.steps; ++t) {
-    if (lane == 0) {
+    if (p.deterministic && lane == 0) {
       const DqOrder<kBlockM, Traits::kBlockN> order(
           p, seq.seqlen_q(), seq.seqlen_k(), (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
       const int turn = order.turn(n_block, m_block);
@@ -110,7 +114,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     __syncwarp();
     named_sync(kBarDqFull, 256 + 32);
     if (lane == 0) {
-      fence_proxy_async_global();  // after the turn's acquire
+      if (p.deterministic) fence_proxy_async_global();  // after the turn's acquire
       const int rows = seq.seqlen_q() - m_block * kBlockM;  // the tile's rows in the sequence
       float* const dq_tile = dq + int64_t(m_block * kBlockM) * p.headdim;
 #pragma unroll
@@ -128,7 +132,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     }
     __syncwarp();
     if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
-    if (lane == 0) {
+    if (p.deterministic && lane == 0) {
       tma_store_wait();
       fence_proxy_async_global();
       ptx::red_release_add(counter + m_block, 1);
@@ -139,6 +143,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
       dq += seq.head_rows() * p.headdim;
     }
   }
+  if (lane == 0) tma_store_wait();  // (not deterministic: the reduces complete before exit)
 }
 
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
@@ -146,7 +151,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // d128 kernel, 24 B of spills and the logit pass cost every call ~10 %, H100 2026-11-25).
 // kBias (with kMods, dense, FLASHATTN2_BIAS builds): an attention bias without its gradient,
 // 16-byte aligned rows of unit key stride (bias_rows_16b), staged per step in shared memory.
-// kDqWarp (dq_warp builds, deterministic calls only): producer warp 2 runs the dQ order
+// kDqWarp (dq_warp builds, calls without mods or a bias): producer warp 2 runs the dQ order
 // (dq_order_warp); the other instances have none of its code (their SASS is the default
 // build's), so that a dq_warp build can run both deterministic paths (BwdParams::dq_warp).
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,

@@ -59,10 +59,10 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   const bool mods = kModsBuilt && (p.softcap > 0.f || p.alibi_slopes);
   // An attention bias (no dbias, dense, aligned rows: sm90_bwd_supports): its own instance.
   constexpr bool kBiasBuilt = FLASHATTN2_BIAS && kModsBuilt;
-  // dq_warp builds: deterministic calls without mods or a bias run the kDqWarp instances
-  // (p.dq_warp false: the others, for A/B comparisons and the bitwise test).
+  // dq_warp builds: calls without mods or a bias run the kDqWarp instances (p.dq_warp false:
+  // the others, for A/B comparisons and the bitwise test).
   constexpr bool kDqWarpBuilt = Traits::kDqWarpBuilt;
-  const bool dq_warp = kDqWarpBuilt && p.deterministic && p.dq_warp;
+  const bool dq_warp = kDqWarpBuilt && p.dq_warp;
   if (kBiasBuilt && has_bias(p))
     sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
   else if (varlen && mods)

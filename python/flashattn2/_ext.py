@@ -98,10 +98,11 @@ DBIAS_DIRECT = _env_flag("FLASHATTN2_DBIAS_DIRECT", "1")
 # load per score (for A/B comparisons).
 BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
 # Builds whose FLASHATTN2_SM90_BWD_EXPERIMENTAL has dq_warp (build_info
-# "sm90_bwd_experimental"): True (the default) runs deterministic Hopper backwards without
-# softcap / ALiBi / a bias on its kernel instances (a producer warp waits for the dQ turns and
-# issues the reduces); FLASHATTN2_SM90_DQ_WARP=0 at import, or the sm90_dq_warp(False) context
-# manager, keeps the dQ order on the consumer warps (for A/B comparisons; the same dq bits).
+# "sm90_bwd_experimental"): True (the default) runs Hopper backwards without softcap / ALiBi /
+# a bias on its kernel instances (a producer warp issues the dQ reduces and, deterministic,
+# waits for the dQ turns); FLASHATTN2_SM90_DQ_WARP=0 at import, or the sm90_dq_warp(False)
+# context manager, keeps them on the consumer warps (for A/B comparisons; deterministic: the
+# same dq bits).
 # Without the build item it does nothing.
 SM90_DQ_WARP = _env_flag("FLASHATTN2_SM90_DQ_WARP", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
@@ -148,9 +149,8 @@ decode_issue_early = _switch("DECODE_ISSUE_EARLY", "Inside the block, the decode
 dbias_direct = _switch("DBIAS_DIRECT", "Inside the block, the bias gradient goes straight "
                        "into its target (enabled, the default) or through the float32 "
                        "(b, h, sq, sk) buffer and torch's sum.")
-sm90_dq_warp = _switch("SM90_DQ_WARP", "Inside the block, deterministic Hopper backwards may "
-                       "run the dq_warp instances where built (enabled, the default) or "
-                       "never do.")
+sm90_dq_warp = _switch("SM90_DQ_WARP", "Inside the block, Hopper backwards may run the "
+                       "dq_warp instances where built (enabled, the default) or never do.")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
