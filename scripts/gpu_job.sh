@@ -5,9 +5,7 @@
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
 # own folder of $JOB_OUT (probe: a side build with PROBE_FLAGS against this one). Steps to skip: SKIP
 # (space-separated names of the steps below). Meanwhile a second build (base: a base commit's
-# kernels) serves A/B runs (fwdab, bwdab, decab), and with DQW_SIDE=1 a third (dqw: this tree
-# with the dq_warp item, d64 / d128) the deterministic tests and A/B of detab and the
-# sanitizers of detsan (else the main build, which has dq_warp by default, serves them).
+# kernels) serves A/B runs (fwdab, bwdab, decab).
 # HEAD_DIMS limits the main build (default: all); TEST_FILES narrows the suite (pytest
 # arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
 set -u
@@ -67,16 +65,6 @@ if want probe && [ -n "${PROBE_FLAGS:-}" ]; then
         ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"}
     PROBE_PID=$!
 fi
-# dqw: this tree with dq_warp in FLASHATTN2_SM90_BWD_EXPERIMENTAL (head dims 64, 128), for
-# detab / detsan, when the main build lacks it (DQW_SIDE=1; default: the main build serves).
-DQW_PP=""
-if [ "${DQW_SIDE:-0}" = 1 ] && { want detab || want detsan; }; then
-    DQW_PP=/tmp/dqw
-    stamp "dq_warp build (/tmp/dqw), in the background"
-    side_build dqw -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" \
-        -C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=d64;window;varlen;mods;dq_bulk;dq_warp"
-    DQW_PID=$!
-fi
 # smoke: the test files of what is new (SMOKE_TESTS) first, in their own process with -x, so
 # that a crash there (a CUDA error kills the process's context: every later test errors) is
 # seen at once and does not hide the rest of the suite's results.
@@ -124,37 +112,18 @@ if want chains; then
             2> /dev/null | tail -n 13
     done
 fi
-# detab: in the dq_warp build, the deterministic tests (its instances; and their bits against
-# the consumer warps' order), then the backward with the dQ order on producer warp 2
-# (FLASHATTN2_SM90_DQ_WARP=1) and on the consumers (0), interleaved; the default rows
-# (flashattn2) run the dq_warp instances too (dqw) or not. DETAB_ARGS: more bench.py options;
-# DETAB_RUNS: the runs (default "dqw dqc dqw2 dqc2").
+# detab: the backward with the dQ reduces (and deterministic mode's order) on producer warp 2
+# (FLASHATTN2_SM90_DQ_WARP=1, the default build's dq_warp item) and on the consumer warps (0),
+# interleaved. DETAB_ARGS: more bench.py options; DETAB_RUNS: the runs (default
+# "dqw dqc dqw2 dqc2"). (The check step's suite and sanitizers cover the dq_warp instances.)
 if want detab; then
-    stamp "deterministic A/B in the dq_warp build: warp 2 (dqw) vs the consumers (dqc)"
-    [ -n "${DQW_PID:-}" ] && wait "$DQW_PID"
-    [ -n "$DQW_PP" ] && tail -n 2 "$O/dqw_build.txt"
-    if [ -n "$DQW_PP" ]; then  # (the main build's are in the suite)
-        PYTHONPATH=$DQW_PP timeout 1200 python3 -m pytest tests/test_sm90_bwd.py tests/test_bwd.py \
-            -q -p no:cacheprovider -k "deterministic or dq_warp" 2>&1 | tail -n 8
-    fi
+    stamp "dQ reduces A/B: producer warp 2 (dqw) vs the consumers (dqc)"
     for run in ${DETAB_RUNS:-dqw dqc dqw2 dqc2}; do
         w=1; [[ $run == dqc* ]] && w=0
         # shellcheck disable=SC2086
-        PYTHONPATH=$DQW_PP FLASHATTN2_SM90_DQ_WARP=$w python3 benchmarks/bench.py --no-summary \
+        FLASHATTN2_SM90_DQ_WARP=$w python3 benchmarks/bench.py --no-summary \
             --out "$O/detab_$run" --modes bwd --headdims 64,128 --dtypes bf16 \
             --impls flashattn2,flashattn2_det ${DETAB_ARGS:-} 2> /dev/null | tail -n 16
-    done
-fi
-# detsan: racecheck and synccheck of the deterministic cases in the dq_warp build (its named
-# barriers between the consumers and producer warp 2).
-if want detsan; then
-    stamp "detsan: racecheck / synccheck, sanitize_subset.py on the dq_warp build"
-    [ -n "${DQW_PID:-}" ] && wait "$DQW_PID"
-    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in racecheck synccheck; do
-        PYTHONPATH=$DQW_PP PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 900 "$san" --tool "$tool" \
-            --error-exitcode 1 python3 scripts/sanitize_subset.py > "$O/detsan_$tool.txt" 2>&1
-        echo "$tool rc=$?"; tail -n 3 "$O/detsan_$tool.txt"
     done
 fi
 if want bncu; then

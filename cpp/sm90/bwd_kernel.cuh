@@ -152,8 +152,8 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // kBias (with kMods, dense, FLASHATTN2_BIAS builds): an attention bias without its gradient,
 // 16-byte aligned rows of unit key stride (bias_rows_16b), staged per step in shared memory.
 // kDqWarp (dq_warp builds, calls without mods or a bias): producer warp 2 runs the dQ order
-// (dq_order_warp); the other instances have none of its code (their SASS is the default
-// build's), so that a dq_warp build can run both deterministic paths (BwdParams::dq_warp).
+// (dq_order_warp); the other instances have none of its code (their SASS is a build's
+// without the item), so that a dq_warp build can run both paths (BwdParams::dq_warp, A/B).
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
           bool kDqWarp = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
