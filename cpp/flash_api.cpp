@@ -407,6 +407,7 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
     });
     if (ran) return 90;
   }
+  p.dq_fuse = false;  // (only the Hopper backward's dq_warp instances fuse the dQ convert)
   const bool found = HeadDims::dispatch(kd, [&](auto head_dim) {
     dispatch_dtype(p.dtype, [&](auto element) {
       run_fwd<decltype(element), decltype(head_dim)::value>(p, s);

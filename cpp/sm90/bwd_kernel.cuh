@@ -95,15 +95,88 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
 // counter and accumulator of the step's head stepped per head and everything else rebuilt
 // from the params per step: the producer warpgroup has 24 registers (the consumers need their
 // 240; at 232 ptxas serialises their wgmma, C7512).
+// kDqFuse: the visitors of query tile m_block (of any head: the same key blocks visit every
+// head of a GQA group): the key blocks n whose BwdRange holds it, counted by the warp 32
+// blocks at a time from the very ranges the CTAs walk (so the count is exact under every
+// mask, window, sq != sk and varlen length; /work/helpers/dqfuse.md).
 template <typename Traits, bool kVarlen>
+__device__ __forceinline__ int dq_visitors(const BwdParams& p, const BwdSeq<kVarlen>& seq,
+                                           int m_block, int lane) {
+  const int n_blocks = (seq.seqlen_k() + Traits::kBlockN - 1) / Traits::kBlockN;
+  int count = 0;
+  for (int n = lane; n - lane < n_blocks; n += 32) {
+    const BwdRange r(p, seq, n * Traits::kBlockN, Traits::kBlockM, 1, false, n);
+    count += __popc(__ballot_sync(
+        0xffffffffu, n < n_blocks && m_block >= r.m_block_min && m_block < r.m_block_max));
+  }
+  return count;
+}
+
+// kDqFuse, the whole of producer warp 2, once the CTA is the last visitor of query tile
+// m_block of `head` (every visitor's reduces complete and acquired): dq of the tile =
+// accumulator (`acc`: the head's first workspace row) * softmax_scale in the input dtype,
+// what the convert kernel (sm80/bwd_kernel.cuh) computes for one chain, bit for bit. The
+// tile's accumulator rows (contiguous: 16-row blocks of ws_dq_index) come into sConv by bulk
+// copies of kConvBytes (a piece of kConvRows rows), then each lane turns one 16-byte dq
+// chunk (a row's 8 columns: four float2 of the accumulator order) at a time into a 16-byte
+// store in the user's strides.
+template <typename Traits, typename Element, bool kVarlen>
+__device__ __forceinline__ void dq_convert_tile(const BwdParams& p, const BwdSeq<kVarlen>& seq,
+                                                int head, int m_block, const float* acc,
+                                                uint32_t sConv, uint32_t bar, uint32_t& phase,
+                                                int lane) {
+  constexpr int kRowChunks = Traits::kHeadDim / 8;  // 16-byte dq chunks of a row (at most)
+  constexpr int kConvRows = Traits::kConvRows;
+  const int m0 = m_block * Traits::kBlockM;
+  const int rows = min(Traits::kBlockM, seq.seqlen_q() - m0);
+  Element* const dq = static_cast<Element*>(p.dq) + seq.batch * p.dq_batch_stride +
+                      head * p.dq_head_stride + (int64_t(seq.q_row0()) + m0) * p.dq_row_stride;
+#pragma unroll 1
+  for (int r0 = 0; r0 < rows; r0 += kConvRows) {
+    if (lane == 0) {
+      // First piece: the accumulator's reads (async proxy) after the counter's acquire; then
+      // the last piece's reads of sConv (generic) before the copy overwrites it.
+      if (r0 == 0) fence_proxy_async_global();
+      else fence_proxy_async();
+      const uint32_t bytes = min(kConvRows, (rows - r0 + 15) & ~15) * p.headdim * 4;
+      mbar_arrive_expect_tx(bar, bytes);
+      bulk_load(sConv, acc + int64_t(m0 + r0) * p.headdim, bytes, bar);
+    }
+    mbar_wait(bar, phase);
+    phase ^= 1;
+#pragma unroll 1
+    for (int i = lane; i < kConvRows * kRowChunks; i += 32) {
+      const int row = i / kRowChunks, c = i % kRowChunks;
+      if (row < rows - r0 && 8 * c < p.headdim) {
+        // (row, 8 c + 2 k + e) at ws_dq_index: 16-row block, 8-column tile c, lane slot
+        // 4 (row % 8) + k, rows row % 8 + 8 ((row / 8) % 2) at + 2
+        const uint32_t a = sConv + 4 * ((row / 16) * 16 * p.headdim + 128 * c + 16 * (row % 8) +
+                                        2 * ((row / 8) % 2));
+        const float2 x0 = ld_shared_float2(a), x1 = ld_shared_float2(a + 16);
+        const float2 x2 = ld_shared_float2(a + 32), x3 = ld_shared_float2(a + 48);
+        const float s = p.softmax_scale;
+        *reinterpret_cast<uint4*>(dq + int64_t(r0 + row) * p.dq_row_stride + 8 * c) =
+            make_uint4(ptx::pack2<Element>(x0.x * s, x0.y * s),
+                       ptx::pack2<Element>(x1.x * s, x1.y * s),
+                       ptx::pack2<Element>(x2.x * s, x2.y * s),
+                       ptx::pack2<Element>(x3.x * s, x3.y * s));
+      }
+    }
+    __syncwarp();
+  }
+}
+
+template <typename Traits, typename Element, bool kVarlen, bool kDqFuse>
 __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
                                               int head0, int n_block, const BwdRange& range,
-                                              uint32_t sDq, int lane) {
+                                              uint32_t sDq, int lane,
+                                              [[maybe_unused]] uint32_t sMsg) {
   constexpr int kBlockM = Traits::kBlockM;
   int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
   float* dq = dq_chain(p, p.deterministic ? n_block & (p.dq_chains - 1) : 0) +
               seq.ws_row0(head0) * p.headdim;
   int m_block = range.m_start;
+  [[maybe_unused]] int head = head0;  // kDqFuse
   for (int t = 0; t < range.steps; ++t) {
     if (p.deterministic && lane == 0) {
       const DqOrder<kBlockM, Traits::kBlockN> order(
@@ -132,7 +205,21 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     }
     __syncwarp();
     if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
-    if (p.deterministic && lane == 0) {
+    if constexpr (kDqFuse) {
+      // Once this CTA's reduces of the tile are complete, one arrival on the tile's counter
+      // (deterministic: the turn counter itself, whose add this is), acquire and release;
+      // its old value goes to warp 3 (dq_fuse_warp), which converts the tile if this was
+      // the last visitor. The slot is free once warp 3 has read the previous step's.
+      int old = 0;
+      if (lane == 0) {
+        tma_store_wait();
+        fence_proxy_async_global();
+        old = ptx::atom_acq_rel_add(counter + m_block, 1);
+      }
+      if (t > 0) named_sync(kBarConvEmpty, 64);
+      if (lane == 0) st_shared_v2(sMsg, uint32_t(old), uint32_t(m_block | head << 16));
+      named_arrive(kBarConvFull, 64);
+    } else if (p.deterministic && lane == 0) {
       tma_store_wait();
       fence_proxy_async_global();
       ptx::red_release_add(counter + m_block, 1);
@@ -141,9 +228,35 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     if (m_block == range.m_start) {  // range.next: the next head
       counter += seq.head_tiles();
       dq += seq.head_rows() * p.headdim;
+      if constexpr (kDqFuse) ++head;
     }
   }
   if (lane == 0) tma_store_wait();  // (not deterministic: the reduces complete before exit)
+}
+
+// kDqFuse, producer warp 3 (idle otherwise): per step of the CTA, warp 2's message (its old
+// value of the query tile's counter, the tile and its head: kBarConvFull), the slot handed
+// back (kBarConvEmpty), the tile's visitor count, and if the CTA was its last visitor, the
+// tile's conversion, after an acquire of the counter of its own (warp 2's acquire reaches
+// this warp through the named barrier as well; this one does directly).
+template <typename Traits, typename Element, bool kVarlen>
+__device__ __forceinline__ void dq_fuse_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
+                                             int n_block, int steps, uint32_t sConv,
+                                             uint32_t bar_conv, uint32_t sMsg, int lane) {
+  uint32_t phase = 0;
+  for (int t = 0; t < steps; ++t) {
+    named_sync(kBarConvFull, 64);
+    const uint2 msg = ld_shared_v2(sMsg);
+    if (t + 1 < steps) named_arrive(kBarConvEmpty, 64);
+    const int m_block = msg.y & 0xffff, head = msg.y >> 16;
+    if (int(msg.x) == dq_visitors<Traits>(p, seq, m_block, lane) - 1) {
+      if (lane == 0) (void)ptx::ld_acquire(seq.dq_counter0(head, n_block) + m_block);
+      __syncwarp();
+      dq_convert_tile<Traits, Element>(p, seq, head, m_block,
+                                       dq_chain(p, 0) + seq.ws_row0(head) * p.headdim, sConv,
+                                       bar_conv, phase, lane);
+    }
+  }
 }
 
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
@@ -154,8 +267,10 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // kDqWarp (dq_warp builds, calls without mods or a bias): producer warp 2 runs the dQ order
 // (dq_order_warp); the other instances have none of its code (their SASS is the default
 // build's), so that a dq_warp build can run both deterministic paths (BwdParams::dq_warp).
+// kDqFuse (with kDqWarp, one dQ chain; BwdParams::dq_fuse): warp 2 also converts each query
+// tile whose last visitor the CTA is (dq_convert_tile), so that the convert kernel is not run.
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false>
+          bool kDqWarp = false, bool kDqFuse = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -193,6 +308,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Deterministic: the dQ-order counter of the step's query tile (thread 128 writes it).
   const uint32_t sDqCounter = bars + 8 * (1 + 4 * kStages);
   [[maybe_unused]] const uint32_t sBias = (sDqCounter + 8 + 127) & ~127u;  // kBias
+  // kDqFuse (never with kBias, nor with the consumers' dQ order): the conversion's staging at
+  // sBias's place, then warp 2's message to warp 3; the conversion's mbarrier at sDqCounter.
+  [[maybe_unused]] const uint32_t sConv = sBias;
+  [[maybe_unused]] const uint32_t sMsg = sConv + Traits::kConvBytes;
+  [[maybe_unused]] const uint32_t bar_conv = sDqCounter;
   const uint32_t bar_kv_full = bars;
   auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
   auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
@@ -211,6 +331,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int n_block = order.n_block();
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
+  static_assert(!kDqFuse || (kDqWarp && !kBias), "dq_fuse instance");
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
@@ -225,6 +346,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // compute-sanitizer's racecheck flagged the one-lane-per-warp form).
       mbar_init(bar_empty(s), 128 * Traits::kConsumers);
     }
+    if constexpr (kDqFuse) mbar_init(bar_conv, 1);
     mbar_fence_init();
   }
   __syncthreads();
@@ -283,7 +405,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         range.next(head, m_block);
       }
     } else if (warp == 2 && dq_warp) {
-      dq_order_warp<Traits, kVarlen>(p, seq, head_k * group, n_block, range, sDq, lane);
+      dq_order_warp<Traits, Element, kVarlen, kDqFuse>(p, seq, head_k * group, n_block, range,
+                                                       sDq, lane, sMsg);
+    } else if (warp == 3 && kDqFuse) {
+      dq_fuse_warp<Traits, Element, kVarlen>(p, seq, n_block, range.steps, sConv, bar_conv,
+                                             sMsg, lane);
     }
   } else {
     // ---- consumers ----
