@@ -152,14 +152,16 @@ __device__ __forceinline__ void dq_convert_tile(const BwdParams& p, const BwdSeq
         // 4 (row % 8) + k, rows row % 8 + 8 ((row / 8) % 2) at + 2
         const uint32_t a = sConv + 4 * ((row / 16) * 16 * p.headdim + 128 * c + 16 * (row % 8) +
                                         2 * ((row / 8) % 2));
-        const float2 x0 = ld_shared_float2(a), x1 = ld_shared_float2(a + 16);
-        const float2 x2 = ld_shared_float2(a + 32), x3 = ld_shared_float2(a + 48);
         const float s = p.softmax_scale;
+        float2 x = ld_shared_float2(a);
+        const uint32_t v0 = ptx::pack2<Element>(x.x * s, x.y * s);
+        x = ld_shared_float2(a + 16);
+        const uint32_t v1 = ptx::pack2<Element>(x.x * s, x.y * s);
+        x = ld_shared_float2(a + 32);
+        const uint32_t v2 = ptx::pack2<Element>(x.x * s, x.y * s);
+        x = ld_shared_float2(a + 48);
         *reinterpret_cast<uint4*>(dq + int64_t(r0 + row) * p.dq_row_stride + 8 * c) =
-            make_uint4(ptx::pack2<Element>(x0.x * s, x0.y * s),
-                       ptx::pack2<Element>(x1.x * s, x1.y * s),
-                       ptx::pack2<Element>(x2.x * s, x2.y * s),
-                       ptx::pack2<Element>(x3.x * s, x3.y * s));
+            make_uint4(v0, v1, v2, ptx::pack2<Element>(x.x * s, x.y * s));
       }
     }
     __syncwarp();
@@ -217,7 +219,9 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
         old = ptx::atom_acq_rel_add(counter + m_block, 1);
       }
       if (t > 0) named_sync(kBarConvEmpty, 64);
-      if (lane == 0) st_shared_v2(sMsg, uint32_t(old), uint32_t(m_block | head << 16));
+      if (lane == 0)
+        st_shared_v2(sMsg, uint32_t(old),
+                     uint32_t(m_block | head << 16) | (t + 1 == range.steps ? 1u << 31 : 0u));
       named_arrive(kBarConvFull, 64);
     } else if (p.deterministic && lane == 0) {
       tma_store_wait();
@@ -234,23 +238,46 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
   if (lane == 0) tma_store_wait();  // (not deterministic: the reduces complete before exit)
 }
 
-// kDqFuse, producer warp 3 (idle otherwise): per step of the CTA, warp 2's message (its old
-// value of the query tile's counter, the tile and its head: kBarConvFull), the slot handed
-// back (kBarConvEmpty), the tile's visitor count, and if the CTA was its last visitor, the
-// tile's conversion, after an acquire of the counter of its own (warp 2's acquire reaches
-// this warp through the named barrier as well; this one does directly).
+// kDqFuse, producer warp 3 (idle otherwise), in a CTA with steps: per step, warp 2's message
+// (its old value of the query tile's counter; the tile, its head and whether the step is the
+// CTA's last: kBarConvFull), the slot handed back (kBarConvEmpty), the tile's visitor count,
+// and if the CTA was its last visitor, the tile's conversion, after an acquire of the counter
+// of its own (warp 2's acquire reaches this warp through the named barrier as well; this one
+// does directly). The loop ends on the message, not on a step count, so that no value of the
+// prologue stays live in it (with the count, ptxas spilled the CTA's steps at the 24
+// registers of this warpgroup, and reloaded it in the consumers' loop as well).
+// Varlen: the sequence's lengths and first query row, for the same reason, are kept in shared
+// memory after the message (sMsg + 8) and read again per message.
 template <typename Traits, typename Element, bool kVarlen>
-__device__ __forceinline__ void dq_fuse_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
-                                             int n_block, int steps, uint32_t sConv,
-                                             uint32_t bar_conv, uint32_t sMsg, int lane) {
+__device__ __forceinline__ void dq_fuse_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq0,
+                                             uint32_t sConv, uint32_t bar_conv, uint32_t sMsg,
+                                             int lane) {
+  if (kVarlen && lane == 0) {
+    st_shared_v2(sMsg + 8, uint32_t(seq0.seqlen_q()), uint32_t(seq0.seqlen_k()));
+    st_shared(sMsg + 16, uint32_t(seq0.q_row0()));
+  }
+  __syncwarp();
+  const int batch = seq0.batch;
   uint32_t phase = 0;
-  for (int t = 0; t < steps; ++t) {
+  bool more = true;
+  while (more) {
     named_sync(kBarConvFull, 64);
+    BwdSeq<kVarlen> seq = [&] {
+      if constexpr (kVarlen) {
+        const uint2 len = ld_shared_v2(sMsg + 8);
+        return BwdSeq<kVarlen>(
+            p, batch, SeqInfo(int(len.x), int(len.y), ld_shared_b32(sMsg + 16), 0, batch));
+      } else {
+        return BwdSeq<kVarlen>(p, batch);
+      }
+    }();
     const uint2 msg = ld_shared_v2(sMsg);
-    if (t + 1 < steps) named_arrive(kBarConvEmpty, 64);
-    const int m_block = msg.y & 0xffff, head = msg.y >> 16;
+    more = !(msg.y >> 31);
+    if (more) named_arrive(kBarConvEmpty, 64);
+    const int m_block = msg.y & 0xffff, head = (msg.y >> 16) & 0x7fff;
     if (int(msg.x) == dq_visitors<Traits>(p, seq, m_block, lane) - 1) {
-      if (lane == 0) (void)ptx::ld_acquire(seq.dq_counter0(head, n_block) + m_block);
+      // (one dQ chain: chain 0's counters and accumulator)
+      if (lane == 0) (void)ptx::ld_acquire(seq.dq_counter0(head, 0) + m_block);
       __syncwarp();
       dq_convert_tile<Traits, Element>(p, seq, head, m_block,
                                        dq_chain(p, 0) + seq.ws_row0(head) * p.headdim, sConv,
@@ -407,9 +434,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     } else if (warp == 2 && dq_warp) {
       dq_order_warp<Traits, Element, kVarlen, kDqFuse>(p, seq, head_k * group, n_block, range,
                                                        sDq, lane, sMsg);
-    } else if (warp == 3 && kDqFuse) {
-      dq_fuse_warp<Traits, Element, kVarlen>(p, seq, n_block, range.steps, sConv, bar_conv,
-                                             sMsg, lane);
+    } else if (warp == 3 && kDqFuse && range.steps > 0) {
+      dq_fuse_warp<Traits, Element, kVarlen>(p, seq, sConv, bar_conv, sMsg, lane);
     }
   } else {
     // ---- consumers ----
