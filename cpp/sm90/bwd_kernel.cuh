@@ -246,31 +246,16 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // does directly). The loop ends on the message, not on a step count, so that no value of the
 // prologue stays live in it (with the count, ptxas spilled the CTA's steps at the 24
 // registers of this warpgroup, and reloaded it in the consumers' loop as well).
-// Varlen: the sequence's lengths and first query row, for the same reason, are kept in shared
-// memory after the message (sMsg + 8) and read again per message.
-template <typename Traits, typename Element, bool kVarlen>
-__device__ __forceinline__ void dq_fuse_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq0,
-                                             uint32_t sConv, uint32_t bar_conv, uint32_t sMsg,
-                                             int lane) {
-  if (kVarlen && lane == 0) {
-    st_shared_v2(sMsg + 8, uint32_t(seq0.seqlen_q()), uint32_t(seq0.seqlen_k()));
-    st_shared(sMsg + 16, uint32_t(seq0.q_row0()));
-  }
-  __syncwarp();
-  const int batch = seq0.batch;
+// Dense only (with the varlen instance's sequence in the loop, ptxas spilled 92-160 bytes in
+// every warp's loop, the consumers' included).
+template <typename Traits, typename Element>
+__device__ __forceinline__ void dq_fuse_warp(const BwdParams& p, uint32_t sConv,
+                                             uint32_t bar_conv, uint32_t sMsg, int lane) {
+  const BwdSeq<false> seq(p, int(blockIdx.z));
   uint32_t phase = 0;
   bool more = true;
   while (more) {
     named_sync(kBarConvFull, 64);
-    BwdSeq<kVarlen> seq = [&] {
-      if constexpr (kVarlen) {
-        const uint2 len = ld_shared_v2(sMsg + 8);
-        return BwdSeq<kVarlen>(
-            p, batch, SeqInfo(int(len.x), int(len.y), ld_shared_b32(sMsg + 16), 0, batch));
-      } else {
-        return BwdSeq<kVarlen>(p, batch);
-      }
-    }();
     const uint2 msg = ld_shared_v2(sMsg);
     more = !(msg.y >> 31);
     if (more) named_arrive(kBarConvEmpty, 64);
@@ -358,7 +343,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int n_block = order.n_block();
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
-  static_assert(!kDqFuse || (kDqWarp && !kBias), "dq_fuse instance");
+  static_assert(!kDqFuse || (kDqWarp && !kBias && !kVarlen), "dq_fuse instance: dense");
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
@@ -435,7 +420,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       dq_order_warp<Traits, Element, kVarlen, kDqFuse>(p, seq, head_k * group, n_block, range,
                                                        sDq, lane, sMsg);
     } else if (warp == 3 && kDqFuse && range.steps > 0) {
-      dq_fuse_warp<Traits, Element, kVarlen>(p, seq, sConv, bar_conv, sMsg, lane);
+      dq_fuse_warp<Traits, Element>(p, sConv, bar_conv, sMsg, lane);
     }
   } else {
     // ---- consumers ----

@@ -65,20 +65,20 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   // the others, for A/B comparisons and the bitwise test).
   constexpr bool kDqWarpBuilt = Traits::kDqWarpBuilt;
   const bool dq_warp = kDqWarpBuilt && p.dq_warp;
-  // p.dq_fuse (a prototype, off by default): those of them with one dQ chain run the kDqFuse
+  // p.dq_fuse (a prototype, off by default): the dense ones with one dQ chain run the kDqFuse
   // instances, which convert dQ themselves; the preprocess then writes the dq rows that no
   // key block visits, and the convert kernel is not run.
-  const bool fuse = dq_warp && !mods && !(kBiasBuilt && has_bias(p)) && p.dq_fuse &&
-                    p.dq_chains == 1;
+  // (Dense d128 only: the varlen instance spilled in every warp's loop, sm90/bwd_kernel.cuh
+  // dq_fuse_warp; d64's 12 bytes in the consumers' loop, /work/helpers/dqfuse.md.)
+  constexpr bool kFuseBuilt = kDqWarpBuilt && kHeadDim == 128;
+  const bool fuse = kFuseBuilt && dq_warp && !varlen && !mods && !(kBiasBuilt && has_bias(p)) &&
+                    p.dq_fuse && p.dq_chains == 1;
   args.p.dq_fuse = fuse;
   run_bwd_preprocess<Element, kHeadDim>(args.p, stream);
   if (kBiasBuilt && has_bias(p))
     sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
   else if (varlen && mods)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, kModsBuilt>(args, stream);
-  else if (varlen && fuse)
-    sm90::launch_bwd<Traits, Element, kVarlenBuilt, false, false, kDqWarpBuilt, kDqWarpBuilt>(
-        args, stream);
   else if (varlen && dq_warp)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, false, false, kDqWarpBuilt>(args, stream);
   else if (varlen)
@@ -86,8 +86,7 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   else if (mods)
     sm90::launch_bwd<Traits, Element, false, kModsBuilt>(args, stream);
   else if (fuse)
-    sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt, kDqWarpBuilt>(args,
-                                                                                     stream);
+    sm90::launch_bwd<Traits, Element, false, false, false, kFuseBuilt, kFuseBuilt>(args, stream);
   else if (dq_warp)
     sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt>(args, stream);
   else
