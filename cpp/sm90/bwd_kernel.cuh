@@ -112,7 +112,7 @@ __device__ __forceinline__ int dq_visitors(const BwdParams& p, const BwdSeq<kVar
   return count;
 }
 
-// kDqFuse, the whole of producer warp 2, once the CTA is the last visitor of query tile
+// kDqFuse, the whole of producer warp 3, once the CTA is the last visitor of query tile
 // m_block of `head` (every visitor's reduces complete and acquired): dq of the tile =
 // accumulator (`acc`: the head's first workspace row) * softmax_scale in the input dtype,
 // what the convert kernel (sm80/bwd_kernel.cuh) computes for one chain, bit for bit. The

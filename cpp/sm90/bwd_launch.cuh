@@ -71,8 +71,10 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   // (Dense d128 only: the varlen instance spilled in every warp's loop, sm90/bwd_kernel.cuh
   // dq_fuse_warp; d64's 12 bytes in the consumers' loop, /work/helpers/dqfuse.md.)
   constexpr bool kFuseBuilt = kDqWarpBuilt && kHeadDim == 128;
+  // (Warp 2's message to warp 3 carries the query tile in 16 bits, the head in 15.)
   const bool fuse = kFuseBuilt && dq_warp && !varlen && !mods && !(kBiasBuilt && has_bias(p)) &&
-                    p.dq_fuse && p.dq_chains == 1;
+                    p.dq_fuse && p.dq_chains == 1 && p.seqlen_q <= (1 << 16) * 64 &&
+                    p.nheads < (1 << 15);
   args.p.dq_fuse = fuse;
   run_bwd_preprocess<Element, kHeadDim>(args.p, stream);
   if (kBiasBuilt && has_bias(p))

@@ -41,10 +41,11 @@ struct BwdTraits {
   // turns, issues the consumers' staged reduces and releases the counters (bwd_kernel.cuh).
   static constexpr bool kDqWarpBuilt = kDqBulk && FLASHATTN2_SM90_BWD_DQ_WARP != 0;
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
-  // dq_fuse (kDqFuse instances): warp 2 converts a query tile kConvRows accumulator rows at a
-  // time through kConvBytes of shared memory (+ 128 to align it, + warp 2's 4-byte message
-  // to warp 3): d128 32 rows, d64 64.
-  static constexpr int kConvBytes = 16 * 1024;
+  // dq_fuse (kDqFuse instances, d128): warp 3 converts a query tile kConvRows accumulator rows
+  // at a time through kConvBytes of shared memory (+ 128 to align it, + warp 2's 8-byte
+  // message to warp 3): d128 the whole tile (64 rows, 32 KiB: one bulk copy, 226.4 KiB in
+  // all); d64 (not fused: its consumers spilled) would have 64 of its 128 rows at a time.
+  static constexpr int kConvBytes = (kHeadDim == 128 ? 32 : 16) * 1024;
   static constexpr int kConvRows = kConvBytes / (4 * kHeadDim);
   static_assert(kConvRows % 16 == 0 && kBlockM % kConvRows == 0, "dq_fuse pieces");
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
