@@ -11,10 +11,12 @@ import pytest
 import torch
 from flashattn2 import _ext, _launch
 from test_bwd import check_grads, make_inputs
-from test_sm90_bwd import EXPERIMENTAL, HEADS, arch_of_backward, require_sm90_bwd, sm90_bwd  # noqa: F401
+import test_sm90_bwd
+from test_sm90_bwd import EXPERIMENTAL, HEADS, arch_of_backward, require_sm90_bwd
 from test_varlen import check_varlen_backward
 
 pytestmark = pytest.mark.gpu
+sm90_bwd = test_sm90_bwd.sm90_bwd  # the fixture: the Hopper backward on (skips without one)
 
 
 def require_dq_fuse(headdim):
