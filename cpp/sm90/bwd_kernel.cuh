@@ -134,10 +134,11 @@ __device__ __forceinline__ void dq_convert_tile(const BwdParams& p, const BwdSeq
 #pragma unroll 1
   for (int r0 = 0; r0 < rows; r0 += kConvRows) {
     if (lane == 0) {
-      // First piece: the accumulator's reads (async proxy) after the counter's acquire; then
-      // the last piece's reads of sConv (generic) before the copy overwrites it.
+      // The accumulator's reads (async proxy) after the counter's acquire; the last piece's
+      // (or tile's) reads of sConv (generic, done: their values are stored) before the copy
+      // overwrites it.
       if (r0 == 0) fence_proxy_async_global();
-      else fence_proxy_async();
+      fence_proxy_async();
       const uint32_t bytes = min(kConvRows, (rows - r0 + 15) & ~15) * p.headdim * 4;
       mbar_arrive_expect_tx(bar, bytes);
       bulk_load(sConv, acc + int64_t(m0 + r0) * p.headdim, bytes, bar);
