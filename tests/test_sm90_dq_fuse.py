@@ -110,12 +110,13 @@ def test_dq_fuse_deterministic_bitwise(sm90_bwd, headdim, nheads, nheads_k, chai
 
 def _kernel_names(fn):
     """The CUDA kernels `fn` launches (torch.profiler)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
