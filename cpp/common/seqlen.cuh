@@ -15,10 +15,6 @@ struct SeqInfo {
   int64_t k_row0;  // first visible K/V row: varlen start + left padding
   int kv_batch;    // K/V batch (cache batch index)
 
-  // From values already clamped (a copy kept elsewhere, e.g. in shared memory).
-  __device__ __forceinline__ SeqInfo(int sq, int sk, int64_t q0, int64_t k0, int kvb)
-      : seqlen_q(sq), seqlen_k(sk), q_row0(q0), k_row0(k0), kv_batch(kvb) {}
-
   // Every length is clamped so that no kernel reads or writes outside the tensors, whatever
   // the index vectors hold (they cannot be checked on the host without a sync).
   template <typename Params>

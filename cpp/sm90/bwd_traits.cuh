@@ -151,8 +151,6 @@ struct BwdSeq<true> {
   const SeqInfo seq;
   __device__ __forceinline__ BwdSeq(const BwdParams& params, int b)
       : p(params), batch(b), seq(params, b) {}
-  __device__ __forceinline__ BwdSeq(const BwdParams& params, int b, const SeqInfo& s)
-      : p(params), batch(b), seq(s) {}
   __device__ __forceinline__ int seqlen_q() const { return seq.seqlen_q; }
   __device__ __forceinline__ int seqlen_k() const { return seq.seqlen_k; }
   __device__ __forceinline__ int q_row0() const { return int(seq.q_row0); }
