@@ -95,9 +95,10 @@ __device__ __forceinline__ void dq_convert_tile(const BwdParams& p, const BwdSeq
 // kDqFuse, producer warp 3 (idle otherwise), in a CTA with steps: per step, warp 2's message
 // (its old value of the query tile's counter; the tile, its head and whether the step is the
 // CTA's last: kBarConvFull), the slot handed back (kBarConvEmpty), the tile's visitor count,
-// and if the CTA was its last visitor, the tile's conversion, after an acquire of the counter
-// of its own (warp 2's acquire reaches this warp through the named barrier as well; this one
-// does directly). The loop ends on the message, not on a step count, so that no value of the
+// and if the CTA was its last visitor, the tile's conversion: warp 2's acquire reaches this
+// warp through the named barrier (the pattern of one thread acquiring a flag, then a CTA
+// barrier before the others read; an own ld.acquire here cost a global round trip per
+// converted tile). The loop ends on the message, not on a step count, so that no value of the
 // prologue stays live in it (with the count, ptxas spilled the CTA's steps at the 24
 // registers of this warpgroup, and reloaded it in the consumers' loop as well).
 // Dense only (with the varlen instance's sequence in the loop, ptxas spilled 92-160 bytes in
@@ -115,9 +116,7 @@ __device__ __forceinline__ void dq_fuse_warp(const BwdParams& p, uint32_t sConv,
     if (more) named_arrive(kBarConvEmpty, 64);
     const int m_block = msg.y & 0xffff, head = (msg.y >> 16) & 0x7fff;
     if (int(msg.x) == dq_visitors<Traits>(p, seq, m_block, lane) - 1) {
-      // (one dQ chain: chain 0's counters and accumulator)
-      if (lane == 0) (void)ptx::ld_acquire(seq.dq_counter0(head, 0) + m_block);
-      __syncwarp();
+      // (one dQ chain: chain 0's accumulator)
       dq_convert_tile<Traits, Element>(p, seq, head, m_block,
                                        dq_chain(p, 0) + seq.ws_row0(head) * p.headdim, sConv,
                                        bar_conv, phase, lane);
