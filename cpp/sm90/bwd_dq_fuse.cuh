@@ -84,8 +84,12 @@ __device__ __forceinline__ void dq_convert_tile(const BwdParams& p, const BwdSeq
         x = ld_shared_float2(a + 32);
         const uint32_t v2 = ptx::pack2<Element>(x.x * s, x.y * s);
         x = ld_shared_float2(a + 48);
-        *reinterpret_cast<uint4*>(dq + int64_t(r0 + row) * p.dq_row_stride + 8 * c) =
-            make_uint4(v0, v1, v2, ptx::pack2<Element>(x.x * s, x.y * s));
+        // (st.global.v4 spelled out: the plain uint4 store came out as 4 STG.E at 24 registers)
+        const uint32_t v3 = ptx::pack2<Element>(x.x * s, x.y * s);
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(
+                         dq + int64_t(r0 + row) * p.dq_row_stride + 8 * c),
+                     "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+                     : "memory");
       }
     }
     __syncwarp();
