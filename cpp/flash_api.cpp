@@ -730,6 +730,7 @@ int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, b
     });
     if (ran) return 90;
   }
+  p.dq_fuse = false;  // (only the Hopper backward's dq_warp instances fuse the dQ convert)
   const bool found = BwdHeadDims::dispatch(kd, [&](auto head_dim) {
     dispatch_dtype(p.dtype, [&](auto element) {
       run_bwd<decltype(element), decltype(head_dim)::value>(p, smem_max, s);

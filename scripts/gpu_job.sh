@@ -73,6 +73,27 @@ if want smoke && [ -n "${SMOKE_TESTS:-}" ]; then
     # shellcheck disable=SC2086
     timeout "${SMOKE_TIMEOUT:-600}" python3 -m pytest $SMOKE_TESTS -q -x -p no:cacheprovider 2>&1 | tail -n 15
 fi
+# fuseab: the fused dQ convert (FLASHATTN2_SM90_DQ_FUSE, off by default; dense d128): its
+# tests, the sanitizer subset (its dq_fuse cases; memcheck, racecheck, synccheck), then
+# bench.py with the switch 1 0 1 0 (d64 rows: a control, never fused). FUSEAB_ARGS: more
+# bench.py options (e.g. --seqlens 512,1024,2048).
+if want fuseab; then
+    stamp "fuseab: the fused dQ convert: tests, sanitizers, A/B"
+    timeout 1200 python3 -m pytest tests/test_sm90_dq_fuse.py -q -p no:cacheprovider 2>&1 | tail -n 8
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck synccheck; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 900 "$san" --tool "$tool" --error-exitcode 1 \
+            python3 scripts/sanitize_subset.py > "$O/fusesan_$tool.txt" 2>&1
+        echo "$tool rc=$?"; grep -E "dq_fuse|cases ok" "$O/fusesan_$tool.txt" | tail -n 4
+    done
+    for run in fuse1 fuse0 fuse1b fuse0b; do
+        f=0; [[ $run == fuse1* ]] && f=1
+        # shellcheck disable=SC2086
+        FLASHATTN2_SM90_DQ_FUSE=$f python3 benchmarks/bench.py --no-summary --out "$O/fuseab_$run" \
+            --modes bwd,fwd_bwd --headdims 64,128 --dtypes bf16 \
+            --impls flashattn2,flashattn2_det,sdpa_cudnn ${FUSEAB_ARGS:-} 2> /dev/null | tail -n 16
+    done
+fi
 if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \

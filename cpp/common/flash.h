@@ -197,6 +197,12 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // false runs the others (for A/B comparisons). Host only, here at the end so that the other fields keep their
   // offsets.
   bool dq_warp = true;
+  // dq_fuse (FLASHATTN2_SM90_DQ_FUSE, off by default): the dq_warp instances convert dQ in
+  // the main kernel (the last key block to visit a query tile, sm90/bwd_kernel.cuh) and the
+  // convert kernel is not launched (one dQ chain only). Set by run_bwd_sm90 for the calls it
+  // fuses; the preprocess then writes the zero dq rows of the query tiles that no key block
+  // visits (sm80/bwd_kernel.cuh). Last, so that no other field moves.
+  bool dq_fuse = false;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

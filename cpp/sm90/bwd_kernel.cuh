@@ -48,6 +48,10 @@
 //          visitor of its chain); a second named barrier passes it on. dq_warp builds
 //          (kDqWarp instances, no mods / bias): producer warp 2 does the waits, the reduces
 //          and 1 add per visitor (dq_order_warp); the consumers only stage dQ.
+//   dq_fuse  kDqFuse instances (dense d128 kDqWarp calls with one dQ chain, BwdParams::
+//          dq_fuse, off by default): warp 2 adds every visit to the tile's counter once its
+//          reduces are complete, and warp 3 converts the tiles whose last visitor the CTA
+//          is (sm90/bwd_dq_fuse.cuh), so that the convert kernel is not run.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
 // causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
@@ -66,6 +70,7 @@
 #include "common/seqlen.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
+#include "sm90/bwd_dq_fuse.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/tma.cuh"
@@ -95,15 +100,17 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
 // counter and accumulator of the step's head stepped per head and everything else rebuilt
 // from the params per step: the producer warpgroup has 24 registers (the consumers need their
 // 240; at 232 ptxas serialises their wgmma, C7512).
-template <typename Traits, bool kVarlen>
+template <typename Traits, typename Element, bool kVarlen, bool kDqFuse>
 __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
                                               int head0, int n_block, const BwdRange& range,
-                                              uint32_t sDq, int lane) {
+                                              uint32_t sDq, int lane,
+                                              [[maybe_unused]] uint32_t sMsg) {
   constexpr int kBlockM = Traits::kBlockM;
   int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
   float* dq = dq_chain(p, p.deterministic ? n_block & (p.dq_chains - 1) : 0) +
               seq.ws_row0(head0) * p.headdim;
   int m_block = range.m_start;
+  [[maybe_unused]] int head = head0;  // kDqFuse
   for (int t = 0; t < range.steps; ++t) {
     if (p.deterministic && lane == 0) {
       const DqOrder<kBlockM, Traits::kBlockN> order(
@@ -132,7 +139,23 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     }
     __syncwarp();
     if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
-    if (p.deterministic && lane == 0) {
+    if constexpr (kDqFuse) {
+      // Once this CTA's reduces of the tile are complete, one arrival on the tile's counter
+      // (deterministic: the turn counter itself, whose add this is), acquire and release;
+      // its old value goes to warp 3 (dq_fuse_warp), which converts the tile if this was
+      // the last visitor. The slot is free once warp 3 has read the previous step's.
+      int old = 0;
+      if (lane == 0) {
+        tma_store_wait();
+        fence_proxy_async_global();
+        old = ptx::atom_acq_rel_add(counter + m_block, 1);
+      }
+      if (t > 0) named_sync(kBarConvEmpty, 64);
+      if (lane == 0)
+        st_shared_v2(sMsg, uint32_t(old),
+                     uint32_t(m_block | head << 16) | (t + 1 == range.steps ? 1u << 31 : 0u));
+      named_arrive(kBarConvFull, 64);
+    } else if (p.deterministic && lane == 0) {
       tma_store_wait();
       fence_proxy_async_global();
       ptx::red_release_add(counter + m_block, 1);
@@ -141,6 +164,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     if (m_block == range.m_start) {  // range.next: the next head
       counter += seq.head_tiles();
       dq += seq.head_rows() * p.headdim;
+      if constexpr (kDqFuse) ++head;
     }
   }
   if (lane == 0) tma_store_wait();  // (not deterministic: the reduces complete before exit)
@@ -154,8 +178,10 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // kDqWarp (dq_warp builds, calls without mods or a bias): producer warp 2 runs the dQ order
 // (dq_order_warp); the other instances have none of its code (their SASS is a build's
 // without the item), so that a dq_warp build can run both paths (BwdParams::dq_warp, A/B).
+// kDqFuse (with kDqWarp, one dQ chain; BwdParams::dq_fuse): producer warp 3 also converts each
+// query tile whose last visitor the CTA is (dq_convert_tile), so that the convert kernel is not run.
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false>
+          bool kDqWarp = false, bool kDqFuse = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -193,6 +219,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Deterministic: the dQ-order counter of the step's query tile (thread 128 writes it).
   const uint32_t sDqCounter = bars + 8 * (1 + 4 * kStages);
   [[maybe_unused]] const uint32_t sBias = (sDqCounter + 8 + 127) & ~127u;  // kBias
+  // kDqFuse (never with kBias, nor with the consumers' dQ order): the conversion's staging at
+  // sBias's place, then warp 2's message to warp 3; the conversion's mbarrier at sDqCounter.
+  [[maybe_unused]] const uint32_t sConv = sBias;
+  [[maybe_unused]] const uint32_t sMsg = sConv + Traits::kConvBytes;
+  [[maybe_unused]] const uint32_t bar_conv = sDqCounter;
   const uint32_t bar_kv_full = bars;
   auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
   auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
@@ -211,6 +242,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int n_block = order.n_block();
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
+  static_assert(!kDqFuse || (kDqWarp && !kBias && !kVarlen), "dq_fuse instance: dense");
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
@@ -225,6 +257,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // compute-sanitizer's racecheck flagged the one-lane-per-warp form).
       mbar_init(bar_empty(s), 128 * Traits::kConsumers);
     }
+    if constexpr (kDqFuse) mbar_init(bar_conv, 1);
     mbar_fence_init();
   }
   __syncthreads();
@@ -283,7 +316,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         range.next(head, m_block);
       }
     } else if (warp == 2 && dq_warp) {
-      dq_order_warp<Traits, kVarlen>(p, seq, head_k * group, n_block, range, sDq, lane);
+      dq_order_warp<Traits, Element, kVarlen, kDqFuse>(p, seq, head_k * group, n_block, range,
+                                                       sDq, lane, sMsg);
+    } else if (warp == 3 && kDqFuse && range.steps > 0) {
+      dq_fuse_warp<Traits, Element>(p, sConv, bar_conv, sMsg, lane);
     }
   } else {
     // ---- consumers ----

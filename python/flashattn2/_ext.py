@@ -105,6 +105,11 @@ BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
 # same dq bits).
 # Without the build item it does nothing.
 SM90_DQ_WARP = _env_flag("FLASHATTN2_SM90_DQ_WARP", "1")
+# A prototype, off by default (FLASHATTN2_SM90_DQ_FUSE=1 at import, or the sm90_dq_fuse()
+# context manager, turns it on): Hopper backwards that run the dq_warp instances with one dQ
+# chain convert dQ inside the main kernel (the last key block to visit a query tile converts
+# it while it is in L2) instead of in the convert kernel. Deterministic: the same dq bits.
+SM90_DQ_FUSE = _env_flag("FLASHATTN2_SM90_DQ_FUSE", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
@@ -151,6 +156,9 @@ dbias_direct = _switch("DBIAS_DIRECT", "Inside the block, the bias gradient goes
                        "(b, h, sq, sk) buffer and torch's sum.")
 sm90_dq_warp = _switch("SM90_DQ_WARP", "Inside the block, Hopper backwards may run the "
                        "dq_warp instances where built (enabled, the default) or never do.")
+sm90_dq_fuse = _switch("SM90_DQ_FUSE", "Inside the block, Hopper backwards on the dq_warp "
+                       "instances convert dQ in the main kernel (enabled) or in the convert "
+                       "kernel (disabled, the default).")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
