@@ -197,6 +197,9 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // false runs the others (for A/B comparisons). Host only, here at the end so that the other fields keep their
   // offsets.
   bool dq_warp = true;
+  // Hopper backwards on the dq_warp instances: true runs their kPipe twins (each step's S^T
+  // issued in the step before, behind its dQ GEMM: sm90/bwd_kernel.cuh); host only, last.
+  bool bwd_pipe = false;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

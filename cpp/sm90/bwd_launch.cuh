@@ -17,9 +17,9 @@ namespace flashattn2 {
 namespace sm90 {
 
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false>
+          bool kDqWarp = false, bool kPipe = false>
 void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
-  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp>;
+  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp, kPipe>;
   constexpr int kSmem = Traits::smem_bytes(kBias);
   raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
   // Causal: the first key blocks see the most query blocks and launch first.
@@ -60,19 +60,26 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   // An attention bias (no dbias, dense, aligned rows: sm90_bwd_supports): its own instance.
   constexpr bool kBiasBuilt = FLASHATTN2_BIAS && kModsBuilt;
   // dq_warp builds: calls without mods or a bias run the kDqWarp instances (p.dq_warp false:
-  // the others, for A/B comparisons and the bitwise test).
+  // the others, for A/B comparisons and the bitwise test); p.bwd_pipe: their kPipe twins.
   constexpr bool kDqWarpBuilt = Traits::kDqWarpBuilt;
   const bool dq_warp = kDqWarpBuilt && p.dq_warp;
+  const bool pipe = dq_warp && p.bwd_pipe;
   if (kBiasBuilt && has_bias(p))
     sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
   else if (varlen && mods)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, kModsBuilt>(args, stream);
+  else if (varlen && pipe)
+    sm90::launch_bwd<Traits, Element, kVarlenBuilt, false, false, kDqWarpBuilt, kDqWarpBuilt>(
+        args, stream);
   else if (varlen && dq_warp)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, false, false, kDqWarpBuilt>(args, stream);
   else if (varlen)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, false>(args, stream);
   else if (mods)
     sm90::launch_bwd<Traits, Element, false, kModsBuilt>(args, stream);
+  else if (pipe)
+    sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt, kDqWarpBuilt>(args,
+                                                                                      stream);
   else if (dq_warp)
     sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt>(args, stream);
   else

@@ -105,6 +105,11 @@ BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
 # same dq bits).
 # Without the build item it does nothing.
 SM90_DQ_WARP = _env_flag("FLASHATTN2_SM90_DQ_WARP", "1")
+# Hopper backwards on the dq_warp instances (above): True runs their pipelined twins, which
+# issue each step's S^T GEMM in the step before, behind its dQ GEMM (the same bits of dq, dk,
+# dv); False (the default) the others. FLASHATTN2_SM90_BWD_PIPE=1 at import, or the
+# sm90_bwd_pipe() context manager, for A/B comparisons. Without dq_warp it does nothing.
+SM90_BWD_PIPE = _env_flag("FLASHATTN2_SM90_BWD_PIPE", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
@@ -151,6 +156,8 @@ dbias_direct = _switch("DBIAS_DIRECT", "Inside the block, the bias gradient goes
                        "(b, h, sq, sk) buffer and torch's sum.")
 sm90_dq_warp = _switch("SM90_DQ_WARP", "Inside the block, Hopper backwards may run the "
                        "dq_warp instances where built (enabled, the default) or never do.")
+sm90_bwd_pipe = _switch("SM90_BWD_PIPE", "Inside the block, Hopper backwards on the dq_warp "
+                        "instances run their pipelined twins (enabled) or not (the default).")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
