@@ -9,11 +9,11 @@ import pytest
 import torch
 from flashattn2 import _ext, _launch, flash_attn_varlen_func
 from test_bwd import check_grads, check_kernel, make_inputs
-from test_sm90_bwd import (DET_CASES, EXPERIMENTAL, arch_of_backward, require_dq_warp,
-                           sm90_bwd)  # noqa: F401 (sm90_bwd: a fixture)
+from test_sm90_bwd import DET_CASES, EXPERIMENTAL, arch_of_backward, require_dq_warp
+from test_sm90_bwd import sm90_bwd  # noqa: F401 (the fixture, used by pytestmark)
 from test_varlen import check_varlen_backward
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90_bwd")]
 
 
 class _PipeRecorder:
@@ -55,7 +55,7 @@ SEQLENS = [(1, 1), (64, 64), (100, 100), (129, 300), (300, 129), (1000, 1000), (
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
 @pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
-def test_sm90_backward_pipe(sm90_bwd, monkeypatch, headdim, seqlen_q, seqlen_k, causal, nheads,
+def test_sm90_backward_pipe(monkeypatch, headdim, seqlen_q, seqlen_k, causal, nheads,
                             nheads_k):
     """Right (the 2x rule), dk / dv bitwise those of the plain dq_warp instance (dq: float32
     reduces from CTAs in any order), and the same bits twice."""
@@ -72,7 +72,7 @@ def test_sm90_backward_pipe(sm90_bwd, monkeypatch, headdim, seqlen_q, seqlen_k, 
 
 @pytest.mark.parametrize("window_size", [(32, 8), (100, -1), (-1, 50), (200, 200)], ids=str)
 @pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
-def test_sm90_backward_pipe_window(sm90_bwd, monkeypatch, headdim, window_size):
+def test_sm90_backward_pipe_window(monkeypatch, headdim, window_size):
     """Sliding windows (fewer query blocks per key block, a window narrower than a step)."""
     require_dq_warp(headdim)
     if "window" not in EXPERIMENTAL:
@@ -91,7 +91,7 @@ def test_sm90_backward_pipe_window(sm90_bwd, monkeypatch, headdim, window_size):
 @DET_CASES
 @pytest.mark.parametrize("chains", [None, 4], ids=["chains-auto", "chains-4"])
 @pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
-def test_sm90_backward_pipe_deterministic_bitwise(sm90_bwd, monkeypatch, headdim, seqlens,
+def test_sm90_backward_pipe_deterministic_bitwise(monkeypatch, headdim, seqlens,
                                                   causal, window_size, chains):
     """Deterministic mode: dq, dk, dv bitwise those of the plain dq_warp instance (the same
     dQ tiles reduced in the same order by producer warp 2), and right."""
@@ -111,7 +111,7 @@ def test_sm90_backward_pipe_deterministic_bitwise(sm90_bwd, monkeypatch, headdim
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
-def test_sm90_backward_pipe_varlen(sm90_bwd, headdim, causal):
+def test_sm90_backward_pipe_varlen(headdim, causal):
     """Packed sequences (the varlen twin): empty and one-token sequences, ragged tails, each
     against its own reference; deterministic: bitwise the plain instance's."""
     require_dq_warp(headdim)
