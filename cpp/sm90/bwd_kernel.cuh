@@ -154,11 +154,15 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // kDqWarp (dq_warp builds, calls without mods or a bias): producer warp 2 runs the dQ order
 // (dq_order_warp); the other instances have none of its code (their SASS is the default
 // build's), so that a dq_warp build can run both deterministic paths (BwdParams::dq_warp).
-// kPipe (kDqWarp instances, BwdParams::bwd_pipe): the S^T GEMM of step t + 1 is issued right
-// after step t's dQ GEMM, so that it runs while the consumers wait for the dQ GEMM and stage
-// dQ; each step then starts with its S^T complete (waited for before the loop's back edge, so
-// that no wgmma is in flight across it: ptxas serialises loop-carried in-flight
-// accumulators). The same GEMMs on the same operands: every bit of dQ, dK, dV is unchanged.
+// kPipe (kDqWarp instances, BwdParams::bwd_pipe): the S^T GEMM of step t + 1 is issued in
+// step t, queued behind its dQ GEMM once dV / dK are done, so that it runs while the consumers
+// wait for the dQ GEMM and stage dQ; each step then starts with its S^T complete (waited for
+// before the loop's back edge, so that no wgmma is in flight across it: ptxas serialises
+// loop-carried in-flight accumulators). Every step issues it, the last one too (a GEMM whose
+// result is unused): issued in a branch, or with the last step peeled off (a lambda for the
+// step: other instances' code changed, d64 spilled), ptxas serialised the wgmma (C7512,
+// C7515, C7519). The same GEMMs on the same operands: every bit of dQ, dK, dV is unchanged.
+// S^T and dP^T both one step early: C7512 and 384 B of spills (d128; d64 388 B).
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
           bool kDqWarp = false, bool kPipe = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
