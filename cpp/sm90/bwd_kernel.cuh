@@ -159,9 +159,10 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // wait for the dQ GEMM and stage dQ; each step then starts with its S^T complete (waited for
 // before the loop's back edge, so that no wgmma is in flight across it: ptxas serialises
 // loop-carried in-flight accumulators). Every step issues it, the last one too (a GEMM whose
-// result is unused): issued in a branch, or with the last step peeled off (a lambda for the
-// step: other instances' code changed, d64 spilled), ptxas serialised the wgmma (C7512,
-// C7515, C7519). The same GEMMs on the same operands: every bit of dQ, dK, dV is unchanged.
+// result is unused, on stage 1 - s): issued in a branch, ptxas serialised the wgmma (C7512,
+// C7515, C7519); with the last step peeled off (the step as a lambda) the other instances'
+// SASS changed and d64 spilled 12-16 B. The same GEMMs on the same operands: every bit of
+// dQ, dK, dV is unchanged.
 // S^T and dP^T both one step early: C7512 and 384 B of spills (d128; d64 388 B).
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
           bool kDqWarp = false, bool kPipe = false>
