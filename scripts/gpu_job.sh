@@ -147,6 +147,32 @@ if want detab; then
             --impls flashattn2,flashattn2_det ${DETAB_ARGS:-} 2> /dev/null | tail -n 16
     done
 fi
+# pipeab: the pipelined twins of the dq_warp instances (FLASHATTN2_SM90_BWD_PIPE=1: each
+# step's S^T issued in the step before, behind its dQ GEMM) against the plain ones (0), in the
+# main build: their tests, the Hopper backward's tests with the switch on, memcheck /
+# racecheck / synccheck with it on, then bench.py interleaved 0 1 0 1 (PIPEAB_ARGS: bench.py's
+# selection; PIPEAB_TESTS=0: benchmarks only).
+if want pipeab; then
+    stamp "pipeab: the pipelined S^T (FLASHATTN2_SM90_BWD_PIPE=1) vs not"
+    if [ "${PIPEAB_TESTS:-1}" = 1 ]; then
+        timeout 900 python3 -m pytest tests/test_sm90_bwd_pipe.py -q -p no:cacheprovider 2>&1 | tail -n 8
+        FLASHATTN2_SM90_BWD_PIPE=1 timeout 1500 python3 -m pytest tests/test_sm90_bwd.py \
+            tests/test_varlen.py -q -p no:cacheprovider 2>&1 | tail -n 4
+        san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        for tool in memcheck racecheck synccheck; do
+            FLASHATTN2_SM90_BWD_PIPE=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 900 "$san" \
+                --tool "$tool" --error-exitcode 1 python3 scripts/sanitize_subset.py \
+                > "$O/pipesan_$tool.txt" 2>&1
+            echo "$tool rc=$?"; tail -n 3 "$O/pipesan_$tool.txt"
+        done
+    fi
+    for run in pipe0 pipe1 pipe0b pipe1b; do
+        # shellcheck disable=SC2086
+        FLASHATTN2_SM90_BWD_PIPE=${run:4:1} python3 benchmarks/bench.py --no-summary \
+            --out "$O/pipeab_$run" ${PIPEAB_ARGS:---modes bwd,fwd_bwd --headdims 64,128 \
+            --dtypes bf16 --impls flashattn2,flashattn2_det,sdpa_cudnn} 2> /dev/null | tail -n 30
+    done
+fi
 if want bncu; then
     # BNCU_DIM (default 128), BNCU_SEQLEN (8192), BNCU_CAUSAL (0)
     bd=${BNCU_DIM:-128} bs=${BNCU_SEQLEN:-8192} bc=${BNCU_CAUSAL:-0}

@@ -180,8 +180,18 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // without the item), so that a dq_warp build can run both paths (BwdParams::dq_warp, A/B).
 // kDqFuse (with kDqWarp, one dQ chain; BwdParams::dq_fuse): producer warp 3 also converts each
 // query tile whose last visitor the CTA is (dq_convert_tile), so that the convert kernel is not run.
+// kPipe (kDqWarp instances, BwdParams::bwd_pipe): the S^T GEMM of step t + 1 is issued in
+// step t, queued behind its dQ GEMM once dV / dK are done, so that it runs while the consumers
+// wait for the dQ GEMM and stage dQ; each step then starts with its S^T complete (waited for
+// before the loop's back edge, so that no wgmma is in flight across it: ptxas serialises
+// loop-carried in-flight accumulators). Every step issues it, the last one too (a GEMM whose
+// result is unused, on stage 1 - s): issued in a branch, ptxas serialised the wgmma (C7512,
+// C7515, C7519); with the last step peeled off (the step as a lambda) the other instances'
+// SASS changed and d64 spilled 12-16 B. The same GEMMs on the same operands: every bit of
+// dQ, dK, dV is unchanged.
+// S^T and dP^T both one step early: C7512 and 384 B of spills (d128; d64 388 B).
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false, bool kDqFuse = false>
+          bool kDqWarp = false, bool kDqFuse = false, bool kPipe = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -243,6 +253,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
   static_assert(!kDqFuse || (kDqWarp && !kBias && !kVarlen), "dq_fuse instance: dense");
+  static_assert(!kPipe || kDqWarp, "the pipelined S^T: dq_warp instances only");
+  static_assert(!(kPipe && kDqFuse), "one of the dq_warp twins at a time");
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
@@ -402,19 +414,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (range.steps > 0) mbar_wait(bar_kv_full, 0);
     int head = head_k * group, m_block = range.m_start;
     if (kBias && range.steps > 0) bias_issue(head, m_block);
+    // kPipe: S^T of the step, issued in the step before (step 0: here).
+    float acc_s[kBlockM / 2];
+    if (kPipe && range.steps > 0) {
+      mbar_wait(bar_q_full(0), 0);
+      gemm_t(acc_s, sK, sQ);
+      wgmma_wait<0>();
+      fence_regs(acc_s);
+    }
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;
       const uint32_t phase = (t / kStages) & 1;
       const int m0 = m_block * kBlockM;
-      float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
+      float acc_dp[kBlockM / 2];
       uint32_t rP[kBlockM / 16][4], rdS[kBlockM / 16][4];
 
-      mbar_wait(bar_q_full(s), phase);
-      gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
+      if constexpr (!kPipe) {
+        mbar_wait(bar_q_full(s), phase);
+        gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
+      }
       mbar_wait(bar_do_full(s), phase);
       gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
       mbar_wait(bar_lse_full(s), phase);
-      wgmma_wait<1>();
+      wgmma_wait<1>();  // S^T (kPipe: complete already)
       fence_regs(acc_s);
 
       // Mask: keys past seqlen_k, and the window (causal: window_right 0, bottom-right
@@ -630,7 +652,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       fence_regs(acc_dk);
       fence_regs(acc_dv);
       mbar_arrive(bar_empty(s));
-      wgmma_wait<0>();
+      // kPipe: the next step's S^T, queued behind the dQ GEMM once dV and dK (and so their A
+      // fragments) are done (the last step's: a GEMM on stage 1 - s, whose contents are no
+      // step's, its result unused, so that every step commits the same groups).
+      if constexpr (kPipe) {
+        if (t + 1 < range.steps) mbar_wait(bar_q_full(1 - s), ((t + 1) / kStages) & 1);
+        gemm_t(acc_s, sK, sQ + (1 - s) * Traits::kQBytes);
+      }
+      wgmma_wait<kPipe ? 1 : 0>();
       fence_regs(acc_dq);
       if constexpr (kDsBuffers == 1) {
         if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
@@ -683,6 +712,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                             acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
           }
         }
+      }
+      if constexpr (kPipe) {
+        wgmma_wait<0>();  // the next step's S^T: nothing in flight across the back edge
+        fence_regs(acc_s);
       }
       range.next(head, m_block);
     }

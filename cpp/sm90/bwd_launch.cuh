@@ -17,9 +17,10 @@ namespace flashattn2 {
 namespace sm90 {
 
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false, bool kDqFuse = false>
+          bool kDqWarp = false, bool kDqFuse = false, bool kPipe = false>
 void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
-  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp, kDqFuse>;
+  constexpr auto kernel =
+      bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp, kDqFuse, kPipe>;
   constexpr int kSmem = Traits::smem_bytes(kBias, kDqFuse);
   raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
   // Causal: the first key blocks see the most query blocks and launch first.
@@ -62,7 +63,7 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   // An attention bias (no dbias, dense, aligned rows: sm90_bwd_supports): its own instance.
   constexpr bool kBiasBuilt = FLASHATTN2_BIAS && kModsBuilt;
   // dq_warp builds: calls without mods or a bias run the kDqWarp instances (p.dq_warp false:
-  // the others, for A/B comparisons and the bitwise test).
+  // the others, for A/B comparisons and the bitwise test); p.bwd_pipe: their kPipe twins.
   constexpr bool kDqWarpBuilt = Traits::kDqWarpBuilt;
   const bool dq_warp = kDqWarpBuilt && p.dq_warp;
   // p.dq_fuse (a prototype, off by default): the dense ones with one dQ chain run the kDqFuse
@@ -77,10 +78,14 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
                     p.nheads < (1 << 15);
   args.p.dq_fuse = fuse;
   run_bwd_preprocess<Element, kHeadDim>(args.p, stream);
+  const bool pipe = dq_warp && !fuse && p.bwd_pipe;
   if (kBiasBuilt && has_bias(p))
     sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
   else if (varlen && mods)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, kModsBuilt>(args, stream);
+  else if (varlen && pipe)
+    sm90::launch_bwd<Traits, Element, kVarlenBuilt, false, false, kDqWarpBuilt, false,
+                     kDqWarpBuilt>(args, stream);
   else if (varlen && dq_warp)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, false, false, kDqWarpBuilt>(args, stream);
   else if (varlen)
@@ -89,6 +94,9 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
     sm90::launch_bwd<Traits, Element, false, kModsBuilt>(args, stream);
   else if (fuse)
     sm90::launch_bwd<Traits, Element, false, false, false, kFuseBuilt, kFuseBuilt>(args, stream);
+  else if (pipe)
+    sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt, false,
+                     kDqWarpBuilt>(args, stream);
   else if (dq_warp)
     sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt>(args, stream);
   else

@@ -110,6 +110,11 @@ SM90_DQ_WARP = _env_flag("FLASHATTN2_SM90_DQ_WARP", "1")
 # chain convert dQ inside the main kernel (the last key block to visit a query tile converts
 # it while it is in L2) instead of in the convert kernel. Deterministic: the same dq bits.
 SM90_DQ_FUSE = _env_flag("FLASHATTN2_SM90_DQ_FUSE", "0")
+# Hopper backwards on the dq_warp instances (above): True runs their pipelined twins, which
+# issue each step's S^T GEMM in the step before, behind its dQ GEMM (the same bits of dq, dk,
+# dv); False (the default) the others. FLASHATTN2_SM90_BWD_PIPE=1 at import, or the
+# sm90_bwd_pipe() context manager, for A/B comparisons. Without dq_warp it does nothing.
+SM90_BWD_PIPE = _env_flag("FLASHATTN2_SM90_BWD_PIPE", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
@@ -159,6 +164,8 @@ sm90_dq_warp = _switch("SM90_DQ_WARP", "Inside the block, Hopper backwards may r
 sm90_dq_fuse = _switch("SM90_DQ_FUSE", "Inside the block, Hopper backwards on the dq_warp "
                        "instances convert dQ in the main kernel (enabled) or in the convert "
                        "kernel (disabled, the default).")
+sm90_bwd_pipe = _switch("SM90_BWD_PIPE", "Inside the block, Hopper backwards on the dq_warp "
+                        "instances run their pipelined twins (enabled) or not (the default).")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
