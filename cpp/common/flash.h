@@ -197,6 +197,10 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // false runs the others (for A/B comparisons). Host only, here at the end so that the other fields keep their
   // offsets.
   bool dq_warp = true;
+  // Hopper backwards: the main kernel and the dQ convert are launched as programmatic
+  // dependents of the kernel before them (sm90/bwd_launch.cuh), so that their prologues
+  // overlap its tail; false launches them plainly (for A/B comparisons). Host only.
+  bool pdl = true;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

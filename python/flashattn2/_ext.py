@@ -105,6 +105,12 @@ BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
 # same dq bits).
 # Without the build item it does nothing.
 SM90_DQ_WARP = _env_flag("FLASHATTN2_SM90_DQ_WARP", "1")
+# True (the default): the Hopper backward launches its main kernel and its dQ convert as
+# programmatic dependents of the kernel before each (PDL, sm_90), so that each one's launch and
+# prologue (K / V / Q / dO loads) overlap the previous kernel's tail; FLASHATTN2_BWD_PDL=0 at
+# import, or the bwd_pdl(False) context manager, launches them one after the other (for A/B
+# comparisons; the same results, bit for bit in deterministic mode).
+BWD_PDL = _env_flag("FLASHATTN2_BWD_PDL", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
@@ -151,6 +157,8 @@ dbias_direct = _switch("DBIAS_DIRECT", "Inside the block, the bias gradient goes
                        "(b, h, sq, sk) buffer and torch's sum.")
 sm90_dq_warp = _switch("SM90_DQ_WARP", "Inside the block, Hopper backwards may run the "
                        "dq_warp instances where built (enabled, the default) or never do.")
+bwd_pdl = _switch("BWD_PDL", "Inside the block, Hopper backwards chain their kernels by "
+                  "programmatic dependent launch (enabled, the default) or launch them plainly.")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
