@@ -58,14 +58,16 @@ CASES = pytest.mark.parametrize(
 @pytest.mark.parametrize("headdim", [64, 128, 256], ids=["d64", "d128", "d256"])
 def test_sm90_backward_pdl_on_off(sm90_bwd, recorder, headdim, nheads, nheads_k, seqlens, causal,
                                   window_size):
-    """Right with the kernels chained by PDL and launched plainly, each twice in a row (the
-    second run's workspaces hold the first one's values, so a kernel that read them before
-    the preprocess rewrote them would be caught)."""
+    """Right with the kernels chained by PDL and launched plainly, each twice in a row, with a
+    new dout each time: the caching allocator hands a run the workspaces of the one before,
+    whose dsum and dQ sums are then wrong for it, so a kernel that read them before the
+    preprocess rewrote them would be caught."""
     require_sm90_bwd(headdim)
     require_window(window_size)
     torch.manual_seed(0)
-    q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, headdim, torch.bfloat16)
+    q, k, v, _ = make_inputs(2, *seqlens, nheads, nheads_k, headdim, torch.bfloat16)
     for pdl in (True, True, False, False):
+        dout = torch.randn_like(q)
         with _ext.bwd_pdl(pdl):
             grads, arch = arch_of_backward(q, k, v, dout, causal=causal, window_size=window_size)
         assert arch == 90
