@@ -268,7 +268,8 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains,
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
-         bool dbias_add, bool bias_staged, bool dq_warp, bool dq_fuse, bool bwd_pipe) {
+         bool dbias_add, bool bias_staged, bool dq_warp, bool dq_fuse, bool bwd_pipe,
+         bool pdl) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -328,6 +329,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.dq_warp = dq_warp;
   params.dq_fuse = dq_fuse;
   params.bwd_pipe = bwd_pipe;
+  params.pdl = pdl;
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
                                 "deterministic mode needs a stored dbias");
@@ -606,6 +608,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dbias_add") = false, py::arg("bias_staged") = true, py::arg("dq_warp") = true,
         py::arg("dq_fuse") = false,
         py::arg("bwd_pipe") = false,
+        py::arg("pdl") = true,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80. "
@@ -632,7 +635,9 @@ PYBIND11_MODULE(_C, m) {
         "key block to visit a query tile), without the convert kernel (one dq chain only; "
         "A/B, off by default). bwd_pipe=True: those on the dq_warp "
         "instances issue each step's S^T GEMM in the step before (the same bits of dq, dk, "
-        "dv; A/B).");
+        "dv; A/B). pdl=False: the Hopper backward launches its kernel and dQ convert "
+        "plainly, not as programmatic dependents of the kernel before each (A/B; the same "
+        "results).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),

@@ -113,6 +113,20 @@ if want bwdab && [ -n "${BASE_PID:-}" ]; then
     ab_bench base bbase bnew --modes bwd,fwd_bwd --headdims "${BWDAB_DIMS:-64,128}" --dtypes bf16 \
         --impls flashattn2,sdpa_cudnn ${BWDAB_ARGS:-}
 fi
+# pdlab: the Hopper backward's kernels chained by programmatic dependent launch
+# (FLASHATTN2_BWD_PDL=1, the default) against launched one after the other (0), in the main
+# build, interleaved 1 0 1 0; PDLAB_ARGS: more bench.py options (e.g. --causal true, or
+# --impls flashattn2,flashattn2_det,sdpa_cudnn).
+if want pdlab; then
+    stamp "PDL A/B: the backward's kernels chained (pdl1) vs launched plainly (pdl0)"
+    for run in pdl1 pdl0 pdl1b pdl0b; do
+        # shellcheck disable=SC2086
+        FLASHATTN2_BWD_PDL=${run:3:1} python3 benchmarks/bench.py --no-summary \
+            --out "$O/pdlab_$run" --modes bwd,fwd_bwd --headdims 64,128,256 --dtypes bf16 \
+            --seqlens 512,1024,2048,4096 --impls flashattn2,sdpa_cudnn ${PDLAB_ARGS:-} \
+            2> /dev/null | tail -n 16
+    done
+fi
 if want decab && [ -n "${BASE_PID:-}" ]; then
     stamp "decode A/B: base (.base/cpp) vs this tree, interleaved, SDPA-cuDNN and the floor in each"
     wait "$BASE_PID"

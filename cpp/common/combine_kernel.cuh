@@ -136,19 +136,10 @@ void launch_combine(const FwdParams& params, cudaStream_t stream) {
   const int64_t rows = int64_t(params.batch) * params.nheads * params.seqlen_q;
   const int rows_per_block = 4 / combine_warps_per_row(params.num_splits);
   const unsigned blocks = unsigned((rows + rows_per_block - 1) / rows_per_block);
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(128);
-  config.stream = stream;
-  config.attrs = &attribute;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  config.numAttrs = compute_capability(device) >= 90 ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&config, combine_kernel<Element>, params),
-             "combine_kernel launch");
+  launch_kernel(combine_kernel<Element>, dim3(blocks), 128, 0, stream,
+                compute_capability(device) >= 90, "combine_kernel launch", params);
 }
 
 }  // namespace flashattn2

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "common/flash.h"
 
@@ -62,6 +63,28 @@ void raise_smem_limit(int bytes, const char* name) {
   }
 }
 
+// Launches kernel(args...) on `stream`; with `pdl`, as a programmatic dependent of the kernel
+// before it in the stream (cudaLaunchAttributeProgrammaticStreamSerialization, sm_90 and
+// newer: the caller checks): it may start once every block of that kernel has called
+// griddep_launch_dependents or exited, and must griddep_wait (common/ptx.cuh) before it
+// touches that kernel's results, in every block (so that its own end implies that kernel's).
+// Stream capture turns the attribute into a programmatic edge of the graph.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
+                   cudaStream_t stream, bool pdl, const char* what, Args&&... args) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
+
 // Defined in fwd_launch.cuh / bwd_launch.cuh, instantiated per (dtype, head dim) in
 // generated units.
 template <typename Element, int kHeadDim>
@@ -84,8 +107,10 @@ bool run_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 // backward's preprocess (dsum, zeroed dq_accum) and dQ convert, shared by both backwards.
 template <typename Element, int kHeadDim>
 void run_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
+// pdl: the convert as a programmatic dependent of the kernel before it (launch_kernel; the
+// Hopper backward with BwdParams::pdl); it waits for that kernel's end on the SMs.
 template <typename Element, int kHeadDim>
-void run_bwd_convert_dq(const BwdParams& params, cudaStream_t stream);
+void run_bwd_convert_dq(const BwdParams& params, bool pdl, cudaStream_t stream);
 // run_bwd picks the backward tile that fits smem_per_block (bwd_config.h).
 template <typename Element, int kHeadDim>
 void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream);

@@ -142,6 +142,9 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) 
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row of the kernel's head dim
   constexpr int kLanes = kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : 4;
   constexpr int kRowsPerPass = 128 / kLanes;
+  // The Hopper backward's kernel (launched as a programmatic dependent, BwdParams::pdl) may
+  // start its prologue now: it waits (griddep_wait) before it reads dsum or dq_accum.
+  ptx::griddep_launch_dependents();
   const int sub = threadIdx.x % kLanes, r = threadIdx.x / kLanes;
   const int head = blockIdx.y, batch = blockIdx.z;
   const SeqInfo seq(p, batch);
@@ -207,6 +210,10 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) 
 // dtype. grid as the preprocess kernel.
 template <typename Element>
 __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) {
+  // Launched as a programmatic dependent of the Hopper backward's kernel (BwdParams::pdl):
+  // wait for that grid's end (which implies the preprocess's: every block of it waited for
+  // that one). Every thread, first: a no-op where the launch was a plain one.
+  ptx::griddep_wait();
   // The tile's 64 rows in chunks of 64 columns: the 16 x 8 accumulator-order blocks
   // (ws_dq_index) are read with 16-byte loads, summed over the chains, and transposed
   // through shared memory, so that the stores are 16-byte row segments again.

@@ -18,10 +18,10 @@ void run_bwd_preprocess(const BwdParams& params, cudaStream_t stream) {
 }
 
 template <typename Element, int kHeadDim>
-void run_bwd_convert_dq(const BwdParams& params, cudaStream_t stream) {
+void run_bwd_convert_dq(const BwdParams& params, bool pdl, cudaStream_t stream) {
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
-  bwd_convert_dq_kernel<Element><<<rows_grid, 128, 0, stream>>>(params);
-  check_cuda(cudaGetLastError(), "bwd_convert_dq_kernel launch");
+  launch_kernel(bwd_convert_dq_kernel<Element>, rows_grid, 128, 0, stream, pdl,
+                "bwd_convert_dq_kernel launch", params);
 }
 
 template <typename Element, int kHeadDim>
@@ -74,7 +74,7 @@ void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
     launch_mods(BwdTraits<kHeadDim, false>{});
   }
   check_cuda(cudaGetLastError(), "bwd_kernel launch");
-  run_bwd_convert_dq<Element, kHeadDim>(params, stream);
+  run_bwd_convert_dq<Element, kHeadDim>(params, false, stream);
 }
 
 }  // namespace flashattn2
@@ -89,4 +89,4 @@ void run_bwd(const BwdParams& params, int smem_per_block, cudaStream_t stream) {
   template void flashattn2::run_bwd_preprocess<Element, kHeadDim>(                         \
       const flashattn2::BwdParams&, cudaStream_t);                                         \
   template void flashattn2::run_bwd_convert_dq<Element, kHeadDim>(                         \
-      const flashattn2::BwdParams&, cudaStream_t);
+      const flashattn2::BwdParams&, bool, cudaStream_t);

@@ -118,6 +118,10 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
   const BwdSeq<false> seq(p, batch);
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, false, n_block, kBlockN);
+  // Programmatic dependent launch (BwdParams::pdl, bwd_launch.cuh): the dQ convert may be
+  // scheduled now (it waits for this grid's end); this grid itself may have started before
+  // the preprocess ended, so warp 1 waits for it (griddep_wait) before its first dsum load.
+  ptx::griddep_launch_dependents();
   if (tid == 0) {
     mbar_init(bar_kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -161,6 +165,9 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
         range.next(head, m_block);
       }
     } else if (warp == 1) {
+      // PDL: every lane waits for the preprocess (dsum) in every CTA; the consumers' dQ
+      // reduces into dq_accum are ordered after it by their lse_full waits (bwd_kernel.cuh).
+      ptx::griddep_wait();
       int head = head_k * group, m_block = range.m_start;
       for (int t = 0; t < range.steps; ++t) {
         const int s = t % kStages;
@@ -402,7 +409,8 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
 #endif
 }
 
-// Host: TMA maps (64-row boxes for all four), preprocess, the kernel, dQ convert.
+// Host: TMA maps (64-row boxes for all four), preprocess, the kernel, dQ convert (the last two
+// programmatic dependents with BwdParams::pdl, as in bwd_launch.cuh).
 template <typename Element>
 bool run_bwd_sm90_d256(const BwdParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsD256;
@@ -423,9 +431,9 @@ bool run_bwd_sm90_d256(const BwdParams& p, cudaStream_t stream) {
   constexpr auto kernel = bwd_kernel_d256<Element>;
   raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel_d256, smem)");
   const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
-  check_cuda(cudaGetLastError(), "sm90 bwd_kernel_d256 launch");
-  run_bwd_convert_dq<Element, Traits::kHeadDim>(p, stream);
+  launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream, p.pdl,
+                "sm90 bwd_kernel_d256 launch", args);
+  run_bwd_convert_dq<Element, Traits::kHeadDim>(p, p.pdl, stream);
   return true;
 }
 

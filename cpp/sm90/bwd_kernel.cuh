@@ -258,6 +258,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
+  // Programmatic dependent launch (BwdParams::pdl, bwd_launch.cuh): the dQ convert may be
+  // scheduled now (it waits for this grid's end); this grid itself may have started before
+  // the preprocess ended, so warp 1 waits for it (griddep_wait) before its first dsum load.
+  ptx::griddep_launch_dependents();
   if (tid == 0) {
     mbar_init(bar_kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -308,6 +312,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     } else if (warp == 1) {
       // LSE (+inf past seqlen_q, so that P = 0 on the zero-filled rows) and dsum of each
       // step into its stage; every lane arrives after its stores (release / acquire).
+      // PDL: every lane waits for the preprocess (dsum; the LSE is the forward's) in every
+      // CTA, also without steps, so that this grid ends after it. The consumers touch the
+      // preprocess's dq_accum and counters only after their first lse_full wait, which
+      // acquires what these lanes' arrivals release: they are ordered after this wait. The
+      // producer's TMA loads read only inputs (Q, dO, K, V) and do not wait.
+      ptx::griddep_wait();
       int head = head_k * group, m_block = range.m_start;
       for (int t = 0; t < range.steps; ++t) {
         const int s = t % kStages;
@@ -328,6 +338,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         range.next(head, m_block);
       }
     } else if (warp == 2 && dq_warp) {
+      ptx::griddep_wait();  // PDL: before its first counter load and reduce (zeroed by the
+                            // preprocess)
       dq_order_warp<Traits, Element, kVarlen, kDqFuse>(p, seq, head_k * group, n_block, range,
                                                        sDq, lane, sMsg);
     } else if (warp == 3 && kDqFuse && range.steps > 0) {

@@ -3,6 +3,13 @@
 // through FLASHATTN2_INSTANTIATE_BWD_SM90. The preprocess and dQ convert kernels are the
 // sm80 backward's (run_bwd_preprocess / run_bwd_convert_dq, instantiated in the sm80 units:
 // common/launch.h), so the workspaces are the same.
+// BwdParams::pdl (this backward runs on sm_90 GPUs only: mha_bwd): the kernel and the convert
+// are launched as programmatic dependents (launch_kernel) of the kernel before each, so that
+// each one's launch and prologue overlap that kernel's tail: the preprocess lets its
+// dependent start at once (griddep_launch_dependents), the kernel waits for it (griddep_wait)
+// before its first access to dsum, dq_accum or the dQ-order counters and lets the convert
+// start at once, and the convert waits before it reads dq_accum. The preprocess itself is
+// launched plainly: it reads O and dO, which the kernels before it wrote.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,8 +33,8 @@ void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
   // Causal: the first key blocks see the most query blocks and launch first.
   const BwdParams& p = args.p;
   const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
-  kernel<<<grid, Traits::kThreads, kSmem, stream>>>(args);
-  check_cuda(cudaGetLastError(), "sm90 bwd_kernel launch");
+  launch_kernel(kernel, grid, Traits::kThreads, kSmem, stream, p.pdl, "sm90 bwd_kernel launch",
+                args);
 }
 
 }  // namespace sm90
@@ -101,7 +108,7 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
     sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt>(args, stream);
   else
     sm90::launch_bwd<Traits, Element, false, false>(args, stream);
-  if (!fuse) run_bwd_convert_dq<Element, kHeadDim>(p, stream);
+  if (!fuse) run_bwd_convert_dq<Element, kHeadDim>(p, p.pdl, stream);
   return true;
 #if FLASHATTN2_SM90_BWD_D256
   }

@@ -115,6 +115,12 @@ SM90_DQ_FUSE = _env_flag("FLASHATTN2_SM90_DQ_FUSE", "0")
 # dv); False (the default) the others. FLASHATTN2_SM90_BWD_PIPE=1 at import, or the
 # sm90_bwd_pipe() context manager, for A/B comparisons. Without dq_warp it does nothing.
 SM90_BWD_PIPE = _env_flag("FLASHATTN2_SM90_BWD_PIPE", "0")
+# True (the default): the Hopper backward launches its main kernel and its dQ convert as
+# programmatic dependents of the kernel before each (PDL, sm_90), so that each one's launch and
+# prologue (K / V / Q / dO loads) overlap the previous kernel's tail; FLASHATTN2_BWD_PDL=0 at
+# import, or the bwd_pdl(False) context manager, launches them one after the other (for A/B
+# comparisons; the same results, bit for bit in deterministic mode).
+BWD_PDL = _env_flag("FLASHATTN2_BWD_PDL", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
@@ -166,6 +172,8 @@ sm90_dq_fuse = _switch("SM90_DQ_FUSE", "Inside the block, Hopper backwards on th
                        "kernel (disabled, the default).")
 sm90_bwd_pipe = _switch("SM90_BWD_PIPE", "Inside the block, Hopper backwards on the dq_warp "
                         "instances run their pipelined twins (enabled) or not (the default).")
+bwd_pdl = _switch("BWD_PDL", "Inside the block, Hopper backwards chain their kernels by "
+                  "programmatic dependent launch (enabled, the default) or launch them plainly.")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")

@@ -310,6 +310,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         dq_chains=dq_chains, allow_sm90=_allow_sm90_bwd(headdim), dq_warp=_ext.SM90_DQ_WARP,
         dq_fuse=_ext.SM90_DQ_FUSE,
         bwd_pipe=_ext.SM90_BWD_PIPE,
+        pdl=_ext.BWD_PDL,
     )  # fmt: skip
 
 
