@@ -102,7 +102,7 @@ def run_case(case, gen):
 # dq_accum; deterministic: its ordered reduces, descending for causal, rotated for full
 # attention, ascending with more key than query blocks, in 1-4 dQ chains), and d256 its
 # column-split kernel where built (FLASHATTN2_SM90_BWD_EXPERIMENTAL=d256; else the
-# mma.sync d256 backward); the name says which ran.
+# mma.sync d256 backward; deterministic too with dq_warp); the name says which ran.
 BWD_CASES = [
     (1, 200, 333, 4, 2, 128, True, torch.bfloat16),
     (2, 113, 113, 2, 2, 128, False, torch.float16),
@@ -124,6 +124,10 @@ BWD_CASES = [
     (1, 200, 333, 4, 2, 128, True, torch.bfloat16, False, None, True),
     (2, 300, 129, 4, 2, 128, True, torch.float16, False, None, True),
     (1, 300, 257, 4, 2, 128, False, torch.bfloat16, True, None, True),
+    # d256 deterministic (dq_warp builds): dQ staged in the stages' sQ / sdO chunks, warp 2's
+    # reduces and stage releases; descending (causal) and rotated (full, 2 chains), tails
+    (1, 130, 200, 4, 2, 256, True, torch.float16, True),
+    (2, 200, 130, 2, 1, 256, False, torch.bfloat16, True, 2),
 ]
 
 

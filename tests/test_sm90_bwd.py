@@ -47,6 +47,18 @@ def require_sm90_bwd(kernel_head_dim):
                     f"(FLASHATTN2_SM90_BWD_EXPERIMENTAL=d64 builds 64, d256 256)")
 
 
+# The extensions deterministic mode on the Hopper backward needs (d256: its producer warp 2
+# runs the dQ order; there is no consumer-warp variant).
+DET_NEEDS = {64: {"dq_bulk"}, 128: {"dq_bulk"}, 256: {"dq_bulk", "dq_warp"}}
+
+
+def require_sm90_deterministic(headdim):
+    require_sm90_bwd(headdim)
+    if not DET_NEEDS[headdim] <= EXPERIMENTAL:
+        pytest.skip(f"deterministic mode on the d{headdim} Hopper backward needs "
+                    f"{sorted(DET_NEEDS[headdim])} in FLASHATTN2_SM90_BWD_EXPERIMENTAL")
+
+
 def arch_of_backward(*args, **kwargs):
     """run_backward (NaN-poisoned outputs) and the generation of the backward that ran."""
     _ext.last_bwd_arch = None
@@ -184,7 +196,8 @@ def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatc
 
 def test_sm90_backward_d256_falls_back_out_of_scope(sm90_bwd):
     """The d256 kernel (FLASHATTN2_SM90_BWD_EXPERIMENTAL item d256) serves dense backwards
-    without softcap / ALiBi / bias or deterministic mode; those run the mma.sync backward."""
+    without softcap / ALiBi / bias, deterministic mode too in builds with dq_bulk and dq_warp;
+    the rest runs the mma.sync backward."""
     require_sm90_bwd(256)
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(1, 200, 200, 4, 2, 256, torch.bfloat16)
@@ -195,14 +208,17 @@ def test_sm90_backward_d256_falls_back_out_of_scope(sm90_bwd):
         _ext.last_bwd_arch = None
         flash_attn_func(qg, kg, vg, causal=True, **kwargs).backward(dout)
         torch.cuda.synchronize()
-        assert _ext.last_bwd_arch == 80, kwargs
+        in_scope = "deterministic" in kwargs and DET_NEEDS[256] <= EXPERIMENTAL
+        assert _ext.last_bwd_arch == (90 if in_scope else 80), kwargs
         assert all(torch.isfinite(t.grad).all() for t in (qg, kg, vg)), kwargs
 
 
-# Deterministic mode on the Hopper backward (dq_bulk builds), in every order of
-# common/dq_order.cuh and with 1, 2 or 4 dQ chains (None: bwd_dq_chains's choice, one chain at
-# these lengths but for the ascending cases from 1024 keys, which take 4). In builds with
-# dq_warp these run its kernel instances (_ext.SM90_DQ_WARP, on by default).
+# Deterministic mode on the Hopper backward (dq_bulk builds; d256: with dq_warp, whose
+# producer warp 2 runs the order there), in every order of common/dq_order.cuh and with 1, 2
+# or 4 dQ chains (None: bwd_dq_chains's choice, one chain at these lengths but for the
+# ascending cases from 1024 keys, which take 4). In builds with dq_warp these run its kernel
+# instances (_ext.SM90_DQ_WARP, on by default). d256 (64 x 64 tiles): (1025, 1025) full has
+# 17 key blocks and 17 query tiles, (1500, 700) 11 and 24, (1024, 1024) 16 and 16.
 DET_CASES = pytest.mark.parametrize(
     "seqlens,causal,window_size",
     [((1025, 1025), True, (-1, -1)),  # descending, key blocks launched last first
@@ -222,16 +238,14 @@ DET_CASES = pytest.mark.parametrize(
 @DET_CASES
 @pytest.mark.parametrize("chains", [None, 2, 4], ids=["chains-auto", "chains-2", "chains-4"])
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
-@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("headdim", [64, 128, 256], ids=["d64", "d128", "d256"])
 def test_sm90_backward_deterministic(sm90_bwd, headdim, seqlens, causal, window_size, chains,
                                      nheads, nheads_k):
     """Three runs bitwise equal and right, on the Hopper backward. The rotated walk with
     chains: at d64 (128-row query tiles), (1025, 1025) full has 9 key blocks and 9 query tiles,
     so a key block's chain-mates wrap around unevenly (dq_order.cuh turn); (1500, 700) 6 and 12;
     d128 (64-row tiles) 9 and 17, 6 and 24."""
-    require_sm90_bwd(headdim)
-    if "dq_bulk" not in EXPERIMENTAL:
-        pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
+    require_sm90_deterministic(headdim)
     arch = 90 if window_size == (-1, -1) or "window" in EXPERIMENTAL else 80
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, headdim, torch.bfloat16)
@@ -243,6 +257,32 @@ def test_sm90_backward_deterministic(sm90_bwd, headdim, seqlens, causal, window_
             assert ran == arch
             runs.append(grads)
     check_grads(runs[0], q, k, v, dout, causal=causal, window_size=window_size)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("chains", [1, 4], ids=["chains-1", "chains-4"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlens", [(65, 129), (257, 255)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", [200, 248, 256])
+def test_sm90_backward_d256_deterministic_dtypes_and_padded_dims(sm90_bwd, headdim, dtype,
+                                                                 seqlens, causal, chains):
+    """The d256 kernel's deterministic instance in both dtypes, with the column chunks past a
+    padded head dim (200: one n8 tile of the last chunk, 248: seven) left out of the staged
+    bulk reduces, query and key tails, GQA 4:1, one and four chains: three runs bitwise equal
+    and right."""
+    require_sm90_deterministic(256)
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, *seqlens, 8, 2, headdim, dtype)
+    runs = []
+    with _ext.dq_chains(chains):
+        for _ in range(3):
+            grads, ran = arch_of_backward(q, k, v, dout, causal=causal, deterministic=True)
+            assert ran == 90
+            runs.append(grads)
+    check_grads(runs[0], q, k, v, dout, causal=causal)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert torch.equal(a, b)
@@ -324,15 +364,14 @@ def test_sm90_backward_dq_warp_bitwise(sm90_bwd, monkeypatch, headdim, seqlens, 
 
 
 @pytest.mark.parametrize("seqlen,chains", [(8192, 2), (16384, 4)], ids=["8k", "16k"])
-@pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("headdim", [64, 128, 256], ids=["d64", "d128", "d256"])
 def test_sm90_backward_deterministic_long(sm90_bwd, monkeypatch, headdim, seqlen, chains):
     """Long full attention (GQA 2:1): the rotated walk with the chains bwd_dq_chains gives it
     (2 from 8k keys, 4 from 16k: 64 / 128 key blocks, within the 132 SMs of an H100 SXM; on
-    fewer SMs 16k takes the ascending order, also in 4 chains), on the Hopper backward; three
-    runs bitwise equal and right."""
-    require_sm90_bwd(headdim)
-    if "dq_bulk" not in EXPERIMENTAL:
-        pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
+    fewer SMs 16k takes the ascending order, also in 4 chains; d256's 64-key blocks: 128 at
+    8k, rotated, 256 at 16k, ascending), on the Hopper backward; three runs bitwise equal and
+    right."""
+    require_sm90_deterministic(headdim)
     recorder = _ChainsRecorder(_launch._C)
     monkeypatch.setattr(_launch, "_C", recorder)
     torch.manual_seed(0)

@@ -107,10 +107,13 @@ inline bool sm90_bwd_takes_bias(const BwdParams& p, int kernel_head_dim) {
 #endif
 }
 
-// The d256 kernel: dense, no softcap / ALiBi / bias, not deterministic (design/bwd256.md).
+// The d256 kernel: dense, no softcap / ALiBi / bias (design/bwd256.md); deterministic mode
+// in builds with dq_bulk and dq_warp (its kDet instance: producer warp 2 runs the dQ order;
+// it has no consumer-warp variant, so BwdParams::dq_warp does not apply).
 inline bool sm90_bwd_d256_supports(const BwdParams& p) {
   return !p.cu_seqlens_q && !p.cu_seqlens_k && p.softcap == 0.f && !p.alibi_slopes &&
-         !has_bias(p) && !p.deterministic;
+         !has_bias(p) &&
+         (!p.deterministic || (FLASHATTN2_SM90_BWD_DQ_BULK && FLASHATTN2_SM90_BWD_DQ_WARP));
 }
 
 // kernel_head_dim: 64, 128 or 256 (sm90_bwd_head_dim), the tile's.

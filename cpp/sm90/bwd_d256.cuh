@@ -27,8 +27,19 @@
 //              bandwidth)
 //          sP / sdS are double-buffered by stage: the reuse argument of bwd_kernel.cuh (one
 //          named barrier per step) holds unchanged.
+//   determ deterministic=True (kDet, an instance of its own: the default one's code is
+//          unchanged; dq_bulk + dq_warp builds): the dQ of a query tile is added in the fixed
+//          order of common/dq_order.cuh (DqOrder<64, 64>: the counters' 64-row tiles; chains
+//          p.dq_chains) by producer warp 2 (bwd_kernel.cuh dq_order_warp). Once dV / dK are
+//          done, the warpgroup's own column chunks 2 c, 2 c + 1 of sQ[s] and sdO[s] are read
+//          by nobody any more (both warpgroups' S^T / dP^T ended before the named barrier;
+//          the partner's dV / dK read its own chunks), so they stage its dQ (16 KiB; the
+//          staging of branch bwd256-bulk, 38ac281, whose consumer-issued reduces ran at 0.92x
+//          the red.global path); the consumers arrive on bar_empty(s) after staging, and warp
+//          2 once its reduces have read the stage (one more arrival), so the stage goes back
+//          to the producer only then.
 // Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
-// not deterministic, no dropout: everything else runs the mma.sync backward.
+// no dropout: everything else runs the mma.sync backward.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -40,6 +51,7 @@
 #include "common/ptx.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
+#include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/tma.cuh"
@@ -81,7 +93,8 @@ struct BwdTraitsD256 {
                 "register budget: setmaxnreg.inc would hang");
 };
 
-template <typename Element>
+// kDet: deterministic mode (dq_order_warp, the dQ staged in the stage's dead chunks).
+template <typename Element, bool kDet>
 __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
     bwd_kernel_d256(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -113,11 +126,15 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int head_k = blockIdx.y, batch = blockIdx.z;
   const int group = p.nheads / p.nheads_k;
   const BwdSeq<false> seq(p, batch);
+  // kDet: the dQ order's K/V tile (launched last first when descending) and rotated walk.
+  const DqOrder<kBlockM, kBlockN> order(p, seq.seqlen_q(), seq.seqlen_k(),
+                                        (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
+  const int n_block = kDet ? order.n_block() : int(blockIdx.x);
   const int n0 = n_block * kBlockN;
-  const BwdRange range(p, seq, n0, kBlockM, group, false, n_block, kBlockN);
+  const BwdRange range(p, seq, n0, kBlockM, group, kDet && order.rotate, n_block, kBlockN);
   // Programmatic dependent launch (BwdParams::pdl, bwd_launch.cuh): the dQ convert may be
   // scheduled now (it waits for this grid's end); this grid itself may have started before
   // the preprocess ended, so warp 1 waits for it (griddep_wait) before its first dsum load.
@@ -128,7 +145,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       mbar_init(bar_q_full(s), 1);
       mbar_init(bar_do_full(s), 1);
       mbar_init(bar_lse_full(s), 32);
-      mbar_init(bar_empty(s), 128 * Traits::kConsumers);
+      mbar_init(bar_empty(s), 128 * Traits::kConsumers + (kDet ? 1 : 0));  // kDet: + warp 2
     }
     mbar_fence_init();
   }
@@ -184,6 +201,29 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
         mbar_arrive(bar_lse_full(s));
         range.next(head, m_block);
       }
+    } else if (kDet && warp == 2) {
+      // The consumers' staged 16 x 64 blocks (warp 4 c + w, slice j: column chunk 2 c + j of
+      // rows 16 w..+16, staged at 4096 j of its 8 KiB, chunk 2 c + w % 2 of sQ[s] (w < 2) or
+      // sdO[s]); columns past a padded head dim skipped; then stage s goes back.
+      auto issue = [&](float* dq_tile, int rows, int t) {
+        const uint32_t stage = (t % kStages) * Traits::kQBytes;
+#pragma unroll
+        for (int i = 0; i < 4 * Traits::kConsumers; ++i) {
+          const int c = i / 4, w = i % 4;
+          const uint32_t src = (w < 2 ? sQ : sdO) + stage + (2 * c + w % 2) * Traits::kQChunkBytes;
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int tiles = min(8, (p.headdim - 64 * (2 * c + j)) / 8);
+            if (16 * w < rows && tiles > 0)
+              bulk_reduce_add_f32(dq_tile + 16 * w * p.headdim + 16 * 64 * (2 * c + j),
+                                  src + 4096 * j, tiles * 128 * 4);
+          }
+        }
+      };
+      ptx::griddep_wait();  // PDL: before its first counter load (zeroed by the preprocess)
+      dq_order_warp<kBlockM, kBlockN, false, false>(
+          p, seq, head_k * group, n_block, range, lane, 0, issue,
+          [&](int t) { mbar_arrive(bar_empty(t % kStages)); });
     }
   } else {
     // ---- consumers ----
@@ -351,13 +391,14 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       wgmma_commit();
       float acc_dq0[32], acc_dq1[32];
       gemm_dq(acc_dq0, sdS_t, 0);
-      // dV and dK done: sQ, sdO, LSE, dsum of stage s are read (dQ reads sK and sdS only).
+      // dV and dK done: sQ, sdO, LSE, dsum of stage s are read (dQ reads sK and sdS only);
+      // kDet: released after staging dQ into the stage (below).
       wgmma_wait<1>();
       fence_regs(acc_dk);
       fence_regs(acc_dv);
       fence_regs(rP);
       fence_regs(rdS);
-      mbar_arrive(bar_empty(s));
+      if constexpr (!kDet) mbar_arrive(bar_empty(s));
       gemm_dq(acc_dq1, sdS_t, 1);
 
       // dq_accum (ws_dq_index, as bwd_kernel.cuh's non-bulk path): the warp's 16 rows x 64
@@ -374,12 +415,37 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
                               acc[4 * nt + 2], acc[4 * nt + 3]);
         }
       };
+      // kDet: slice j of the warp staged (in accumulator order, each store the warp's 512
+      // contiguous bytes) at 4096 j of its 8 KiB: chunk 2 c + w % 2 of sQ[s] (warps 0, 1) or
+      // sdO[s] (2, 3), dead since dV / dK (the header); warp 2 adds them.
+      const uint32_t sdq = (warp_in_wg < 2 ? sQ : sdO) + s * Traits::kQBytes +
+                           (2 * consumer + warp_in_wg % 2) * Traits::kQChunkBytes;
+      auto stage_dq = [&](const float (&acc)[32], int j) {
+        if (dq_row < seq.seqlen_q()) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            st_shared_v4(sdq + 4 * (1024 * j + 128 * nt + 4 * lane), acc[4 * nt],
+                         acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
+        }
+      };
       wgmma_wait<1>();
       fence_regs(acc_dq0);
-      add_dq(acc_dq0, 0);
+      if constexpr (kDet) stage_dq(acc_dq0, 0);
+      else add_dq(acc_dq0, 0);
       wgmma_wait<0>();
       fence_regs(acc_dq1);
-      add_dq(acc_dq1, 1);
+      if constexpr (kDet) {
+        stage_dq(acc_dq1, 1);
+        fence_proxy_async();  // the generic-proxy stores, before warp 2's async-proxy reads
+        // This thread's reads of the stage (LSE, dsum) and staging stores are done; the stage
+        // goes back once warp 2 arrives too, after its reduces read the staging.
+        mbar_arrive(bar_empty(s));
+        // Warp 2 has taken step t - 1's staging (so that the arrivals below are step t's).
+        if (t > 0) named_sync(kBarDqEmpty, 256 + 32);
+        named_arrive(kBarDqFull, 256 + 32);
+      } else {
+        add_dq(acc_dq1, 1);
+      }
       range.next(head, m_block);
     }
 
@@ -409,6 +475,17 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
 #endif
 }
 
+template <typename Element, bool kDet>
+void launch_bwd_d256(const BwdArgs& args, cudaStream_t stream) {
+  using Traits = BwdTraitsD256;
+  constexpr auto kernel = bwd_kernel_d256<Element, kDet>;
+  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel_d256, smem)");
+  const BwdParams& p = args.p;
+  const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
+  launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream, p.pdl,
+                "sm90 bwd_kernel_d256 launch", args);
+}
+
 // Host: TMA maps (64-row boxes for all four), preprocess, the kernel, dQ convert (the last two
 // programmatic dependents with BwdParams::pdl, as in bwd_launch.cuh).
 template <typename Element>
@@ -428,11 +505,12 @@ bool run_bwd_sm90_d256(const BwdParams& p, cudaStream_t stream) {
                    p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
   if (!mapped) return false;
   run_bwd_preprocess<Element, Traits::kHeadDim>(p, stream);
-  constexpr auto kernel = bwd_kernel_d256<Element>;
-  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel_d256, smem)");
-  const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
-  launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream, p.pdl,
-                "sm90 bwd_kernel_d256 launch", args);
+  // Deterministic mode (sm90_bwd_d256_supports: dq_bulk + dq_warp builds): its own instance.
+  constexpr bool kDetBuilt = FLASHATTN2_SM90_BWD_DQ_BULK && FLASHATTN2_SM90_BWD_DQ_WARP;
+  if (kDetBuilt && p.deterministic)
+    launch_bwd_d256<Element, kDetBuilt>(args, stream);
+  else
+    launch_bwd_d256<Element, false>(args, stream);
   run_bwd_convert_dq<Element, Traits::kHeadDim>(p, p.pdl, stream);
   return true;
 }

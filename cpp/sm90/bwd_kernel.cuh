@@ -91,21 +91,27 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
 
 // kDqWarp: producer warp 2 issues the dQ reduces of every step, off the consumers' path. Per
 // step, lane 0 waits (deterministic mode) for the query tile's turn (1 add per earlier visitor
-// of the chain), then for the consumers' staged dQ (kBarDqFull), issues their 4 kConsumers
-// bulk reduces, hands the staging back once it is read (kBarDqEmpty) and (deterministic)
-// releases the tile once the reduces are complete: the global round trips overlap the
-// consumers' next step. Without deterministic mode only the reduces and the hand-back remain
-// (measured: the deterministic d64 backward on this path ran at 0.88-0.99x the default one
-// with the reduces on the consumers, H100 2026-11-26). Inlined, with the
-// counter and accumulator of the step's head stepped per head and everything else rebuilt
-// from the params per step: the producer warpgroup has 24 registers (the consumers need their
-// 240; at 232 ptxas serialises their wgmma, C7512).
-template <typename Traits, typename Element, bool kVarlen, bool kDqFuse>
+// of the chain), then for the consumers' staged dQ (kBarDqFull), issues their bulk reduces
+// (issue(dq_tile, rows, t): dq_tile the accumulator's first row of the tile in the step's
+// head and chain, rows the tile's rows in the sequence), hands the staging back once it is
+// read (read(t), then kBarDqEmpty) and (deterministic) releases the tile once the reduces are
+// complete: the global round trips overlap the consumers' next step. Without deterministic
+// mode only the reduces and the hand-back remain (measured: the deterministic d64 backward on
+// this path ran at 0.88-0.99x the default one with the reduces on the consumers, H100
+// 2026-11-26). Shared by bwd_kernel (a staging buffer of its own; read: nothing more) and
+// bwd_kernel_d256's deterministic instance (staging in the stage's dead sQ / sdO chunks;
+// read: the stage's release). kBlockM, kBlockN: the tile (the counters are per 64 query rows:
+// d64's 128-row tiles use the first half of them). Inlined, with the counter and accumulator
+// of the step's head stepped per head and everything else rebuilt from the params per step:
+// the producer warpgroup has 24 registers (the consumers need their 240; at 232 ptxas
+// serialises their wgmma, C7512).
+// kDqFuse: after each step's reduces, warp 2 adds 1 to the tile's counter and posts the old
+// value to warp 3 (sMsg; dq_fuse_warp), which converts the tile if this CTA was its last visitor.
+template <int kBlockM, int kBlockN, bool kVarlen, bool kDqFuse, typename Issue, typename Read>
 __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
                                               int head0, int n_block, const BwdRange& range,
-                                              uint32_t sDq, int lane,
-                                              [[maybe_unused]] uint32_t sMsg) {
-  constexpr int kBlockM = Traits::kBlockM;
+                                              int lane, [[maybe_unused]] uint32_t sMsg,
+                                              Issue&& issue, Read&& read) {
   int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
   float* dq = dq_chain(p, p.deterministic ? n_block & (p.dq_chains - 1) : 0) +
               seq.ws_row0(head0) * p.headdim;
@@ -113,7 +119,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
   [[maybe_unused]] int head = head0;  // kDqFuse
   for (int t = 0; t < range.steps; ++t) {
     if (p.deterministic && lane == 0) {
-      const DqOrder<kBlockM, Traits::kBlockN> order(
+      const DqOrder<kBlockM, kBlockN> order(
           p, seq.seqlen_q(), seq.seqlen_k(), (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
       const int turn = order.turn(n_block, m_block);
       while (ptx::ld_acquire(counter + m_block) != turn) __nanosleep(32);
@@ -122,20 +128,10 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     named_sync(kBarDqFull, 256 + 32);
     if (lane == 0) {
       if (p.deterministic) fence_proxy_async_global();  // after the turn's acquire
-      const int rows = seq.seqlen_q() - m_block * kBlockM;  // the tile's rows in the sequence
-      float* const dq_tile = dq + int64_t(m_block * kBlockM) * p.headdim;
-#pragma unroll
-      for (int i = 0; i < 4 * Traits::kConsumers; ++i) {  // consumer warp i: 4 c + w
-        const int c = i / 4, w = i % 4;
-        const int dq_chunk = Traits::kDqSplitsRows ? 0 : c;
-        const int row = (Traits::kDqSplitsRows ? 64 * c : 0) + 16 * w;
-        const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-        if (row < rows && tiles > 0)
-          bulk_reduce_add_f32(dq_tile + row * p.headdim + 16 * 64 * dq_chunk,
-                              sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
-      }
+      issue(dq + int64_t(m_block * kBlockM) * p.headdim, seq.seqlen_q() - m_block * kBlockM, t);
       tma_store_commit();
       tma_store_wait_read();
+      read(t);
     }
     __syncwarp();
     if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
@@ -340,8 +336,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     } else if (warp == 2 && dq_warp) {
       ptx::griddep_wait();  // PDL: before its first counter load and reduce (zeroed by the
                             // preprocess)
-      dq_order_warp<Traits, Element, kVarlen, kDqFuse>(p, seq, head_k * group, n_block, range,
-                                                       sDq, lane, sMsg);
+      // The consumer warps' staged 16 x 64 blocks, one bulk reduce each.
+      auto issue = [&](float* dq_tile, int rows, int) {
+#pragma unroll
+        for (int i = 0; i < 4 * Traits::kConsumers; ++i) {  // consumer warp i: 4 c + w
+          const int c = i / 4, w = i % 4;
+          const int dq_chunk = Traits::kDqSplitsRows ? 0 : c;
+          const int row = (Traits::kDqSplitsRows ? 64 * c : 0) + 16 * w;
+          const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
+          if (row < rows && tiles > 0)
+            bulk_reduce_add_f32(dq_tile + row * p.headdim + 16 * 64 * dq_chunk,
+                                sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
+        }
+      };
+      dq_order_warp<kBlockM, kBlockN, kVarlen, kDqFuse>(p, seq, head_k * group, n_block, range,
+                                                        lane, sMsg, issue, [](int) {});
     } else if (warp == 3 && kDqFuse && range.steps > 0) {
       dq_fuse_warp<Traits, Element>(p, sConv, bar_conv, sMsg, lane);
     }

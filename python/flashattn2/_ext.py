@@ -102,7 +102,8 @@ BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
 # a bias on its kernel instances (a producer warp issues the dQ reduces and, deterministic,
 # waits for the dQ turns); FLASHATTN2_SM90_DQ_WARP=0 at import, or the sm90_dq_warp(False)
 # context manager, keeps them on the consumer warps (for A/B comparisons; deterministic: the
-# same dq bits).
+# same dq bits). The d256 Hopper backward's deterministic instance always runs the order on
+# its producer warp (it has no other; the switch does not apply there).
 # Without the build item it does nothing.
 SM90_DQ_WARP = _env_flag("FLASHATTN2_SM90_DQ_WARP", "1")
 # A prototype, off by default (FLASHATTN2_SM90_DQ_FUSE=1 at import, or the sm90_dq_fuse()
