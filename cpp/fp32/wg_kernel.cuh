@@ -62,9 +62,14 @@ struct Fp32WgTraits {
   static constexpr int kTileBytes = kBlockN * kHeadDim * 4;  // K hi, K lo, V^T hi or V^T lo
   static constexpr int kQBytes = kQRegs ? 0 : kBlockM * kHeadDim * 4;  // Q hi or Q lo
   static constexpr int kSmemBytes = fp32wg_smem_bytes(kHeadDim);
-  // setmaxnreg: the producer needs few (a float4 and its split in flight per load).
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = kConsumers == 1 ? 240 : 224;
+  // setmaxnreg. d64: the producer's loads 4 float4 deep (its per-thread smem offsets and
+  // addresses, hoisted out of the key loop, spilled at 56-72 registers; the consumers fit
+  // 208 without spills); d128 (one consumer, a tile every ~1500 tensor clocks): a whole
+  // tile's K (or V) loads in flight per thread (8 float4), so that L2 latency does not
+  // starve the consumer.
+  static constexpr int kProducerRegs = kConsumers == 1 ? 128 : 80;
+  static constexpr int kConsumerRegs = kConsumers == 1 ? 240 : 208;
+  static constexpr int kLoadDepth = kConsumers == 1 ? 8 : 4;  // the producer loops' unroll
   static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0 && kBlockM % 64 == 0, "whole chunks");
   static_assert(128 % kBlockN == 0, "the V^T store: a thread per key, 128 / kBlockN columns");
   static_assert(2 * kQBytes + kStages * 4 * kTileBytes + 16 * kStages + 1024 <= kSmemBytes,
@@ -98,11 +103,18 @@ __device__ __forceinline__ int key_pos(int k) {
   return (k & ~7) | ((k & 7) >> 1) | ((k & 1) << 2);
 }
 
-// 16-byte load of row `row`, columns c..c+3 of a float32 matrix, zero past rows / cols.
+// 16-byte load of row `row`, columns c..c+3 of a float32 matrix, zero past rows / cols. A
+// volatile asm: the producer's batches of loads stay ahead of their stores (an __ldg may be
+// moved past them, and ptxas then interleaved and spilled).
 __device__ __forceinline__ float4 load4(const float* g, int64_t row_stride, int row, int rows,
                                         int c, int cols) {
-  return row < rows && c < cols ? __ldg(reinterpret_cast<const float4*>(g + row * row_stride + c))
-                                : make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (row < rows && c < cols) {
+    asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(g + row * row_stride + c));
+  }
+  return v;
 }
 
 }  // namespace fp32wg
@@ -117,6 +129,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
   constexpr int kStages = Traits::kStages;
   constexpr int kTileBytes = Traits::kTileBytes;
   constexpr bool kQRegs = Traits::kQRegs;
+  constexpr int kLoadDepth = Traits::kLoadDepth;
   constexpr int kKSteps = kHeadDim / 8;  // k8 steps of S = n8 tiles of O
   constexpr int kPSteps = kBlockN / 8;   // k8 steps of P V = n8 tiles of S
   constexpr int kPVChain = 4;            // k8 steps of P V per fresh accumulator (32 keys)
@@ -167,37 +180,72 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
                       head_k * p.v_head_stride;
     constexpr int kColThreads = 128 / kBlockN;  // V^T: threads per key
     const int v_key = tid % kBlockN, v_col = 4 * (tid / kBlockN);
+    constexpr int kKRowStep = 128 / (kHeadDim / 4);  // K: rows per pass of the 128 threads
+    const int k_row = tid / (kHeadDim / 4), k_col = 4 * (tid % (kHeadDim / 4));
+    constexpr int kKPeriod = kKRowStep >= 8 ? 1 : 8 / kKRowStep;
+    uint32_t k_off[kKPeriod], v_off[4];
+#pragma unroll
+    for (int i = 0; i < kKPeriod; ++i) k_off[i] = fp32wg::swz<kBlockN>(k_row + kKRowStep * i, k_col);
+    static_assert(kKRowStep % 8 == 0 || 8 % kKRowStep == 0, "the K swizzle period");
+    static_assert((4 * kColThreads) % 8 == 0, "V^T rows of one thread 8 apart");
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v_off[e] = fp32wg::swz<kHeadDim>(v_col + e, fp32wg::key_pos(v_key));
     for (int n_block = n_block_max - 1, j = 0; n_block >= n_block_min; --n_block, ++j) {
       const int s = j % kStages;
       mbar_wait(bar_empty(s), ((j / kStages) & 1) ^ 1);
       const int n0 = n_block * kBlockN, rows = seqlen_k - n0;
       const float* gKt = gK + int64_t(n0) * p.k_row_stride;
       const float* gVt = gV + int64_t(n0) * p.v_row_stride;
+      // Each thread's 8 float4 of K, then of V, in batches of kLoadDepth loads issued before
+      // their stores (the stores' asm keeps the compiler from hoisting loads past them).
       // K: consecutive threads take a row's consecutive float4s (coalesced loads; each
       // quarter-warp's 16-byte stores hit the 8 units of one 128-byte row).
-#pragma unroll 4
-      for (int i = tid; i < kBlockN * kHeadDim / 4; i += 128) {
-        const int r = i / (kHeadDim / 4), c = 4 * (i % (kHeadDim / 4));
-        const fp32wg::Split4 x =
-            fp32wg::split4(fp32wg::load4(gKt, p.k_row_stride, r, rows, c, p.headdim));
-        const uint32_t off = fp32wg::swz<kBlockN>(r, c);
-        st_shared_v4(sKhi(s) + off, x.hi.x, x.hi.y, x.hi.z, x.hi.w);
-        st_shared_v4(sKlo(s) + off, x.lo.x, x.lo.y, x.lo.z, x.lo.w);
+      // (thread tid: K rows k_row + kKRowStep i, columns k_col..k_col+3)
+      constexpr int kKIters = kBlockN * kHeadDim / 4 / 128;
+      static_assert(kKIters % kLoadDepth == 0, "whole batches");
+      const float* gKrow = gKt + int64_t(k_row) * p.k_row_stride + k_col;
+      const int64_t k_step = int64_t(kKRowStep) * p.k_row_stride;
+#pragma unroll
+      for (int b = 0; b < kKIters; b += kLoadDepth) {
+        float4 x[kLoadDepth];
+#pragma unroll
+        for (int u = 0; u < kLoadDepth; ++u)
+          x[u] = fp32wg::load4(gKrow + (b + u) * k_step, 0, k_row + kKRowStep * (b + u), rows,
+                               k_col, p.headdim);
+#pragma unroll
+        for (int u = 0; u < kLoadDepth; ++u) {
+          const fp32wg::Split4 sp = fp32wg::split4(x[u]);
+          // (rows kKPeriod passes apart share the swizzle: kKPeriod offsets, the rest added)
+          const int it = b + u;
+          const uint32_t off = k_off[it % kKPeriod] + (it / kKPeriod) * kKPeriod * kKRowStep * 128;
+          st_shared_v4(sKhi(s) + off, sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w);
+          st_shared_v4(sKlo(s) + off, sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w);
+        }
       }
       // V^T: a thread per key (a warp's 32 keys one 128-byte V^T row: 32 banks), its
       // float4s of columns v_col + 4 kColThreads i, each to 4 V^T rows.
-      const int pos = fp32wg::key_pos(v_key);
-#pragma unroll 4
-      for (int c = v_col; c < kHeadDim; c += 4 * kColThreads) {
-        const fp32wg::Split4 x =
-            fp32wg::split4(fp32wg::load4(gVt, p.v_row_stride, v_key, rows, c, p.headdim));
-        const float hi[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
-        const float lo[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w};
+      constexpr int kVIters = kHeadDim / (4 * kColThreads);
+      static_assert(kVIters % kLoadDepth == 0, "whole batches");
+      const float* gVrow = gVt + int64_t(v_key) * p.v_row_stride + v_col;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const uint32_t off = fp32wg::swz<kHeadDim>(c + e, pos);
-          st_shared(sVhi(s) + off, hi[e]);
-          st_shared(sVlo(s) + off, lo[e]);
+      for (int b = 0; b < kVIters; b += kLoadDepth) {
+        float4 x[kLoadDepth];
+#pragma unroll
+        for (int u = 0; u < kLoadDepth; ++u)
+          x[u] = fp32wg::load4(gVrow + 4 * kColThreads * (b + u), 0, v_key, rows,
+                               v_col + 4 * kColThreads * (b + u), p.headdim);
+#pragma unroll
+        for (int u = 0; u < kLoadDepth; ++u) {
+          const fp32wg::Split4 sp = fp32wg::split4(x[u]);
+          const float hi[4] = {sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w};
+          const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            // (V^T rows 8 apart share the swizzle: 4 offsets, the rest added)
+            const uint32_t off = v_off[e] + 4 * kColThreads * (b + u) * 128;
+            st_shared(sVhi(s) + off, hi[e]);
+            st_shared(sVlo(s) + off, lo[e]);
+          }
         }
       }
       fence_proxy_async();  // (the stores, then the wgmma of the async proxy)
