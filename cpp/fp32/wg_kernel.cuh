@@ -62,13 +62,14 @@ struct Fp32WgTraits {
   static constexpr int kTileBytes = kBlockN * kHeadDim * 4;  // K hi, K lo, V^T hi or V^T lo
   static constexpr int kQBytes = kQRegs ? 0 : kBlockM * kHeadDim * 4;  // Q hi or Q lo
   static constexpr int kSmemBytes = fp32wg_smem_bytes(kHeadDim);
-  // setmaxnreg. d64: the producer's loads 4 float4 deep (its per-thread smem offsets and
-  // addresses, hoisted out of the key loop, spilled at 56-72 registers; the consumers fit
-  // 208 without spills); d128 (one consumer, a tile every ~1500 tensor clocks): a whole
+  // setmaxnreg (two consumer warpgroups only; with one, 256 threads have 255 registers each
+  // at launch already). d64: the producer's loads 4 float4 deep (its per-thread smem offsets
+  // and addresses, hoisted out of the key loop, spilled at 56-72 registers; the consumers fit
+  // 208 without spills). d128 (one consumer, a tile every ~1500 tensor clocks): a whole
   // tile's K (or V) loads in flight per thread (8 float4), so that L2 latency does not
   // starve the consumer.
-  static constexpr int kProducerRegs = kConsumers == 1 ? 128 : 80;
-  static constexpr int kConsumerRegs = kConsumers == 1 ? 240 : 208;
+  static constexpr int kProducerRegs = 80;
+  static constexpr int kConsumerRegs = 208;
   static constexpr int kLoadDepth = kConsumers == 1 ? 8 : 4;  // the producer loops' unroll
   static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0 && kBlockM % 64 == 0, "whole chunks");
   static_assert(128 % kBlockN == 0, "the V^T store: a thread per key, 128 / kBlockN columns");
@@ -173,7 +174,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
 
   if (warp < 4) {
     // ---- producer: K and V^T of each key tile, split ----
-    regs_decrease<Traits::kProducerRegs>();
+    // (one consumer warpgroup: both roles keep the launch's registers, no setmaxnreg)
+    if constexpr (Traits::kConsumers > 1) regs_decrease<Traits::kProducerRegs>();
     const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
                       head_k * p.k_head_stride;
     const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
@@ -253,7 +255,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
     }
   } else {
     // ---- consumers ----
-    regs_increase<Traits::kConsumerRegs>();
+    if constexpr (Traits::kConsumers > 1) regs_increase<Traits::kConsumerRegs>();
     const int consumer = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
     const int warp_in_wg = warp % 4;
     const int g = lane / 4;
