@@ -88,10 +88,13 @@ def hopper():
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): d64 / d128 kernels
 # (d40 -> 64, d96 -> 128), GQA / MQA, ragged tails in both lengths, seqlen_q > seqlen_k
 # causal (rows that see no key: lse +inf, out 0), one query row, 1k-4k (the two-level
-# accumulation over many key tiles).
+# accumulation over many key tiles); a right window without a left one (the kernel's mask
+# takes any window_right; window_left >= 0 falls back).
 SHAPES = [
     (1, 113, 203, 4, 2, 64, False, (-1, -1)),
     (1, 113, 203, 4, 2, 64, True, (-1, -1)),
+    (1, 200, 333, 2, 1, 64, False, (-1, 16)),
+    (2, 150, 97, 2, 2, 128, False, (-1, 40)),
     (1, 257, 257, 3, 3, 40, True, (-1, -1)),
     (2, 1, 97, 2, 2, 128, False, (-1, -1)),
     (2, 203, 113, 4, 4, 128, True, (-1, -1)),
