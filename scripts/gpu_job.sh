@@ -73,27 +73,6 @@ if want smoke && [ -n "${SMOKE_TESTS:-}" ]; then
     # shellcheck disable=SC2086
     timeout "${SMOKE_TIMEOUT:-600}" python3 -m pytest $SMOKE_TESTS -q -x -p no:cacheprovider 2>&1 | tail -n 15
 fi
-# fuseab: the fused dQ convert (FLASHATTN2_SM90_DQ_FUSE, off by default; dense d128): its
-# tests, the sanitizer subset (its dq_fuse cases; memcheck, racecheck, synccheck), then
-# bench.py with the switch 1 0 1 0 (d64 rows: a control, never fused). FUSEAB_ARGS: more
-# bench.py options (e.g. --seqlens 512,1024,2048).
-if want fuseab; then
-    stamp "fuseab: the fused dQ convert: tests, sanitizers, A/B"
-    timeout 1200 python3 -m pytest tests/test_sm90_dq_fuse.py -q -p no:cacheprovider 2>&1 | tail -n 8
-    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in memcheck racecheck synccheck; do
-        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 900 "$san" --tool "$tool" --error-exitcode 1 \
-            python3 scripts/sanitize_subset.py > "$O/fusesan_$tool.txt" 2>&1
-        echo "$tool rc=$?"; grep -E "dq_fuse|cases ok" "$O/fusesan_$tool.txt" | tail -n 4
-    done
-    for run in fuse1 fuse0 fuse1b fuse0b; do
-        f=0; [[ $run == fuse1* ]] && f=1
-        # shellcheck disable=SC2086
-        FLASHATTN2_SM90_DQ_FUSE=$f python3 benchmarks/bench.py --no-summary --out "$O/fuseab_$run" \
-            --modes bwd,fwd_bwd --headdims 64,128 --dtypes bf16 \
-            --impls flashattn2,flashattn2_det,sdpa_cudnn ${FUSEAB_ARGS:-} 2> /dev/null | tail -n 16
-    done
-fi
 if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
@@ -112,20 +91,6 @@ if want bwdab && [ -n "${BASE_PID:-}" ]; then
     wait "$BASE_PID"
     ab_bench base bbase bnew --modes bwd,fwd_bwd --headdims "${BWDAB_DIMS:-64,128}" --dtypes bf16 \
         --impls flashattn2,sdpa_cudnn ${BWDAB_ARGS:-}
-fi
-# pdlab: the Hopper backward's kernels chained by programmatic dependent launch
-# (FLASHATTN2_BWD_PDL=1, the default) against launched one after the other (0), in the main
-# build, interleaved 1 0 1 0; PDLAB_ARGS: more bench.py options (e.g. --causal true, or
-# --impls flashattn2,flashattn2_det,sdpa_cudnn).
-if want pdlab; then
-    stamp "PDL A/B: the backward's kernels chained (pdl1) vs launched plainly (pdl0)"
-    for run in pdl1 pdl0 pdl1b pdl0b; do
-        # shellcheck disable=SC2086
-        FLASHATTN2_BWD_PDL=${run:3:1} python3 benchmarks/bench.py --no-summary \
-            --out "$O/pdlab_$run" --modes bwd,fwd_bwd --headdims 64,128,256 --dtypes bf16 \
-            --seqlens 512,1024,2048,4096 --impls flashattn2,sdpa_cudnn ${PDLAB_ARGS:-} \
-            2> /dev/null | tail -n 16
-    done
 fi
 if want decab && [ -n "${BASE_PID:-}" ]; then
     stamp "decode A/B: base (.base/cpp) vs this tree, interleaved, SDPA-cuDNN and the floor in each"
@@ -147,44 +112,52 @@ if want chains; then
             2> /dev/null | tail -n 13
     done
 fi
-# detab: the backward with the dQ reduces (and deterministic mode's order) on producer warp 2
-# (FLASHATTN2_SM90_DQ_WARP=1, the default build's dq_warp item) and on the consumer warps (0),
-# interleaved. DETAB_ARGS: more bench.py options; DETAB_RUNS: the runs (default
-# "dqw dqc dqw2 dqc2"). (The check step's suite and sanitizers cover the dq_warp instances.)
-if want detab; then
-    stamp "dQ reduces A/B: producer warp 2 (dqw) vs the consumers (dqc)"
-    for run in ${DETAB_RUNS:-dqw dqc dqw2 dqc2}; do
-        w=1; [[ $run == dqc* ]] && w=0
+# Run-time switches A/B'd in the main build (FLASHATTN2_* variables read at import). A run spec
+# is NAME=VAR:VAL,VAR:VAL (NAME= alone: the defaults), e.g. "fuse=FLASHATTN2_SM90_DQ_FUSE:1".
+# envtest: pytest ENVTEST_FILES once per spec of ENVTEST; envsan: compute-sanitizer
+# (ENVSAN_TOOLS, default racecheck synccheck) on scripts/sanitize_subset.py per spec of ENVSAN;
+# envab: bench.py per group g of ENVAB_GROUPS (default "1"): the specs ENVAB_<g> interleaved,
+# ENVAB_REPS rounds (default 2), bench.py options ENVAB_<g>_ARGS, into $O/envab<g>_NAME_<round>.
+spec_env() {  # spec -> the env assignments, one per line
+    local kv envs=${1#*=}
+    [ -z "$envs" ] && return
+    IFS=, read -ra kv <<< "$envs"
+    printf '%s\n' "${kv[@]/:/=}"
+}
+if want envtest && [ -n "${ENVTEST:-}" ]; then
+    for spec in $ENVTEST; do
+        stamp "envtest ${spec%%=*}: $(spec_env "$spec" | tr '\n' ' ')"
+        mapfile -t e < <(spec_env "$spec")
         # shellcheck disable=SC2086
-        FLASHATTN2_SM90_DQ_WARP=$w python3 benchmarks/bench.py --no-summary \
-            --out "$O/detab_$run" --modes bwd --headdims 64,128 --dtypes bf16 \
-            --impls flashattn2,flashattn2_det ${DETAB_ARGS:-} 2> /dev/null | tail -n 16
+        env "${e[@]}" timeout "${ENVTEST_TIMEOUT:-900}" python3 -m pytest ${ENVTEST_FILES:-tests/test_sm90_bwd.py} \
+            -q -p no:cacheprovider 2>&1 | tail -n 6
     done
 fi
-# pipeab: the pipelined twins of the dq_warp instances (FLASHATTN2_SM90_BWD_PIPE=1: each
-# step's S^T issued in the step before, behind its dQ GEMM) against the plain ones (0), in the
-# main build: their tests, the Hopper backward's tests with the switch on, memcheck /
-# racecheck / synccheck with it on, then bench.py interleaved 0 1 0 1 (PIPEAB_ARGS: bench.py's
-# selection; PIPEAB_TESTS=0: benchmarks only).
-if want pipeab; then
-    stamp "pipeab: the pipelined S^T (FLASHATTN2_SM90_BWD_PIPE=1) vs not"
-    if [ "${PIPEAB_TESTS:-1}" = 1 ]; then
-        timeout 900 python3 -m pytest tests/test_sm90_bwd_pipe.py -q -p no:cacheprovider 2>&1 | tail -n 8
-        FLASHATTN2_SM90_BWD_PIPE=1 timeout 1500 python3 -m pytest tests/test_sm90_bwd.py \
-            tests/test_varlen.py -q -p no:cacheprovider 2>&1 | tail -n 4
-        san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-        for tool in memcheck racecheck synccheck; do
-            FLASHATTN2_SM90_BWD_PIPE=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 900 "$san" \
-                --tool "$tool" --error-exitcode 1 python3 scripts/sanitize_subset.py \
-                > "$O/pipesan_$tool.txt" 2>&1
-            echo "$tool rc=$?"; tail -n 3 "$O/pipesan_$tool.txt"
+if want envsan && [ -n "${ENVSAN:-}" ]; then
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for spec in $ENVSAN; do
+        mapfile -t e < <(spec_env "$spec")
+        for tool in ${ENVSAN_TOOLS:-racecheck synccheck}; do
+            stamp "envsan ${spec%%=*} $tool"
+            env "${e[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 900 "$san" --tool "$tool" \
+                --error-exitcode 1 python3 scripts/sanitize_subset.py > "$O/envsan_${spec%%=*}_$tool.txt" 2>&1
+            echo "$tool rc=$?"; tail -n 3 "$O/envsan_${spec%%=*}_$tool.txt"
         done
-    fi
-    for run in pipe0 pipe1 pipe0b pipe1b; do
-        # shellcheck disable=SC2086
-        FLASHATTN2_SM90_BWD_PIPE=${run:4:1} python3 benchmarks/bench.py --no-summary \
-            --out "$O/pipeab_$run" ${PIPEAB_ARGS:---modes bwd,fwd_bwd --headdims 64,128 \
-            --dtypes bf16 --impls flashattn2,flashattn2_det,sdpa_cudnn} 2> /dev/null | tail -n 30
+    done
+fi
+if want envab; then
+    for g in ${ENVAB_GROUPS:-1}; do
+        specs_var=ENVAB_$g args_var=ENVAB_${g}_ARGS
+        [ -z "${!specs_var:-}" ] && continue
+        for r in $(seq 1 "${ENVAB_REPS:-2}"); do
+            for spec in ${!specs_var}; do
+                stamp "envab $g ${spec%%=*} round $r"
+                mapfile -t e < <(spec_env "$spec")
+                # shellcheck disable=SC2086
+                env "${e[@]}" python3 benchmarks/bench.py --no-summary \
+                    --out "$O/envab${g}_${spec%%=*}_$r" ${!args_var:-} 2> /dev/null | tail -n 20
+            done
+        done
     done
 fi
 if want bncu; then
