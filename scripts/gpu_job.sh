@@ -117,7 +117,7 @@ fi
 # envtest: pytest ENVTEST_FILES once per spec of ENVTEST; envsan: compute-sanitizer
 # (ENVSAN_TOOLS, default racecheck synccheck) on scripts/sanitize_subset.py per spec of ENVSAN;
 # envab: bench.py per group g of ENVAB_GROUPS (default "1"): the specs ENVAB_<g> interleaved,
-# ENVAB_REPS rounds (default 2), bench.py options ENVAB_<g>_ARGS, into $O/envab<g>_NAME_<round>.
+# rounds ENVAB_<g>_REPS or ENVAB_REPS (default 2), bench.py options ENVAB_<g>_ARGS, into $O/envab<g>_NAME_<round>.
 spec_env() {  # spec -> the env assignments, one per line
     local kv envs=${1#*=}
     [ -z "$envs" ] && return
@@ -147,9 +147,9 @@ if want envsan && [ -n "${ENVSAN:-}" ]; then
 fi
 if want envab; then
     for g in ${ENVAB_GROUPS:-1}; do
-        specs_var=ENVAB_$g args_var=ENVAB_${g}_ARGS
+        specs_var=ENVAB_$g args_var=ENVAB_${g}_ARGS reps_var=ENVAB_${g}_REPS
         [ -z "${!specs_var:-}" ] && continue
-        for r in $(seq 1 "${ENVAB_REPS:-2}"); do
+        for r in $(seq 1 "${!reps_var:-${ENVAB_REPS:-2}}"); do
             for spec in ${!specs_var}; do
                 stamp "envab $g ${spec%%=*} round $r"
                 mapfile -t e < <(spec_env "$spec")
