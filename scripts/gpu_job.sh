@@ -117,7 +117,8 @@ fi
 # envtest: pytest ENVTEST_FILES once per spec of ENVTEST; envsan: compute-sanitizer
 # (ENVSAN_TOOLS, default racecheck synccheck) on scripts/sanitize_subset.py per spec of ENVSAN;
 # envab: bench.py per group g of ENVAB_GROUPS (default "1"): the specs ENVAB_<g> interleaved,
-# rounds ENVAB_<g>_REPS or ENVAB_REPS (default 2), bench.py options ENVAB_<g>_ARGS, into $O/envab<g>_NAME_<round>.
+# rounds ENVAB_<g>_REPS or ENVAB_REPS (default 2), bench.py options ENVAB_<g>_ARGS, into
+# $O/envab<g>_NAME_<round>.
 spec_env() {  # spec -> the env assignments, one per line
     local kv envs=${1#*=}
     [ -z "$envs" ] && return
