@@ -268,8 +268,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains,
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
-         bool dbias_add, bool bias_staged, bool dq_warp, bool dq_fuse, bool bwd_pipe,
-         bool pdl) {
+         bool dbias_add, bool bias_staged, bool dq_warp, bool pdl) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -327,8 +326,6 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   (void)bias_staged;
 #endif
   params.dq_warp = dq_warp;
-  params.dq_fuse = dq_fuse;
-  params.bwd_pipe = bwd_pipe;
   params.pdl = pdl;
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
@@ -560,13 +557,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("kv_l2_prefetch") = false, py::arg("kv_issue_early") = false,
         "Attention forward; returns the kernel that ran: 90 (the Hopper "
         "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false), 80 (the "
-        "mma.sync kernels), 81 (the decode kernel of builds with "
+        "mma.sync kernels) or 81 (the decode kernel of builds with "
         "FLASHATTN2_EXPERIMENTAL=decode, for the forwards of at most 16 packed query rows it "
         "supports unless allow_decode is false; flash_api.h kFwdKernelDecode; "
         "kv_l2_prefetch: its K / V copies hint L2 to fetch whole head rows; kv_issue_early: "
-        "each step issues the next tile before waiting for the current one) or 91 (the "
-        "Hopper float32 kernel of builds with FLASHATTN2_EXPERIMENTAL=fp32wg, for the float32 "
-        "forwards it supports unless allow_sm90 is false; flash_api.h kFwdKernelFp32Wg); "
+        "each step issues the next tile before waiting for the current one); "
         "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "
         "causal / windowed / varlen tiles (0: one CTA per such tile). q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
@@ -608,8 +603,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1, py::arg("dbias") = 0,
         py::arg("dbias_strides") = Strides{}, py::arg("dbias_dtype") = 2,
         py::arg("dbias_add") = false, py::arg("bias_staged") = true, py::arg("dq_warp") = true,
-        py::arg("dq_fuse") = false,
-        py::arg("bwd_pipe") = false,
         py::arg("pdl") = true,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
@@ -633,11 +626,7 @@ PYBIND11_MODULE(_C, m) {
         "16-byte aligned rows in shared memory (one global load per score; A/B). "
         "dq_warp=False: in builds with dq_warp (build_info 'sm90_bwd_experimental'), "
         "deterministic Hopper backwards keep the dQ order on the consumer warps (A/B; the "
-        "same dq bits). dq_fuse=True: the dq_warp instances convert dQ themselves (the last "
-        "key block to visit a query tile), without the convert kernel (one dq chain only; "
-        "A/B, off by default). bwd_pipe=True: those on the dq_warp "
-        "instances issue each step's S^T GEMM in the step before (the same bits of dq, dk, "
-        "dv; A/B). pdl=False: the Hopper backward launches its kernel and dQ convert "
+        "same dq bits). pdl=False: the Hopper backward launches its kernel and dQ convert "
         "plainly, not as programmatic dependents of the kernel before each (A/B; the same "
         "results).");
 

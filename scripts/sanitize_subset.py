@@ -96,8 +96,7 @@ def run_case(case, gen):
 
 
 # Dense backwards: (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype[,
-# deterministic[, dq chains (None: the default choice)[, fused dQ convert (the
-# FLASHATTN2_SM90_DQ_FUSE switch on for the case)]]]). On sm_90 those of head dims 64
+# deterministic[, dq chains (None: the default choice)]]). On sm_90 those of head dims 64
 # (where built) and 128 run the Hopper backward (TMA, wgmma, mbarriers, bulk reduces into
 # dq_accum; deterministic: its ordered reduces, descending for causal, rotated for full
 # attention, ascending with more key than query blocks, in 1-4 dQ chains), and d256 its
@@ -118,12 +117,6 @@ BWD_CASES = [
     (1, 129, 600, 4, 2, 64, False, torch.bfloat16, True, 2),
     # d256: 64-key CTAs with a key tail, query tails in both warpgroups' halves, GQA
     (1, 130, 200, 4, 2, 256, True, torch.bfloat16),
-    # d128 with the fused dQ convert (last visitor converts; warp 2 -> warp 3 messages, bulk
-    # copies into the staging): query tails, GQA, sq > sk (rows that see no key: zeroed by
-    # the preprocess), deterministic (the turn counter is the arrival counter)
-    (1, 200, 333, 4, 2, 128, True, torch.bfloat16, False, None, True),
-    (2, 300, 129, 4, 2, 128, True, torch.float16, False, None, True),
-    (1, 300, 257, 4, 2, 128, False, torch.bfloat16, True, None, True),
     # d256 deterministic (dq_warp builds): dQ staged in the stages' sQ / sdO chunks, warp 2's
     # reduces and stage releases; descending (causal) and rotated (full, 2 chains), tails
     (1, 130, 200, 4, 2, 256, True, torch.float16, True),
@@ -140,13 +133,12 @@ def backward_cases(gen):
             continue  # a build without this head dim (e.g. HEAD_DIMS=64;128)
         deterministic = bool(det and det[0])
         chains = det[1] if len(det) > 1 else None
-        fuse = len(det) > 2 and det[2]
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
         dout = torch.randn(b, sq, h, d, generator=gen).to(dtype)
         leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
         out = flashattn2.flash_attn_func(*leaves, causal=causal, deterministic=deterministic)
-        with flashattn2._ext.dq_chains(chains), flashattn2._ext.sm90_dq_fuse(fuse):
+        with flashattn2._ext.dq_chains(chains):
             grads = torch.autograd.grad(out, leaves, dout.cuda())
         torch.cuda.synchronize()
         arch = flashattn2._ext.last_bwd_arch
@@ -156,8 +148,7 @@ def backward_cases(gen):
         err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref_grads))
         name = (f"bwd b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
                 f"{str(dtype).removeprefix('torch.')}{' deterministic' if deterministic else ''}"
-                f"{f' {chains} chains' if chains else ''}{' dq_fuse' if fuse else ''}"
-                f" (sm{arch} backward)")
+                f"{f' {chains} chains' if chains else ''} (sm{arch} backward)")
         results.append((name, err <= 4 * ATOL[dtype], f"max grad err {err:.2e}"))
     return results
 

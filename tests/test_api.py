@@ -101,7 +101,7 @@ def test_build_info_and_version():
     for d in (64, 256):
         if d in info["sm90_bwd_head_dims"]:
             assert f"d{d}" in info["sm90_bwd_experimental"]
-    assert set(info["experimental"]) <= {"bias", "fp32", "decode", "fp32wg"}
+    assert set(info["experimental"]) <= {"bias", "fp32", "decode"}
     assert info["fp32_head_dims"] == ([32, 64, 128] if "fp32" in info["experimental"] else [])
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]
@@ -809,8 +809,6 @@ _IMPORT_SWITCHES = [
     ("FLASHATTN2_DBIAS_DIRECT", "DBIAS_DIRECT", True),
     ("FLASHATTN2_BWD_BIAS_STAGED", "BWD_BIAS_STAGED", True),
     ("FLASHATTN2_SM90_DQ_WARP", "SM90_DQ_WARP", True),
-    ("FLASHATTN2_SM90_DQ_FUSE", "SM90_DQ_FUSE", False),
-    ("FLASHATTN2_SM90_BWD_PIPE", "SM90_BWD_PIPE", False),
     ("FLASHATTN2_BWD_PDL", "BWD_PDL", True),
 ]
 

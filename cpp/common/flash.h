@@ -197,15 +197,6 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // false runs the others (for A/B comparisons). Host only, here at the end so that the other fields keep their
   // offsets.
   bool dq_warp = true;
-  // dq_fuse (FLASHATTN2_SM90_DQ_FUSE, off by default): the dq_warp instances convert dQ in
-  // the main kernel (the last key block to visit a query tile, sm90/bwd_kernel.cuh) and the
-  // convert kernel is not launched (one dQ chain only). Set by run_bwd_sm90 for the calls it
-  // fuses; the preprocess then writes the zero dq rows of the query tiles that no key block
-  // visits (sm80/bwd_kernel.cuh).
-  bool dq_fuse = false;
-  // Hopper backwards on the dq_warp instances: true runs their kPipe twins (each step's S^T
-  // issued in the step before, behind its dQ GEMM: sm90/bwd_kernel.cuh); host only.
-  bool bwd_pipe = false;
   // Hopper backwards: the main kernel and the dQ convert are launched as programmatic
   // dependents of the kernel before them (sm90/bwd_launch.cuh), so that their prologues
   // overlap its tail; false launches them plainly (for A/B comparisons). Host only.

@@ -145,14 +145,6 @@ __device__ __forceinline__ void red_release_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
-// atom.acq_rel.gpu.global.add.s32: an add that orders the loads and stores before it (as
-// red_release_add) and after it (as ld_acquire); returns the old value.
-__device__ __forceinline__ int atom_acq_rel_add(int* p, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
 // red.add.global.v4.f32 (sm_90): four consecutive floats at a 16-byte aligned address added
 // atomically in one request (four scalar atomics before sm_90).
 __device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {

@@ -107,30 +107,6 @@ struct BwdTraits {
                 "backward warp tiles: register budget");
 };
 
-// BwdParams::dq_fuse (the Hopper backward converts dQ itself: its last visitor of a query
-// tile does, sm90/bwd_kernel.cuh): the dq rows of this 64-row tile (blockIdx.x) are zero here
-// when none of them sees a key, since then no key block visits the tile, nor the kernel's
-// (64- or 128-row) tile holding it. Row i sees a key iff seqlen_k > 0 and
-// -offset - window_right <= i (right bound) and i <= seqlen_k - 1 - offset + window_left
-// (left bound), offset = seqlen_k - seqlen_q: an interval of rows, which is the union over
-// the key blocks n of BwdRange's [m_lo, m_hi] (sm90/bwd_traits.cuh; /work/helpers/dqfuse.md).
-template <typename Element>
-__device__ __forceinline__ void bwd_zero_unseen_dq(const BwdParams& p, const SeqInfo& seq,
-                                                   int batch, int head) {
-  const int offset = seq.seqlen_k - seq.seqlen_q;
-  const int t0 = blockIdx.x * 64, t1 = min(t0 + 63, seq.seqlen_q - 1);
-  const int lo = max(t0, p.window_right >= 0 ? -offset - p.window_right : 0);
-  const int hi = min(t1, p.window_left >= 0 ? seq.seqlen_k - 1 - offset + p.window_left : t1);
-  if (seq.seqlen_k > 0 && lo <= hi) return;
-  const int chunks = p.headdim / 8;  // 16-byte chunks of a row
-  for (int i = threadIdx.x; i < (t1 - t0 + 1) * chunks; i += 128) {
-    const int row = t0 + i / chunks, c = i % chunks;
-    *reinterpret_cast<uint4*>(static_cast<Element*>(p.dq) + batch * p.dq_batch_stride +
-                              (seq.q_row0 + row) * p.dq_row_stride + head * p.dq_head_stride +
-                              8 * c) = make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
 // dsum[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; zero dq_accum[b, h, i, :] (with the
 // padding of the last 16-row block) and the counter of each 64-row query tile, in every chain.
 // grid (ceil(seqlen_q / 64), nheads, batch), 128 threads. A row's 16-byte chunks are read by
@@ -153,7 +129,6 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) 
   if (threadIdx.x < p.dq_chains) {
     dq_counters(p)[threadIdx.x * ws_tiles(p, 64) + ws_tile0(p, seq, batch, head, 64) + blockIdx.x] = 0;
   }
-  if (p.dq_fuse) bwd_zero_unseen_dq<Element>(p, seq, batch, head);
   const Element* const o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
                            head * p.o_head_stride;
   const Element* const dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +

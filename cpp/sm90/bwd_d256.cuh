@@ -221,9 +221,8 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
         }
       };
       ptx::griddep_wait();  // PDL: before its first counter load (zeroed by the preprocess)
-      dq_order_warp<kBlockM, kBlockN, false, false>(
-          p, seq, head_k * group, n_block, range, lane, 0, issue,
-          [&](int t) { mbar_arrive(bar_empty(t % kStages)); });
+      dq_order_warp<kBlockM, kBlockN, false>(p, seq, head_k * group, n_block, range, lane, issue,
+                                             [&](int t) { mbar_arrive(bar_empty(t % kStages)); });
     }
   } else {
     // ---- consumers ----

@@ -48,10 +48,6 @@
 //          visitor of its chain); a second named barrier passes it on. dq_warp builds
 //          (kDqWarp instances, no mods / bias): producer warp 2 does the waits, the reduces
 //          and 1 add per visitor (dq_order_warp); the consumers only stage dQ.
-//   dq_fuse  kDqFuse instances (dense d128 kDqWarp calls with one dQ chain, BwdParams::
-//          dq_fuse, off by default): warp 2 adds every visit to the tile's counter once its
-//          reduces are complete, and warp 3 converts the tiles whose last visitor the CTA
-//          is (sm90/bwd_dq_fuse.cuh), so that the convert kernel is not run.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
 // causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
@@ -70,7 +66,6 @@
 #include "common/seqlen.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
-#include "sm90/bwd_dq_fuse.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/tma.cuh"
@@ -105,18 +100,14 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
 // of the step's head stepped per head and everything else rebuilt from the params per step:
 // the producer warpgroup has 24 registers (the consumers need their 240; at 232 ptxas
 // serialises their wgmma, C7512).
-// kDqFuse: after each step's reduces, warp 2 adds 1 to the tile's counter and posts the old
-// value to warp 3 (sMsg; dq_fuse_warp), which converts the tile if this CTA was its last visitor.
-template <int kBlockM, int kBlockN, bool kVarlen, bool kDqFuse, typename Issue, typename Read>
+template <int kBlockM, int kBlockN, bool kVarlen, typename Issue, typename Read>
 __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
                                               int head0, int n_block, const BwdRange& range,
-                                              int lane, [[maybe_unused]] uint32_t sMsg,
-                                              Issue&& issue, Read&& read) {
+                                              int lane, Issue&& issue, Read&& read) {
   int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
   float* dq = dq_chain(p, p.deterministic ? n_block & (p.dq_chains - 1) : 0) +
               seq.ws_row0(head0) * p.headdim;
   int m_block = range.m_start;
-  [[maybe_unused]] int head = head0;  // kDqFuse
   for (int t = 0; t < range.steps; ++t) {
     if (p.deterministic && lane == 0) {
       const DqOrder<kBlockM, kBlockN> order(
@@ -135,23 +126,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     }
     __syncwarp();
     if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
-    if constexpr (kDqFuse) {
-      // Once this CTA's reduces of the tile are complete, one arrival on the tile's counter
-      // (deterministic: the turn counter itself, whose add this is), acquire and release;
-      // its old value goes to warp 3 (dq_fuse_warp), which converts the tile if this was
-      // the last visitor. The slot is free once warp 3 has read the previous step's.
-      int old = 0;
-      if (lane == 0) {
-        tma_store_wait();
-        fence_proxy_async_global();
-        old = ptx::atom_acq_rel_add(counter + m_block, 1);
-      }
-      if (t > 0) named_sync(kBarConvEmpty, 64);
-      if (lane == 0)
-        st_shared_v2(sMsg, uint32_t(old),
-                     uint32_t(m_block | head << 16) | (t + 1 == range.steps ? 1u << 31 : 0u));
-      named_arrive(kBarConvFull, 64);
-    } else if (p.deterministic && lane == 0) {
+    if (p.deterministic && lane == 0) {
       tma_store_wait();
       fence_proxy_async_global();
       ptx::red_release_add(counter + m_block, 1);
@@ -160,7 +135,6 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
     if (m_block == range.m_start) {  // range.next: the next head
       counter += seq.head_tiles();
       dq += seq.head_rows() * p.headdim;
-      if constexpr (kDqFuse) ++head;
     }
   }
   if (lane == 0) tma_store_wait();  // (not deterministic: the reduces complete before exit)
@@ -174,20 +148,8 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
 // kDqWarp (dq_warp builds, calls without mods or a bias): producer warp 2 runs the dQ order
 // (dq_order_warp); the other instances have none of its code (their SASS is a build's
 // without the item), so that a dq_warp build can run both paths (BwdParams::dq_warp, A/B).
-// kDqFuse (with kDqWarp, one dQ chain; BwdParams::dq_fuse): producer warp 3 also converts each
-// query tile whose last visitor the CTA is (dq_convert_tile), so that the convert kernel is not run.
-// kPipe (kDqWarp instances, BwdParams::bwd_pipe): the S^T GEMM of step t + 1 is issued in
-// step t, queued behind its dQ GEMM once dV / dK are done, so that it runs while the consumers
-// wait for the dQ GEMM and stage dQ; each step then starts with its S^T complete (waited for
-// before the loop's back edge, so that no wgmma is in flight across it: ptxas serialises
-// loop-carried in-flight accumulators). Every step issues it, the last one too (a GEMM whose
-// result is unused, on stage 1 - s): issued in a branch, ptxas serialised the wgmma (C7512,
-// C7515, C7519); with the last step peeled off (the step as a lambda) the other instances'
-// SASS changed and d64 spilled 12-16 B. The same GEMMs on the same operands: every bit of
-// dQ, dK, dV is unchanged.
-// S^T and dP^T both one step early: C7512 and 384 B of spills (d128; d64 388 B).
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false, bool kDqFuse = false, bool kPipe = false>
+          bool kDqWarp = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -225,11 +187,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Deterministic: the dQ-order counter of the step's query tile (thread 128 writes it).
   const uint32_t sDqCounter = bars + 8 * (1 + 4 * kStages);
   [[maybe_unused]] const uint32_t sBias = (sDqCounter + 8 + 127) & ~127u;  // kBias
-  // kDqFuse (never with kBias, nor with the consumers' dQ order): the conversion's staging at
-  // sBias's place, then warp 2's message to warp 3; the conversion's mbarrier at sDqCounter.
-  [[maybe_unused]] const uint32_t sConv = sBias;
-  [[maybe_unused]] const uint32_t sMsg = sConv + Traits::kConvBytes;
-  [[maybe_unused]] const uint32_t bar_conv = sDqCounter;
   const uint32_t bar_kv_full = bars;
   auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
   auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
@@ -248,9 +205,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int n_block = order.n_block();
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
-  static_assert(!kDqFuse || (kDqWarp && !kBias && !kVarlen), "dq_fuse instance: dense");
-  static_assert(!kPipe || kDqWarp, "the pipelined S^T: dq_warp instances only");
-  static_assert(!(kPipe && kDqFuse), "one of the dq_warp twins at a time");
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
@@ -269,7 +223,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // compute-sanitizer's racecheck flagged the one-lane-per-warp form).
       mbar_init(bar_empty(s), 128 * Traits::kConsumers);
     }
-    if constexpr (kDqFuse) mbar_init(bar_conv, 1);
     mbar_fence_init();
   }
   __syncthreads();
@@ -349,10 +302,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                 sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
         }
       };
-      dq_order_warp<kBlockM, kBlockN, kVarlen, kDqFuse>(p, seq, head_k * group, n_block, range,
-                                                        lane, sMsg, issue, [](int) {});
-    } else if (warp == 3 && kDqFuse && range.steps > 0) {
-      dq_fuse_warp<Traits, Element>(p, sConv, bar_conv, sMsg, lane);
+      dq_order_warp<kBlockM, kBlockN, kVarlen>(p, seq, head_k * group, n_block, range, lane,
+                                               issue, [](int) {});
     }
   } else {
     // ---- consumers ----
@@ -435,29 +386,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (range.steps > 0) mbar_wait(bar_kv_full, 0);
     int head = head_k * group, m_block = range.m_start;
     if (kBias && range.steps > 0) bias_issue(head, m_block);
-    // kPipe: S^T of the step, issued in the step before (step 0: here).
-    float acc_s[kBlockM / 2];
-    if (kPipe && range.steps > 0) {
-      mbar_wait(bar_q_full(0), 0);
-      gemm_t(acc_s, sK, sQ);
-      wgmma_wait<0>();
-      fence_regs(acc_s);
-    }
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;
       const uint32_t phase = (t / kStages) & 1;
       const int m0 = m_block * kBlockM;
-      float acc_dp[kBlockM / 2];
+      float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
       uint32_t rP[kBlockM / 16][4], rdS[kBlockM / 16][4];
 
-      if constexpr (!kPipe) {
-        mbar_wait(bar_q_full(s), phase);
-        gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
-      }
+      mbar_wait(bar_q_full(s), phase);
+      gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
       mbar_wait(bar_do_full(s), phase);
       gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
       mbar_wait(bar_lse_full(s), phase);
-      wgmma_wait<1>();  // S^T (kPipe: complete already)
+      wgmma_wait<1>();
       fence_regs(acc_s);
 
       // Mask: keys past seqlen_k, and the window (causal: window_right 0, bottom-right
@@ -673,14 +614,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       fence_regs(acc_dk);
       fence_regs(acc_dv);
       mbar_arrive(bar_empty(s));
-      // kPipe: the next step's S^T, queued behind the dQ GEMM once dV and dK (and so their A
-      // fragments) are done (the last step's: a GEMM on stage 1 - s, whose contents are no
-      // step's, its result unused, so that every step commits the same groups).
-      if constexpr (kPipe) {
-        if (t + 1 < range.steps) mbar_wait(bar_q_full(1 - s), ((t + 1) / kStages) & 1);
-        gemm_t(acc_s, sK, sQ + (1 - s) * Traits::kQBytes);
-      }
-      wgmma_wait<kPipe ? 1 : 0>();
+      wgmma_wait<0>();
       fence_regs(acc_dq);
       if constexpr (kDsBuffers == 1) {
         if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
@@ -733,10 +667,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                             acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
           }
         }
-      }
-      if constexpr (kPipe) {
-        wgmma_wait<0>();  // the next step's S^T: nothing in flight across the back edge
-        fence_regs(acc_s);
       }
       range.next(head, m_block);
     }

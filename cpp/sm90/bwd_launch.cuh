@@ -24,11 +24,10 @@ namespace flashattn2 {
 namespace sm90 {
 
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false, bool kDqFuse = false, bool kPipe = false>
+          bool kDqWarp = false>
 void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
-  constexpr auto kernel =
-      bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp, kDqFuse, kPipe>;
-  constexpr int kSmem = Traits::smem_bytes(kBias, kDqFuse);
+  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp>;
+  constexpr int kSmem = Traits::smem_bytes(kBias);
   raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
   // Causal: the first key blocks see the most query blocks and launch first.
   const BwdParams& p = args.p;
@@ -42,11 +41,8 @@ void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
 #if FLASHATTN2_SM90_BWD_D256
-  if constexpr (kHeadDim == 256) {
-    BwdParams p256 = p;
-    p256.dq_fuse = false;  // (not fused: its own kernel and the convert kernel)
-    return sm90::run_bwd_sm90_d256<Element>(p256, stream);
-  } else {
+  if constexpr (kHeadDim == 256) return sm90::run_bwd_sm90_d256<Element>(p, stream);
+  else {
 #endif
   using Traits = sm90::BwdTraits<kHeadDim>;
   sm90::BwdArgs args;
@@ -62,6 +58,7 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
       sm90::make_tma_map(&args.v, p.v, p.dtype, p.headdim, rows_k, p.nheads_k, batch_k,
                          p.v_row_stride, p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
   if (!mapped) return false;
+  run_bwd_preprocess<Element, kHeadDim>(p, stream);
   // Only the instances a build can reach (sm90_bwd_supports) are compiled.
   constexpr bool kVarlenBuilt = FLASHATTN2_SM90_BWD_VARLEN != 0;
   constexpr bool kModsBuilt = FLASHATTN2_SM90_BWD_MODS != 0;
@@ -70,45 +67,24 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   // An attention bias (no dbias, dense, aligned rows: sm90_bwd_supports): its own instance.
   constexpr bool kBiasBuilt = FLASHATTN2_BIAS && kModsBuilt;
   // dq_warp builds: calls without mods or a bias run the kDqWarp instances (p.dq_warp false:
-  // the others, for A/B comparisons and the bitwise test); p.bwd_pipe: their kPipe twins.
+  // the others, for A/B comparisons and the bitwise test).
   constexpr bool kDqWarpBuilt = Traits::kDqWarpBuilt;
   const bool dq_warp = kDqWarpBuilt && p.dq_warp;
-  // p.dq_fuse (a prototype, off by default): the dense ones with one dQ chain run the kDqFuse
-  // instances, which convert dQ themselves; the preprocess then writes the dq rows that no
-  // key block visits, and the convert kernel is not run.
-  // (Dense d128 only: the varlen instance spilled in every warp's loop, sm90/bwd_kernel.cuh
-  // dq_fuse_warp; d64's 12 bytes in the consumers' loop, /work/helpers/dqfuse.md.)
-  constexpr bool kFuseBuilt = kDqWarpBuilt && kHeadDim == 128;
-  // (Warp 2's message to warp 3 carries the query tile in 16 bits, the head in 15.)
-  const bool fuse = kFuseBuilt && dq_warp && !varlen && !mods && !(kBiasBuilt && has_bias(p)) &&
-                    p.dq_fuse && p.dq_chains == 1 && p.seqlen_q <= (1 << 16) * 64 &&
-                    p.nheads < (1 << 15);
-  args.p.dq_fuse = fuse;
-  run_bwd_preprocess<Element, kHeadDim>(args.p, stream);
-  const bool pipe = dq_warp && !fuse && p.bwd_pipe;
   if (kBiasBuilt && has_bias(p))
     sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
   else if (varlen && mods)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, kModsBuilt>(args, stream);
-  else if (varlen && pipe)
-    sm90::launch_bwd<Traits, Element, kVarlenBuilt, false, false, kDqWarpBuilt, false,
-                     kDqWarpBuilt>(args, stream);
   else if (varlen && dq_warp)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, false, false, kDqWarpBuilt>(args, stream);
   else if (varlen)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, false>(args, stream);
   else if (mods)
     sm90::launch_bwd<Traits, Element, false, kModsBuilt>(args, stream);
-  else if (fuse)
-    sm90::launch_bwd<Traits, Element, false, false, false, kFuseBuilt, kFuseBuilt>(args, stream);
-  else if (pipe)
-    sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt, false,
-                     kDqWarpBuilt>(args, stream);
   else if (dq_warp)
     sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt>(args, stream);
   else
     sm90::launch_bwd<Traits, Element, false, false>(args, stream);
-  if (!fuse) run_bwd_convert_dq<Element, kHeadDim>(p, p.pdl, stream);
+  run_bwd_convert_dq<Element, kHeadDim>(p, p.pdl, stream);
   return true;
 #if FLASHATTN2_SM90_BWD_D256
   }

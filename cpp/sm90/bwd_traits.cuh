@@ -41,13 +41,6 @@ struct BwdTraits {
   // turns, issues the consumers' staged reduces and releases the counters (bwd_kernel.cuh).
   static constexpr bool kDqWarpBuilt = kDqBulk && FLASHATTN2_SM90_BWD_DQ_WARP != 0;
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
-  // dq_fuse (kDqFuse instances, d128): warp 3 converts a query tile kConvRows accumulator rows
-  // at a time through kConvBytes of shared memory (+ 128 to align it, + warp 2's 8-byte
-  // message to warp 3): d128 the whole tile (64 rows, 32 KiB: one bulk copy, 226.4 KiB in
-  // all); d64 (not fused: its consumers spilled) would have 64 of its 128 rows at a time.
-  static constexpr int kConvBytes = (kHeadDim == 128 ? 32 : 16) * 1024;
-  static constexpr int kConvRows = kConvBytes / (4 * kHeadDim);
-  static_assert(kConvRows % 16 == 0 && kBlockM % kConvRows == 0, "dq_fuse pieces");
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");
   static constexpr int kSmemBytes = sm90_bwd_smem_bytes(kHeadDim);
   // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's queries
@@ -58,11 +51,10 @@ struct BwdTraits {
   static constexpr int ds_buffers(bool bias) {
     return bias && sm90_bwd_bias_one_ds(kHeadDim) ? 1 : 2;
   }
-  static constexpr int smem_bytes(bool bias, bool fuse = false) {
-    return kSmemBytes + (bias ? sm90_bwd_bias_bytes(kHeadDim) : 0) + (fuse ? kConvBytes + 256 : 0);
+  static constexpr int smem_bytes(bool bias) {
+    return kSmemBytes + (bias ? sm90_bwd_bias_bytes(kHeadDim) : 0);
   }
   static_assert(smem_bytes(true) <= 227 * 1024, "smem budget with the staged bias");
-  static_assert(smem_bytes(false, true) <= 227 * 1024, "smem budget with the dq_fuse staging");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
   // dQ = dS K: each consumer warpgroup computes one 64 x 64 tile of it over the block's 128
   // keys (an m64 n64 GEMM, 32 f32 per thread): d128 (64 query rows) the rows x its column
@@ -107,11 +99,6 @@ constexpr int kBarDsFree = 5;
 // reduces (kBarDqEmpty: warp 2 arrives, consumers wait before the next step's stores).
 constexpr int kBarDqFull = 7;
 constexpr int kBarDqEmpty = 8;
-// kDqFuse: of producer warps 2 and 3 (64 threads), warp 2's message of the step (its old
-// value of the query tile's counter) written (kBarConvFull: warp 2 arrives, warp 3 waits) and
-// read (kBarConvEmpty: warp 3 arrives, warp 2 waits before the next message).
-constexpr int kBarConvFull = 9;
-constexpr int kBarConvEmpty = 10;
 
 // The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
 // what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read

@@ -165,8 +165,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         num_splits, o_accum, lse_accum,
         *map(layout.get, _FWD_VARLEN, _FWD_VARLEN.values()),
         *map(mods.get, _FWD_MODS, _FWD_MODS.values()),
-        q_pack, not _ext.FORCE_SM80 and (not fp32 or _ext.FP32WG),
-        0 if tile_counter is None else tile_counter.data_ptr(),
+        q_pack, not _ext.FORCE_SM80, 0 if tile_counter is None else tile_counter.data_ptr(),
         *map(mods.get, _FWD_BIAS, _FWD_BIAS.values()),
         _ext.DECODE_KERNEL, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY,
     )  # fmt: skip
@@ -309,8 +308,6 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         _dtype_code(q.dtype),
         device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_args,
         dq_chains=dq_chains, allow_sm90=_allow_sm90_bwd(headdim), dq_warp=_ext.SM90_DQ_WARP,
-        dq_fuse=_ext.SM90_DQ_FUSE,
-        bwd_pipe=_ext.SM90_BWD_PIPE,
         pdl=_ext.BWD_PDL,
     )  # fmt: skip
 
