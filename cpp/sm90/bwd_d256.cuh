@@ -30,12 +30,12 @@
 //   determ deterministic=True (kDet, an instance of its own: the default one's code is
 //          unchanged; dq_bulk + dq_warp builds): the dQ of a query tile is added in the fixed
 //          order of common/dq_order.cuh (DqOrder<64, 64>: the counters' 64-row tiles; chains
-//          p.dq_chains) by producer warp 2 (bwd_kernel.cuh dq_order_warp). Once dV / dK are
+//          p.dq_chains) by producer warp 2 (bwd_producer.cuh dq_order_warp). Once dV / dK are
 //          done, the warpgroup's own column chunks 2 c, 2 c + 1 of sQ[s] and sdO[s] are read
 //          by nobody any more (both warpgroups' S^T / dP^T ended before the named barrier;
 //          the partner's dV / dK read its own chunks), so they stage its dQ (16 KiB; the
 //          staging of branch bwd256-bulk, 38ac281, whose consumer-issued reduces ran at 0.92x
-//          the red.global path); the consumers arrive on bar_empty(s) after staging, and warp
+//          the red.global path); the consumers arrive on the stage's empty barrier after staging, and warp
 //          2 once its reduces have read the stage (one more arrival), so the stage goes back
 //          to the producer only then.
 // Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
@@ -51,7 +51,7 @@
 #include "common/ptx.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
-#include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_producer.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/tma.cuh"
@@ -102,26 +102,17 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
-  constexpr int kChunks = Traits::kChunks;
   const BwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t sK = smem;
-  const uint32_t sV = sK + Traits::kKBytes;
-  const uint32_t sQ = sV + Traits::kKBytes;             // stage s: + s kQBytes
-  const uint32_t sdO = sQ + kStages * Traits::kQBytes;  // stage s: + s kQBytes
-  const uint32_t sP = sdO + kStages * Traits::kQBytes;  // buffer s: + s kPBytes
-  const uint32_t sdS = sP + kStages * Traits::kPBytes;  // buffer s: + s kPBytes
-  const uint32_t sLse = sdS + kStages * Traits::kPBytes;
-  auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
-  auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
-  const uint32_t bars = sLse + kStages * 2 * Traits::kRowBytes;
-  const uint32_t bar_kv_full = bars;
-  auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
-  auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
-  auto bar_lse_full = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
-  auto bar_empty = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+  // The stages (sm90/bwd_producer.cuh); this kernel's own between sdO and the LSE rows: sP^T,
+  // sdS^T.
+  const BwdStages<Traits> st(smem, 2 * kStages * Traits::kPBytes);
+  const uint32_t sK = st.k, sV = st.v;
+  const uint32_t sQ = st.q, sdO = st.dout;                // stage s: + s kQBytes
+  const uint32_t sP = st.own;                             // buffer s: + s kPBytes
+  const uint32_t sdS = sP + kStages * Traits::kPBytes;    // buffer s: + s kPBytes
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -140,67 +131,18 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
   // the preprocess ended, so warp 1 waits for it (griddep_wait) before its first dsum load.
   ptx::griddep_launch_dependents();
   if (tid == 0) {
-    mbar_init(bar_kv_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_q_full(s), 1);
-      mbar_init(bar_do_full(s), 1);
-      mbar_init(bar_lse_full(s), 32);
-      mbar_init(bar_empty(s), 128 * Traits::kConsumers + (kDet ? 1 : 0));  // kDet: + warp 2
-    }
+    st.init(128 * Traits::kConsumers + (kDet ? 1 : 0));  // kDet: + warp 2
     mbar_fence_init();
   }
   __syncthreads();
 
   if (warp < 4) {
-    // ---- producer (bwd_kernel.cuh's, dense) ----
+    // ---- producer (sm90/bwd_producer.cuh) ----
     regs_decrease<Traits::kTile.producer_regs>();
     if (warp == 0 && lane == 0 && range.steps > 0) {
-      tma_prefetch(&args.q);
-      tma_prefetch(&args.dout);
-      mbar_arrive_expect_tx(bar_kv_full, 2 * Traits::kKBytes);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        tma_load(sK + c * Traits::kKChunkBytes, &args.k, c * kChunkCols, n0, head_k,
-                 seq.tma_batch_k(), bar_kv_full);
-        tma_load(sV + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, n0, head_k,
-                 seq.tma_batch_k(), bar_kv_full);
-      }
-      int head = head_k * group, m_block = range.m_start;
-      for (int t = 0; t < range.steps; ++t) {
-        const int s = t % kStages;
-        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(bar_q_full(s), Traits::kQBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load(sQ + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
-                   m_block * kBlockM, head, seq.tma_batch_q(), bar_q_full(s));
-        mbar_arrive_expect_tx(bar_do_full(s), Traits::kQBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load(sdO + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.dout,
-                   c * kChunkCols, m_block * kBlockM, head, seq.tma_batch_q(), bar_do_full(s));
-        range.next(head, m_block);
-      }
+      load_tiles(args, seq, range, st, n0, head_k, group);
     } else if (warp == 1) {
-      // PDL: every lane waits for the preprocess (dsum) in every CTA; the consumers' dQ
-      // reduces into dq_accum are ordered after it by their lse_full waits (bwd_kernel.cuh).
-      ptx::griddep_wait();
-      int head = head_k * group, m_block = range.m_start;
-      for (int t = 0; t < range.steps; ++t) {
-        const int s = t % kStages;
-        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
-        const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-        const float* dsum = p.dsum + seq.ws_row0(head);
-#pragma unroll
-        for (int i = 0; i < kBlockM / 32; ++i) {
-          const int r = 32 * i + lane, row = m_block * kBlockM + r;
-          const bool valid = row < seq.seqlen_q();
-          st_shared(s_lse(s) + 4 * r, valid ? lse[row] : INFINITY);
-          st_shared(s_dsum(s) + 4 * r, valid ? dsum[row] : 0.f);
-        }
-        mbar_arrive(bar_lse_full(s));
-        range.next(head, m_block);
-      }
+      load_rows(p, seq, range, st, batch, head_k * group, lane);
     } else if (kDet && warp == 2) {
       // The consumers' staged 16 x 64 blocks (warp 4 c + w, slice j: column chunk 2 c + j of
       // rows 16 w..+16, staged at 4096 j of its 8 KiB, chunk 2 c + w % 2 of sQ[s] (w < 2) or
@@ -223,7 +165,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       ptx::griddep_wait();  // PDL: before its first counter load (zeroed by the preprocess)
       dq_order_warp<kBlockM, kBlockN, false, false>(
           p, seq, head_k * group, n_block, range, lane, 0, issue,
-          [&](int t) { mbar_arrive(bar_empty(t % kStages)); });
+          [&](int t) { mbar_arrive(st.empty(t % kStages)); });
     }
   } else {
     // ---- consumers ----
@@ -296,7 +238,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       wgmma_commit();
     };
 
-    if (range.steps > 0) mbar_wait(bar_kv_full, 0);
+    if (range.steps > 0) mbar_wait(st.kv_full(), 0);
     int head = head_k * group, m_block = range.m_start;
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;
@@ -306,11 +248,11 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       float acc_s[Traits::kWgQueries / 2], acc_dp[Traits::kWgQueries / 2];
       uint32_t rP[2][4], rdS[2][4];
 
-      mbar_wait(bar_q_full(s), phase);
+      mbar_wait(st.q_full(s), phase);
       gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
-      mbar_wait(bar_do_full(s), phase);
+      mbar_wait(st.do_full(s), phase);
       gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
-      mbar_wait(bar_lse_full(s), phase);
+      mbar_wait(st.lse_full(s), phase);
       wgmma_wait<1>();
       fence_regs(acc_s);
 
@@ -347,7 +289,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       };
 #pragma unroll
       for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt) {
-        const float2 lse = ld_shared_float2(s_lse(s) + 4 * (wq0 + 8 * nt + 2 * q));
+        const float2 lse = ld_shared_float2(st.lse(s) + 4 * (wq0 + 8 * nt + 2 * q));
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           acc_s[4 * nt + e] = ptx::exp2_approx(
@@ -367,7 +309,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       fence_regs(acc_dp);
 #pragma unroll
       for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt) {
-        const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (wq0 + 8 * nt + 2 * q));
+        const float2 dsum = ld_shared_float2(st.dsum(s) + 4 * (wq0 + 8 * nt + 2 * q));
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           acc_dp[4 * nt + e] =
@@ -398,7 +340,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       fence_regs(acc_dv);
       fence_regs(rP);
       fence_regs(rdS);
-      if constexpr (!kDet) mbar_arrive(bar_empty(s));
+      if constexpr (!kDet) mbar_arrive(st.empty(s));
       gemm_dq(acc_dq1, sdS_t, 1);
 
       // dq_accum (ws_dq_index, as bwd_kernel.cuh's non-bulk path): the warp's 16 rows x 64
@@ -439,7 +381,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
         fence_proxy_async();  // the generic-proxy stores, before warp 2's async-proxy reads
         // This thread's reads of the stage (LSE, dsum) and staging stores are done; the stage
         // goes back once warp 2 arrives too, after its reduces read the staging.
-        mbar_arrive(bar_empty(s));
+        mbar_arrive(st.empty(s));
         // Warp 2 has taken step t - 1's staging (so that the arrivals below are step t's).
         if (t > 0) named_sync(kBarDqEmpty, 256 + 32);
         named_arrive(kBarDqFull, 256 + 32);

@@ -109,7 +109,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
-  constexpr int kChunks = Traits::kChunks;
   // d64 (128-row steps): the dV GEMM is issued in the dS^T pass, with P^T packed there, so
   // that S^T (64 f32), dP^T (64) and the in-flight P^T fragments (32) are never live
   // together with dK / dV (64): that order (d128's) needs ~256 of the 240 registers (ptxas
