@@ -35,9 +35,9 @@
 //          by nobody any more (both warpgroups' S^T / dP^T ended before the named barrier;
 //          the partner's dV / dK read its own chunks), so they stage its dQ (16 KiB; the
 //          staging of branch bwd256-bulk, 38ac281, whose consumer-issued reduces ran at 0.92x
-//          the red.global path); the consumers arrive on the stage's empty barrier after staging, and warp
-//          2 once its reduces have read the stage (one more arrival), so the stage goes back
-//          to the producer only then.
+//          the red.global path); the consumers arrive on the stage's empty barrier after
+//          staging, and warp 2 once its reduces have read the stage (one more arrival), so the
+//          stage goes back to the producer only then.
 // Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
 // no dropout: everything else runs the mma.sync backward.
 #pragma once
@@ -51,6 +51,7 @@
 #include "common/ptx.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
+#include "sm90/bwd_consumer.cuh"
 #include "sm90/bwd_producer.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
@@ -256,29 +257,12 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       wgmma_wait<1>();
       fence_regs(acc_s);
 
-      // Mask (bwd_kernel.cuh's, with all 64 keys and the warpgroup's 32 queries): element
-      // acc[4 nt + 2 r + e] is key n0 + lane_key + 8 r, query mq0 + 8 nt + 2 q + e.
+      // Mask (bwd_kernel.cuh's; bwd_consumer.cuh): all 64 keys, the warpgroup's 32 queries.
       const bool need_mask =
           n0 + kBlockN > seq.seqlen_k() ||
           (p.window_right >= 0 && n0 + kBlockN - 1 > mq0 + offset + p.window_right) ||
           (p.window_left >= 0 && n0 < mq0 + Traits::kWgQueries - 1 + offset - p.window_left);
-      if (need_mask) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key = n0 + lane_key + 8 * r;
-          const int q_lo = (p.window_right >= 0 ? key - offset - p.window_right : 0) - mq0 - 2 * q;
-          const int q_hi = (key >= seq.seqlen_k()   ? -1
-                            : p.window_left >= 0 ? key - offset + p.window_left
-                                                 : seq.seqlen_q() - 1) - mq0 - 2 * q;
-#pragma unroll
-          for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = 8 * nt + e;
-              if (col < q_lo || col > q_hi) acc_s[4 * nt + 2 * r + e] = -INFINITY;
-            }
-        }
-      }
+      if (need_mask) mask_tile<Traits::kWgQueries>(acc_s, p, seq, n0 + lane_key, mq0, q, offset);
       // P^T (rows r: key lane_key + 8 r) into the A fragments of the warpgroup's k16 steps
       // and into sP[s]: query unit 4 c + nt of the key's 128-byte row, swizzled.
       const uint32_t sP_t = sP + s * Traits::kPBytes;
@@ -392,27 +376,8 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
     }
 
     // ---- epilogue: dK * scale, dV in the input dtype, columns 128 c.., from registers ----
-    Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
-                        head_k * p.dk_head_stride;
-    Element* const dv = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
-                        head_k * p.dv_head_stride;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = n0 + lane_key + 8 * r;
-      if (key < seq.seqlen_k()) {
-#pragma unroll
-        for (int dt = 0; dt < Traits::kWgCols / 8; ++dt) {
-          const int col = Traits::kWgCols * consumer + 8 * dt + 2 * q;
-          if (col < p.headdim) {
-            *reinterpret_cast<uint32_t*>(dk + key * p.dk_row_stride + col) =
-                ptx::pack2<Element>(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
-                                    acc_dk[4 * dt + 2 * r + 1] * p.softmax_scale);
-            *reinterpret_cast<uint32_t*>(dv + key * p.dv_row_stride + col) =
-                ptx::pack2<Element>(acc_dv[4 * dt + 2 * r], acc_dv[4 * dt + 2 * r + 1]);
-          }
-        }
-      }
-    }
+    store_dk_dv<Element, Traits::kWgCols>(p, seq, batch, head_k, n0 + lane_key,
+                                          Traits::kWgCols * consumer, q, acc_dk, acc_dv);
   }
 #endif
 }

@@ -70,6 +70,7 @@
 #include "common/seqlen.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
+#include "sm90/bwd_consumer.cuh"
 #include "sm90/bwd_dq_fuse.cuh"
 #include "sm90/bwd_producer.cuh"
 #include "sm90/bwd_traits.cuh"
@@ -306,31 +307,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       wgmma_wait<1>();  // S^T (kPipe: complete already)
       fence_regs(acc_s);
 
-      // Mask: keys past seqlen_k, and the window (causal: window_right 0, bottom-right
-      // aligned) where the warpgroup's keys cross it. Element acc[4 nt + 2 r + e]: key
-      // n0 + lane_key + 8 r, query m0 + 8 nt + 2 q + e.
+      // Mask (bwd_consumer.cuh): keys past seqlen_k, and the window (causal: window_right 0,
+      // bottom-right aligned) where the warpgroup's keys cross it.
       const int k_first = n0 + key0;
       const bool need_mask =
           k_first + 64 > seq.seqlen_k() ||
           (p.window_right >= 0 && k_first + 63 > m0 + offset + p.window_right) ||
           (p.window_left >= 0 && k_first < m0 + kBlockM - 1 + offset - p.window_left);
-      if (need_mask) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key = n0 + lane_key + 8 * r;
-          const int q_lo = (p.window_right >= 0 ? key - offset - p.window_right : 0) - m0 - 2 * q;
-          const int q_hi = (key >= seq.seqlen_k()   ? -1
-                            : p.window_left >= 0 ? key - offset + p.window_left
-                                                 : seq.seqlen_q() - 1) - m0 - 2 * q;
-#pragma unroll
-          for (int nt = 0; nt < kBlockM / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = 8 * nt + e;
-              if (col < q_lo || col > q_hi) acc_s[4 * nt + 2 * r + e] = -INFINITY;
-            }
-        }
-      }
+      if (need_mask) mask_tile<kBlockM>(acc_s, p, seq, n0 + lane_key, m0, q, offset);
       // kMods: P^T and d logit / d(scale s) (dl: 1 - t^2 with softcap, else 1) of n8 tile nt
       // from its scores: softcap and ALiBi through ScoreMod, the forward's logits, with the
       // masked scores (-inf above) kept at -inf (tanh(-inf) is finite); kBias adds the staged
@@ -595,27 +579,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
 
     // ---- epilogue: dK * scale, dV in the input dtype, from registers ----
-    Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
-                        head_k * p.dk_head_stride + int64_t(seq.k_row0()) * p.dk_row_stride;
-    Element* const dv = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
-                        head_k * p.dv_head_stride + int64_t(seq.k_row0()) * p.dv_row_stride;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = n0 + lane_key + 8 * r;
-      if (key < seq.seqlen_k()) {
-#pragma unroll
-        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-          const int col = 8 * dt + 2 * q;
-          if (col < p.headdim) {
-            *reinterpret_cast<uint32_t*>(dk + key * p.dk_row_stride + col) =
-                ptx::pack2<Element>(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
-                                    acc_dk[4 * dt + 2 * r + 1] * p.softmax_scale);
-            *reinterpret_cast<uint32_t*>(dv + key * p.dv_row_stride + col) =
-                ptx::pack2<Element>(acc_dv[4 * dt + 2 * r], acc_dv[4 * dt + 2 * r + 1]);
-          }
-        }
-      }
-    }
+    store_dk_dv<Element, kHeadDim>(p, seq, batch, head_k, n0 + lane_key, 0, q, acc_dk, acc_dv);
   }
 #endif
 }
