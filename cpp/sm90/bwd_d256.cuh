@@ -5,8 +5,9 @@
 // d256 cannot keep bwd_kernel.cuh's layout (a warpgroup holding dK + dV of its 64 keys over all
 // 256 columns needs 256 f32 per thread), so the two consumer warpgroups split the COLUMNS:
 //   grid   (ceil(seqlen_k / 64), nheads_k, batch): one CTA per 64-key block of a KV head.
-//   block  384 threads: producer warpgroup as bwd_kernel.cuh's (K, V once; Q, dO, LSE, dsum of
-//          each 64-row query step into stage t % 2); consumer warpgroup c (c = 0, 1) owns
+//   block  384 threads: producer warpgroup as bwd_kernel.cuh's, the same code
+//          (sm90/bwd_producer.cuh: K, V once; Q, dO, LSE, dsum of each 64-row query step into
+//          stage t % 2); consumer warpgroup c (c = 0, 1) owns
 //          dK[:, 128 c..+128] and dV[:, 128 c..+128] of all 64 keys (64 + 64 f32 per thread).
 //   smem   sK, sV [64 x 256]; per stage sQ, sdO [64 x 256], LSE, dsum; sP^T and sdS^T
 //          [64 keys x 64 queries] (one 128-byte swizzled chunk each) x 2 buffers (by stage);

@@ -2,6 +2,10 @@
 // backward"). The mainloop of the FA2 backward (sm80/bwd_kernel.cuh) on wgmma and TMA; the
 // preprocess (dsum = rowsum(dO o O), zeroing dq_accum) and the dQ convert kernel are the
 // sm80 ones, unchanged, and dQ goes into the same f32 accumulator layout (ws_dq_index).
+// This file: the kernel (bwd_kernel) and its tiling. Its parts in headers of their own: the
+// producer warps (stages, TMA loads, LSE / dsum, the dQ order: sm90/bwd_producer.cuh, shared
+// with the d256 kernel), the mask and the dK / dV stores (sm90/bwd_consumer.cuh, shared too),
+// dq_fuse's conversion (sm90/bwd_dq_fuse.cuh); tile constants and the walk: bwd_traits.cuh.
 //
 // Tiling
 //   grid   (ceil(seqlen_k / 128), nheads_k, batch): one CTA per 128-key block of a KV head;
@@ -81,6 +85,7 @@
 
 namespace flashattn2 {
 namespace sm90 {
+
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
 // Instances of their own, so that plain calls run none of their code (with kMods in the one
 // d128 kernel, 24 B of spills and the logit pass cost every call ~10 %, H100 2026-11-25).
@@ -90,7 +95,8 @@ namespace sm90 {
 // (dq_order_warp); the other instances have none of its code (their SASS is a build's
 // without the item), so that a dq_warp build can run both paths (BwdParams::dq_warp, A/B).
 // kDqFuse (with kDqWarp, one dQ chain; BwdParams::dq_fuse): producer warp 3 also converts each
-// query tile whose last visitor the CTA is (dq_convert_tile), so that the convert kernel is not run.
+// query tile whose last visitor the CTA is (dq_convert_tile), so that the convert kernel is
+// not run.
 // kPipe (kDqWarp instances, BwdParams::bwd_pipe): the S^T GEMM of step t + 1 is issued in
 // step t, queued behind its dQ GEMM once dV / dK are done, so that it runs while the consumers
 // wait for the dQ GEMM and stage dQ; each step then starts with its S^T complete (waited for
