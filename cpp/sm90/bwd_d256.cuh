@@ -5,8 +5,9 @@
 // d256 cannot keep bwd_kernel.cuh's layout (a warpgroup holding dK + dV of its 64 keys over all
 // 256 columns needs 256 f32 per thread), so the two consumer warpgroups split the COLUMNS:
 //   grid   (ceil(seqlen_k / 64), nheads_k, batch): one CTA per 64-key block of a KV head.
-//   block  384 threads: producer warpgroup as bwd_kernel.cuh's (K, V once; Q, dO, LSE, dsum of
-//          each 64-row query step into stage t % 2); consumer warpgroup c (c = 0, 1) owns
+//   block  384 threads: producer warpgroup as bwd_kernel.cuh's, the same code
+//          (sm90/bwd_producer.cuh: K, V once; Q, dO, LSE, dsum of each 64-row query step into
+//          stage t % 2); consumer warpgroup c (c = 0, 1) owns
 //          dK[:, 128 c..+128] and dV[:, 128 c..+128] of all 64 keys (64 + 64 f32 per thread).
 //   smem   sK, sV [64 x 256]; per stage sQ, sdO [64 x 256], LSE, dsum; sP^T and sdS^T
 //          [64 keys x 64 queries] (one 128-byte swizzled chunk each) x 2 buffers (by stage);
@@ -30,14 +31,14 @@
 //   determ deterministic=True (kDet, an instance of its own: the default one's code is
 //          unchanged; dq_bulk + dq_warp builds): the dQ of a query tile is added in the fixed
 //          order of common/dq_order.cuh (DqOrder<64, 64>: the counters' 64-row tiles; chains
-//          p.dq_chains) by producer warp 2 (bwd_kernel.cuh dq_order_warp). Once dV / dK are
+//          p.dq_chains) by producer warp 2 (bwd_producer.cuh dq_order_warp). Once dV / dK are
 //          done, the warpgroup's own column chunks 2 c, 2 c + 1 of sQ[s] and sdO[s] are read
 //          by nobody any more (both warpgroups' S^T / dP^T ended before the named barrier;
 //          the partner's dV / dK read its own chunks), so they stage its dQ (16 KiB; the
 //          staging of branch bwd256-bulk, 38ac281, whose consumer-issued reduces ran at 0.92x
-//          the red.global path); the consumers arrive on bar_empty(s) after staging, and warp
-//          2 once its reduces have read the stage (one more arrival), so the stage goes back
-//          to the producer only then.
+//          the red.global path); the consumers arrive on the stage's empty barrier after
+//          staging, and warp 2 once its reduces have read the stage (one more arrival), so the
+//          stage goes back to the producer only then.
 // Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
 // no dropout: everything else runs the mma.sync backward.
 #pragma once
@@ -51,7 +52,8 @@
 #include "common/ptx.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
-#include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_consumer.cuh"
+#include "sm90/bwd_producer.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/tma.cuh"
@@ -102,26 +104,17 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
-  constexpr int kChunks = Traits::kChunks;
   const BwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t sK = smem;
-  const uint32_t sV = sK + Traits::kKBytes;
-  const uint32_t sQ = sV + Traits::kKBytes;             // stage s: + s kQBytes
-  const uint32_t sdO = sQ + kStages * Traits::kQBytes;  // stage s: + s kQBytes
-  const uint32_t sP = sdO + kStages * Traits::kQBytes;  // buffer s: + s kPBytes
-  const uint32_t sdS = sP + kStages * Traits::kPBytes;  // buffer s: + s kPBytes
-  const uint32_t sLse = sdS + kStages * Traits::kPBytes;
-  auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
-  auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
-  const uint32_t bars = sLse + kStages * 2 * Traits::kRowBytes;
-  const uint32_t bar_kv_full = bars;
-  auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
-  auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
-  auto bar_lse_full = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
-  auto bar_empty = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+  // The stages (sm90/bwd_producer.cuh); this kernel's own between sdO and the LSE rows: sP^T,
+  // sdS^T.
+  const BwdStages<Traits> st(smem, 2 * kStages * Traits::kPBytes);
+  const uint32_t sK = st.k, sV = st.v;
+  const uint32_t sQ = st.q, sdO = st.dout;                // stage s: + s kQBytes
+  const uint32_t sP = st.own;                             // buffer s: + s kPBytes
+  const uint32_t sdS = sP + kStages * Traits::kPBytes;    // buffer s: + s kPBytes
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -140,67 +133,18 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
   // the preprocess ended, so warp 1 waits for it (griddep_wait) before its first dsum load.
   ptx::griddep_launch_dependents();
   if (tid == 0) {
-    mbar_init(bar_kv_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_q_full(s), 1);
-      mbar_init(bar_do_full(s), 1);
-      mbar_init(bar_lse_full(s), 32);
-      mbar_init(bar_empty(s), 128 * Traits::kConsumers + (kDet ? 1 : 0));  // kDet: + warp 2
-    }
+    st.init(128 * Traits::kConsumers + (kDet ? 1 : 0));  // kDet: + warp 2
     mbar_fence_init();
   }
   __syncthreads();
 
   if (warp < 4) {
-    // ---- producer (bwd_kernel.cuh's, dense) ----
+    // ---- producer (sm90/bwd_producer.cuh) ----
     regs_decrease<Traits::kTile.producer_regs>();
     if (warp == 0 && lane == 0 && range.steps > 0) {
-      tma_prefetch(&args.q);
-      tma_prefetch(&args.dout);
-      mbar_arrive_expect_tx(bar_kv_full, 2 * Traits::kKBytes);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        tma_load(sK + c * Traits::kKChunkBytes, &args.k, c * kChunkCols, n0, head_k,
-                 seq.tma_batch_k(), bar_kv_full);
-        tma_load(sV + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, n0, head_k,
-                 seq.tma_batch_k(), bar_kv_full);
-      }
-      int head = head_k * group, m_block = range.m_start;
-      for (int t = 0; t < range.steps; ++t) {
-        const int s = t % kStages;
-        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(bar_q_full(s), Traits::kQBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load(sQ + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
-                   m_block * kBlockM, head, seq.tma_batch_q(), bar_q_full(s));
-        mbar_arrive_expect_tx(bar_do_full(s), Traits::kQBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load(sdO + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.dout,
-                   c * kChunkCols, m_block * kBlockM, head, seq.tma_batch_q(), bar_do_full(s));
-        range.next(head, m_block);
-      }
+      load_tiles(args, seq, range, st, n0, head_k, group);
     } else if (warp == 1) {
-      // PDL: every lane waits for the preprocess (dsum) in every CTA; the consumers' dQ
-      // reduces into dq_accum are ordered after it by their lse_full waits (bwd_kernel.cuh).
-      ptx::griddep_wait();
-      int head = head_k * group, m_block = range.m_start;
-      for (int t = 0; t < range.steps; ++t) {
-        const int s = t % kStages;
-        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
-        const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-        const float* dsum = p.dsum + seq.ws_row0(head);
-#pragma unroll
-        for (int i = 0; i < kBlockM / 32; ++i) {
-          const int r = 32 * i + lane, row = m_block * kBlockM + r;
-          const bool valid = row < seq.seqlen_q();
-          st_shared(s_lse(s) + 4 * r, valid ? lse[row] : INFINITY);
-          st_shared(s_dsum(s) + 4 * r, valid ? dsum[row] : 0.f);
-        }
-        mbar_arrive(bar_lse_full(s));
-        range.next(head, m_block);
-      }
+      load_rows(p, seq, range, st, batch, head_k * group, lane);
     } else if (kDet && warp == 2) {
       // The consumers' staged 16 x 64 blocks (warp 4 c + w, slice j: column chunk 2 c + j of
       // rows 16 w..+16, staged at 4096 j of its 8 KiB, chunk 2 c + w % 2 of sQ[s] (w < 2) or
@@ -222,7 +166,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       };
       ptx::griddep_wait();  // PDL: before its first counter load (zeroed by the preprocess)
       dq_order_warp<kBlockM, kBlockN, false>(p, seq, head_k * group, n_block, range, lane, issue,
-                                             [&](int t) { mbar_arrive(bar_empty(t % kStages)); });
+                                             [&](int t) { mbar_arrive(st.empty(t % kStages)); });
     }
   } else {
     // ---- consumers ----
@@ -295,7 +239,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       wgmma_commit();
     };
 
-    if (range.steps > 0) mbar_wait(bar_kv_full, 0);
+    if (range.steps > 0) mbar_wait(st.kv_full(), 0);
     int head = head_k * group, m_block = range.m_start;
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;
@@ -305,37 +249,20 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       float acc_s[Traits::kWgQueries / 2], acc_dp[Traits::kWgQueries / 2];
       uint32_t rP[2][4], rdS[2][4];
 
-      mbar_wait(bar_q_full(s), phase);
+      mbar_wait(st.q_full(s), phase);
       gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
-      mbar_wait(bar_do_full(s), phase);
+      mbar_wait(st.do_full(s), phase);
       gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
-      mbar_wait(bar_lse_full(s), phase);
+      mbar_wait(st.lse_full(s), phase);
       wgmma_wait<1>();
       fence_regs(acc_s);
 
-      // Mask (bwd_kernel.cuh's, with all 64 keys and the warpgroup's 32 queries): element
-      // acc[4 nt + 2 r + e] is key n0 + lane_key + 8 r, query mq0 + 8 nt + 2 q + e.
+      // Mask (bwd_kernel.cuh's; bwd_consumer.cuh): all 64 keys, the warpgroup's 32 queries.
       const bool need_mask =
           n0 + kBlockN > seq.seqlen_k() ||
           (p.window_right >= 0 && n0 + kBlockN - 1 > mq0 + offset + p.window_right) ||
           (p.window_left >= 0 && n0 < mq0 + Traits::kWgQueries - 1 + offset - p.window_left);
-      if (need_mask) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key = n0 + lane_key + 8 * r;
-          const int q_lo = (p.window_right >= 0 ? key - offset - p.window_right : 0) - mq0 - 2 * q;
-          const int q_hi = (key >= seq.seqlen_k()   ? -1
-                            : p.window_left >= 0 ? key - offset + p.window_left
-                                                 : seq.seqlen_q() - 1) - mq0 - 2 * q;
-#pragma unroll
-          for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = 8 * nt + e;
-              if (col < q_lo || col > q_hi) acc_s[4 * nt + 2 * r + e] = -INFINITY;
-            }
-        }
-      }
+      if (need_mask) mask_tile<Traits::kWgQueries>(acc_s, p, seq, n0 + lane_key, mq0, q, offset);
       // P^T (rows r: key lane_key + 8 r) into the A fragments of the warpgroup's k16 steps
       // and into sP[s]: query unit 4 c + nt of the key's 128-byte row, swizzled.
       const uint32_t sP_t = sP + s * Traits::kPBytes;
@@ -346,7 +273,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       };
 #pragma unroll
       for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt) {
-        const float2 lse = ld_shared_float2(s_lse(s) + 4 * (wq0 + 8 * nt + 2 * q));
+        const float2 lse = ld_shared_float2(st.lse(s) + 4 * (wq0 + 8 * nt + 2 * q));
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           acc_s[4 * nt + e] = ptx::exp2_approx(
@@ -366,7 +293,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       fence_regs(acc_dp);
 #pragma unroll
       for (int nt = 0; nt < Traits::kWgQueries / 8; ++nt) {
-        const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (wq0 + 8 * nt + 2 * q));
+        const float2 dsum = ld_shared_float2(st.dsum(s) + 4 * (wq0 + 8 * nt + 2 * q));
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           acc_dp[4 * nt + e] =
@@ -397,7 +324,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       fence_regs(acc_dv);
       fence_regs(rP);
       fence_regs(rdS);
-      if constexpr (!kDet) mbar_arrive(bar_empty(s));
+      if constexpr (!kDet) mbar_arrive(st.empty(s));
       gemm_dq(acc_dq1, sdS_t, 1);
 
       // dq_accum (ws_dq_index, as bwd_kernel.cuh's non-bulk path): the warp's 16 rows x 64
@@ -438,7 +365,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
         fence_proxy_async();  // the generic-proxy stores, before warp 2's async-proxy reads
         // This thread's reads of the stage (LSE, dsum) and staging stores are done; the stage
         // goes back once warp 2 arrives too, after its reduces read the staging.
-        mbar_arrive(bar_empty(s));
+        mbar_arrive(st.empty(s));
         // Warp 2 has taken step t - 1's staging (so that the arrivals below are step t's).
         if (t > 0) named_sync(kBarDqEmpty, 256 + 32);
         named_arrive(kBarDqFull, 256 + 32);
@@ -449,27 +376,8 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
     }
 
     // ---- epilogue: dK * scale, dV in the input dtype, columns 128 c.., from registers ----
-    Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
-                        head_k * p.dk_head_stride;
-    Element* const dv = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
-                        head_k * p.dv_head_stride;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = n0 + lane_key + 8 * r;
-      if (key < seq.seqlen_k()) {
-#pragma unroll
-        for (int dt = 0; dt < Traits::kWgCols / 8; ++dt) {
-          const int col = Traits::kWgCols * consumer + 8 * dt + 2 * q;
-          if (col < p.headdim) {
-            *reinterpret_cast<uint32_t*>(dk + key * p.dk_row_stride + col) =
-                ptx::pack2<Element>(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
-                                    acc_dk[4 * dt + 2 * r + 1] * p.softmax_scale);
-            *reinterpret_cast<uint32_t*>(dv + key * p.dv_row_stride + col) =
-                ptx::pack2<Element>(acc_dv[4 * dt + 2 * r], acc_dv[4 * dt + 2 * r + 1]);
-          }
-        }
-      }
-    }
+    store_dk_dv<Element, Traits::kWgCols>(p, seq, batch, head_k, n0 + lane_key,
+                                          Traits::kWgCols * consumer, q, acc_dk, acc_dv);
   }
 #endif
 }

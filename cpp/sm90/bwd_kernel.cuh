@@ -2,6 +2,10 @@
 // backward"). The mainloop of the FA2 backward (sm80/bwd_kernel.cuh) on wgmma and TMA; the
 // preprocess (dsum = rowsum(dO o O), zeroing dq_accum) and the dQ convert kernel are the
 // sm80 ones, unchanged, and dQ goes into the same f32 accumulator layout (ws_dq_index).
+// This file: the kernel (bwd_kernel) and its tiling. Its parts in headers of their own: the
+// producer warps (stages, TMA loads, LSE / dsum, the dQ order: sm90/bwd_producer.cuh, shared
+// with the d256 kernel), the mask and the dK / dV stores (sm90/bwd_consumer.cuh, shared too);
+// tile constants and the walk: bwd_traits.cuh.
 //
 // Tiling
 //   grid   (ceil(seqlen_k / 128), nheads_k, batch): one CTA per 128-key block of a KV head;
@@ -66,6 +70,8 @@
 #include "common/seqlen.cuh"
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
+#include "sm90/bwd_consumer.cuh"
+#include "sm90/bwd_producer.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/tma.cuh"
@@ -74,71 +80,6 @@
 
 namespace flashattn2 {
 namespace sm90 {
-// Deterministic mode, lane 0 of a consumer warp: once its last bulk reduce is complete, adds
-// 1 (release) to the dQ-order counter whose address thread 128 left at shared address `slot`.
-// Not inlined: inline, the address arithmetic sat in the step's register peak (with the dQ
-// chains' term the plain d128 instance spilled 100 bytes; as a call it spills none).
-static __device__ __noinline__ void dq_release(uint32_t slot) {
-  tma_store_wait();
-  fence_proxy_async_global();
-  ptx::red_release_add(reinterpret_cast<int*>(ld_shared_u64(slot)), 1);
-}
-
-// kDqWarp: producer warp 2 issues the dQ reduces of every step, off the consumers' path. Per
-// step, lane 0 waits (deterministic mode) for the query tile's turn (1 add per earlier visitor
-// of the chain), then for the consumers' staged dQ (kBarDqFull), issues their bulk reduces
-// (issue(dq_tile, rows, t): dq_tile the accumulator's first row of the tile in the step's
-// head and chain, rows the tile's rows in the sequence), hands the staging back once it is
-// read (read(t), then kBarDqEmpty) and (deterministic) releases the tile once the reduces are
-// complete: the global round trips overlap the consumers' next step. Without deterministic
-// mode only the reduces and the hand-back remain (measured: the deterministic d64 backward on
-// this path ran at 0.88-0.99x the default one with the reduces on the consumers, H100
-// 2026-11-26). Shared by bwd_kernel (a staging buffer of its own; read: nothing more) and
-// bwd_kernel_d256's deterministic instance (staging in the stage's dead sQ / sdO chunks;
-// read: the stage's release). kBlockM, kBlockN: the tile (the counters are per 64 query rows:
-// d64's 128-row tiles use the first half of them). Inlined, with the counter and accumulator
-// of the step's head stepped per head and everything else rebuilt from the params per step:
-// the producer warpgroup has 24 registers (the consumers need their 240; at 232 ptxas
-// serialises their wgmma, C7512).
-template <int kBlockM, int kBlockN, bool kVarlen, typename Issue, typename Read>
-__device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
-                                              int head0, int n_block, const BwdRange& range,
-                                              int lane, Issue&& issue, Read&& read) {
-  int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
-  float* dq = dq_chain(p, p.deterministic ? n_block & (p.dq_chains - 1) : 0) +
-              seq.ws_row0(head0) * p.headdim;
-  int m_block = range.m_start;
-  for (int t = 0; t < range.steps; ++t) {
-    if (p.deterministic && lane == 0) {
-      const DqOrder<kBlockM, kBlockN> order(
-          p, seq.seqlen_q(), seq.seqlen_k(), (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
-      const int turn = order.turn(n_block, m_block);
-      while (ptx::ld_acquire(counter + m_block) != turn) __nanosleep(32);
-    }
-    __syncwarp();
-    named_sync(kBarDqFull, 256 + 32);
-    if (lane == 0) {
-      if (p.deterministic) fence_proxy_async_global();  // after the turn's acquire
-      issue(dq + int64_t(m_block * kBlockM) * p.headdim, seq.seqlen_q() - m_block * kBlockM, t);
-      tma_store_commit();
-      tma_store_wait_read();
-      read(t);
-    }
-    __syncwarp();
-    if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
-    if (p.deterministic && lane == 0) {
-      tma_store_wait();
-      fence_proxy_async_global();
-      ptx::red_release_add(counter + m_block, 1);
-    }
-    if (++m_block == range.m_block_max) m_block = range.m_block_min;
-    if (m_block == range.m_start) {  // range.next: the next head
-      counter += seq.head_tiles();
-      dq += seq.head_rows() * p.headdim;
-    }
-  }
-  if (lane == 0) tma_store_wait();  // (not deterministic: the reduces complete before exit)
-}
 
 // kVarlen: packed sequences (BwdSeq<true>); kMods: softcap and ALiBi (common/score_mod.cuh).
 // Instances of their own, so that plain calls run none of their code (with kMods in the one
@@ -157,7 +98,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
-  constexpr int kChunks = Traits::kChunks;
   // d64 (128-row steps): the dV GEMM is issued in the dS^T pass, with P^T packed there, so
   // that S^T (64 f32), dP^T (64) and the in-flight P^T fragments (32) are never live
   // together with dK / dV (64): that order (d128's) needs ~256 of the 240 registers (ptxas
@@ -173,25 +113,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t sK = smem;
-  const uint32_t sV = sK + Traits::kKBytes;
-  const uint32_t sQ = sV + Traits::kKBytes;                 // stage s: + s kQBytes
-  const uint32_t sdO = sQ + kStages * Traits::kQBytes;      // stage s: + s kQBytes
-  const uint32_t sdS = sdO + kStages * Traits::kQBytes;     // buffer b: + b kDSBytes
-  // dq_bulk: warp w's dQ staging at sDq + w kDqWarpBytes.
+  // The stages (sm90/bwd_producer.cuh); this kernel's own between sdO and the LSE rows: sdS,
+  // then dq_bulk's staging (warp w's at sDq + w kDqWarpBytes).
+  const BwdStages<Traits> st(smem, kDsBuffers * Traits::kDSBytes + Traits::kDqStageBytes);
+  const uint32_t sK = st.k, sV = st.v;
+  const uint32_t sQ = st.q, sdO = st.dout;  // stage s: + s kQBytes
+  const uint32_t sdS = st.own;              // buffer b: + b kDSBytes
   [[maybe_unused]] const uint32_t sDq = sdS + kDsBuffers * Traits::kDSBytes;
-  const uint32_t sLse = sDq + Traits::kDqStageBytes;        // stage s: + 2 s kRowBytes
-  auto s_lse = [&](int s) { return sLse + 2 * s * Traits::kRowBytes; };
-  auto s_dsum = [&](int s) { return sLse + (2 * s + 1) * Traits::kRowBytes; };
-  const uint32_t bars = sLse + kStages * 2 * Traits::kRowBytes;
   // Deterministic: the dQ-order counter of the step's query tile (thread 128 writes it).
-  const uint32_t sDqCounter = bars + 8 * (1 + 4 * kStages);
+  const uint32_t sDqCounter = st.end();
   [[maybe_unused]] const uint32_t sBias = (sDqCounter + 8 + 127) & ~127u;  // kBias
-  const uint32_t bar_kv_full = bars;
-  auto bar_q_full = [&](int s) { return bars + 8 * (1 + s); };
-  auto bar_do_full = [&](int s) { return bars + 8 * (1 + kStages + s); };
-  auto bar_lse_full = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
-  auto bar_empty = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -213,16 +144,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // the preprocess ended, so warp 1 waits for it (griddep_wait) before its first dsum load.
   ptx::griddep_launch_dependents();
   if (tid == 0) {
-    mbar_init(bar_kv_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_q_full(s), 1);
-      mbar_init(bar_do_full(s), 1);
-      mbar_init(bar_lse_full(s), 32);
-      // One arrival per consumer thread: each releases its own reads of the LSE / dsum that
-      // warp 1 overwrites next (an arrive releases only the arriving thread's accesses;
-      // compute-sanitizer's racecheck flagged the one-lane-per-warp form).
-      mbar_init(bar_empty(s), 128 * Traits::kConsumers);
-    }
+    // One empty arrival per consumer thread: each releases its own reads of the LSE / dsum
+    // that warp 1 overwrites next (an arrive releases only the arriving thread's accesses;
+    // compute-sanitizer's racecheck flagged the one-lane-per-warp form).
+    st.init(128 * Traits::kConsumers);
     mbar_fence_init();
   }
   __syncthreads();
@@ -231,61 +156,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---- producer ----
     regs_decrease<Traits::kTile.producer_regs>();
     if (warp == 0 && lane == 0 && range.steps > 0) {
-      tma_prefetch(&args.q);
-      tma_prefetch(&args.dout);
-      mbar_arrive_expect_tx(bar_kv_full, 2 * Traits::kKBytes);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        tma_load(sK + c * Traits::kKChunkBytes, &args.k, c * kChunkCols, seq.k_row0() + n0,
-                 head_k, seq.tma_batch_k(), bar_kv_full);
-        tma_load(sV + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, seq.k_row0() + n0,
-                 head_k, seq.tma_batch_k(), bar_kv_full);
-      }
-      int head = head_k * group, m_block = range.m_start;
-      for (int t = 0; t < range.steps; ++t) {
-        const int s = t % kStages;
-        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(bar_q_full(s), Traits::kQBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load(sQ + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
-                   seq.q_row0() + m_block * kBlockM, head, seq.tma_batch_q(), bar_q_full(s));
-        mbar_arrive_expect_tx(bar_do_full(s), Traits::kQBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load(sdO + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.dout,
-                   c * kChunkCols, seq.q_row0() + m_block * kBlockM, head, seq.tma_batch_q(),
-                   bar_do_full(s));
-        range.next(head, m_block);
-      }
+      load_tiles(args, seq, range, st, n0, head_k, group);
     } else if (warp == 1) {
-      // LSE (+inf past seqlen_q, so that P = 0 on the zero-filled rows) and dsum of each
-      // step into its stage; every lane arrives after its stores (release / acquire).
-      // PDL: every lane waits for the preprocess (dsum; the LSE is the forward's) in every
-      // CTA, also without steps, so that this grid ends after it. The consumers touch the
-      // preprocess's dq_accum and counters only after their first lse_full wait, which
-      // acquires what these lanes' arrivals release: they are ordered after this wait. The
-      // producer's TMA loads read only inputs (Q, dO, K, V) and do not wait.
-      ptx::griddep_wait();
-      int head = head_k * group, m_block = range.m_start;
-      for (int t = 0; t < range.steps; ++t) {
-        const int s = t % kStages;
-        mbar_wait(bar_empty(s), ((t / kStages) & 1) ^ 1);
-        const float* lse =
-            p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_row0();
-        const float* dsum = p.dsum + seq.ws_row0(head);
-#pragma unroll
-        for (int i = 0; i < kBlockM / 32; ++i) {
-          const int r = 32 * i + lane, row = m_block * kBlockM + r;
-          const bool valid = row < seq.seqlen_q();
-          const float l = valid ? lse[row] : INFINITY;
-          const float d = valid ? dsum[row] : 0.f;
-          st_shared(s_lse(s) + 4 * r, l);
-          st_shared(s_dsum(s) + 4 * r, d);
-        }
-        mbar_arrive(bar_lse_full(s));
-        range.next(head, m_block);
-      }
+      load_rows(p, seq, range, st, batch, head_k * group, lane);
     } else if (warp == 2 && dq_warp) {
       ptx::griddep_wait();  // PDL: before its first counter load and reduce (zeroed by the
                             // preprocess)
@@ -383,7 +256,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     };
 
-    if (range.steps > 0) mbar_wait(bar_kv_full, 0);
+    if (range.steps > 0) mbar_wait(st.kv_full(), 0);
     int head = head_k * group, m_block = range.m_start;
     if (kBias && range.steps > 0) bias_issue(head, m_block);
     for (int t = 0; t < range.steps; ++t) {
@@ -393,39 +266,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
       uint32_t rP[kBlockM / 16][4], rdS[kBlockM / 16][4];
 
-      mbar_wait(bar_q_full(s), phase);
+      mbar_wait(st.q_full(s), phase);
       gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
-      mbar_wait(bar_do_full(s), phase);
+      mbar_wait(st.do_full(s), phase);
       gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
-      mbar_wait(bar_lse_full(s), phase);
+      mbar_wait(st.lse_full(s), phase);
       wgmma_wait<1>();
       fence_regs(acc_s);
 
-      // Mask: keys past seqlen_k, and the window (causal: window_right 0, bottom-right
-      // aligned) where the warpgroup's keys cross it. Element acc[4 nt + 2 r + e]: key
-      // n0 + lane_key + 8 r, query m0 + 8 nt + 2 q + e.
+      // Mask (bwd_consumer.cuh): keys past seqlen_k, and the window (causal: window_right 0,
+      // bottom-right aligned) where the warpgroup's keys cross it.
       const int k_first = n0 + key0;
       const bool need_mask =
           k_first + 64 > seq.seqlen_k() ||
           (p.window_right >= 0 && k_first + 63 > m0 + offset + p.window_right) ||
           (p.window_left >= 0 && k_first < m0 + kBlockM - 1 + offset - p.window_left);
-      if (need_mask) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key = n0 + lane_key + 8 * r;
-          const int q_lo = (p.window_right >= 0 ? key - offset - p.window_right : 0) - m0 - 2 * q;
-          const int q_hi = (key >= seq.seqlen_k()   ? -1
-                            : p.window_left >= 0 ? key - offset + p.window_left
-                                                 : seq.seqlen_q() - 1) - m0 - 2 * q;
-#pragma unroll
-          for (int nt = 0; nt < kBlockM / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = 8 * nt + e;
-              if (col < q_lo || col > q_hi) acc_s[4 * nt + 2 * r + e] = -INFINITY;
-            }
-        }
-      }
+      if (need_mask) mask_tile<kBlockM>(acc_s, p, seq, n0 + lane_key, m0, q, offset);
       // kMods: P^T and d logit / d(scale s) (dl: 1 - t^2 with softcap, else 1) of n8 tile nt
       // from its scores: softcap and ALiBi through ScoreMod, the forward's logits, with the
       // masked scores (-inf above) kept at -inf (tanh(-inf) is finite); kBias adds the staged
@@ -440,7 +296,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       [[maybe_unused]] auto mod_tile = [&](int nt, float (&pv)[4], float (&dl)[4]) {
         [[maybe_unused]] const uint32_t sbias_lane = sBias_wg + (2 * q) * 128 + 2 * g;
-        const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
+        const float2 lse = ld_shared_float2(st.lse(s) + 4 * (8 * nt + 2 * q));
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float score = acc_s[4 * nt + e];
@@ -482,7 +338,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // P^T in place (LSE of the lane's two query columns per n8 tile: one 8-byte load).
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
-          const float2 lse = ld_shared_float2(s_lse(s) + 4 * (8 * nt + 2 * q));
+          const float2 lse = ld_shared_float2(st.lse(s) + 4 * (8 * nt + 2 * q));
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             acc_s[4 * nt + e] = ptx::exp2_approx(
@@ -523,7 +379,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
 #pragma unroll
       for (int nt = 0; nt < kBlockM / 8; ++nt) {
-        const float2 dsum = ld_shared_float2(s_dsum(s) + 4 * (8 * nt + 2 * q));
+        const float2 dsum = ld_shared_float2(st.dsum(s) + 4 * (8 * nt + 2 * q));
         if constexpr (kDvAfterDs) {
           float ps[4];  // P^T (o dl with kMods)
           if constexpr (kMods) {
@@ -613,7 +469,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       wgmma_wait<1>();
       fence_regs(acc_dk);
       fence_regs(acc_dv);
-      mbar_arrive(bar_empty(s));
+      mbar_arrive(st.empty(s));
       wgmma_wait<0>();
       fence_regs(acc_dq);
       if constexpr (kDsBuffers == 1) {
@@ -679,27 +535,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
 
     // ---- epilogue: dK * scale, dV in the input dtype, from registers ----
-    Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
-                        head_k * p.dk_head_stride + int64_t(seq.k_row0()) * p.dk_row_stride;
-    Element* const dv = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
-                        head_k * p.dv_head_stride + int64_t(seq.k_row0()) * p.dv_row_stride;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = n0 + lane_key + 8 * r;
-      if (key < seq.seqlen_k()) {
-#pragma unroll
-        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-          const int col = 8 * dt + 2 * q;
-          if (col < p.headdim) {
-            *reinterpret_cast<uint32_t*>(dk + key * p.dk_row_stride + col) =
-                ptx::pack2<Element>(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
-                                    acc_dk[4 * dt + 2 * r + 1] * p.softmax_scale);
-            *reinterpret_cast<uint32_t*>(dv + key * p.dv_row_stride + col) =
-                ptx::pack2<Element>(acc_dv[4 * dt + 2 * r], acc_dv[4 * dt + 2 * r + 1]);
-          }
-        }
-      }
-    }
+    store_dk_dv<Element, kHeadDim>(p, seq, batch, head_k, n0 + lane_key, 0, q, acc_dk, acc_dv);
   }
 #endif
 }

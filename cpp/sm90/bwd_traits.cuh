@@ -38,7 +38,7 @@ struct BwdTraits {
   static constexpr bool kDqBulk = FLASHATTN2_SM90_BWD_DQ_BULK != 0;
   static constexpr int kDqWarpBytes = 16 * 64 * 4;
   // dq_warp (deterministic mode, an opt-in build item): producer warp 2 waits for the dQ
-  // turns, issues the consumers' staged reduces and releases the counters (bwd_kernel.cuh).
+  // turns, issues the consumers' staged reduces and releases the counters (bwd_producer.cuh).
   static constexpr bool kDqWarpBuilt = kDqBulk && FLASHATTN2_SM90_BWD_DQ_WARP != 0;
   static constexpr int kDqStageBytes = sm90_bwd_dq_stage_bytes(kHeadDim);
   static_assert(kDqStageBytes == (kDqBulk ? 4 * kConsumers * kDqWarpBytes : 0), "dQ staging");

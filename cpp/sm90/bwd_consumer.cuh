@@ -1,0 +1,78 @@
+// Pieces of the Hopper backward's consumer warpgroups that bwd_kernel (d64 / d128,
+// bwd_kernel.cuh) and bwd_kernel_d256 (bwd_d256.cuh) share: the mask of a warpgroup's S^T
+// tile (mask_tile) and the epilogue's dK / dV stores (store_dk_dv). Both work on accumulators
+// in the mma.sync C layout (a warp's 16 keys x n8 tiles: lane (g, q) holds keys g, g + 8 and
+// columns 2 q, 2 q + 1 of each tile), inlined into the consumers' 240 registers.
+#pragma once
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "sm90/bwd_traits.cuh"
+
+namespace flashattn2 {
+namespace sm90 {
+
+// The mask of a warpgroup's S^T tile that crosses seqlen_k or the window (causal:
+// window_right 0, bottom-right aligned; offset seqlen_k - seqlen_q): those elements to -inf.
+// Element acc[4 nt + 2 r + e] of lane (g, q): key key_lane + 8 r (key_lane: the lane's first
+// key), query q0 + 8 nt + 2 q + e. (The test of whether the tile crosses them stays in the
+// kernels: as a part of this function it compiled to other branches, d64 / d128 SASS.)
+template <int kQueries, bool kVarlen>
+__device__ __forceinline__ void mask_tile(float (&acc)[kQueries / 2], const BwdParams& p,
+                                          const BwdSeq<kVarlen>& seq, int key_lane, int q0,
+                                          int q, int offset) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_lane + 8 * r;
+    const int q_lo = (p.window_right >= 0 ? key - offset - p.window_right : 0) - q0 - 2 * q;
+    const int q_hi = (key >= seq.seqlen_k()   ? -1
+                      : p.window_left >= 0 ? key - offset + p.window_left
+                                           : seq.seqlen_q() - 1) - q0 - 2 * q;
+#pragma unroll
+    for (int nt = 0; nt < kQueries / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * nt + e;
+        if (col < q_lo || col > q_hi) acc[4 * nt + 2 * r + e] = -INFINITY;
+      }
+  }
+}
+
+// Epilogue: dK * softmax_scale and dV in the input dtype, 4-byte stores from the accumulators
+// (kCols columns from col0: element [4 dt + 2 r + e] of lane (g, q) is key key_lane + 8 r,
+// column col0 + 8 dt + 2 q + e) into K/V head head_k of batch entry `batch`; keys past
+// seqlen_k and columns past a padded head dim are skipped.
+template <typename Element, int kCols, bool kVarlen>
+__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const BwdSeq<kVarlen>& seq,
+                                            int batch, int head_k, int key_lane, int col0, int q,
+                                            const float (&acc_dk)[kCols / 2],
+                                            const float (&acc_dv)[kCols / 2]) {
+  Element* const dk = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
+                      head_k * p.dk_head_stride + int64_t(seq.k_row0()) * p.dk_row_stride;
+  Element* const dv = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
+                      head_k * p.dv_head_stride + int64_t(seq.k_row0()) * p.dv_row_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_lane + 8 * r;
+    if (key < seq.seqlen_k()) {
+#pragma unroll
+      for (int dt = 0; dt < kCols / 8; ++dt) {
+        const int col = col0 + 8 * dt + 2 * q;
+        if (col < p.headdim) {
+          *reinterpret_cast<uint32_t*>(dk + key * p.dk_row_stride + col) =
+              ptx::pack2<Element>(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
+                                  acc_dk[4 * dt + 2 * r + 1] * p.softmax_scale);
+          *reinterpret_cast<uint32_t*>(dv + key * p.dv_row_stride + col) =
+              ptx::pack2<Element>(acc_dv[4 * dt + 2 * r], acc_dv[4 * dt + 2 * r + 1]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace flashattn2
