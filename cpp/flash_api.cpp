@@ -25,6 +25,7 @@
 #include "common/launch.h"
 #include "fp32/fwd_config.h"
 #include "fp32/launch.h"
+#include "fp32/wg_config.h"
 
 namespace flashattn2 {
 namespace {
@@ -281,7 +282,19 @@ void require_fp32_supported(const Params& p) {
           "float32 supports no dropout or attention bias");
 }
 
-int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
+#if FLASHATTN2_FP32WG
+// Whether the Hopper float32 forward (fp32/wg_kernel.cuh) takes `p` (checked, float32): built
+// (FLASHATTN2_FP32WG), allowed, an sm_90 GPU with the shared memory, kernel head dim 64 or
+// 128, dense, full or a right window only (causal), no softcap / ALiBi (require_fp32_supported
+// has refused dropout, a bias and KV caches already; split-KV is refused for float32).
+bool fp32wg_supports(const FwdParams& p, int kd, int device, bool allow) {
+  return FLASHATTN2_FP32WG && allow && fp32wg_head_dim(kd) && !p.cu_seqlens_q &&
+         !p.cu_seqlens_k && p.window_left < 0 && p.softcap <= 0.f && !p.alibi_slopes &&
+         compute_capability(device) == 90 && fp32wg_smem_bytes(kd) <= max_smem_per_block(device);
+}
+#endif
+
+int mha_fwd_fp32(const FwdParams& params, int device, void* stream, bool allow_sm90) {
   require_fp32_supported(params);
   require(params.num_splits == 1, "float32 runs no split-KV (num_splits must be 1)");
   const FwdParams p = checked(params);
@@ -294,6 +307,18 @@ int mha_fwd_fp32(const FwdParams& params, int device, void* stream) {
               std::to_string(smem) + " bytes of shared memory per block; GPU " +
               std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
   auto s = static_cast<cudaStream_t>(stream);
+#if FLASHATTN2_FP32WG
+  if (fp32wg_supports(p, kd, device, allow_sm90)) {
+    if (kd == 64) {
+      run_fwd_fp32wg<64>(p, s);
+    } else {
+      run_fwd_fp32wg<128>(p, s);
+    }
+    return kFwdKernelFp32Wg;
+  }
+#else
+  (void)allow_sm90;
+#endif
 #if FLASHATTN2_FP32
   switch (kd) {
     case 32: run_fwd_fp32<32>(p, s); break;
@@ -378,7 +403,7 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
     require(int64_t(params.seqlen_q) * params.q_pack <= (int64_t(1) << 30),
             "seqlen_q * q_pack must be at most 2^30");
   }
-  if (params.dtype == DType::kFloat32) return mha_fwd_fp32(params, device, stream);
+  if (params.dtype == DType::kFloat32) return mha_fwd_fp32(params, device, stream, allow_sm90);
   const FwdParams p = checked(params);
   const int kd = kernel_head_dim(p.headdim);
   require(kd > 0, "head dim " + std::to_string(p.headdim) +

@@ -20,6 +20,11 @@ namespace flashattn2 {
 // FLASHATTN2_EXPERIMENTAL=decode run for the forwards it supports (decode_config.h
 // decode_supports: at most 16 packed query rows) unless allow_decode is false.
 constexpr int kFwdKernelDecode = 81;
+// kFwdKernelFp32Wg = 91: the Hopper float32 forward (cpp/fp32/wg_kernel.cuh), which builds
+// with FLASHATTN2_EXPERIMENTAL=fp32wg run on sm_90 GPUs for the float32 forwards it supports
+// (fp32wg_supports in flash_api.cpp) unless allow_sm90 is false; other float32 forwards run
+// the mma.sync float32 kernels (80).
+constexpr int kFwdKernelFp32Wg = 91;
 int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 = true,
             bool allow_decode = true);
 

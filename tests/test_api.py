@@ -101,7 +101,7 @@ def test_build_info_and_version():
     for d in (64, 256):
         if d in info["sm90_bwd_head_dims"]:
             assert f"d{d}" in info["sm90_bwd_experimental"]
-    assert set(info["experimental"]) <= {"bias", "fp32", "decode"}
+    assert set(info["experimental"]) <= {"bias", "fp32", "decode", "fp32wg"}
     assert info["fp32_head_dims"] == ([32, 64, 128] if "fp32" in info["experimental"] else [])
     for d in range(1, 257):
         larger = [h for h in head_dims if h >= d]

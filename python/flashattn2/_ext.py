@@ -57,8 +57,9 @@ last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
 # or "decode" (cpp/sm80/decode_kernel.cuh, whose generation is 80); None before any.
 last_fwd_kernel = None
-# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel); 81 is flash_api.h kFwdKernelDecode.
-FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode")}
+# _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel); 81 is flash_api.h kFwdKernelDecode,
+# 91 kFwdKernelFp32Wg (the Hopper float32 forward, "fp32wg").
+FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode"), 91: (90, "fp32wg")}
 # Builds with FLASHATTN2_EXPERIMENTAL=decode run forwards of at most 16 packed query rows
 # (decoding) on the decode kernel where it supports them (cpp/sm80/decode_config.h);
 # FLASHATTN2_DECODE_KERNEL=0 at import, or the decode_kernel(False) context manager, sends
@@ -75,6 +76,12 @@ DECODE_L2_PREFETCH = _env_flag("FLASHATTN2_DECODE_L2_PREFETCH", "1")
 # FLASHATTN2_DECODE_ISSUE_EARLY=0 at import, or decode_issue_early(False), waits first (A/B:
 # bench_decode.py impl flashattn2_lateissue). Results are identical either way.
 DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
+# Builds with FLASHATTN2_EXPERIMENTAL=fp32wg (not validated on a GPU yet) run the float32
+# forwards it supports on sm_90 GPUs (dense, full or causal, kernel head dims 64 / 128) on the
+# tf32 wgmma kernel (cpp/fp32/wg_kernel.cuh; last_fwd_kernel "fp32wg"); FLASHATTN2_FP32WG=0
+# at import, the fp32wg(False) context manager or force_sm80() keep them on the mma.sync
+# float32 kernels (for A/B comparisons). Without the build item it does nothing.
+FP32WG = _env_flag("FLASHATTN2_FP32WG", "1")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
@@ -160,6 +167,8 @@ sm90_dq_warp = _switch("SM90_DQ_WARP", "Inside the block, Hopper backwards may r
                        "dq_warp instances where built (enabled, the default) or never do.")
 bwd_pdl = _switch("BWD_PDL", "Inside the block, Hopper backwards chain their kernels by "
                   "programmatic dependent launch (enabled, the default) or launch them plainly.")
+fp32wg = _switch("FP32WG", "Inside the block, float32 forwards may run the Hopper float32 "
+                 "kernel of fp32wg builds (enabled, the default where built) or never do.")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")

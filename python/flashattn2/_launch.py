@@ -165,7 +165,8 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         num_splits, o_accum, lse_accum,
         *map(layout.get, _FWD_VARLEN, _FWD_VARLEN.values()),
         *map(mods.get, _FWD_MODS, _FWD_MODS.values()),
-        q_pack, not _ext.FORCE_SM80, 0 if tile_counter is None else tile_counter.data_ptr(),
+        q_pack, not _ext.FORCE_SM80 and (not fp32 or _ext.FP32WG),
+        0 if tile_counter is None else tile_counter.data_ptr(),
         *map(mods.get, _FWD_BIAS, _FWD_BIAS.values()),
         _ext.DECODE_KERNEL, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY,
     )  # fmt: skip
