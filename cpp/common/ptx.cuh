@@ -135,13 +135,23 @@ __device__ __forceinline__ void griddep_wait() {
 
 // Thread-block clusters (sm_90; the callers launch with a cluster only there, so older archs
 // trap). cluster_sync: every thread of every CTA of the cluster arrives (release: its shared
-// memory writes become visible to the cluster) and waits (acquire) for all; .aligned, so
-// every thread of a warp runs the same call. cluster_map: the shared::cluster address of
+// memory writes become visible to the cluster; ptxas emits MEMBAR.ALL.GPU for it) and waits
+// (acquire) for all; .aligned, so every thread of a warp runs the same call.
+// cluster_sync_relaxed: the same without the release (no membar), for a barrier that only
+// waits for the others' earlier reads (their values used before they arrive). cluster_map: the shared::cluster address of
 // this CTA's shared address `addr` (cvta'd) in the CTA of rank `rank`.
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_sync_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n"
+               "barrier.cluster.wait.aligned;\n" ::: "memory");
 #else
   __trap();
 #endif

@@ -162,7 +162,9 @@ __device__ __forceinline__ void cluster_merge(const FwdParams& p, float* sO, con
           sum == 0.f ? INFINITY : m_max * 0.6931471805599453f + logf(sum);
     }
   }
-  ptx::cluster_sync();  // the other CTAs are done reading this one's sC, sMC, sLC
+  // The other CTAs are done reading this one's sC, sMC, sLC before it exits (their loaded
+  // values went into their stores above: no release needed, so no membar).
+  ptx::cluster_sync_relaxed();
 }
 
 // kMods: kModNone or kModLogits (softcap / ALiBi). kCluster: the grid's num_splits CTAs of a
