@@ -80,10 +80,10 @@ struct DecodeTraits {
 // by exp2(m_w - M) / L (the CTA's own merged max M, base 2, and sum L per row; sM, sL the
 // warps'). Each CTA sums its warps into sC [kRows][d] (its split's normalised O) and keeps
 // (M, L) per row in sMC, sLC; after a cluster barrier the cluster's CTAs share out the
-// (row, 4 columns) quads of the output and read every split's sMC, sLC and sC quad from
-// the CTA of that rank (ld.shared::cluster): O = sum_s w_s O_s / sum_s w_s with
-// w_s = L_s exp2(M_s - max_s M_s), LSE = max M ln 2 + ln sum w (+inf, O = 0 for a row no split
-// saw: the unsplit kernel's values). A second barrier keeps every CTA's shared memory alive
+// (row, 4 columns) quads of the output (round-robin) and read every split's sMC, sLC and sC
+// quad from the CTA of that rank (ld.shared::cluster): O = sum_s w_s O_s / sum_s w_s with
+// w_s = L_s exp2(M_s - max_s M_s), LSE = max M ln 2 + ln sum w (+inf, O = 0 for a row no
+// split saw: the unsplit kernel's values). A second barrier keeps every CTA's shared memory alive
 // until the others have read it.
 template <typename Traits, typename Element>
 __device__ __forceinline__ void cluster_merge(const FwdParams& p, float* sO, const float* sM,
@@ -123,7 +123,9 @@ __device__ __forceinline__ void cluster_merge(const FwdParams& p, float* sO, con
   const int n = p.num_splits;  // = the cluster's CTAs (<= kDecodeMaxCluster)
   const uint32_t m_addr = ptx::smem_addr(sMC), l_addr = ptx::smem_addr(sLC);
   const uint32_t c_addr = ptx::smem_addr(sC);
-  for (int idx = rank * kNThreads + tid; idx < rows_q * kQuads; idx += n * kNThreads) {
+  // Quad q goes to rank q % n (thread q / n): at sq 1 x group 4 (128 quads) with 16 splits,
+  // 8 threads per CTA, not all 128 quads (48 DSMEM loads each) on rank 0.
+  for (int idx = tid * n + rank; idx < rows_q * kQuads; idx += kNThreads * n) {
     const int row = idx / kQuads, col = (idx % kQuads) * 4;
     if (col >= p.headdim) continue;
     float m[kDecodeMaxCluster], w[kDecodeMaxCluster];
