@@ -39,6 +39,11 @@
 //          128 threads then sum the 4 warps' rows 4 columns at a time and store O (or the
 //          split's float32 partial) and LSE = M ln 2 + ln L (+inf / -inf for a row that saw
 //          no key, as the KV kernel).
+//   cluster  (kCluster; decode_launch.cuh with FwdParams::decode_cluster on sm_90) the
+//          grid's num_splits CTAs of a group form one thread-block cluster: instead of
+//          partials, each CTA keeps its split's O, max and sum in shared memory and the
+//          cluster merges them through distributed shared memory (cluster_merge), writing O
+//          and LSE; no combine kernel.
 //   mods   kModLogits: softcap and ALiBi (q_pack = 1 with ALiBi) as fwd_kernel.cuh does.
 //   limits decode_supports() (decode_config.h): kernel head dim 64 / 128 (real head dims
 //          multiples of 8 below it are zero-padded on load), no varlen, dropout or bias;
