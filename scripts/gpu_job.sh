@@ -102,36 +102,6 @@ if want decab && [ -n "${BASE_PID:-}" ]; then
             --parts decode ${DECAB_ARGS:-} --out "$O/dec_$run" 2> /dev/null | tail -n 4
     done
 fi
-# cluab: the decode kernel's splits merged in thread-block clusters (FLASHATTN2_DECODE_CLUSTER=1,
-# off by default) against the combine kernel (0): the decode tests with the switch on, the
-# sanitizer subset (its cluster cases), then bench_decode.py interleaved 0 1 0 1 with
-# SDPA-cuDNN and the floor in each run, then once in one process (impl flashattn2_combine).
-# CLUAB_ARGS: bench_decode.py's selection (default: batch 1 / 4 / 16, cache 1k / 8k / 32k,
-# sq 1 / 4, pages 256, forced splits 2 / 8 / 16 too in the interleaved runs).
-if want cluab; then
-    stamp "cluab: the decode split merge in clusters: tests, sanitizers, A/B"
-    FLASHATTN2_DECODE_CLUSTER=1 timeout 1200 python3 -m pytest tests/test_decode_kernel.py \
-        tests/test_kvcache.py -q -x -p no:cacheprovider 2>&1 | tail -n 8
-    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in memcheck racecheck synccheck; do
-        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 900 "$san" --tool "$tool" --error-exitcode 1 \
-            python3 scripts/sanitize_subset.py > "$O/clusan_$tool.txt" 2>&1
-        echo "$tool rc=$?"; grep -E "kvcache|cases ok" "$O/clusan_$tool.txt" | tail -n 5
-    done
-    for run in clu0 clu1 clu0b clu1b; do
-        # shellcheck disable=SC2086
-        FLASHATTN2_DECODE_CLUSTER=${run:3:1} python3 benchmarks/bench_decode.py --parts decode \
-            --impls flashattn2,sdpa_cudnn,read_floor --out "$O/cluab_$run" \
-            ${CLUAB_ARGS:---batches 1,4,16 --cache-lens 1k,8k,32k --sq 1,4 --page-sizes 256 --splits 2,8,16} \
-            2> /dev/null | tail -n 12
-    done
-    # (and once in one process: flashattn2_combine is the same call with the switch off)
-    # shellcheck disable=SC2086
-    FLASHATTN2_DECODE_CLUSTER=1 python3 benchmarks/bench_decode.py --parts decode \
-        --impls flashattn2,flashattn2_combine,sdpa_cudnn,read_floor --out "$O/cluab_inproc" \
-        ${CLUAB_ARGS:---batches 1,4,16 --cache-lens 1k,8k,32k --sq 1,4 --page-sizes 256} \
-        2> /dev/null | tail -n 14
-fi
 if want chains; then
     # CHAINS_ARGS: bench.py's selection (default: bwd, d64 / d128, causal)
     stamp "deterministic backward: dQ chains 1 / 2 / 4 forced (FLASHATTN2_DQ_CHAINS), twice"
@@ -147,8 +117,9 @@ fi
 # envtest: pytest ENVTEST_FILES once per spec of ENVTEST; envsan: compute-sanitizer
 # (ENVSAN_TOOLS, default racecheck synccheck) on scripts/sanitize_subset.py per spec of ENVSAN;
 # envab: bench.py per group g of ENVAB_GROUPS (default "1"): the specs ENVAB_<g> interleaved,
-# rounds ENVAB_<g>_REPS or ENVAB_REPS (default 2), bench.py options ENVAB_<g>_ARGS, into
-# $O/envab<g>_NAME_<round>.
+# rounds ENVAB_<g>_REPS or ENVAB_REPS (default 2), the script ENVAB_<g>_SCRIPT (default
+# benchmarks/bench.py; also benchmarks/bench_decode.py) with options ENVAB_<g>_ARGS (e.g.
+# --no-summary), into $O/envab<g>_NAME_<round>.
 spec_env() {  # spec -> the env assignments, one per line
     local kv envs=${1#*=}
     [ -z "$envs" ] && return
@@ -179,13 +150,14 @@ fi
 if want envab; then
     for g in ${ENVAB_GROUPS:-1}; do
         specs_var=ENVAB_$g args_var=ENVAB_${g}_ARGS reps_var=ENVAB_${g}_REPS
+        script_var=ENVAB_${g}_SCRIPT
         [ -z "${!specs_var:-}" ] && continue
         for r in $(seq 1 "${!reps_var:-${ENVAB_REPS:-2}}"); do
             for spec in ${!specs_var}; do
                 stamp "envab $g ${spec%%=*} round $r"
                 mapfile -t e < <(spec_env "$spec")
                 # shellcheck disable=SC2086
-                env "${e[@]}" python3 benchmarks/bench.py --no-summary \
+                env "${e[@]}" python3 "${!script_var:-benchmarks/bench.py}" \
                     --out "$O/envab${g}_${spec%%=*}_$r" ${!args_var:-} 2> /dev/null | tail -n 20
             done
         done
