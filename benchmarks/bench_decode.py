@@ -56,19 +56,15 @@ COLUMNS = ["gpu", "bench", "impl", "layout", "page_size", "num_splits", "batch",
            "seqlen_k", "tokens", "nheads", "nheads_k", "headdim", "causal", "us", "gbps",
            "frac_copy", "tflops", "gqa", "timer", "error"]
 IMPLS = ("flashattn2", "flashattn2_oldkv", "flashattn2_noprefetch", "flashattn2_lateissue",
-         "flashattn2_combine",
          "sdpa_flash", "sdpa_cudnn", "read_floor")
 # A/B variants of flashattn2, each an impl of its own (not a baseline): the _ext switch it
 # turns off, and the summary's line. flashattn2_noprefetch: the decode kernel's K / V copies
 # without the L2 prefetch hint (decode_l2_prefetch(False), FLASHATTN2_DECODE_L2_PREFETCH=0);
 # flashattn2_lateissue: its loop waiting for a tile before issuing the next
-# (decode_issue_early(False), FLASHATTN2_DECODE_ISSUE_EARLY=0); flashattn2_combine: its splits
-# merged by the combine kernel (decode_cluster(False)), which differs from flashattn2 only in
-# a run with FLASHATTN2_DECODE_CLUSTER=1 (in-process A/B of the cluster merge).
+# (decode_issue_early(False), FLASHATTN2_DECODE_ISSUE_EARLY=0).
 AB_VARIANTS = {"flashattn2_oldkv": ("decode_kernel", "decode kernel vs KV kernel"),
                "flashattn2_noprefetch": ("decode_l2_prefetch", "L2 prefetch hint vs none"),
-               "flashattn2_lateissue": ("decode_issue_early", "early tile issue vs late"),
-               "flashattn2_combine": ("decode_cluster", "cluster merge vs combine kernel")}
+               "flashattn2_lateissue": ("decode_issue_early", "early tile issue vs late")}
 # flashattn2_oldkv: flashattn2 with the decode kernel switched off (flashattn2._ext.decode_kernel
 # (False), as FLASHATTN2_DECODE_KERNEL=0): the KV kernel, for an A/B of builds with
 # FLASHATTN2_EXPERIMENTAL=decode in one run (identical to flashattn2 in builds without it).

@@ -207,7 +207,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack,
          bool allow_sm90, std::uintptr_t tile_counter, std::uintptr_t attn_bias,
          const Strides& bias_strides, int bias_dtype, bool allow_decode,
-         bool kv_l2_prefetch, bool kv_issue_early, bool decode_cluster) {
+         bool kv_l2_prefetch, bool kv_issue_early) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -246,7 +246,6 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.tile_counter = reinterpret_cast<int*>(tile_counter);
   params.kv_l2_prefetch = kv_l2_prefetch;
   params.kv_issue_early = kv_issue_early;
-  params.decode_cluster = decode_cluster;
   set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, 0, {});
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
@@ -556,16 +555,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1,
         py::arg("allow_decode") = true,
         py::arg("kv_l2_prefetch") = false, py::arg("kv_issue_early") = false,
-        py::arg("decode_cluster") = false,
         "Attention forward; returns the kernel that ran: 90 (the Hopper "
         "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false), 80 (the "
         "mma.sync kernels), 81 (the decode kernel of builds with "
         "FLASHATTN2_EXPERIMENTAL=decode, for the forwards of at most 16 packed query rows it "
         "supports unless allow_decode is false; flash_api.h kFwdKernelDecode; "
         "kv_l2_prefetch: its K / V copies hint L2 to fetch whole head rows; kv_issue_early: "
-        "each step issues the next tile before waiting for the current one; decode_cluster: "
-        "on sm_90, split-KV of at most 16 splits merged in thread-block clusters, returning "
-        "82, flash_api.h kFwdKernelDecodeCluster) or 91 (the "
+        "each step issues the next tile before waiting for the current one) or 91 (the "
         "Hopper float32 kernel of builds with FLASHATTN2_EXPERIMENTAL=fp32wg, for the float32 "
         "forwards it supports unless allow_sm90 is false; flash_api.h kFwdKernelFp32Wg); "
         "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "
@@ -704,11 +700,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("num_splits_heuristic", &flashattn2::num_splits_heuristic, py::arg("batch"),
         py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("headdim"),
         py::arg("device"), py::arg("sm90") = false, py::arg("decode") = false,
-        py::arg("decode_cluster") = false,
         "Split-KV count that fills GPU `device` for a forward of these sizes (1 = none), "
         "for the tile of the KV kernel or (sm90) of the Hopper forward, or (decode) of the "
-        "decode kernel where it would run (decode_cluster: at most 16 splits on sm_90, "
-        "merged in a thread-block cluster).");
+        "decode kernel where it would run.");
   m.def("sm90_fwd_applies", &flashattn2::sm90_fwd_applies, py::arg("device"), py::arg("headdim"),
         py::arg("seqlen_q"), py::arg("dropout"), py::arg("kv_cache_layout"),
         "Whether fwd runs the Hopper kernels for such a forward on `device` (unless "

@@ -413,13 +413,12 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
   require_supported_device(device);
   auto s = static_cast<cudaStream_t>(stream);
   if (decode_applies(p, kd, device, allow_decode)) {
-    bool clustered = false;
     DecodeHeadDims::dispatch(kd, [&](auto head_dim) {
       dispatch_dtype(p.dtype, [&](auto element) {
-        clustered = run_decode<decltype(element), decltype(head_dim)::value>(p, s);
+        run_decode<decltype(element), decltype(head_dim)::value>(p, s);
       });
     });
-    return clustered ? kFwdKernelDecodeCluster : kFwdKernelDecode;
+    return kFwdKernelDecode;
   }
   // The Hopper kernels take what they support on an sm_90 GPU (sm90/fwd_config.h); the
   // mma.sync kernels everything else, and whatever TMA cannot describe.
@@ -530,17 +529,14 @@ int smem_per_sm(int device) {
 // what Little's law asks of an SM's share of 3 TB/s at ~0.8 us, and no split means no
 // partials and no merge (b16 1k: 2 splits + merge took 35.2 us, cuDNN 28.8; a prediction,
 // bench_decode.py --splits 1,2 compares).
-// With `cluster` (FwdParams::decode_cluster on an sm_90 GPU) at most kDecodeMaxCluster splits,
-// so that a (batch, group)'s splits form one cluster and merge in the kernel.
-int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device, bool cluster) {
+int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device) {
   if (groups * 10 >= int64_t(sm_count(device)) * 9) return 1;
   const int per_sm = std::max(1, std::min(decode_ctas_per_sm(kd),
                                           smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
   const int64_t slots = int64_t(sm_count(device)) * per_sm;
   const int n_tiles = (seqlen_k + kDecodeBlockN - 1) / kDecodeBlockN;
   const int max_splits =
-      std::max(1, std::min({cluster ? kDecodeMaxCluster : kMaxSplits,
-                            n_tiles / kDecodeMinTilesPerSplit, 65535 / batch}));
+      std::max(1, std::min({kMaxSplits, n_tiles / kDecodeMinTilesPerSplit, 65535 / batch}));
   auto efficiency = [&](int s) {
     const double waves = double(groups * s) / double(slots);
     return waves / std::ceil(waves);
@@ -556,15 +552,14 @@ int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int devic
 }  // namespace
 
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
-                         int device, bool sm90, bool decode, bool decode_cluster) {
+                         int device, bool sm90, bool decode) {
   const int kd = kernel_head_dim(headdim);
   require(kd > 0, "no kernel for head dim " + std::to_string(headdim));
   require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
   require(batch > 0 && nheads > 0 && seqlen_q > 0 && seqlen_k > 0, "sizes must be positive");
   if (decode && !sm90 && seqlen_q <= kDecodeRows && DecodeHeadDims::dispatch(kd, [](auto) {}) &&
       max_smem_per_block(device) >= decode_smem_bytes(kd)) {
-    return decode_num_splits(int64_t(batch) * nheads, batch, seqlen_k, kd, device,
-                             decode_cluster && compute_capability(device) >= 90);
+    return decode_num_splits(int64_t(batch) * nheads, batch, seqlen_k, kd, device);
   }
   // The tile of the kernel that runs (the sm90 forward's, one CTA per SM; or the KV
   // kernel's) and its CTAs resident per SM from the register and shared-memory budget.

@@ -20,9 +20,6 @@ namespace flashattn2 {
 // FLASHATTN2_EXPERIMENTAL=decode run for the forwards it supports (decode_config.h
 // decode_supports: at most 16 packed query rows) unless allow_decode is false.
 constexpr int kFwdKernelDecode = 81;
-// kFwdKernelDecodeCluster = 82: the decode kernel with its splits merged in thread-block
-// clusters (FwdParams::decode_cluster, sm_90; decode_launch.cuh), no combine kernel.
-constexpr int kFwdKernelDecodeCluster = 82;
 // kFwdKernelFp32Wg = 91: the Hopper float32 forward (cpp/fp32/wg_kernel.cuh), which builds
 // with FLASHATTN2_EXPERIMENTAL=fp32wg run on sm_90 GPUs for the float32 forwards it supports
 // (fp32wg_supports in flash_api.cpp) unless allow_sm90 is false; other float32 forwards run
@@ -88,12 +85,9 @@ constexpr int combine_warps_per_row(int num_splits) {
 // and seqlen_q * g. sm90: the tile of the Hopper forward instead (sm90_fwd_applies; it
 // packs no heads). decode: the decode kernel's count instead where mha_fwd would run it
 // (built, the GPU's shared memory, seqlen_q rows <= 16; the caller knows the call is one
-// decode_supports takes), by bytes per SM (flash_api.cpp decode_num_splits); decode_cluster:
-// for the decode kernel whose splits merge in a cluster (at most kDecodeMaxCluster splits
-// on sm_90 GPUs).
+// decode_supports takes), by bytes per SM (flash_api.cpp decode_num_splits).
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
-                         int device, bool sm90 = false, bool decode = false,
-                         bool decode_cluster = false);
+                         int device, bool sm90 = false, bool decode = false);
 
 // Whether mha_fwd runs the Hopper kernels (cpp/sm90) for a forward of this head dim and
 // seqlen_q on `device` (when allow_sm90), given whether it has dropout and a KV-cache layout

@@ -9,8 +9,7 @@
    several ring stages.
 2. Schedule: the split formula, the warps' round-robin 16-key tiles, window / causal tile
    ranges with packed GQA rows, per-warp online softmax in base 2, the warps' LSE merge and
-   the split-KV combine or the cluster merge (decode_kernel.cuh cluster_merge: each split's
-   base-2 max and sum) -- against a plain softmax, rows without keys included.
+   the split-KV combine -- against a plain softmax, rows without keys included.
 
     python3 scripts/decode_emulate.py
 """
@@ -148,7 +147,7 @@ def check(D, headdim, rows_q, keys_valid, stage):
                 assert abs(acc_o[dt][t][e] - O[g + 8 * (e >> 1), 8 * dt + 2 * q + (e & 1)]) < 1e-9
 
 
-def kernel(q, k, v, pack, sq, wl, wr, splits, scale, cluster=False):
+def kernel(q, k, v, pack, sq, wl, wr, splits, scale):
     # q: (16 rows, d) packed; k,v: (sk, d)
     sk = k.shape[0]; rows_q = sq * pack
     offset = sk - sq
@@ -192,17 +191,9 @@ def kernel(q, k, v, pack, sq, wl, wr, splits, scale, cluster=False):
         L = sum(np.where(mw == -np.inf, 0, lw * np.exp2(np.where(mw == -np.inf, 0, mw - M))) for mw, lw in zip(ms, ls))
         O = sum(np.where(mw[:, None] == -np.inf, 0, ow * np.exp2(np.where(mw == -np.inf, 0, mw - M))[:, None] / np.where(L == 0, 1, L)[:, None]) for mw, ow in zip(ms, os_))
         lse = np.where(L == 0, -np.inf, M * math.log(2) + np.log(np.where(L == 0, 1, L)))
-        parts.append((O, lse, np.where(L == 0, -np.inf, M), L))
-    if splits > 1 and cluster:  # decode_kernel.cuh cluster_merge: (M, L) per split, base 2
-        Ms = np.stack([p[2] for p in parts]); Ls = np.stack([p[3] for p in parts])
-        mx = Ms.max(0)
-        w = np.where(Ms == -np.inf, 0, Ls * np.exp2(np.where(Ms == -np.inf, 0, Ms - np.where(mx == -np.inf, 0, mx))))
-        sw = w.sum(0)
-        O = sum(w[s][:, None] * parts[s][0] for s in range(splits)) * np.where(sw == 0, 0, 1 / np.where(sw == 0, 1, sw))[:, None]
-        lse = np.where(sw == 0, np.inf, mx * math.log(2) + np.log(np.where(sw == 0, 1, sw)))
-        return O[:rows_q], lse[:rows_q]
+        parts.append((O, lse))
     if splits == 1:
-        O, lse = parts[0][:2]; return O[:rows_q], np.where(lse == -np.inf, np.inf, lse)[:rows_q]
+        O, lse = parts[0]; return O[:rows_q], np.where(lse == -np.inf, np.inf, lse)[:rows_q]
     lses = np.stack([p[1] for p in parts]); mx = lses.max(0)
     w = np.where(mx == -np.inf, 0, np.exp(lses - np.where(mx == -np.inf, 0, mx)))
     sw = w.sum(0)
@@ -240,18 +231,17 @@ def main():
         for sk in [1, 7, 16, 17, 100, 1000, 4097]:
             for pack, sq in [(1, 1), (4, 1), (4, 4), (8, 2), (16, 1), (1, 16)]:
                 for wl, wr in [(-1, -1), (-1, 0), (50, 0), (5, 3), (300, -1)]:
-                    for splits, cluster in [(1, False), (3, False), (16, False), (3, True),
-                                            (16, True)]:
+                    for splits in [1, 3, 16]:
                         d = 8
                         q = np.zeros((16, d))
                         q[:sq * pack] = rng.standard_normal((sq * pack, d))
                         k, v = rng.standard_normal((sk, d)), rng.standard_normal((sk, d))
-                        o, lse = kernel(q, k, v, pack, sq, wl, wr, splits, 0.3, cluster)
+                        o, lse = kernel(q, k, v, pack, sq, wl, wr, splits, 0.3)
                         ro, rl = ref(q, k, v, pack, sq, wl, wr, 0.3)
                         n += 1
                         if not (np.allclose(o, ro, atol=1e-9) and np.allclose(lse, rl)):
                             bad += 1
-                            print("MISMATCH", sk, pack, sq, wl, wr, splits, cluster)
+                            print("MISMATCH", sk, pack, sq, wl, wr, splits)
     print("schedule: cases", n, "mismatches", bad)
     return bad
 

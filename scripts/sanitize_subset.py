@@ -11,8 +11,8 @@ kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is eve
 more than 64 query rows there); dense backwards of head dims 128, 64 and 40 (on sm_90 the
 Hopper backward where built); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
-16-row pages, appended tokens, split-KV merged by the combine kernel and, on sm_90, in
-thread-block clusters); in builds with the
+16-row pages, appended tokens, split-KV merged in the decode kernel and by the combine
+kernel); in builds with the
 attention bias (FLASHATTN2_EXPERIMENTAL=bias), forward + backward with a broadcast bias
 read through strides and its gradient written (ragged tails: reads and writes at the
 bias's edges). Inputs are made on the CPU
@@ -177,9 +177,8 @@ def layout_cases(gen):
     torch.cuda.synchronize()
     results.append(("varlen fwd+bwd", err <= 5e-2, f"max err {err:.2e}"))
 
-    # (the decode kernel, its splits merged by the combine kernel, or with decode_cluster on
-    # sm_90 in thread-block clusters: distributed shared memory)
-    for page, cluster in ((0, False), (16, False), (0, True), (16, True)):
+    # (the decode kernel, its splits merged by the combine kernel)
+    for page in (0, 16):
         cache = torch.randn(2, 256, 2, 128, generator=gen).to(dtype).to(dev)
         vcache = torch.randn(2, 256, 2, 128, generator=gen).to(dtype).to(dev)
         qd = torch.randn(2, 1, 8, 128, generator=gen).to(dtype).to(dev)
@@ -195,8 +194,7 @@ def layout_cases(gen):
             kc[table.flatten().long()] = cache.reshape(-1, page, 2, 128)
             vc[table.flatten().long()] = vcache.reshape(-1, page, 2, 128)
             kw["block_table"] = table
-        with flashattn2._ext.decode_cluster(cluster):
-            out = flashattn2.flash_attn_with_kvcache(qd, kc, vc, kn, vn, **kw)
+        out = flashattn2.flash_attn_with_kvcache(qd, kc, vc, kn, vn, **kw)
         err = 0.0
         for b, n in enumerate(lens):
             keys = torch.cat([cache[b, :n], kn[b]]).unsqueeze(0)
@@ -204,8 +202,7 @@ def layout_cases(gen):
             ref = flashattn2.flash_attn_func(qd[b : b + 1], keys, vals)
             err = max(err, (out[b] - ref[0]).abs().max().item())
         torch.cuda.synchronize()
-        merge = "cluster" if flashattn2._ext.last_fwd_cluster else "combine"
-        results.append((f"kvcache {'paged 16' if page else 'contiguous'} split 3 ({merge})",
+        results.append((f"kvcache {'paged 16' if page else 'contiguous'} split 3",
                         err <= 5e-2, f"max err {err:.2e}"))
     return results
 

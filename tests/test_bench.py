@@ -149,11 +149,6 @@ def test_decode_ab_of_the_decode_kernel(capsys):
     out = capsys.readouterr().out
     assert "L2 prefetch hint vs none (flashattn2_noprefetch time / flashattn2 time): " \
            "worst 1.12x (b1 sq1 8k)" in out
-    assert "flashattn2_combine" not in bd.parse_args([]).impls
-    bd.print_summary(rows[:1] + [row("flashattn2_combine", 20.0, 1)],
-                     {"timer": "t", "skipped": []})
-    assert "cluster merge vs combine kernel (flashattn2_combine time / flashattn2 time): " \
-           "worst 1.25x (b1 sq1 8k)" in capsys.readouterr().out
     bhsd = dict(row("flashattn2", 12.0, 1), layout="bhsd")
     assert bd.parse_args(["--bhsd"]).bhsd and not bd.parse_args([]).bhsd
     bd.print_summary(rows[:1] + [bhsd], {"timer": "t", "skipped": []})

@@ -8,9 +8,7 @@ and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and A
 flash_attn_func with few rows and the backward on its out / LSE; that the decode kernel ran
 there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with the runtime
 switch off; split counts up to kMaxSplits (ragged lengths, splits without keys) merged by the
-combine kernel; the copy variants; the split heuristic's unsplit full grid; the splits merged
-in thread-block clusters (decode_cluster: contiguous / paged, sq 1 / 4, batch 1 / 16, against
-the reference and the combine kernel, cache options, score mods, a CUDA graph). CPU: the runtime
+combine kernel; the copy variants; the split heuristic's unsplit full grid. CPU: the runtime
 switches and their plumbing into _C (every argument by position, in the binding's order), the
 split workspace as one buffer.
 """
@@ -267,152 +265,6 @@ def test_split_heuristic_leaves_a_full_grid_unsplit():
     assert_kernel("decode")
 
 
-# ---- the cluster merge (FLASHATTN2_DECODE_CLUSTER) --------------------------------------------
-
-
-def sm90():
-    return torch.cuda.get_device_capability()[0] == 9
-
-
-def ragged_cache(batch, cache_len, nheads_k, headdim, dtype, seed):
-    """K / V caches (batch, cache_len, h_k, d) and cache_seqlens that are not multiples of the
-    16-key tile: the first entry full, then an empty one, a short one (a few splits see no
-    key) and random lengths."""
-    gen = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(batch, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
-    seqlens = torch.randint(1, cache_len + 1, (batch,), generator=gen, dtype=torch.int32)
-    seqlens[0] = cache_len
-    if batch > 2:
-        seqlens[1], seqlens[2] = 0, 7
-    return k_cache, v_cache, seqlens
-
-
-@gpu
-@needs_decode
-@pytest.mark.parametrize("num_splits", [2, 5, 16, 0], ids=lambda s: f"splits{s}")
-@pytest.mark.parametrize("paged", [0, 16, 256], ids=lambda p: f"page{p}" if p else "contig")
-@pytest.mark.parametrize("batch", [1, 16])
-@pytest.mark.parametrize("seqlen_q", [1, 4])
-def test_cluster_merge_against_the_reference(seqlen_q, batch, paged, num_splits):
-    """decode_cluster(True): GQA 32 / 8, d128, cache 1000 (not a multiple of 16) with ragged
-    lengths (an empty entry, one of 7 keys), contiguous and paged, into NaN-poisoned out /
-    lse (kvcache_kernel); on sm_90 the splits merged in clusters (last_fwd_cluster), the
-    heuristic (0) capped at 16 splits."""
-    nheads, nheads_k, headdim, cache_len, dtype = 32, 8, 128, 1000, torch.bfloat16
-    if paged:
-        cache_len = 1024  # (whole pages; the lengths stay ragged)
-    k_cache, v_cache, seqlens = ragged_cache(batch, cache_len, nheads_k, headdim, dtype, batch)
-    q = torch.randn(batch, seqlen_q, nheads, headdim, device="cuda", dtype=dtype)
-    kc, vc, table = k_cache, v_cache, None
-    if paged:
-        kc, vc, table = paged_kv(k_cache, v_cache, paged, torch.Generator().manual_seed(5))
-    with _ext.decode_cluster(True):
-        out, lse = kvcache_kernel(q, kc, vc, seqlens.to("cuda"), table, causal=True,
-                                  num_splits=num_splits)
-    assert_kernel("decode")
-    if num_splits:
-        assert _ext.last_fwd_cluster is sm90()
-    elif batch == 1:  # (b16: 128 groups fill the SMs, no split)
-        assert _ext.last_fwd_cluster is sm90()
-    check_against_reference(out, lse, q, k_cache, v_cache, seqlens, True, (-1, -1))
-
-
-@gpu
-@needs_decode
-@pytest.mark.parametrize("num_splits", [3, 8, 16], ids=lambda s: f"splits{s}")
-@pytest.mark.parametrize("headdim", [64, 128, 112])
-def test_cluster_merge_matches_the_combine_kernel(headdim, num_splits):
-    """The same split partials merged in a cluster and by the combine kernel agree to float32
-    rounding (other order of the sums), MHA and d112 (zero-padded on the d128 kernel)
-    included."""
-    dtype = torch.float16
-    k_cache, v_cache, seqlens = ragged_cache(3, 777, 4, headdim, dtype, 11)
-    q = torch.randn(3, 2, 16, headdim, device="cuda", dtype=dtype)
-    args = (q, k_cache, v_cache, seqlens.to("cuda"))
-    with _ext.decode_cluster(True):
-        out, lse = kvcache_kernel(*args, causal=True, num_splits=num_splits)
-    assert _ext.last_fwd_cluster is sm90()
-    with _ext.decode_cluster(False):
-        out_c, lse_c = kvcache_kernel(*args, causal=True, num_splits=num_splits)
-    assert _ext.last_fwd_cluster is False
-    torch.testing.assert_close(out, out_c, atol=2e-3, rtol=0)
-    torch.testing.assert_close(lse, lse_c, atol=1e-5, rtol=1e-5)
-    check_against_reference(out, lse, q, k_cache, v_cache, seqlens, True, (-1, -1))
-
-
-@gpu
-@needs_decode
-@pytest.mark.parametrize("case", ["append", "page16_leftpad_append", "window", "rotary_sq4"])
-def test_cluster_merge_with_cache_options(case):
-    """decode_cluster(True) through run_case (test_kvcache.py: appended keys, pages with left
-    padding, a window, rotary), 6 forced splits."""
-    kwargs = {"append": dict(new=1),
-              "page16_leftpad_append": dict(paged=16, leftpad=True, new=1),
-              "window": dict(seqlen_q=4, new=4, window_size=(100, 0)),
-              "rotary_sq4": dict(seqlen_q=4, new=4, rotary="neox")}[case]
-    with _ext.decode_cluster(True):
-        decode_case(nheads=32, nheads_k=8, cache_len=1024, num_splits=6, **kwargs)
-    assert _ext.last_fwd_cluster is sm90()
-
-
-@gpu
-@needs_decode
-@pytest.mark.parametrize("mods", ["softcap", "alibi"])
-def test_cluster_merge_with_score_mods(mods):
-    """Softcap (GQA packed) and ALiBi (one head per CTA) with the splits merged in clusters."""
-    batch, nheads, nheads_k, headdim, dtype = 2, 16, 4, 128, torch.bfloat16
-    k_cache, v_cache, seqlens = ragged_cache(batch, 900, nheads_k, headdim, dtype, 4)
-    q = torch.randn(batch, 1, nheads, headdim, device="cuda", dtype=dtype)
-    softcap = 10.0 if mods == "softcap" else 0.0
-    slopes = torch.rand(batch, nheads, device="cuda") * 0.3 if mods == "alibi" else None
-    with _ext.decode_cluster(True):
-        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens.to("cuda"),
-                                           causal=True, softcap=softcap, alibi_slopes=slopes,
-                                           num_splits=7, return_softmax_lse=True)
-    assert_kernel("decode")
-    assert _ext.last_fwd_cluster is sm90()
-    outs_ref, outs_pt, lses_ref = [], [], []
-    for b, n in enumerate(seqlens.tolist()):
-        args = (q[b : b + 1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n])
-        kw = dict(causal=True, softcap=softcap, alibi_slopes=None if slopes is None else slopes[b])
-        o, l = attention_ref(*args, **kw)
-        o_pt, _ = attention_ref(*args, upcast=False, **kw)
-        outs_ref.append(o), outs_pt.append(o_pt), lses_ref.append(l)
-    check_rule("out", out, torch.cat(outs_ref), torch.cat(outs_pt), dtype)
-    torch.testing.assert_close(lse, torch.cat(lses_ref), atol=LSE_ATOL, rtol=LSE_RTOL)
-
-
-@gpu
-@needs_decode
-def test_cluster_merge_in_a_cuda_graph():
-    """The cluster launch captured in a CUDA graph (as bench_decode.py times it): replays on
-    new inputs give the eager results."""
-    if not sm90():
-        pytest.skip("clusters run on sm_90 only")
-    k_cache, v_cache, seqlens = ragged_cache(1, 8192, 8, 128, torch.bfloat16, 2)
-    seqlens = seqlens.to("cuda")
-    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    call = lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
-                                           return_softmax_lse=True)
-    with _ext.decode_cluster(True):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            call()  # (warm-up outside the capture: attributes, caches)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out_g, lse_g = call()
-        assert _ext.last_fwd_cluster is True
-        for _ in range(2):
-            q.copy_(torch.randn_like(q))
-            graph.replay()
-            out, lse = call()
-            torch.cuda.synchronize()
-            assert torch.equal(out_g, out) and torch.equal(lse_g, lse)
-
-
 # ---- CPU: the runtime switch ---------------------------------------------------------------
 
 
@@ -511,22 +363,13 @@ def test_split_workspace_is_one_buffer(monkeypatch):
 
 
 def test_decode_switches_reach_the_binding(monkeypatch):
-    """decode_l2_prefetch / decode_issue_early / decode_cluster: the loop's variants on or off,
-    the cluster merge into _C.fwd and the split heuristic; return code 82 recorded as the
-    decode kernel with last_fwd_cluster."""
-    with _ext.decode_l2_prefetch(True), _ext.decode_issue_early(True), _ext.decode_cluster(True):
+    """decode_l2_prefetch / decode_issue_early: the loop's variants on (the default) or off."""
+    with _ext.decode_l2_prefetch(True), _ext.decode_issue_early(True):
         (_, fwd), = fake_launch(monkeypatch, num_splits=5)
     assert fwd["kv_l2_prefetch"] is True and fwd["kv_issue_early"] is True
-    assert fwd["decode_cluster"] is True
-    with _ext.decode_l2_prefetch(False), _ext.decode_issue_early(False), _ext.decode_cluster(False):
+    with _ext.decode_l2_prefetch(False), _ext.decode_issue_early(False):
         (_, fwd), = fake_launch(monkeypatch, num_splits=5)
     assert fwd["kv_l2_prefetch"] is False and fwd["kv_issue_early"] is False
-    assert fwd["decode_cluster"] is False
-    for enabled in (True, False):
-        with _ext.decode_cluster(enabled):
-            (_, heuristic), (_, fwd) = fake_launch(monkeypatch, code=82 if enabled else 81)
-        assert heuristic["decode_cluster"] is enabled and fwd["decode_cluster"] is enabled
-        assert _ext.last_fwd_kernel == "decode" and _ext.last_fwd_cluster is enabled
 
 
 def test_launch_rejects_unknown_arguments(monkeypatch):

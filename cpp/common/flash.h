@@ -126,11 +126,6 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // Decode kernel: each step issues its next tile's copies before waiting for the current
   // tile (one more tile in flight through the wait); false: after.
   bool kv_issue_early = false;
-  // Decode kernel, split-KV on sm_90: the splits of a (batch, KV-head group) run as one
-  // thread-block cluster and merge through distributed shared memory (no combine kernel,
-  // no o_accum / lse_accum traffic) where the split count fits a cluster
-  // (decode_launch.cuh); false: the combine kernel merges.
-  bool decode_cluster = false;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements

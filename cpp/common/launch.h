@@ -90,10 +90,9 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
 template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
 // Defined in sm80/decode_launch.cuh, instantiated for the head dims of
-// FLASHATTN2_DECODE_HEAD_DIMS (built_config.h): the decode kernel (+ combine); true where
-// its splits merged in thread-block clusters (FwdParams::decode_cluster) instead.
+// FLASHATTN2_DECODE_HEAD_DIMS (built_config.h): the decode kernel (+ combine).
 template <typename Element, int kHeadDim>
-bool run_decode(const FwdParams& params, cudaStream_t stream);
+void run_decode(const FwdParams& params, cudaStream_t stream);
 // Defined in sm90/fwd_launch.cuh (units built for sm_90a only): the Hopper forward, on a
 // persistent grid of at most num_sms CTAs; false if TMA cannot describe the tensors (the
 // caller then runs run_fwd).

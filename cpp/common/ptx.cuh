@@ -133,58 +133,6 @@ __device__ __forceinline__ void griddep_wait() {
 #endif
 }
 
-// Thread-block clusters (sm_90; the callers launch with a cluster only there, so older archs
-// trap). cluster_sync: every thread of every CTA of the cluster arrives (release: its shared
-// memory writes become visible to the cluster; ptxas emits MEMBAR.ALL.GPU for it) and waits
-// (acquire) for all; .aligned, so every thread of a warp runs the same call.
-// cluster_sync_relaxed: the same without the release (no membar), for a barrier that only
-// waits for the others' earlier reads (their values used before they arrive). cluster_map: the shared::cluster address of
-// this CTA's shared address `addr` (cvta'd) in the CTA of rank `rank`.
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void cluster_sync_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n"
-               "barrier.cluster.wait.aligned;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, int rank) {
-  uint32_t out = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
-#else
-  __trap();
-#endif
-  return out;
-}
-__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
-  float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-#else
-  __trap();
-#endif
-  return v;
-}
-__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-#else
-  __trap();
-#endif
-  return v;
-}
-
 // ld.acquire.gpu.b32: a load that orders the loads and stores after it.
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;

@@ -16,9 +16,6 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeBlockN = 16;
 // A split gets at least one key tile per warp.
 constexpr int kDecodeMinTilesPerSplit = kDecodeWarps;
-// Split-KV with FwdParams::decode_cluster on sm_90: at most this many splits, one CTA each,
-// form the thread-block cluster that merges them (16: H100's non-portable cluster limit).
-constexpr int kDecodeMaxCluster = 16;
 
 constexpr bool decode_head_dim(int kernel_head_dim) {
   return kernel_head_dim == 64 || kernel_head_dim == 128;

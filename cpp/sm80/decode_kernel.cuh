@@ -39,11 +39,6 @@
 //          128 threads then sum the 4 warps' rows 4 columns at a time and store O (or the
 //          split's float32 partial) and LSE = M ln 2 + ln L (+inf / -inf for a row that saw
 //          no key, as the KV kernel).
-//   cluster  (kCluster; decode_launch.cuh with FwdParams::decode_cluster on sm_90) the
-//          grid's num_splits CTAs of a group form one thread-block cluster: instead of
-//          partials, each CTA keeps its split's O, max and sum in shared memory and the
-//          cluster merges them through distributed shared memory (cluster_merge), writing O
-//          and LSE; no combine kernel.
 //   mods   kModLogits: softcap and ALiBi (q_pack = 1 with ALiBi) as fwd_kernel.cuh does.
 //   limits decode_supports() (decode_config.h): kernel head dim 64 / 128 (real head dims
 //          multiples of 8 below it are zero-padded on load), no varlen, dropout or bias;
@@ -75,109 +70,13 @@ struct DecodeTraits {
   static constexpr int kMinBlocks = decode_ctas_per_sm(kHeadDim);
   static constexpr int kORow = kHeadDim + 8;  // sO row stride in floats (2-way conflicts)
   static_assert(kHeadDim % 32 == 0 && kBlockN == 16, "tile shape");
-  static_assert(4 * (kNWarps * kRows * kORow + 2 * kNWarps * kRows + kRows * kHeadDim + 2 * kRows) <=
+  static_assert(4 * (kNWarps * kRows * kORow + 2 * kNWarps * kRows) <=
                     2 * kNWarps * kStages * 2 * kBlockN * kHeadDim,
-                "the epilogue's sO, sM, sL (and the cluster merge's sC, sMC, sLC) must fit the "
-                "K/V rings");
+                "the epilogue's sO, sM, sL must fit the K/V rings");
 };
 
-// The cluster epilogue of decode_kernel (kCluster): sO holds the 4 warps' rows, each scaled
-// by exp2(m_w - M) / L (the CTA's own merged max M, base 2, and sum L per row; sM, sL the
-// warps'). Each CTA sums its warps into sC [kRows][d] (its split's normalised O) and keeps
-// (M, L) per row in sMC, sLC; after a cluster barrier the cluster's CTAs share out the
-// (row, 4 columns) quads of the output (round-robin) and read every split's sMC, sLC and sC
-// quad from the CTA of that rank (ld.shared::cluster): O = sum_s w_s O_s / sum_s w_s with
-// w_s = L_s exp2(M_s - max_s M_s), LSE = max M ln 2 + ln sum w (+inf, O = 0 for a row no
-// split saw: the unsplit kernel's values). A second barrier keeps every CTA's shared memory alive
-// until the others have read it.
-template <typename Traits, typename Element>
-__device__ __forceinline__ void cluster_merge(const FwdParams& p, float* sO, const float* sM,
-                                              const float* sL, int rows_q, int q_row0,
-                                              int batch, int head0, int rank) {
-  constexpr int kRows = Traits::kRows, kNWarps = Traits::kNWarps, kHeadDim = Traits::kHeadDim;
-  constexpr int kNThreads = Traits::kNThreads, kORow = Traits::kORow;
-  constexpr int kQuads = kHeadDim / 4;
-  float* const sC = sO + kNWarps * kRows * kORow + 2 * kNWarps * kRows;  // (after sM, sL)
-  float* const sMC = sC + kRows * kHeadDim;
-  float* const sLC = sMC + kRows;
-  const int tid = threadIdx.x;
-  for (int idx = tid; idx < kRows * kQuads; idx += kNThreads) {
-    const int row = idx / kQuads, col = (idx % kQuads) * 4;
-    float4 a = *reinterpret_cast<const float4*>(sO + row * kORow + col);
-#pragma unroll
-    for (int w = 1; w < kNWarps; ++w) {
-      const float4 b = *reinterpret_cast<const float4*>(sO + (w * kRows + row) * kORow + col);
-      a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-    }
-    *reinterpret_cast<float4*>(sC + row * kHeadDim + col) = a;
-  }
-  if (tid < kRows) {
-    float m_all = -INFINITY, l_all = 0.f;
-#pragma unroll
-    for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, sM[w * kRows + tid]);
-#pragma unroll
-    for (int w = 0; w < kNWarps; ++w) {
-      const float m = sM[w * kRows + tid];
-      if (m != -INFINITY) l_all += sL[w * kRows + tid] * exp2f(m - m_all);
-    }
-    sMC[tid] = l_all == 0.f ? -INFINITY : m_all;
-    sLC[tid] = l_all;
-  }
-  ptx::cluster_sync();
-
-  const int n = p.num_splits;  // = the cluster's CTAs (<= kDecodeMaxCluster)
-  const uint32_t m_addr = ptx::smem_addr(sMC), l_addr = ptx::smem_addr(sLC);
-  const uint32_t c_addr = ptx::smem_addr(sC);
-  // Quad q goes to rank q % n (thread q / n): at sq 1 x group 4 (128 quads) with 16 splits,
-  // 8 threads per CTA, not all 128 quads (48 DSMEM loads each) on rank 0.
-  for (int idx = tid * n + rank; idx < rows_q * kQuads; idx += kNThreads * n) {
-    const int row = idx / kQuads, col = (idx % kQuads) * 4;
-    if (col >= p.headdim) continue;
-    float m[kDecodeMaxCluster], w[kDecodeMaxCluster];
-#pragma unroll
-    for (int s = 0; s < kDecodeMaxCluster; ++s) {  // (all loads first: one round trip)
-      m[s] = s < n ? ptx::ld_cluster_f32(ptx::cluster_map(m_addr + 4 * row, s)) : -INFINITY;
-      w[s] = s < n ? ptx::ld_cluster_f32(ptx::cluster_map(l_addr + 4 * row, s)) : 0.f;
-    }
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kDecodeMaxCluster; ++s) m_max = fmaxf(m_max, m[s]);
-    float sum = 0.f;
-#pragma unroll
-    for (int s = 0; s < kDecodeMaxCluster; ++s) {
-      w[s] = m[s] == -INFINITY ? 0.f : w[s] * exp2f(m[s] - m_max);
-      sum += w[s];
-    }
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int s = 0; s < kDecodeMaxCluster; ++s) {
-      if (s < n && w[s] != 0.f) {
-        const float4 x = ptx::ld_cluster_f32x4(ptx::cluster_map(c_addr + 4 * (row * kHeadDim + col), s));
-        acc = make_float4(fmaf(w[s], x.x, acc.x), fmaf(w[s], x.y, acc.y), fmaf(w[s], x.z, acc.z),
-                          fmaf(w[s], x.w, acc.w));
-      }
-    }
-    const float inv = sum == 0.f ? 0.f : 1.f / sum;
-    const int pack = p.q_pack;
-    const int i = row / pack, h = row - i * pack;  // position, head within the group
-    Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride +
-                  (head0 + h) * p.o_head_stride + (q_row0 + i) * p.o_row_stride + col;
-    *reinterpret_cast<uint2*>(gO) = make_uint2(ptx::pack2<Element>(acc.x * inv, acc.y * inv),
-                                               ptx::pack2<Element>(acc.z * inv, acc.w * inv));
-    if (col == 0) {
-      p.lse[batch * p.lse_batch_stride + (head0 + h) * p.lse_head_stride + q_row0 + i] =
-          sum == 0.f ? INFINITY : m_max * 0.6931471805599453f + logf(sum);
-    }
-  }
-  // The other CTAs are done reading this one's sC, sMC, sLC before it exits (their loaded
-  // values went into their stores above: no release needed, so no membar).
-  ptx::cluster_sync_relaxed();
-}
-
-// kMods: kModNone or kModLogits (softcap / ALiBi). kCluster: the grid's num_splits CTAs of a
-// (batch, group) are one thread-block cluster (decode_launch.cuh, sm_90) that merges its
-// splits through distributed shared memory in the epilogue, no o_accum / lse_accum.
-template <typename Traits, typename Element, int kMods, bool kCluster>
+// kMods: kModNone or kModLogits (softcap / ALiBi).
+template <typename Traits, typename Element, int kMods>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     decode_kernel(const FwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -493,11 +392,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     }
   }
   __syncthreads();
-
-  if constexpr (kCluster) {
-    cluster_merge<Traits, Element>(p, sO, sM, sL, rows_q, seq.q_row0, batch, head0, split);
-    return;
-  }
 
   // O: the 4 warps' rows summed, 4 columns per thread and pass; LSE by threads 0 .. 15.
   const bool splitkv = p.num_splits > 1;

@@ -59,11 +59,7 @@ last_fwd_arch = None
 last_fwd_kernel = None
 # _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel); 81 is flash_api.h kFwdKernelDecode,
 # 91 kFwdKernelFp32Wg (the Hopper float32 forward, "fp32wg").
-FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode"), 82: (80, "decode"),
-               91: (90, "fp32wg")}
-# Whether the last forward merged its decode splits in thread-block clusters (return code 82,
-# flash_api.h kFwdKernelDecodeCluster; DECODE_CLUSTER); None before any forward.
-last_fwd_cluster = None
+FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode"), 91: (90, "fp32wg")}
 # Builds with FLASHATTN2_EXPERIMENTAL=decode run forwards of at most 16 packed query rows
 # (decoding) on the decode kernel where it supports them (cpp/sm80/decode_config.h);
 # FLASHATTN2_DECODE_KERNEL=0 at import, or the decode_kernel(False) context manager, sends
@@ -80,13 +76,6 @@ DECODE_L2_PREFETCH = _env_flag("FLASHATTN2_DECODE_L2_PREFETCH", "1")
 # FLASHATTN2_DECODE_ISSUE_EARLY=0 at import, or decode_issue_early(False), waits first (A/B:
 # bench_decode.py impl flashattn2_lateissue). Results are identical either way.
 DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
-# The decode kernel's split-KV merge: False (the default) merges the splits in the combine
-# kernel; FLASHATTN2_DECODE_CLUSTER=1 at import, or decode_cluster(True), makes the split
-# heuristic take at most 16 splits on sm_90 GPUs and runs the splits of a (batch, KV head)
-# as one thread-block cluster that merges them through distributed shared memory (no combine
-# launch, no float32 partials in global memory; last_fwd_cluster says it ran). Not measured
-# on a GPU yet (A/B: FLASHATTN2_DECODE_CLUSTER=0 / 1).
-DECODE_CLUSTER = _env_flag("FLASHATTN2_DECODE_CLUSTER", "0")
 # Builds with FLASHATTN2_EXPERIMENTAL=fp32wg (not validated on a GPU yet) run the float32
 # forwards it supports on sm_90 GPUs (dense, full or causal, kernel head dims 64 / 128) on the
 # tf32 wgmma kernel (cpp/fp32/wg_kernel.cuh; last_fwd_kernel "fp32wg"); FLASHATTN2_FP32WG=0
@@ -168,9 +157,6 @@ sm90_bwd_d64 = _switch("SM90_BWD_D64", "Inside the block, backwards of head dims
                        "the Hopper backward (enabled, the default where built) or never do.")
 decode_l2_prefetch = _switch("DECODE_L2_PREFETCH", "Inside the block, the decode kernel's K / V "
                              "copies carry the L2 prefetch hint (enabled) or not.")
-decode_cluster = _switch("DECODE_CLUSTER", "Inside the block, the decode kernel's splits merge "
-                         "in thread-block clusters on sm_90 (enabled; at most 16 splits) or in "
-                         "the combine kernel (disabled, the default).")
 decode_issue_early = _switch("DECODE_ISSUE_EARLY", "Inside the block, the decode kernel issues "
                              "each step's next tile before waiting for the current one "
                              "(enabled) or after.")
