@@ -369,9 +369,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
               e.lse[r];
         }
       }
+      // (lane_row through an opaque move: else ptxas hoists the 16 swizzled addresses out of
+      // the tile loop, and spills them at this pressure.)
+      int lrow;
+      asm volatile("mov.b32 %0, %1;\n" : "=r"(lrow) : "r"(lane_row));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = lane_row + 8 * r;
+        const int row = lrow + 8 * r;
 #pragma unroll
         for (int dt = 0; dt < kHeadDim / 8; ++dt) {
           const uint32_t addr = e.sQt + (dt / 8) * Traits::kQChunkBytes + row * kSwizzleBytes +
