@@ -570,6 +570,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         wgmma_wait<0>();
         fence_regs(acc_s);
         if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
+        if (hold && n_block == w.n_block_min) release(bar_q_empty(0));  // (its last S is done)
         step_softmax(acc_s, n_block, correction);
         FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         release_prev_q();
@@ -586,6 +587,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           wgmma_wait<1>();
           fence_regs(acc_s);
           if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
+          if (hold && n_block == w.n_block_min) release(bar_q_empty(0));
           step_softmax(acc_s, n_block, correction);
           wgmma_wait<0>();
           fence_regs(acc_o);
@@ -593,10 +595,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           rescale_o(correction);
           FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
-        if (hold) {  // this warpgroup's last S is done
-          release(bar_q_empty(0));
-          if (consumer == 1) named_sync(kBarStageO, 256);
-        }
+        if (hold && consumer == 1) named_sync(kBarStageO, 256);  // (its last S is done)
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
         gemm_o(s);
         wgmma_wait<0>();
