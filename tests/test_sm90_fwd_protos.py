@@ -202,7 +202,9 @@ def _fwd_kernel_flags(fn):
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()
              if e.device_type == DeviceType.CUDA and "fwd_kernel" in e.name]
-    return [tuple(flag == "true" for flag in re.findall(r"\b(true|false)\b", name)[-5:])
+    # (demangled: "..., false, true>(...)"; mangled: "...Lb0ELb1EEEv...")
+    return [tuple(flag in ("true", "1") for flag in
+                  (re.findall(r"\b(true|false)\b", name) or re.findall(r"Lb([01])E", name))[-5:])
             for name in names]
 
 
