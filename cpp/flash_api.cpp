@@ -358,8 +358,8 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
 
 }  // namespace
 
-bool sm90_fwd_tile_counter(int headdim, int seqlen_k) {
-  return sm90_fwd_dynamic_walk(kernel_head_dim(headdim), seqlen_k);
+bool sm90_fwd_tile_counter(int headdim, int seqlen_k, bool stage_o) {
+  return sm90_fwd_dynamic_walk(kernel_head_dim(headdim), seqlen_k, stage_o);
 }
 
 namespace {

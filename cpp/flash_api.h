@@ -96,8 +96,9 @@ bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool 
 
 // Whether the Hopper forward should take causal / windowed / varlen tiles of this head dim
 // and (maximum) seqlen_k from a tile counter (FwdParams::tile_counter) on a persistent grid
-// rather than run one CTA per tile (sm90/fwd_config.h sm90_fwd_dynamic_walk).
-bool sm90_fwd_tile_counter(int headdim, int seqlen_k);
+// rather than run one CTA per tile (sm90/fwd_config.h sm90_fwd_dynamic_walk; stage_o: with
+// FwdParams::sm90_stage_o).
+bool sm90_fwd_tile_counter(int headdim, int seqlen_k, bool stage_o = false);
 
 // Largest head dim the backward supports in this build (0 if none).
 int bwd_max_head_dim();

@@ -71,9 +71,11 @@ constexpr int sm90_fwd_smem_bytes(int head_dim) {
 // (the block scheduler balances them) measured faster. H100, bf16, causal, TFLOP/s counter
 // vs one CTA per tile (benchmarks/NOTES.md): d64 s512 192 vs 156, s2k 359 vs 339, s16k 457
 // vs 463; d128 s512 284 vs 245, s1k 399 vs 362, s16k 570 vs 624; d256 s512 254 vs 259,
-// s8k 562 vs 616.
-constexpr bool sm90_fwd_dynamic_walk(int head_dim, int seqlen_k) {
-  return head_dim <= 128 && seqlen_k <= 2048;
+// s8k 562 vs 616. d192 / d256 lost there because their next tile's Q waited for the epilogue
+// (one Q buffer); with O staged in a K / V stage (FwdParams::sm90_stage_o, a prototype) it
+// loads under the tile's last P V, so they take the counter up to 1k keys (not yet measured).
+constexpr bool sm90_fwd_dynamic_walk(int head_dim, int seqlen_k, bool stage_o = false) {
+  return head_dim <= 128 ? seqlen_k <= 2048 : stage_o && seqlen_k <= 1024;
 }
 
 // The forwards the sm90 kernel serves, on an sm_90 GPU with its head dim built: dense or

@@ -44,14 +44,16 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   args.tile_counter = equal_tiles ? nullptr : p.tile_counter;
   const bool persistent = equal_tiles || args.tile_counter != nullptr;
   const dim3 grid(unsigned(persistent ? std::min<int64_t>(tiles, num_sms) : tiles));
-  auto launch = [&](auto mods, auto bias, auto bias_smem) {
+  auto launch = [&](auto mods, auto bias, auto bias_smem, auto stage_o, auto overlap) {
     constexpr bool kBiasSmem = decltype(bias_smem)::value;
-    constexpr auto kernel = sm90::fwd_kernel<Traits, Element, decltype(mods)::value,
-                                             decltype(bias)::value, kBiasSmem>;
+    constexpr auto kernel =
+        sm90::fwd_kernel<Traits, Element, decltype(mods)::value, decltype(bias)::value,
+                         kBiasSmem, decltype(stage_o)::value, decltype(overlap)::value>;
     constexpr int kSmem = Traits::smem_bytes(kBiasSmem);
     raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");
     kernel<<<grid, Traits::kThreads, kSmem, stream>>>(args);
   };
+  constexpr std::false_type no{};
   if (has_bias(p)) {  // (FLASHATTN2_BIAS builds only)
     if constexpr (FLASHATTN2_BIAS) {
       // The staged bias (d64, d128: where the tile fits) copies 16-byte chunks of 8 keys:
@@ -59,14 +61,23 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
       // global load per score.
       constexpr bool kStaged = Traits::kBiasSmemFits;
       if (kStaged && bias_rows_16b(p))
-        launch(std::true_type{}, std::true_type{}, std::bool_constant<kStaged>{});
+        launch(std::true_type{}, std::true_type{}, std::bool_constant<kStaged>{}, no, no);
       else
-        launch(std::true_type{}, std::true_type{}, std::false_type{});
+        launch(std::true_type{}, std::true_type{}, no, no, no);
     }
   } else if (has_score_mods(p)) {
-    launch(std::true_type{}, std::false_type{}, std::false_type{});
+    launch(std::true_type{}, no, no, no, no);
+  } else if (Traits::kQBufs == 1 && p.sm90_stage_o) {
+    // (a prototype, FLASHATTN2_SM90_STAGE_O: O staged in the last K / V stage, fwd_kernel.cuh)
+    if constexpr (Traits::kQBufs == 1)
+      launch(no, no, no, std::true_type{}, no);
+  } else if (Traits::kQBufs == 2 && p.sm90_epi_overlap) {
+    // (a prototype, FLASHATTN2_SM90_EPI_OVERLAP: each tile's epilogue under the next one's
+    // first S, fwd_kernel.cuh)
+    if constexpr (Traits::kQBufs == 2)
+      launch(no, no, no, no, std::true_type{});
   } else {
-    launch(std::false_type{}, std::false_type{}, std::false_type{});
+    launch(no, no, no, no, no);
   }
   check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
   if (p.num_splits > 1) launch_combine<Element>(p, stream);

@@ -1,0 +1,224 @@
+"""Two prototypes of the Hopper forward's tile edges, off by default (cpp/sm90/fwd_kernel.cuh):
+
+- staged O (FLASHATTN2_SM90_STAGE_O=1 or ``_ext.sm90_stage_o()``; kStageO): at d192 / d256 (one
+  Q buffer) the plain instance stages each warpgroup's O in the K or V buffer of the tile's
+  last stage and frees the Q buffer after the tile's last S; causal / windowed / varlen tiles
+  then take the tile counter up to 1k keys;
+- overlapped epilogue (FLASHATTN2_SM90_EPI_OVERLAP=1 or ``_ext.sm90_epi_overlap()``; kOverlap):
+  at d64 / d128 (a Q ring) the plain instance runs each tile's epilogue after the next tile's
+  first S is issued.
+
+They apply to disjoint head dims, so the GPU tests turn both on and cover every head dim.
+Results against the float32 reference under test_fwd.py's rule (out and lse NaN-poisoned before
+the kernel writes them): tails of every tile shape, tiles with no key block and warpgroups that
+see none (causal sq > sk, rows past seqlen_q), GQA, windows, varlen (empty tiles of short
+sequences, O copied by 16-byte stores), split-KV (O straight from the accumulators), both tile
+walks with many tiles per persistent CTA, and that the prototype instances are the ones that
+run. The first two tests run without a GPU.
+"""
+import re
+
+import pytest
+import torch
+from flashattn2 import _ext, _launch, flash_attn_func, flash_attn_varlen_func
+from test_decode_kernel import fake_launch
+from test_fwd import ATOL, check_kernel, check_output, dtype_id, make_qkv
+from test_sm90 import require_sm90
+
+
+@pytest.mark.parametrize("stage_o", [False, True])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_switches_reach_the_binding(monkeypatch, stage_o, overlap):
+    with _ext.sm90_stage_o(stage_o), _ext.sm90_epi_overlap(overlap):
+        (_, _), (_, fwd) = fake_launch(monkeypatch, code=80)
+    assert fwd["sm90_stage_o"] is stage_o and fwd["sm90_epi_overlap"] is overlap
+
+
+def test_tile_counter_rule():
+    """d <= 128 take the counter up to 2k keys either way; d192 / d256 only with staged O, up
+    to 1k."""
+    rule = _ext._C.sm90_fwd_tile_counter
+    assert rule(128, 2048) and rule(64, 2048, True) and not rule(128, 2049)
+    assert not rule(256, 512) and not rule(192, 1024)
+    assert rule(256, 1024, True) and rule(192, 512, True) and not rule(256, 1025, True)
+
+
+class _Recorder:
+    """Stands in for _launch._C: records (sm90_stage_o, sm90_epi_overlap, tile counter or 0) of
+    each _C.fwd and runs the real one."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def fwd(self, *args):
+        tail = dict(zip(_launch._FWD_OPTIONAL, args[22:]))  # (test_decode_kernel: the order)
+        self.calls.append((tail["sm90_stage_o"], tail["sm90_epi_overlap"], tail["tile_counter"]))
+        return self.real.fwd(*args)
+
+
+@pytest.fixture
+def protos(monkeypatch):
+    """Both switches on for the test; returns the recorder of the launches."""
+    recorder = _Recorder(_launch._C)
+    monkeypatch.setattr(_launch, "_C", recorder)
+    monkeypatch.setattr(_ext, "SM90_STAGE_O", True)
+    monkeypatch.setattr(_ext, "SM90_EPI_OVERLAP", True)
+    return recorder
+
+
+# Lengths around the tiles (192 / 128 query rows, 128 / 112 / 80 keys): one partial tile,
+# exactly one, one past (the last tile's last warpgroup sees no row), tails of both, sq > sk
+# (causal: tiles and warpgroups with no key block), sq < sk, many tiles.
+SEQLENS = [(65, 65), (128, 80), (129, 81), (192, 193), (300, 1000), (1000, 300), (1111, 1111)]
+HEAD_DIMS = [64, 128, 192, 256, 40, 112, 200]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_tile_boundaries(protos, dtype, headdim, causal, seqlens):
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, *seqlens, 6, 2, headdim, dtype)
+    check_kernel(q, k, v, causal=causal)
+    assert _ext.last_fwd_arch == 90
+    assert [call[:2] for call in protos.calls] == [(True, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("walk", ["auto", "counter", "blocks"])
+@pytest.mark.parametrize("case", ["full", "causal", "window", "causal_sq_gt_sk"])
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256])
+def test_tile_walks(protos, monkeypatch, headdim, case, walk):
+    """More tiles than SMs: each persistent CTA stages O in both stages, or defers epilogues,
+    over many tiles. The auto walk takes the counter at 1k keys (d192 / d256: with staged O)."""
+    require_sm90(headdim)
+    monkeypatch.setattr(_ext, "SM90_TILE_WALK", walk)
+    if case == "causal_sq_gt_sk":
+        q, k, v = make_qkv(2, 1000, 333, 16, 4, headdim, torch.bfloat16)
+        check_kernel(q, k, v, causal=True)
+    else:
+        q, k, v = make_qkv(3, 1000, 1024, 24, 8, headdim, torch.bfloat16)
+        check_kernel(q, k, v, causal=case == "causal",
+                     window_size=(200, 50) if case == "window" else (-1, -1))
+    assert _ext.last_fwd_arch == 90
+    (stage_o, overlap, counter), = protos.calls
+    assert stage_o and overlap
+    if case != "full":
+        assert bool(counter) == (walk in ("auto", "counter"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window_size", [(0, 0), (100, 30), (-1, 200), (300, -1), (10, 10)],
+                         ids=str)
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256])
+def test_window(protos, headdim, window_size):
+    """Windows: tiles whose warpgroups see different key ranges (one may see none)."""
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, 700, 900, 4, 4, headdim, torch.bfloat16)
+    check_kernel(q, k, v, window_size=window_size)
+    assert _ext.last_fwd_arch == 90
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256])
+def test_varlen(protos, headdim, causal):
+    """Packed sequences at offsets that cross tiles (the grid's extra m blocks of the short
+    ones are empty tiles): O is copied from its staging by 16-byte stores of the sequence's
+    rows only."""
+    require_sm90(headdim)
+    from reference import attention_ref
+
+    lengths_q, lengths_k = [70, 300, 129, 1, 511, 1000], [200, 300, 81, 400, 65, 1000]
+    q = torch.randn(sum(lengths_q), 4, headdim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, headdim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                 causal=causal)  # fmt: skip
+    assert _ext.last_fwd_arch == 90
+    for i in range(len(lengths_q)):
+        sl_q = slice(cu_q[i].item(), cu_q[i + 1].item())
+        sl_k = slice(cu_k[i].item(), cu_k[i + 1].item())
+        args = (q[None, sl_q], k[None, sl_k], v[None, sl_k])
+        out_ref, _ = attention_ref(*args, causal=causal)
+        out_pt, _ = attention_ref(*args, causal=causal, upcast=False)
+        err = (out[None, sl_q].float() - out_ref.float()).abs().max().item()
+        err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
+        assert err <= 2 * err_pt + ATOL[torch.bfloat16], f"sequence {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256])
+def test_split_kv(protos, headdim, causal):
+    """Split-KV tiles write float32 partials from the accumulators (nothing staged; kOverlap
+    defers that too) inside the prototype instances."""
+    require_sm90(headdim)
+    q, k, v = make_qkv(1, 700, 3000, 2, 1, headdim, torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 2, 700), float("nan"), device="cuda")
+    _launch._flash_attn_forward(q, k, v, headdim**-0.5, -1, 0 if causal else -1, out, lse,
+                                num_splits=3)
+    assert _ext.last_fwd_arch == 90
+    assert not out.isnan().any() and not lse.isnan().any()
+    check_output(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256])
+def test_score_mods_keep_their_instance(protos, headdim):
+    """Softcap / ALiBi run their own instance with the switches on: still right."""
+    require_sm90(headdim)
+    from reference import attention_ref
+
+    q, k, v = make_qkv(2, 333, 555, 4, 2, headdim, torch.bfloat16)
+    slopes = torch.rand(2, 4, device="cuda") * 0.3
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, softcap=15.0, alibi_slopes=slopes,
+                                  return_attn_probs=True)
+    out_ref, lse_ref = attention_ref(q, k, v, causal=True, softcap=15.0, alibi_slopes=slopes)
+    out_pt, _ = attention_ref(q, k, v, causal=True, softcap=15.0, alibi_slopes=slopes,
+                              upcast=False)
+    err = (out.float() - out_ref.float()).abs().max().item()
+    err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
+    assert err <= 2 * err_pt + ATOL[torch.bfloat16]
+    torch.testing.assert_close(lse, lse_ref, atol=1e-3, rtol=1e-4)
+
+
+def _fwd_kernel_flags(fn):
+    """The template flags (kMods, kBias, kBiasSmem, kStageO, kOverlap) of each sm90 forward
+    kernel `fn` launches (torch.profiler)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()
+             if e.device_type == DeviceType.CUDA and "fwd_kernel" in e.name]
+    # (demangled: "..., false, true>(...)"; mangled: "...Lb0ELb1EEEv...")
+    return [tuple(flag in ("true", "1") for flag in
+                  (re.findall(r"\b(true|false)\b", name) or re.findall(r"Lb([01])E", name))[-5:])
+            for name in names]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("headdim,flags", [(256, (False, False, False, True, False)),
+                                           (128, (False, False, False, False, True)),
+                                           (64, (False, False, False, False, True))])
+def test_the_prototype_instances_run(headdim, flags):
+    """With the switches, d256 runs the kStageO instance and d64 / d128 the kOverlap one;
+    without them, the default one. Both within the error rule."""
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, 500, 500, 4, 4, headdim, torch.bfloat16)
+    for enabled in (True, False):
+        with _ext.sm90_stage_o(enabled), _ext.sm90_epi_overlap(enabled):
+            ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v, causal=True))
+            check_kernel(q, k, v, causal=True)
+        assert ran == [flags if enabled else (False,) * 5]
