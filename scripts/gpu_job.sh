@@ -163,37 +163,6 @@ if want envab; then
         done
     done
 fi
-# protoab: the Hopper forward's tile-edge prototypes, both on (1: FLASHATTN2_SM90_STAGE_O=1, d192 /
-# d256 stage O in the last K / V stage; FLASHATTN2_SM90_EPI_OVERLAP=1, d64 / d128 run each
-# epilogue under the next tile's first S: disjoint head dims) against both off (0), in the main
-# build: their tests, the forward tests with the switches on, memcheck / racecheck / synccheck
-# with them on, then bench.py interleaved 0 1 0 1 (PROTOAB_ARGS: bench.py's selection;
-# PROTOAB_TESTS=0: benchmarks only). A hang would be a barrier count: the timeouts end it.
-if want protoab; then
-    stamp "protoab: staged O + overlapped epilogue (1) vs not (0)"
-    if [ "${PROTOAB_TESTS:-1}" = 1 ]; then
-        timeout 1200 python3 -m pytest tests/test_sm90_fwd_protos.py -q -x -p no:cacheprovider \
-            2>&1 | tail -n 8
-        FLASHATTN2_SM90_STAGE_O=1 FLASHATTN2_SM90_EPI_OVERLAP=1 timeout 1500 python3 -m pytest \
-            tests/test_sm90.py tests/test_fwd.py tests/test_varlen.py -q -p no:cacheprovider \
-            2>&1 | tail -n 4
-        san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-        for tool in memcheck racecheck synccheck; do
-            FLASHATTN2_SM90_STAGE_O=1 FLASHATTN2_SM90_EPI_OVERLAP=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-                timeout 900 "$san" --tool "$tool" --error-exitcode 1 \
-                python3 scripts/sanitize_subset.py > "$O/protosan_$tool.txt" 2>&1
-            echo "$tool rc=$?"; tail -n 3 "$O/protosan_$tool.txt"
-        done
-    fi
-    for run in proto0 proto1 proto0b proto1b; do
-        f=${run:5:1}
-        # shellcheck disable=SC2086
-        FLASHATTN2_SM90_STAGE_O=$f FLASHATTN2_SM90_EPI_OVERLAP=$f python3 benchmarks/bench.py \
-            --no-summary --out "$O/protoab_$run" ${PROTOAB_ARGS:---modes fwd --headdims 64,128,256 \
-            --seqlens 512,1024,2048 --dtypes bf16 --impls flashattn2,sdpa_cudnn} 2> /dev/null \
-            | tail -n 40
-    done
-fi
 if want bncu; then
     # BNCU_DIM (default 128), BNCU_SEQLEN (8192), BNCU_CAUSAL (0)
     bd=${BNCU_DIM:-128} bs=${BNCU_SEQLEN:-8192} bc=${BNCU_CAUSAL:-0}
