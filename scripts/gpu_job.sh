@@ -163,6 +163,13 @@ if want envab; then
         done
     done
 fi
+# bwdprof: CUDA time per kernel of one backward (preprocess, main, dQ convert) next to
+# SDPA-cuDNN's (scripts/bwd_profile.py; BWDPROF_ARGS: its options).
+if want bwdprof; then
+    stamp "bwdprof: the backward's kernels"
+    # shellcheck disable=SC2086
+    timeout 300 python3 scripts/bwd_profile.py ${BWDPROF_ARGS:-} 2>&1 | tail -n 30
+fi
 if want bncu; then
     # BNCU_DIM (default 128), BNCU_SEQLEN (8192), BNCU_CAUSAL (0)
     bd=${BNCU_DIM:-128} bs=${BNCU_SEQLEN:-8192} bc=${BNCU_CAUSAL:-0}
