@@ -1,20 +1,17 @@
-"""Two prototypes of the Hopper forward's tile edges, off by default (cpp/sm90/fwd_kernel.cuh):
+"""The Hopper forward's staged O (cpp/sm90/fwd_kernel.cuh kStageO): at d192 / d256 (one Q
+buffer) the plain instance stages each warpgroup's O in the K or V buffer of the tile's last
+stage and frees the Q buffer after the tile's last S. Dense full attention always does;
+FLASHATTN2_SM90_STAGE_O=1 (or ``_ext.sm90_stage_o()``) has causal, windowed and varlen tiles
+do it too, which then take the tile counter up to 1k keys. (Its sibling prototype, the
+overlapped epilogue at d64 / d128, measured 0.95-0.98x and was removed.)
 
-- staged O (FLASHATTN2_SM90_STAGE_O=1 or ``_ext.sm90_stage_o()``; kStageO): at d192 / d256 (one
-  Q buffer) the plain instance stages each warpgroup's O in the K or V buffer of the tile's
-  last stage and frees the Q buffer after the tile's last S; causal / windowed / varlen tiles
-  then take the tile counter up to 1k keys;
-- overlapped epilogue (FLASHATTN2_SM90_EPI_OVERLAP=1 or ``_ext.sm90_epi_overlap()``; kOverlap):
-  at d64 / d128 (a Q ring) the plain instance runs each tile's epilogue after the next tile's
-  first S is issued.
-
-They apply to disjoint head dims, so the GPU tests turn both on and cover every head dim.
-Results against the float32 reference under test_fwd.py's rule (out and lse NaN-poisoned before
-the kernel writes them): tails of every tile shape, tiles with no key block and warpgroups that
-see none (causal sq > sk, rows past seqlen_q), GQA, windows, varlen (empty tiles of short
-sequences, O copied by 16-byte stores), split-KV (O straight from the accumulators), both tile
-walks with many tiles per persistent CTA, and that the prototype instances are the ones that
-run. The first two tests run without a GPU.
+The GPU tests turn the switch on and cover every head dim (d64 / d128 run their default
+instance: a control). Results against the float32 reference under test_fwd.py's rule (out and
+lse NaN-poisoned before the kernel writes them): tails of every tile shape, tiles with no key
+block and warpgroups that see none (causal sq > sk, rows past seqlen_q), GQA, windows, varlen
+(empty tiles of short sequences, O copied by 16-byte stores), split-KV (O straight from the
+accumulators), both tile walks with many tiles per persistent CTA, and that the staged-O
+instance is the one that runs. The first two tests run without a GPU.
 """
 import re
 
@@ -27,11 +24,10 @@ from test_sm90 import require_sm90
 
 
 @pytest.mark.parametrize("stage_o", [False, True])
-@pytest.mark.parametrize("overlap", [False, True])
-def test_switches_reach_the_binding(monkeypatch, stage_o, overlap):
-    with _ext.sm90_stage_o(stage_o), _ext.sm90_epi_overlap(overlap):
+def test_switch_reaches_the_binding(monkeypatch, stage_o):
+    with _ext.sm90_stage_o(stage_o):
         (_, _), (_, fwd) = fake_launch(monkeypatch, code=80)
-    assert fwd["sm90_stage_o"] is stage_o and fwd["sm90_epi_overlap"] is overlap
+    assert fwd["sm90_stage_o"] is stage_o
 
 
 def test_tile_counter_rule():
@@ -44,7 +40,7 @@ def test_tile_counter_rule():
 
 
 class _Recorder:
-    """Stands in for _launch._C: records (sm90_stage_o, sm90_epi_overlap, tile counter or 0) of
+    """Stands in for _launch._C: records (sm90_stage_o, tile counter or 0) of
     each _C.fwd and runs the real one."""
 
     def __init__(self, real):
@@ -55,17 +51,16 @@ class _Recorder:
 
     def fwd(self, *args):
         tail = dict(zip(_launch._FWD_OPTIONAL, args[22:]))  # (test_decode_kernel: the order)
-        self.calls.append((tail["sm90_stage_o"], tail["sm90_epi_overlap"], tail["tile_counter"]))
+        self.calls.append((tail["sm90_stage_o"], tail["tile_counter"]))
         return self.real.fwd(*args)
 
 
 @pytest.fixture
 def protos(monkeypatch):
-    """Both switches on for the test; returns the recorder of the launches."""
+    """The switch on for the test; returns the recorder of the launches."""
     recorder = _Recorder(_launch._C)
     monkeypatch.setattr(_launch, "_C", recorder)
     monkeypatch.setattr(_ext, "SM90_STAGE_O", True)
-    monkeypatch.setattr(_ext, "SM90_EPI_OVERLAP", True)
     return recorder
 
 
@@ -86,7 +81,7 @@ def test_tile_boundaries(protos, dtype, headdim, causal, seqlens):
     q, k, v = make_qkv(2, *seqlens, 6, 2, headdim, dtype)
     check_kernel(q, k, v, causal=causal)
     assert _ext.last_fwd_arch == 90
-    assert [call[:2] for call in protos.calls] == [(True, True)]
+    assert [call[0] for call in protos.calls] == [True]
 
 
 @pytest.mark.gpu
@@ -94,8 +89,7 @@ def test_tile_boundaries(protos, dtype, headdim, causal, seqlens):
 @pytest.mark.parametrize("case", ["full", "causal", "window", "causal_sq_gt_sk"])
 @pytest.mark.parametrize("headdim", [64, 128, 192, 256])
 def test_tile_walks(protos, monkeypatch, headdim, case, walk):
-    """More tiles than SMs: each persistent CTA stages O in both stages, or defers epilogues,
-    over many tiles. The auto walk takes the counter at 1k keys (d192 / d256: with staged O)."""
+    """More tiles than SMs: each persistent CTA stages O in both stages over many tiles. The auto walk takes the counter at 1k keys (d192 / d256: with staged O)."""
     require_sm90(headdim)
     monkeypatch.setattr(_ext, "SM90_TILE_WALK", walk)
     if case == "causal_sq_gt_sk":
@@ -106,8 +100,8 @@ def test_tile_walks(protos, monkeypatch, headdim, case, walk):
         check_kernel(q, k, v, causal=case == "causal",
                      window_size=(200, 50) if case == "window" else (-1, -1))
     assert _ext.last_fwd_arch == 90
-    (stage_o, overlap, counter), = protos.calls
-    assert stage_o and overlap
+    (stage_o, counter), = protos.calls
+    assert stage_o
     if case != "full":
         assert bool(counter) == (walk in ("auto", "counter"))
 
@@ -158,8 +152,8 @@ def test_varlen(protos, headdim, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", [64, 128, 192, 256])
 def test_split_kv(protos, headdim, causal):
-    """Split-KV tiles write float32 partials from the accumulators (nothing staged; kOverlap
-    defers that too) inside the prototype instances."""
+    """Split-KV tiles write float32 partials from the accumulators (nothing staged) inside the
+    staged-O instance."""
     require_sm90(headdim)
     q, k, v = make_qkv(1, 700, 3000, 2, 1, headdim, torch.bfloat16)
     out = torch.full_like(q, float("nan"))
@@ -174,7 +168,7 @@ def test_split_kv(protos, headdim, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize("headdim", [64, 128, 192, 256])
 def test_score_mods_keep_their_instance(protos, headdim):
-    """Softcap / ALiBi run their own instance with the switches on: still right."""
+    """Softcap / ALiBi run their own instance with the switch on: still right."""
     require_sm90(headdim)
     from reference import attention_ref
 
@@ -192,8 +186,8 @@ def test_score_mods_keep_their_instance(protos, headdim):
 
 
 def _fwd_kernel_flags(fn):
-    """The template flags (kMods, kBias, kBiasSmem, kStageO, kOverlap) of each sm90 forward
-    kernel `fn` launches (torch.profiler)."""
+    """The template flags (kMods, kBias, kBiasSmem, kStageO) of each sm90 forward kernel `fn`
+    launches (torch.profiler)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -204,21 +198,27 @@ def _fwd_kernel_flags(fn):
              if e.device_type == DeviceType.CUDA and "fwd_kernel" in e.name]
     # (demangled: "..., false, true>(...)"; mangled: "...Lb0ELb1EEEv...")
     return [tuple(flag in ("true", "1") for flag in
-                  (re.findall(r"\b(true|false)\b", name) or re.findall(r"Lb([01])E", name))[-5:])
+                  (re.findall(r"\b(true|false)\b", name) or re.findall(r"Lb([01])E", name))[-4:])
             for name in names]
 
 
+STAGED = (False, False, False, True)
+PLAIN = (False, False, False, False)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("headdim,flags", [(256, (False, False, False, True, False)),
-                                           (128, (False, False, False, False, True)),
-                                           (64, (False, False, False, False, True))])
-def test_the_prototype_instances_run(headdim, flags):
-    """With the switches, d256 runs the kStageO instance and d64 / d128 the kOverlap one;
-    without them, the default one. Both within the error rule."""
+@pytest.mark.parametrize("headdim", [256, 192, 128, 64])
+def test_the_staged_instance_runs(headdim):
+    """d192 / d256: dense full attention runs the staged-O instance by default, causal only
+    with the switch; d64 / d128 never (their Q ring). Each within the error rule."""
     require_sm90(headdim)
+    staged = STAGED if headdim > 128 else PLAIN
     q, k, v = make_qkv(2, 500, 500, 4, 4, headdim, torch.bfloat16)
     for enabled in (True, False):
-        with _ext.sm90_stage_o(enabled), _ext.sm90_epi_overlap(enabled):
+        with _ext.sm90_stage_o(enabled):
             ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v, causal=True))
             check_kernel(q, k, v, causal=True)
-        assert ran == [flags if enabled else (False,) * 5]
+            assert ran == [staged if enabled else PLAIN]
+            ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v))
+            check_kernel(q, k, v)
+            assert ran == [staged]

@@ -126,14 +126,11 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // Decode kernel: each step issues its next tile's copies before waiting for the current
   // tile (one more tile in flight through the wait); false: after.
   bool kv_issue_early = false;
-  // Hopper forward, d192 / d256 (one Q buffer; FLASHATTN2_SM90_STAGE_O, off by default): the
-  // plain instance stages each warpgroup's O in the K or V buffer of the tile's last stage,
-  // so that the Q buffer is free after the tile's last S (sm90/fwd_kernel.cuh kStageO).
+  // Hopper forward, d192 / d256 (one Q buffer): the plain instance stages each warpgroup's O
+  // in the K or V buffer of the tile's last stage, so that the Q buffer is free after the
+  // tile's last S (sm90/fwd_kernel.cuh kStageO). Dense full attention always does; true
+  // (FLASHATTN2_SM90_STAGE_O, off by default): causal, windowed and varlen tiles too.
   bool sm90_stage_o = false;
-  // Hopper forward, d64 / d128 (Q ring; FLASHATTN2_SM90_EPI_OVERLAP, off by default): the
-  // plain instance runs each tile's epilogue after the next tile's first S is issued
-  // (sm90/fwd_kernel.cuh kOverlap).
-  bool sm90_epi_overlap = false;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements

@@ -43,9 +43,6 @@
 //          in the V buffer of its last stage instead, each held back from the producer until
 //          its store read it, and releases Q after its last S, so that the next tile's Q
 //          loads under this one's last P V and epilogue.
-//          kOverlap (Q ring: d64, d128; a prototype, FwdParams::sm90_epi_overlap): a tile's
-//          epilogue runs after the next tile's first S is issued (skip steps and setup
-//          first), under that GEMM instead of before it; the next tile zeroes O after it.
 //   mods   kMods: softcap / ALiBi as the sm80 kMods instance (common/score_mod.cuh): S becomes
 //          base-2 logits before the mask. Dropout runs on the sm80 kernels. kBias (with
 //          kMods, FLASHATTN2_BIAS builds): an attention bias too, one load per score, or
@@ -153,22 +150,12 @@ struct FwdTileWork {
   __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
 };
 
-// kOverlap: a tile's epilogue inputs besides O (acc_o): where it is, its rows, its Q buffer,
-// and 1 / sum and the LSE of the thread's two rows.
-struct FwdTileOut {
-  int head, batch, split, seqlen_q, row0_pos, wg_first, qb;
-  uint32_t sQt;
-  int64_t q_row0;
-  float inv[2], lse[2];
-};
-
 // kBiasSmem (with kBias): the bias tile of each key step is staged in shared
 // memory by cp.async one step ahead, instead of one global load per score (fwd_launch.cuh
 // picks it for 16-byte aligned biases with unit key stride). kStageO: O staged in the last
-// K / V stage; kOverlap: each tile's epilogue after the next tile's first S (the tiling
-// block's epilogue).
+// K / V stage (the tiling block's epilogue).
 template <typename Traits, typename Element, bool kMods, bool kBias = false,
-          bool kBiasSmem = false, bool kStageO = false, bool kOverlap = false>
+          bool kBiasSmem = false, bool kStageO = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -204,8 +191,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   // kStageO: a warpgroup's O (64 rows, chunks of 64 x 128 bytes) fits in one K / V buffer.
   static_assert(!kStageO || (kQBufs == 1 && kConsumers == 2 &&
                              kChunks * 64 * kSwizzleBytes <= Traits::kKVBytes), "O in a stage");
-  // kOverlap: the next tile's Q is in the other buffer while this one's O is staged.
-  static_assert(!kOverlap || (kQBufs == 2 && !kStageO), "overlapped epilogue: a Q ring");
   [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
 
   const int tid = threadIdx.x;
@@ -336,99 +321,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       wgmma_commit();
     };
 
-    // kOverlap: the epilogue below (the loop's end) of a tile whose O is still in acc_o, run
-    // after the next tile's first S is issued (Q ring: its O is staged in its own Q buffer).
-    [[maybe_unused]] auto store_tile = [&](const FwdTileOut& e) {
-      if (p.num_splits > 1) {
-        const int64_t row_base =
-            ((int64_t(e.split) * p.batch + e.batch) * p.nheads + e.head) * p.seqlen_q;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int pos = e.row0_pos + 8 * r;
-          if (pos < e.seqlen_q) {
-            float* gO = p.o_accum + (row_base + pos) * p.headdim;
-#pragma unroll
-            for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-              const int col = 8 * dt + 2 * q;
-              if (col < p.headdim) {
-                *reinterpret_cast<float2*>(gO + col) = make_float2(
-                    acc_o[4 * dt + 2 * r] * e.inv[r], acc_o[4 * dt + 2 * r + 1] * e.inv[r]);
-              }
-            }
-            if (q == 0) p.lse_accum[row_base + pos] = e.lse[r];
-          }
-        }
-        release(bar_q_empty(e.qb));
-        return;
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int pos = e.row0_pos + 8 * r;
-        if (q == 0 && pos < e.seqlen_q) {
-          p.lse[e.batch * p.lse_batch_stride + e.head * p.lse_head_stride + e.q_row0 + pos] =
-              e.lse[r];
-        }
-      }
-      // (lane_row through an opaque move: else ptxas hoists the 16 swizzled addresses out of
-      // the tile loop, and spills them at this pressure.)
-      int lrow;
-      asm volatile("mov.b32 %0, %1;\n" : "=r"(lrow) : "r"(lane_row));
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = lrow + 8 * r;
-#pragma unroll
-        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-          const uint32_t addr = e.sQt + (dt / 8) * Traits::kQChunkBytes + row * kSwizzleBytes +
-                                (((dt % 8) ^ (row % 8)) * 16) + 4 * q;
-          const uint32_t v = ptx::pack2<Element>(acc_o[4 * dt + 2 * r] * e.inv[r],
-                                                 acc_o[4 * dt + 2 * r + 1] * e.inv[r]);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-        }
-      }
-      fence_proxy_async();
-      named_sync(kBarEpilogue + consumer, 128);
-      if (!p.cu_seqlens_q) {
-        if (store_thread) {
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c)
-            tma_store(&args.o, e.sQt + c * Traits::kQChunkBytes + wg_row0 * kSwizzleBytes,
-                      c * kChunkCols, e.wg_first, e.head, e.batch);
-          tma_store_commit();
-        }
-      } else {
-        constexpr int kUnits = kHeadDim / 8;
-        Element* gO = static_cast<Element*>(p.o) + e.head * p.o_head_stride +
-                      (e.q_row0 + e.wg_first) * p.o_row_stride;
-        const int rows = min(64, e.seqlen_q - e.wg_first);
-        for (int idx = tid % 128; idx < 64 * kUnits; idx += 128) {
-          const int row = idx / kUnits, unit = idx % kUnits;
-          if (row < rows && unit * 8 < p.headdim) {
-            const int trow = wg_row0 + row;
-            const uint32_t addr = e.sQt + (unit / 8) * Traits::kQChunkBytes +
-                                  trow * kSwizzleBytes + (((unit % 8) ^ (trow % 8)) * 16);
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(addr));
-            *reinterpret_cast<uint4*>(gO + int64_t(row) * p.o_row_stride + unit * 8) = v;
-          }
-        }
-      }
-      q_pending = true;  // released after the next tile's first softmax (release_prev_q)
-    };
-    // kOverlap: the last tile's epilogue, not yet run; flush_pending runs it, then zeroes acc_o
-    // for the tile at hand.
-    [[maybe_unused]] FwdTileOut pending;
-    [[maybe_unused]] bool has_pending = false;
-    auto flush_pending = [&] {
-      if constexpr (kOverlap) {
-        if (has_pending) store_tile(pending);
-        has_pending = false;
-#pragma unroll
-        for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-      }
-    };
-
     int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
     for (int walk = 0;; ++walk) {
       mbar_wait(bar_tile_full(walk), (walk >> 1) & 1);
@@ -459,10 +351,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                     w.n_block_max);
       FwdSoftmax<kBlockN, kMods, kBias> softmax(p, w.batch, w.head);
       softmax.reset();
-      if constexpr (!kOverlap) {  // (kOverlap: flush_pending, once the last tile's O is out)
 #pragma unroll
-        for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-      }
+      for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
 
       // kBiasSmem: the warpgroup's 64 rows x 128 keys of the bias for key block n_block
       // into its tile of sBias, 8 16-byte cp.async per thread (consecutive threads take a
@@ -566,7 +456,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         turn_wait();
         gemm_s(acc_s, s);
         turn_pass();
-        flush_pending();  // (kOverlap: the last tile's epilogue under this S)
         wgmma_wait<0>();
         fence_regs(acc_s);
         if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
@@ -604,7 +493,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         if (hold && consumer == 0) named_sync(kBarStageO, 256);
         ++j;
       } else {
-        flush_pending();
         release_prev_q();
         if (hold) {
           release(bar_q_empty(0));
@@ -613,13 +501,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       }
 
       // ---- epilogue ----
-      if constexpr (kOverlap) {  // (run by flush_pending: store_tile, the same steps)
-        pending = FwdTileOut{w.head, w.batch, w.split, seqlen_q, row0_pos, wg_first, qb, sQt,
-                             w.seq.q_row0};
-        softmax.finish(pending.inv, pending.lse, p.num_splits > 1 ? -INFINITY : INFINITY);
-        has_pending = true;
-        continue;
-      }
       float inv[2], lse[2];
       softmax.finish(inv, lse, p.num_splits > 1 ? -INFINITY : INFINITY);
       if (p.num_splits > 1) {
@@ -719,7 +600,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         release(hold ? (consumer == 0 ? bar_k_empty(s_last) : bar_v_empty(s_last)) : bar_q_empty(0));
       }
     }
-    flush_pending();
     if (consumer == 0) turn_wait();  // the turn the last consumer opened at the start
     if (store_thread) tma_store_wait();
   }

@@ -52,18 +52,14 @@ SM90_TILE_WALK = os.environ.get("FLASHATTN2_SM90_TILE_WALK", "auto") or "auto"
 if SM90_TILE_WALK not in ("auto", "counter", "blocks"):
     raise ValueError("FLASHATTN2_SM90_TILE_WALK must be auto, counter or blocks, got "
                      f"{SM90_TILE_WALK!r}")
-# A prototype, off by default (FLASHATTN2_SM90_STAGE_O=1 at import, or the sm90_stage_o()
-# context manager): the Hopper forward at d192 / d256 (one Q buffer) stages each warpgroup's O
-# in the K or V buffer of the tile's last stage instead of the Q buffer, which is then free
-# after the tile's last S (the next tile's Q loads under the last P V and the epilogue), and
-# takes causal / windowed / varlen tiles from a counter up to 1k keys (sm90/fwd_config.h).
-# Plain attention only (softcap, ALiBi and a bias keep their instances).
+# The Hopper forward at d192 / d256 (one Q buffer) stages each warpgroup's O in the K or V
+# buffer of the tile's last stage instead of the Q buffer, which is then free after the
+# tile's last S (the next tile's Q loads under the last P V and the epilogue): always for
+# dense full attention (measured faster); FLASHATTN2_SM90_STAGE_O=1 at import, or the
+# sm90_stage_o() context manager, for causal / windowed / varlen tiles too, which then take
+# tiles from a counter up to 1k keys (sm90/fwd_config.h; measured 0.96-1.02x: an A/B
+# switch, off by default). Plain attention only (softcap, ALiBi and a bias keep theirs).
 SM90_STAGE_O = _env_flag("FLASHATTN2_SM90_STAGE_O", "0")
-# A prototype, off by default (FLASHATTN2_SM90_EPI_OVERLAP=1 at import, or the
-# sm90_epi_overlap() context manager): the Hopper forward at d64 / d128 (two Q buffers) runs
-# each tile's epilogue (O staged and stored, LSE) after the next tile's first S GEMM is
-# issued, under that GEMM, instead of before the next tile starts. Plain attention only.
-SM90_EPI_OVERLAP = _env_flag("FLASHATTN2_SM90_EPI_OVERLAP", "0")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
@@ -182,10 +178,8 @@ bwd_pdl = _switch("BWD_PDL", "Inside the block, Hopper backwards chain their ker
 fp32wg = _switch("FP32WG", "Inside the block, float32 forwards may run the Hopper float32 "
                  "kernel of fp32wg builds (enabled, the default where built) or never do.")
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "
-                       "O in a K / V stage (enabled) or in the Q buffer (the default).")
-sm90_epi_overlap = _switch("SM90_EPI_OVERLAP", "Inside the block, Hopper forwards at d64 / d128 "
-                           "run each tile's epilogue under the next tile's first S (enabled) "
-                           "or before it (the default).")
+                       "O in a K / V stage for causal, windowed and varlen tiles too "
+                       "(enabled), or for dense full attention only (the default).")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
