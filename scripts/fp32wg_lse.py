@@ -44,7 +44,8 @@ def s_3xtf32(q, k, mode):
             grp = 4 if mode == "rz4" else 8
             for a, b in pairs:
                 for g0 in range(0, 8, grp):
-                    t = rz(t.astype(f64) + a[:, g0:g0 + grp].astype(f64) @ b[:, g0:g0 + grp].astype(f64).T)
+                    g = slice(g0, g0 + grp)
+                    t = rz(t.astype(f64) + a[:, g].astype(f64) @ b[:, g].astype(f64).T)
         acc = t if acc is None else (acc + t).astype(f32)
     return acc
 
@@ -73,7 +74,8 @@ def kernel_lse(s, scale, block_n, diff):
                     part = (part + p[:, 8 * nt + 2 * lane + e]).astype(f32)
             row_sum[:, lane] = (row_sum[:, lane].astype(f64) * corr + part).astype(f32)
         row_max = m
-    tot = ((row_sum[:, 0] + row_sum[:, 1]).astype(f32) + (row_sum[:, 2] + row_sum[:, 3])).astype(f32)
+    tot = (row_sum[:, 0] + row_sum[:, 1]).astype(f32) + (row_sum[:, 2] + row_sum[:, 3])
+    tot = tot.astype(f32)
     return (row_max * f32(scale)).astype(f32) + np.log(tot).astype(f32)
 
 
