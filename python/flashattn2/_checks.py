@@ -24,7 +24,7 @@ _FP32 = torch.float32
 _CONTIGUOUS = torch.contiguous_format
 _MAX_HEADDIM = 256
 _FP32_MAX_HEADDIM = 128  # the float32 kernels (cpp/fp32)
-_FP32_BUILD = "FLASHATTN2_EXPERIMENTAL including fp32 (default: bias;decode;fp32)"
+_FP32_BUILD = "FLASHATTN2_EXPERIMENTAL including fp32 (default: bias;decode;fp32;fp32wg)"
 
 
 class Float32NotBuilt(NotImplementedError, ValueError):
