@@ -34,9 +34,14 @@ def test_tile_counter_rule():
     """d <= 128 take the counter up to 2k keys either way; d192 / d256 only with staged O, up
     to 1k."""
     rule = _ext._C.sm90_fwd_tile_counter
-    assert rule(128, 2048) and rule(64, 2048, True) and not rule(128, 2049)
-    assert not rule(256, 512) and not rule(192, 1024)
-    assert rule(256, 1024, True) and rule(192, 512, True) and not rule(256, 1025, True)
+    built = set(_ext.build_info()["head_dims"])  # (the rule takes the kernel head dim)
+    if {64, 128} <= built:
+        assert rule(128, 2048) and rule(64, 2048, True) and not rule(128, 2049)
+    if {192, 256} <= built:
+        assert not rule(256, 512) and not rule(192, 1024)
+        assert rule(256, 1024, True) and rule(192, 512, True) and not rule(256, 1025, True)
+    if not ({64, 128} <= built or {192, 256} <= built):
+        pytest.skip("needs kernel head dims 64 and 128, or 192 and 256")
 
 
 class _Recorder:
