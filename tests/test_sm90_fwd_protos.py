@@ -17,10 +17,10 @@ import re
 
 import pytest
 import torch
-from flashattn2 import _ext, _launch, flash_attn_func, flash_attn_varlen_func
+from flashattn2 import _ext, _launch, flash_attn_func
 from test_decode_kernel import fake_launch
 from test_fwd import ATOL, check_kernel, check_output, dtype_id, make_qkv
-from test_sm90 import require_sm90
+from test_sm90 import check_varlen, require_sm90
 
 
 @pytest.mark.parametrize("stage_o", [False, True])
@@ -131,26 +131,7 @@ def test_varlen(protos, headdim, causal):
     ones are empty tiles): O is copied from its staging by 16-byte stores of the sequence's
     rows only."""
     require_sm90(headdim)
-    from reference import attention_ref
-
-    lengths_q, lengths_k = [70, 300, 129, 1, 511, 1000], [200, 300, 81, 400, 65, 1000]
-    q = torch.randn(sum(lengths_q), 4, headdim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lengths_k), 2, headdim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
-    cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
-    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
-                                 causal=causal)  # fmt: skip
-    assert _ext.last_fwd_arch == 90
-    for i in range(len(lengths_q)):
-        sl_q = slice(cu_q[i].item(), cu_q[i + 1].item())
-        sl_k = slice(cu_k[i].item(), cu_k[i + 1].item())
-        args = (q[None, sl_q], k[None, sl_k], v[None, sl_k])
-        out_ref, _ = attention_ref(*args, causal=causal)
-        out_pt, _ = attention_ref(*args, causal=causal, upcast=False)
-        err = (out[None, sl_q].float() - out_ref.float()).abs().max().item()
-        err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
-        assert err <= 2 * err_pt + ATOL[torch.bfloat16], f"sequence {i}"
+    check_varlen([70, 300, 129, 1, 511, 1000], [200, 300, 81, 400, 65, 1000], headdim, causal)
 
 
 @pytest.mark.gpu
