@@ -206,6 +206,9 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // dependents of the kernel before them (sm90/bwd_launch.cuh), so that their prologues
   // overlap its tail; false launches them plainly (for A/B comparisons). Host only.
   bool pdl = true;
+  // The dQ convert runs bwd_convert_dq_lean_kernel (sm80/bwd_kernel.cuh: every load of a tile
+  // in flight, the same bits) instead of bwd_convert_dq_kernel (for A/B comparisons). Host only.
+  bool convert_lean = false;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

@@ -41,7 +41,8 @@
 //          two adjacent keys of one query, so one 4-byte (8-byte for float32) store or one
 //          red.v2 (sm_90) writes two scores.
 // 3. bwd_convert_dq_kernel: dQ = accumulator (chains summed in order) * scale, cast, store
-//    (back from the accumulator order through shared memory).
+//    (back from the accumulator order through shared memory); bwd_convert_dq_lean_kernel:
+//    the same bits with every load of a tile in flight at once (BwdParams::convert_lean).
 //
 // Deterministic mode: the K/V tiles that visit query tile m add their dQ in a fixed order
 // (common/dq_order.cuh: descending with a right window bound, rotated for full attention
@@ -228,6 +229,76 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) 
                                 head * p.dq_head_stride + c0 + c) = out;
     }
     __syncthreads();
+  }
+}
+
+// The same result as bwd_convert_dq_kernel, bit for bit (BwdParams::convert_lean, for A/B;
+// the Hopper backward only): that kernel's loop issues one 16-byte load per thread, waits for
+// it and stores it in shared memory before the next (runtime trip count and an early exit), so
+// its 128 threads keep 2 KiB in flight, and it measured 102-120 us for 201 MB (d128, 16k tokens
+// x hidden 2048, H100), 1.7-2.0 TB/s. Here warp w owns the tile's 16-row block w (in
+// accumulator order 16 x kCols contiguous floats): all its loads of a pass (kCols / 8 per
+// lane, every chain's) are issued before any is used; the scaled values go to shared memory
+// as the output dtype's pairs (a 4-word row pad: the 8 rows x 4 words of a store hit 32
+// banks) and come back as 16-byte row segments. d128: one pass, 64 registers of loads, 17 KiB.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(128) bwd_convert_dq_lean_kernel(const BwdParams p) {
+  ptx::griddep_wait();  // as bwd_convert_dq_kernel's
+  constexpr int kCols = kHeadDim < 128 ? kHeadDim : 128;  // columns per pass
+  constexpr int kBlocks = kCols / 8;                      // n8 blocks of a row block per pass
+  constexpr int kStride = kCols / 2 + 4;                  // 32-bit words per shared row
+  static_assert(kHeadDim % kCols == 0 && (kStride * 4) % 16 == 0, "convert tile");
+  __shared__ uint32_t tile[64 * kStride];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const SeqInfo seq(p, batch);
+  const int m0 = blockIdx.x * 64, rows = min(64, seq.seqlen_q - m0);
+  if (rows <= 0) return;  // (varlen: past this sequence; uniform in the block)
+  const int64_t block0 = ws_row0(p, seq, batch, head) + m0 + 16 * warp;  // a multiple of 16
+  const bool live = 16 * warp < rows;
+  const float s = p.softmax_scale;
+  Element* const dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride +
+                      (seq.q_row0 + m0) * p.dq_row_stride + head * p.dq_head_stride;
+#pragma unroll 1
+  for (int c0 = 0; c0 < kHeadDim; c0 += kCols) {
+    // Chain c's blocks of the pass, all loads issued before any is used.
+    auto load = [&](int chain, float4 (&b)[kBlocks]) {
+      const float* const src = dq_chain(p, chain) + block0 * p.headdim + 16 * c0 + 4 * lane;
+#pragma unroll
+      for (int cb = 0; cb < kBlocks; ++cb) {
+        b[cb] = live && c0 + 8 * cb < p.headdim ? *reinterpret_cast<const float4*>(src + 128 * cb)
+                                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    };
+    float4 a[kBlocks];
+    load(0, a);
+#pragma unroll 1
+    for (int chain = 1; chain < p.dq_chains; ++chain) {  // added in chain order, as there
+      float4 b[kBlocks];
+      load(chain, b);
+#pragma unroll
+      for (int cb = 0; cb < kBlocks; ++cb) {
+        a[cb] = make_float4(a[cb].x + b[cb].x, a[cb].y + b[cb].y, a[cb].z + b[cb].z,
+                            a[cb].w + b[cb].w);
+      }
+    }
+    // Lane 4 g + q holds rows g, g + 8 x columns 2 q, 2 q + 1 of each block.
+    const int r = 16 * warp + lane / 4, q = lane % 4;
+#pragma unroll
+    for (int cb = 0; cb < kBlocks; ++cb) {
+      tile[r * kStride + 4 * cb + q] = ptx::pack2<Element>(a[cb].x * s, a[cb].y * s);
+      tile[(r + 8) * kStride + 4 * cb + q] = ptx::pack2<Element>(a[cb].z * s, a[cb].w * s);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 64 * kBlocks / 128; ++i) {
+      const int idx = threadIdx.x + 128 * i, row = idx / kBlocks, seg = idx % kBlocks;
+      if (row < rows && c0 + 8 * seg < p.headdim) {
+        *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + c0 + 8 * seg) =
+            *reinterpret_cast<const uint4*>(&tile[row * kStride + 4 * seg]);
+      }
+    }
+    if (c0 + kCols < kHeadDim) __syncthreads();  // (d256: the next pass rewrites the tile)
   }
 }
 
