@@ -114,7 +114,8 @@ struct BwdTraits {
 // kLanes consecutive lanes (one chunk each up to d128), so a pass covers 128 / kLanes rows and
 // the unrolled passes keep all of the tile's loads in flight (one row per warp, as before, left
 // 24 of 32 lanes idle at d64 and ran 26 us behind FA2's kernel at b s h d = 16k x 2048).
-template <typename Element, int kHeadDim>
+// kZero false (BwdParams::dq_first_store_rows): dsum and the counters only.
+template <typename Element, int kHeadDim, bool kZero = true>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row of the kernel's head dim
   constexpr int kLanes = kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : 4;
@@ -172,6 +173,7 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) 
   }
   // Zero the tile's dq_accum rows in every chain: whole 16-row blocks (ws_dq_index), which
   // are contiguous; the rows past seqlen_q of the last block are the sequence's padding.
+  if constexpr (!kZero) return;
   const int rows = min(64, (seq.seqlen_q - int(blockIdx.x) * 64 + 15) / 16 * 16);
   for (int chain = 0; chain < p.dq_chains; ++chain) {
     float4* dq =
@@ -233,12 +235,12 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) 
 }
 
 // The same result as bwd_convert_dq_kernel, bit for bit (BwdParams::convert_lean, for A/B;
-// the Hopper backward only): that kernel's loop issues one 16-byte load per thread, waits for
+// always with dq_first_store_rows, whose unvisited tiles it reads as 0): that kernel's loop issues one 16-byte load per thread, waits for
 // it and stores it in shared memory before the next (runtime trip count and an early exit), so
 // its 128 threads keep 2 KiB in flight, and it measured 102-120 us for 201 MB (d128, 16k tokens
 // x hidden 2048, H100), 1.7-2.0 TB/s. Here warp w owns the tile's 16-row block w (in
-// accumulator order 16 x kCols contiguous floats): all its loads of a pass (kCols / 8 per
-// lane, every chain's) are issued before any is used; the scaled values go to shared memory
+// accumulator order 16 x kCols contiguous floats): all its loads of a pass and chain (kCols
+// / 8 per lane) are issued before any is used, the chains added in order; the scaled values go to shared memory
 // as the output dtype's pairs (a 4-word row pad: the 8 rows x 4 words of a store hit 32
 // banks) and come back as 16-byte row segments. d128: one pass, 64 registers of loads, 17 KiB.
 template <typename Element, int kHeadDim>
@@ -257,6 +259,13 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_lean_kernel(const BwdParam
   const int64_t block0 = ws_row0(p, seq, batch, head) + m0 + 16 * warp;  // a multiple of 16
   const bool live = 16 * warp < rows;
   const float s = p.softmax_scale;
+  // dq_first_store_rows (dq_accum not zeroed): the tile's counter in chain 0 (the main
+  // kernel's tiles of that many rows; d64's 128-row tiles use the first slots), non-zero
+  // where a visitor stored (and then added) the chain's dQ; a chain without reads as 0.
+  const int* const counter =
+      p.dq_first_store_rows
+          ? dq_counters(p) + ws_tile0(p, seq, batch, head, 64) + m0 / p.dq_first_store_rows
+          : nullptr;
   Element* const dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride +
                       (seq.q_row0 + m0) * p.dq_row_stride + head * p.dq_head_stride;
 #pragma unroll 1
@@ -268,6 +277,11 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_lean_kernel(const BwdParam
       for (int cb = 0; cb < kBlocks; ++cb) {
         b[cb] = live && c0 + 8 * cb < p.headdim ? *reinterpret_cast<const float4*>(src + 128 * cb)
                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      // (issued with the loads, not before them; an unvisited tile's floats are garbage)
+      if (counter && counter[chain * ws_tiles(p, 64)] == 0) {
+#pragma unroll
+        for (int cb = 0; cb < kBlocks; ++cb) b[cb] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     };
     float4 a[kBlocks];
