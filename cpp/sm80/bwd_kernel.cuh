@@ -235,14 +235,15 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) 
 }
 
 // The same result as bwd_convert_dq_kernel, bit for bit (BwdParams::convert_lean, for A/B;
-// always with dq_first_store_rows, whose unvisited tiles it reads as 0): that kernel's loop issues one 16-byte load per thread, waits for
-// it and stores it in shared memory before the next (runtime trip count and an early exit), so
-// its 128 threads keep 2 KiB in flight, and it measured 102-120 us for 201 MB (d128, 16k tokens
-// x hidden 2048, H100), 1.7-2.0 TB/s. Here warp w owns the tile's 16-row block w (in
-// accumulator order 16 x kCols contiguous floats): all its loads of a pass and chain (kCols
-// / 8 per lane) are issued before any is used, the chains added in order; the scaled values go to shared memory
-// as the output dtype's pairs (a 4-word row pad: the 8 rows x 4 words of a store hit 32
-// banks) and come back as 16-byte row segments. d128: one pass, 64 registers of loads, 17 KiB.
+// always with dq_first_store_rows, whose unvisited tiles it reads as 0). That kernel's loop
+// issues one 16-byte load per thread, waits for it and stores it in shared memory before the
+// next (runtime trip count and an early exit), so its 128 threads keep 2 KiB in flight, and
+// it measured 102-120 us for 201 MB (d128, 16k tokens x hidden 2048, H100), 1.7-2.0 TB/s.
+// Here warp w owns the tile's 16-row block w (in accumulator order 16 x kCols contiguous
+// floats): all its loads of a pass and chain (kCols / 8 per lane) are issued before any is
+// used, the chains added in order; the scaled values go to shared memory as the output
+// dtype's pairs (a 4-word row pad: the 8 rows x 4 words of a store hit 32 banks) and come
+// back as 16-byte row segments. d128: one pass, 64 registers of loads, 17 KiB.
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(128) bwd_convert_dq_lean_kernel(const BwdParams p) {
   ptx::griddep_wait();  // as bwd_convert_dq_kernel's
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_lean_kernel(const BwdParam
   constexpr int kBlocks = kCols / 8;                      // n8 blocks of a row block per pass
   constexpr int kStride = kCols / 2 + 4;                  // 32-bit words per shared row
   static_assert(kHeadDim % kCols == 0 && (kStride * 4) % 16 == 0, "convert tile");
-  __shared__ uint32_t tile[64 * kStride];
+  __shared__ alignas(16) uint32_t tile[64 * kStride];  // (16-byte row segments read back)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int head = blockIdx.y, batch = blockIdx.z;
   const SeqInfo seq(p, batch);
