@@ -288,3 +288,29 @@ def test_dq_first_store_where_it_does_not_apply(sm90_bwd, nan_workspaces, headdi
             _, _, grads = run_kernels(q, k, v, dout, causal, window, None, mods)
             check_mod_grads(grads, q, k, v, dout, ref_kwargs(causal, window, None, mods))
             assert _ext.last_bwd_arch == 90
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("headdim", [36, 56, 100, 120])
+def test_dq_first_store_padded_head_dims(sm90_bwd, nan_workspaces, headdim, deterministic):
+    """Head dims padded to the kernel's: the first store covers the columns the adds do (the
+    bulk copies are cut to the head dim's 8-column blocks), on NaN workspaces; deterministic:
+    bitwise equal to the zeroed path."""
+    kernel_head_dim = _ext.KERNEL_HEAD_DIM[headdim]
+    require_sm90_bwd(kernel_head_dim)
+    require_first_store()
+    if deterministic:
+        require_sm90_deterministic(kernel_head_dim)
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, 257, 255, 8, 2, headdim, torch.bfloat16)
+    runs = []
+    for first_store in (True, False):
+        with _ext.bwd_dq_first_store(first_store):
+            grads, arch = arch_of_backward(q, k, v, dout, causal=True,
+                                           deterministic=deterministic)
+        assert arch == 90
+        check_grads(grads, q, k, v, dout, causal=True)
+        runs.append(grads)
+    if deterministic:
+        for a, b in zip(*runs):
+            assert torch.equal(a, b)
