@@ -269,7 +269,8 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int dq_chains,
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
-         bool dbias_add, bool bias_staged, bool dq_warp, bool pdl) {
+         bool dbias_add, bool bias_staged, bool dq_warp, bool pdl, bool convert_lean,
+         bool dq_first_store) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -328,6 +329,8 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
 #endif
   params.dq_warp = dq_warp;
   params.pdl = pdl;
+  params.convert_lean = convert_lean;
+  params.dq_first_store = dq_first_store;
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
                                 "deterministic mode needs a stored dbias");
@@ -611,7 +614,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1, py::arg("dbias") = 0,
         py::arg("dbias_strides") = Strides{}, py::arg("dbias_dtype") = 2,
         py::arg("dbias_add") = false, py::arg("bias_staged") = true, py::arg("dq_warp") = true,
-        py::arg("pdl") = true,
+        py::arg("pdl") = true, py::arg("convert_lean") = false,
+        py::arg("dq_first_store") = false,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80. "
@@ -636,7 +640,11 @@ PYBIND11_MODULE(_C, m) {
         "deterministic Hopper backwards keep the dQ order on the consumer warps (A/B; the "
         "same dq bits). pdl=False: the Hopper backward launches its kernel and dQ convert "
         "plainly, not as programmatic dependents of the kernel before each (A/B; the same "
-        "results).");
+        "results). convert_lean=True: the dQ convert runs its kernel with every load of a "
+        "tile in flight (A/B; the same dq bits). dq_first_store=True: dense Hopper backwards "
+        "of d64 / d128 without mods or a bias, in dq_warp builds, store the first dQ of each "
+        "query tile instead of adding it to a zeroed accumulator (A/B; deterministic: the "
+        "same dq bits).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),

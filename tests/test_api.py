@@ -810,6 +810,8 @@ _IMPORT_SWITCHES = [
     ("FLASHATTN2_BWD_BIAS_STAGED", "BWD_BIAS_STAGED", True),
     ("FLASHATTN2_SM90_DQ_WARP", "SM90_DQ_WARP", True),
     ("FLASHATTN2_BWD_PDL", "BWD_PDL", True),
+    ("FLASHATTN2_BWD_CONVERT_LEAN", "BWD_CONVERT_LEAN", False),
+    ("FLASHATTN2_BWD_DQ_FIRST_STORE", "BWD_DQ_FIRST_STORE", False),
 ]
 
 
@@ -828,6 +830,22 @@ def test_switch_is_read_at_import(monkeypatch, var, attr, default):
     finally:
         monkeypatch.undo()
         importlib.reload(_ext)
+
+
+@pytest.mark.parametrize("switch, attr", [("bwd_convert_lean", "BWD_CONVERT_LEAN"),
+                                          ("bwd_dq_first_store", "BWD_DQ_FIRST_STORE")])
+def test_backward_pass_switches(switch, attr):
+    """The backward's dev switches (tests/test_bwd_convert.py on the GPU): context managers
+    that set and restore the module flag, and binding arguments of the same name."""
+    before = getattr(_ext, attr)
+    with getattr(_ext, switch)(True):
+        assert getattr(_ext, attr) is True
+        with getattr(_ext, switch)(False):
+            assert getattr(_ext, attr) is False
+        assert getattr(_ext, attr) is True
+    assert getattr(_ext, attr) is before
+    doc = _ext._C.bwd.__doc__
+    assert "convert_lean: bool = False" in doc and "dq_first_store: bool = False" in doc
 
 
 def test_sm90_backward_switch_reaches_the_binding():

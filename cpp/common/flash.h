@@ -206,6 +206,18 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // dependents of the kernel before them (sm90/bwd_launch.cuh), so that their prologues
   // overlap its tail; false launches them plainly (for A/B comparisons). Host only.
   bool pdl = true;
+  // The dQ convert runs bwd_convert_dq_lean_kernel (sm80/bwd_kernel.cuh: every load of a tile
+  // in flight, the same bits) instead of bwd_convert_dq_kernel (for A/B comparisons). Host only.
+  bool convert_lean = false;
+  // Hopper backwards on the dq_warp instances (dense, d64 / d128, no mods / bias): the first
+  // visitor of each query tile (and chain) stores its dQ instead of adding it, so the
+  // preprocess does not zero dq_accum (sm90/bwd_producer.cuh dq_order_warp; for A/B). Host
+  // only: run_bwd_sm90 turns it into dq_first_store_rows for the calls it applies to.
+  bool dq_first_store = false;
+  // Set by run_bwd_sm90 (0 elsewhere): the main kernel's query tile rows (64 or 128) when the
+  // first visitors store; then the preprocess does not zero dq_accum and the (lean) convert
+  // reads a chain's tile only where its counter shows a visitor (else it adds 0).
+  int dq_first_store_rows = 0;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

@@ -41,7 +41,8 @@
 //          two adjacent keys of one query, so one 4-byte (8-byte for float32) store or one
 //          red.v2 (sm_90) writes two scores.
 // 3. bwd_convert_dq_kernel: dQ = accumulator (chains summed in order) * scale, cast, store
-//    (back from the accumulator order through shared memory).
+//    (back from the accumulator order through shared memory); bwd_convert_dq_lean_kernel:
+//    the same bits with every load of a tile in flight at once (BwdParams::convert_lean).
 //
 // Deterministic mode: the K/V tiles that visit query tile m add their dQ in a fixed order
 // (common/dq_order.cuh: descending with a right window bound, rotated for full attention
@@ -113,7 +114,8 @@ struct BwdTraits {
 // kLanes consecutive lanes (one chunk each up to d128), so a pass covers 128 / kLanes rows and
 // the unrolled passes keep all of the tile's loads in flight (one row per warp, as before, left
 // 24 of 32 lanes idle at d64 and ran 26 us behind FA2's kernel at b s h d = 16k x 2048).
-template <typename Element, int kHeadDim>
+// kZero false (BwdParams::dq_first_store_rows): dsum and the counters only.
+template <typename Element, int kHeadDim, bool kZero = true>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row of the kernel's head dim
   constexpr int kLanes = kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : 4;
@@ -171,6 +173,7 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) 
   }
   // Zero the tile's dq_accum rows in every chain: whole 16-row blocks (ws_dq_index), which
   // are contiguous; the rows past seqlen_q of the last block are the sequence's padding.
+  if constexpr (!kZero) return;
   const int rows = min(64, (seq.seqlen_q - int(blockIdx.x) * 64 + 15) / 16 * 16);
   for (int chain = 0; chain < p.dq_chains; ++chain) {
     float4* dq =
@@ -228,6 +231,89 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) 
                                 head * p.dq_head_stride + c0 + c) = out;
     }
     __syncthreads();
+  }
+}
+
+// The same result as bwd_convert_dq_kernel, bit for bit (BwdParams::convert_lean, for A/B;
+// always with dq_first_store_rows, whose unvisited tiles it reads as 0). That kernel's loop
+// issues one 16-byte load per thread, waits for it and stores it in shared memory before the
+// next (runtime trip count and an early exit), so its 128 threads keep 2 KiB in flight, and
+// it measured 102-120 us for 201 MB (d128, 16k tokens x hidden 2048, H100), 1.7-2.0 TB/s.
+// Here warp w owns the tile's 16-row block w (in accumulator order 16 x kCols contiguous
+// floats): all its loads of a pass and chain (kCols / 8 per lane) are issued before any is
+// used, the chains added in order; the scaled values go to shared memory as the output
+// dtype's pairs (a 4-word row pad: the 8 rows x 4 words of a store hit 32 banks) and come
+// back as 16-byte row segments. d128: one pass, 64 registers of loads, 17 KiB.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(128) bwd_convert_dq_lean_kernel(const BwdParams p) {
+  ptx::griddep_wait();  // as bwd_convert_dq_kernel's
+  constexpr int kCols = kHeadDim < 128 ? kHeadDim : 128;  // columns per pass
+  constexpr int kBlocks = kCols / 8;                      // n8 blocks of a row block per pass
+  constexpr int kStride = kCols / 2 + 4;                  // 32-bit words per shared row
+  static_assert(kHeadDim % kCols == 0 && (kStride * 4) % 16 == 0, "convert tile");
+  __shared__ alignas(16) uint32_t tile[64 * kStride];  // (16-byte row segments read back)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const SeqInfo seq(p, batch);
+  const int m0 = blockIdx.x * 64, rows = min(64, seq.seqlen_q - m0);
+  if (rows <= 0) return;  // (varlen: past this sequence; uniform in the block)
+  const int64_t block0 = ws_row0(p, seq, batch, head) + m0 + 16 * warp;  // a multiple of 16
+  const bool live = 16 * warp < rows;
+  const float s = p.softmax_scale;
+  // dq_first_store_rows (dq_accum not zeroed): the tile's counter in chain 0 (the main
+  // kernel's tiles of that many rows; d64's 128-row tiles use the first slots), non-zero
+  // where a visitor stored (and then added) the chain's dQ; a chain without reads as 0.
+  const int* const counter =
+      p.dq_first_store_rows
+          ? dq_counters(p) + ws_tile0(p, seq, batch, head, 64) + m0 / p.dq_first_store_rows
+          : nullptr;
+  Element* const dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride +
+                      (seq.q_row0 + m0) * p.dq_row_stride + head * p.dq_head_stride;
+#pragma unroll 1
+  for (int c0 = 0; c0 < kHeadDim; c0 += kCols) {
+    // Chain c's blocks of the pass, all loads issued before any is used.
+    auto load = [&](int chain, float4 (&b)[kBlocks]) {
+      const float* const src = dq_chain(p, chain) + block0 * p.headdim + 16 * c0 + 4 * lane;
+#pragma unroll
+      for (int cb = 0; cb < kBlocks; ++cb) {
+        b[cb] = live && c0 + 8 * cb < p.headdim ? *reinterpret_cast<const float4*>(src + 128 * cb)
+                                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      // (issued with the loads, not before them; an unvisited tile's floats are garbage)
+      if (counter && counter[chain * ws_tiles(p, 64)] == 0) {
+#pragma unroll
+        for (int cb = 0; cb < kBlocks; ++cb) b[cb] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    };
+    float4 a[kBlocks];
+    load(0, a);
+#pragma unroll 1
+    for (int chain = 1; chain < p.dq_chains; ++chain) {  // added in chain order, as there
+      float4 b[kBlocks];
+      load(chain, b);
+#pragma unroll
+      for (int cb = 0; cb < kBlocks; ++cb) {
+        a[cb] = make_float4(a[cb].x + b[cb].x, a[cb].y + b[cb].y, a[cb].z + b[cb].z,
+                            a[cb].w + b[cb].w);
+      }
+    }
+    // Lane 4 g + q holds rows g, g + 8 x columns 2 q, 2 q + 1 of each block.
+    const int r = 16 * warp + lane / 4, q = lane % 4;
+#pragma unroll
+    for (int cb = 0; cb < kBlocks; ++cb) {
+      tile[r * kStride + 4 * cb + q] = ptx::pack2<Element>(a[cb].x * s, a[cb].y * s);
+      tile[(r + 8) * kStride + 4 * cb + q] = ptx::pack2<Element>(a[cb].z * s, a[cb].w * s);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 64 * kBlocks / 128; ++i) {
+      const int idx = threadIdx.x + 128 * i, row = idx / kBlocks, seg = idx % kBlocks;
+      if (row < rows && c0 + 8 * seg < p.headdim) {
+        *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + c0 + 8 * seg) =
+            *reinterpret_cast<const uint4*>(&tile[row * kStride + 4 * seg]);
+      }
+    }
+    if (c0 + kCols < kHeadDim) __syncthreads();  // (d256: the next pass rewrites the tile)
   }
 }
 

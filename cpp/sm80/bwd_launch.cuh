@@ -13,15 +13,22 @@ namespace flashattn2 {
 template <typename Element, int kHeadDim>
 void run_bwd_preprocess(const BwdParams& params, cudaStream_t stream) {
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
-  bwd_preprocess_kernel<Element, kHeadDim><<<rows_grid, 128, 0, stream>>>(params);
+  if (params.dq_first_store_rows)  // (the Hopper backward's first visitors store)
+    bwd_preprocess_kernel<Element, kHeadDim, false><<<rows_grid, 128, 0, stream>>>(params);
+  else
+    bwd_preprocess_kernel<Element, kHeadDim><<<rows_grid, 128, 0, stream>>>(params);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
 }
 
 template <typename Element, int kHeadDim>
 void run_bwd_convert_dq(const BwdParams& params, bool pdl, cudaStream_t stream) {
   const dim3 rows_grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
-  launch_kernel(bwd_convert_dq_kernel<Element>, rows_grid, 128, 0, stream, pdl,
-                "bwd_convert_dq_kernel launch", params);
+  if (params.convert_lean || params.dq_first_store_rows)
+    launch_kernel(bwd_convert_dq_lean_kernel<Element, kHeadDim>, rows_grid, 128, 0, stream, pdl,
+                  "bwd_convert_dq_lean_kernel launch", params);
+  else
+    launch_kernel(bwd_convert_dq_kernel<Element>, rows_grid, 128, 0, stream, pdl,
+                  "bwd_convert_dq_kernel launch", params);
 }
 
 template <typename Element, int kHeadDim>

@@ -89,8 +89,10 @@ namespace sm90 {
 // kDqWarp (dq_warp builds, calls without mods or a bias): producer warp 2 runs the dQ order
 // (dq_order_warp); the other instances have none of its code (their SASS is a build's
 // without the item), so that a dq_warp build can run both paths (BwdParams::dq_warp, A/B).
+// kFirstStore (with kDqWarp; BwdParams::dq_first_store_rows): warp 2 stores the dQ of a tile's
+// first visitor instead of adding it (dq_order_warp), dq_accum not zeroed.
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false>
+          bool kDqWarp = false, bool kFirstStore = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -136,6 +138,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int n_block = order.n_block();
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
+  static_assert(!kFirstStore || kDqWarp, "first-store instance");
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
@@ -163,20 +166,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::griddep_wait();  // PDL: before its first counter load and reduce (zeroed by the
                             // preprocess)
       // The consumer warps' staged 16 x 64 blocks, one bulk reduce each.
-      auto issue = [&](float* dq_tile, int rows, int) {
+      auto issue = [&](float* dq_tile, int rows, int, bool store = false) {
 #pragma unroll
         for (int i = 0; i < 4 * Traits::kConsumers; ++i) {  // consumer warp i: 4 c + w
           const int c = i / 4, w = i % 4;
           const int dq_chunk = Traits::kDqSplitsRows ? 0 : c;
           const int row = (Traits::kDqSplitsRows ? 64 * c : 0) + 16 * w;
           const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-          if (row < rows && tiles > 0)
-            bulk_reduce_add_f32(dq_tile + row * p.headdim + 16 * 64 * dq_chunk,
-                                sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
+          if (row < rows && tiles > 0) {
+            float* const dst = dq_tile + row * p.headdim + 16 * 64 * dq_chunk;
+            if (kFirstStore && store)
+              bulk_store_f32(dst, sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
+            else
+              bulk_reduce_add_f32(dst, sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
+          }
         }
       };
-      dq_order_warp<kBlockM, kBlockN, kVarlen>(p, seq, head_k * group, n_block, range, lane,
-                                               issue, [](int) {});
+      dq_order_warp<kBlockM, kBlockN, kVarlen, kFirstStore>(p, seq, head_k * group, n_block,
+                                                            range, lane, issue, [](int) {});
     }
   } else {
     // ---- consumers ----

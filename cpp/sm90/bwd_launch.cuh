@@ -24,9 +24,9 @@ namespace flashattn2 {
 namespace sm90 {
 
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false>
+          bool kDqWarp = false, bool kFirstStore = false>
 void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
-  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp>;
+  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp, kFirstStore>;
   constexpr int kSmem = Traits::smem_bytes(kBias);
   raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
   // Causal: the first key blocks see the most query blocks and launch first.
@@ -58,7 +58,6 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
       sm90::make_tma_map(&args.v, p.v, p.dtype, p.headdim, rows_k, p.nheads_k, batch_k,
                          p.v_row_stride, p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
   if (!mapped) return false;
-  run_bwd_preprocess<Element, kHeadDim>(p, stream);
   // Only the instances a build can reach (sm90_bwd_supports) are compiled.
   constexpr bool kVarlenBuilt = FLASHATTN2_SM90_BWD_VARLEN != 0;
   constexpr bool kModsBuilt = FLASHATTN2_SM90_BWD_MODS != 0;
@@ -70,6 +69,10 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   // the others, for A/B comparisons and the bitwise test).
   constexpr bool kDqWarpBuilt = Traits::kDqWarpBuilt;
   const bool dq_warp = kDqWarpBuilt && p.dq_warp;
+  // dq_first_store: dense calls on the dq_warp instances only (the others zero dq_accum).
+  const bool first_store = dq_warp && p.dq_first_store && !varlen && !mods && !has_bias(p);
+  args.p.dq_first_store_rows = first_store ? Traits::kBlockM : 0;
+  run_bwd_preprocess<Element, kHeadDim>(args.p, stream);
   if (kBiasBuilt && has_bias(p))
     sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
   else if (varlen && mods)
@@ -80,11 +83,14 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, false>(args, stream);
   else if (mods)
     sm90::launch_bwd<Traits, Element, false, kModsBuilt>(args, stream);
+  else if (first_store)
+    sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt, kDqWarpBuilt>(args,
+                                                                                     stream);
   else if (dq_warp)
     sm90::launch_bwd<Traits, Element, false, false, false, kDqWarpBuilt>(args, stream);
   else
     sm90::launch_bwd<Traits, Element, false, false>(args, stream);
-  run_bwd_convert_dq<Element, kHeadDim>(p, p.pdl, stream);
+  run_bwd_convert_dq<Element, kHeadDim>(args.p, p.pdl, stream);
   return true;
 #if FLASHATTN2_SM90_BWD_D256
   }

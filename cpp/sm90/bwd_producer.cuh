@@ -163,26 +163,47 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
 // of the step's head stepped per head and everything else rebuilt from the params per step:
 // the producer warpgroup has 24 registers (the consumers need their 240; at 232 ptxas
 // serialises their wgmma, C7512).
-template <int kBlockM, int kBlockN, bool kVarlen, typename Issue, typename Read>
+// kFirstStore (BwdParams::dq_first_store_rows, dq_accum not zeroed): the first visitor of a
+// tile in its chain stores (issue(..., t, true)), the others add. Deterministic: the visitor
+// whose turn is 0. Otherwise lane 0 takes a ticket (atomic add of 1 to the tile's counter,
+// which nothing else uses then) while the consumers compute; ticket 0 stores, then, once the
+// store is complete, adds kStored (release); the others wait for kStored (acquire) before
+// adding. No deadlock: a visitor waits only for one that took its ticket earlier, which is
+// resident and itself waits only for earlier tickets. The convert reads a tile only where
+// its counter is non-zero (a visitor came).
+template <int kBlockM, int kBlockN, bool kVarlen, bool kFirstStore = false, typename Issue,
+          typename Read>
 __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
                                               int head0, int n_block, const BwdRange& range,
                                               int lane, Issue&& issue, Read&& read) {
   int* counter = seq.dq_counter0(head0, n_block);  // the step's head's first tile
   float* dq = dq_chain(p, p.deterministic ? n_block & (p.dq_chains - 1) : 0) +
               seq.ws_row0(head0) * p.headdim;
+  constexpr int kStored = 1 << 20;  // (more than any tile's visitors)
   int m_block = range.m_start;
   for (int t = 0; t < range.steps; ++t) {
+    [[maybe_unused]] bool first = false;
     if (p.deterministic && lane == 0) {
       const DqOrder<kBlockM, kBlockN> order(
           p, seq.seqlen_q(), seq.seqlen_k(), (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
       const int turn = order.turn(n_block, m_block);
       while (ptx::ld_acquire(counter + m_block) != turn) __nanosleep(32);
+      if constexpr (kFirstStore) first = turn == 0;
+    } else if (kFirstStore && lane == 0) {
+      first = atomicAdd(counter + m_block, 1) == 0;
+      if (!first)
+        while (ptx::ld_acquire(counter + m_block) < kStored) __nanosleep(32);
     }
     __syncwarp();
     named_sync(kBarDqFull, 256 + 32);
     if (lane == 0) {
-      if (p.deterministic) fence_proxy_async_global();  // after the turn's acquire
-      issue(dq + int64_t(m_block * kBlockM) * p.headdim, seq.seqlen_q() - m_block * kBlockM, t);
+      // after the turn's (or the stored flag's) acquire
+      if (p.deterministic || kFirstStore) fence_proxy_async_global();
+      if constexpr (kFirstStore)
+        issue(dq + int64_t(m_block * kBlockM) * p.headdim, seq.seqlen_q() - m_block * kBlockM, t,
+              first);
+      else
+        issue(dq + int64_t(m_block * kBlockM) * p.headdim, seq.seqlen_q() - m_block * kBlockM, t);
       tma_store_commit();
       tma_store_wait_read();
       read(t);
@@ -193,6 +214,10 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
       tma_store_wait();
       fence_proxy_async_global();
       ptx::red_release_add(counter + m_block, 1);
+    } else if (kFirstStore && first) {  // (lane 0)
+      tma_store_wait();
+      fence_proxy_async_global();
+      ptx::red_release_add(counter + m_block, kStored);
     }
     if (++m_block == range.m_block_max) m_block = range.m_block_min;
     if (m_block == range.m_start) {  // range.next: the next head

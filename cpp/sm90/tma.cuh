@@ -46,6 +46,13 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
                "r"(src), "r"(bytes)
                : "memory");
 }
+// cp.async.bulk.global.shared::cta.bulk_group: stores `bytes` (as bulk_reduce_add_f32's) of
+// shared address src at global dst; completes in the same bulk async-groups.
+__device__ __forceinline__ void bulk_store_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
 // cp.async.bulk.commit_group / wait_group 0: close this thread's bulk stores into a group;
 // wait until they are complete (their global writes performed).
 __device__ __forceinline__ void tma_store_commit() {

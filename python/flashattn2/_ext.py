@@ -127,6 +127,18 @@ SM90_DQ_WARP = _env_flag("FLASHATTN2_SM90_DQ_WARP", "1")
 # import, or the bwd_pdl(False) context manager, launches them one after the other (for A/B
 # comparisons; the same results, bit for bit in deterministic mode).
 BWD_PDL = _env_flag("FLASHATTN2_BWD_PDL", "1")
+# False (the default): backwards convert the float32 dQ accumulator with the kernel that loads,
+# transposes and stores it a 16-byte slot at a time; FLASHATTN2_BWD_CONVERT_LEAN=1 at import, or
+# the bwd_convert_lean() context manager, runs the one that has all of a tile's loads in flight
+# at once (cpp/sm80/bwd_kernel.cuh bwd_convert_dq_lean_kernel; the same dq bits; for A/B).
+BWD_CONVERT_LEAN = _env_flag("FLASHATTN2_BWD_CONVERT_LEAN", "0")
+# False (the default): the backward's preprocess zeroes the float32 dQ accumulator, which the
+# main kernel adds into; FLASHATTN2_BWD_DQ_FIRST_STORE=1 at import, or the
+# bwd_dq_first_store() context manager, makes the first visitor of each query tile store its
+# dQ instead (a per-tile ticket; deterministic: the first in the order) and skips the zeroing,
+# where it applies: dense Hopper backwards of d64 / d128 without softcap / ALiBi / a bias in
+# dq_warp builds (cpp/sm90/bwd_producer.cuh dq_order_warp; with the lean convert). For A/B.
+BWD_DQ_FIRST_STORE = _env_flag("FLASHATTN2_BWD_DQ_FIRST_STORE", "0")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
@@ -175,6 +187,12 @@ sm90_dq_warp = _switch("SM90_DQ_WARP", "Inside the block, Hopper backwards may r
                        "dq_warp instances where built (enabled, the default) or never do.")
 bwd_pdl = _switch("BWD_PDL", "Inside the block, Hopper backwards chain their kernels by "
                   "programmatic dependent launch (enabled, the default) or launch them plainly.")
+bwd_convert_lean = _switch("BWD_CONVERT_LEAN", "Inside the block, backwards convert dQ with "
+                           "the kernel that keeps all of a tile's loads in flight (enabled) "
+                           "or the default one.")
+bwd_dq_first_store = _switch("BWD_DQ_FIRST_STORE", "Inside the block, Hopper backwards "
+                             "store the first dQ of each query tile where they can, without "
+                             "zeroing the accumulator (enabled), or add every dQ (default).")
 fp32wg = _switch("FP32WG", "Inside the block, float32 forwards may run the Hopper float32 "
                  "kernel of fp32wg builds (enabled, the default where built) or never do.")
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "

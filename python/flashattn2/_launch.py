@@ -311,6 +311,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_args,
         dq_chains=dq_chains, allow_sm90=_allow_sm90_bwd(headdim), dq_warp=_ext.SM90_DQ_WARP,
         pdl=_ext.BWD_PDL,
+        convert_lean=_ext.BWD_CONVERT_LEAN, dq_first_store=_ext.BWD_DQ_FIRST_STORE,
     )  # fmt: skip
 
 
