@@ -153,9 +153,14 @@ struct FwdTileWork {
 // kBiasSmem (with kBias): the bias tile of each key step is staged in shared
 // memory by cp.async one step ahead, instead of one global load per score (fwd_launch.cuh
 // picks it for 16-byte aligned biases with unit key stride). kStageO: O staged in the last
-// K / V stage (the tiling block's epilogue).
+// K / V stage (the tiling block's epilogue). kHalfStep (a prototype, FwdParams::sm90_half_step;
+// 128-key steps, plain attention): a warpgroup whose first key block holds keys it sees only
+// in its left half (the causal diagonal of warpgroup 0 at d128 and of every other warpgroup
+// at d64, a right window, a key tail) runs that step as a 64-key one: S m64n64, the mask and
+// softmax over 32 floats, P V of 4 k16 blocks. The step opens the tile, where nothing hides
+// its S and softmax latency.
 template <typename Traits, typename Element, bool kMods, bool kBias = false,
-          bool kBiasSmem = false, bool kStageO = false>
+          bool kBiasSmem = false, bool kStageO = false, bool kHalfStep = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -191,6 +196,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   // kStageO: a warpgroup's O (64 rows, chunks of 64 x 128 bytes) fits in one K / V buffer.
   static_assert(!kStageO || (kQBufs == 1 && kConsumers == 2 &&
                              kChunks * 64 * kSwizzleBytes <= Traits::kKVBytes), "O in a stage");
+  static_assert(!kHalfStep || (kBlockN == 128 && !kMods && !kStageO), "half step");
   [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
 
   const int tid = threadIdx.x;
@@ -320,6 +326,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       }
       wgmma_commit();
     };
+    // kHalfStep: S of the block's left 64 keys (its own accumulators: a half of acc_s made
+    // ptxas serialise the wgmmas, C7515), and P V of them.
+    auto gemm_s_half = [&](float (&acc)[kBlockN / 4], int stage) {
+      const uint32_t q_base = sQt + wg_row0 * kSwizzleBytes;
+      const uint32_t k_base = sK + stage * Traits::kKVBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t col = (kk % 4) * 32;
+        const uint64_t a = desc_k_major(q_base + (kk / 4) * Traits::kQChunkBytes + col);
+        const uint64_t b = desc_k_major(k_base + (kk / 4) * Traits::kKVChunkBytes + col);
+        Wgmma<kBlockN / 2, Element>::template ss<0>(acc, a, b, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    auto gemm_o_half = [&](int stage) {
+      const uint32_t v_base = sV + stage * Traits::kKVBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 32; ++kk) {
+        const uint64_t b = desc_mn_major(v_base + kk * 16 * kSwizzleBytes, Traits::kKVChunkBytes);
+        Wgmma<kHeadDim, Element>::template rs<1>(acc_o, rP[kk], b, 1);
+      }
+      wgmma_commit();
+    };
 
     int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
     for (int walk = 0;; ++walk) {
@@ -349,6 +380,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       if (wg_first < seqlen_q)
         wg_hi = min(visible_key_blocks<kBlockN>(p, wg_first, wg_last, seqlen_k, offset).max,
                     w.n_block_max);
+      // kHalfStep: whether this warpgroup's first step sees keys of its block's left half
+      // only (every key it sees there is below the block's 65th).
+      bool half = false;
+      if constexpr (kHalfStep) {
+        if (wg_hi > w.n_block_min) {
+          const int col_hi = p.window_right >= 0
+                                 ? min(seqlen_k - 1, wg_last + offset + p.window_right)
+                                 : seqlen_k - 1;
+          half = col_hi - (wg_hi - 1) * kBlockN < kBlockN / 2;
+        }
+      }
       FwdSoftmax<kBlockN, kMods, kBias> softmax(p, w.batch, w.head);
       softmax.reset();
 #pragma unroll
@@ -411,6 +453,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         }
         softmax.online(acc_s, correction);
       };
+      // kHalfStep's first step: the mask and softmax of the left half (the right one is
+      // wholly masked; every such step needs the mask).
+      auto step_softmax_half = [&](float (&acc)[kBlockN / 4], int n_block,
+                                   float (&correction)[2]) {
+        const int col0 = n_block * kBlockN;
+        int lo[2], hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = row0_pos + 8 * r, base = col0 + 2 * q;
+          hi[r] = (p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
+                                       : seqlen_k - 1) - base;
+          lo[r] = (p.window_left >= 0 ? row + offset - p.window_left : 0) - base;
+        }
+        softmax.mask(acc, lo, hi);
+        softmax.online(acc, correction);
+      };
       auto rescale_o = [&](const float (&correction)[2]) {
 #pragma unroll
         for (int dt = 0; dt < kHeadDim / 8; ++dt)
@@ -454,14 +512,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         int s = j % kStages;
         mbar_wait(bar_k_full(s), (j / kStages) & 1);
         turn_wait();
-        gemm_s(acc_s, s);
-        turn_pass();
-        wgmma_wait<0>();
-        fence_regs(acc_s);
-        if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
-        if (hold && n_block == w.n_block_min) release(bar_q_empty(0));  // (its last S is done)
-        step_softmax(acc_s, n_block, correction);
-        FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
+        if (kHalfStep && half) {
+          float acc_h[kBlockN / 4];
+          gemm_s_half(acc_h, s);
+          turn_pass();
+          wgmma_wait<0>();
+          fence_regs(acc_h);
+          release(bar_k_empty(s));  // (kStageO's hold never comes with kHalfStep)
+          step_softmax_half(acc_h, n_block, correction);
+          FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_h, rP);
+        } else {
+          gemm_s(acc_s, s);
+          turn_pass();
+          wgmma_wait<0>();
+          fence_regs(acc_s);
+          if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
+          if (hold && n_block == w.n_block_min) release(bar_q_empty(0));  // (its last S is done)
+          step_softmax(acc_s, n_block, correction);
+          FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
+        }
         release_prev_q();
         for (--n_block; n_block >= w.n_block_min; --n_block) {
           const int s_prev = s;
@@ -471,7 +540,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           turn_wait();
           gemm_s(acc_s, s);
           mbar_wait(bar_v_full(s_prev), phase_prev);
-          gemm_o(s_prev);
+          if (kHalfStep && half)
+            gemm_o_half(s_prev);
+          else
+            gemm_o(s_prev);
+          half = false;
           turn_pass();
           wgmma_wait<1>();
           fence_regs(acc_s);
@@ -486,7 +559,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         }
         if (hold && consumer == 1) named_sync(kBarStageO, 256);  // (its last S is done)
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
-        gemm_o(s);
+        if (kHalfStep && half)
+          gemm_o_half(s);
+        else
+          gemm_o(s);
         wgmma_wait<0>();
         fence_regs(acc_o);
         if (!(hold && consumer == 1)) release(bar_v_empty(s));
