@@ -186,7 +186,7 @@ def test_score_mods_keep_their_instance(protos, headdim):
 
 
 def _fwd_kernel_flags(fn):
-    """The template flags (kMods, kBias, kBiasSmem, kStageO, kHalfStep) of each sm90 forward
+    """The template flags (kMods, kBias, kBiasSmem, kStageO, kNarrowStep) of each sm90 forward
     kernel `fn` launches (torch.profiler)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile

@@ -44,11 +44,11 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   args.tile_counter = equal_tiles ? nullptr : p.tile_counter;
   const bool persistent = equal_tiles || args.tile_counter != nullptr;
   const dim3 grid(unsigned(persistent ? std::min<int64_t>(tiles, num_sms) : tiles));
-  auto launch = [&](auto mods, auto bias, auto bias_smem, auto stage_o, auto half_step) {
+  auto launch = [&](auto mods, auto bias, auto bias_smem, auto stage_o, auto narrow_step) {
     constexpr bool kBiasSmem = decltype(bias_smem)::value;
     constexpr auto kernel =
         sm90::fwd_kernel<Traits, Element, decltype(mods)::value, decltype(bias)::value,
-                         kBiasSmem, decltype(stage_o)::value, decltype(half_step)::value>;
+                         kBiasSmem, decltype(stage_o)::value, decltype(narrow_step)::value>;
     constexpr int kSmem = Traits::smem_bytes(kBiasSmem);
     raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");
     kernel<<<grid, Traits::kThreads, kSmem, stream>>>(args);
@@ -75,12 +75,12 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
     // 0.96x, s4k 1.02x; benchmarks/NOTES.md, ninth session).
     if constexpr (Traits::kQBufs == 1)
       launch(no, no, no, std::true_type{}, no);
-  } else if (Traits::kBlockN == 128 && Traits::kQBufs == 2 && p.sm90_half_step) {
-    // d64 / d128 with FLASHATTN2_SM90_HALF_STEP=1 (a prototype, off by default): a
-    // warpgroup's first key step runs on the block's left 64 keys where it sees no others
-    // (the causal diagonal, a right window, a key tail; fwd_kernel.cuh kHalfStep).
-    if constexpr (Traits::kBlockN == 128 && Traits::kQBufs == 2)
-      launch(no, no, no, no, std::true_type{});
+  } else if (p.sm90_narrow_step) {
+    // FLASHATTN2_SM90_NARROW_STEP=1 (a prototype, off by default; d192 / d256 dense full
+    // attention keeps the staged-O instance above): a warpgroup's first key step runs on the
+    // block's first 32 or 64 keys where it sees no others (the causal diagonal, a right
+    // window, a key tail; fwd_kernel.cuh kNarrowStep).
+    launch(no, no, no, no, std::true_type{});
   } else {
     launch(no, no, no, no, no);
   }

@@ -108,8 +108,8 @@ struct FwdSoftmax {
 
   // -inf outside [lo[r], hi[r]], the visible columns of row r relative to the thread's
   // first column, so each test compares with a compile-time offset.
-  // (kLen: the fragment's floats, kBlockN / 2; kBlockN / 4 for the left half of the block,
-  // fwd_kernel.cuh kHalfStep.)
+  // (kLen: the fragment's floats, kBlockN / 2; fewer for the first columns only, the
+  // narrow step of fwd_kernel.cuh kNarrowStep.)
   template <int kLen = kBlockN / 2>
   __device__ __forceinline__ static void mask(float (&s)[kLen], const int (&lo)[2],
                                               const int (&hi)[2]) {
@@ -162,7 +162,8 @@ struct FwdSoftmax {
   }
 
   // P as the A fragments of the P V wgmma (C layout of n8 tiles 2 kk, 2 kk + 1).
-  // (kLen: the fragment's floats; kBlockN / 4 fills the first half of p, kHalfStep's.)
+  // (kLen: the fragment's floats; fewer than kBlockN / 2 fill p's first kLen / 8 k16
+  // blocks only: kNarrowStep.)
   template <typename Element, int kLen = kBlockN / 2>
   __device__ __forceinline__ static void to_p(const float (&s)[kLen],
                                               uint32_t (&p)[kBlockN / 16][4]) {

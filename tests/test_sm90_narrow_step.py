@@ -1,17 +1,17 @@
-"""The Hopper forward's half first step (cpp/sm90/fwd_kernel.cuh kHalfStep; a prototype, off
-by default): with FLASHATTN2_SM90_HALF_STEP=1 (or ``_ext.sm90_half_step()``) the d64 / d128
-plain instance runs a warpgroup's first key step on the block's left 64 keys where the
-warpgroup sees none of the block's other keys: the causal diagonal (warpgroup 0 of every d128
-tile, every other warpgroup at d64 with its 192-row tiles), right windows, key tails of 1-64
-keys.
+"""The Hopper forward's narrow first step (cpp/sm90/fwd_kernel.cuh kNarrowStep; a prototype,
+off by default): with FLASHATTN2_SM90_NARROW_STEP=1 (or ``_ext.sm90_narrow_step()``) the plain
+instance runs a warpgroup's first key step on the block's first 32 or 64 keys where the
+warpgroup sees none of the block's others: the causal diagonal (warpgroup 0 of every d128
+tile, every other warpgroup at d64 with its 192-row tiles, 4 of 5 at d256 with its 80-key
+blocks), right windows, key tails.
 
 The GPU tests turn the switch on and compare with the float32 reference under test_fwd.py's
-rule (out and lse NaN-poisoned before the kernel writes them). Lengths put the half step's
-test at its edges: a last key block of 64 keys (half) and of 65 (not), diagonals shifted by
-sq != sk (causal sq > sk: warpgroups that see no key; sq < sk: the diagonal off the block's
-edge), windows whose right bound falls in either half, GQA, varlen, split-KV (a split whose
-first block is the diagonal), and both tile walks over many tiles per persistent CTA. d256
-(80-key steps, no half step) runs as a control. The first test runs without a GPU.
+rule (out and lse NaN-poisoned before the kernel writes them). Lengths put the step's width
+at its edges: last key blocks of 32 / 33 / 64 / 65 keys (32, 64, 64, the whole block),
+diagonals shifted by sq != sk (causal sq > sk: warpgroups that see no key), windows whose
+right bound falls in either width, GQA, varlen, split-KV (a split whose first block is the
+diagonal), and both tile walks over many tiles per persistent CTA. The first test runs
+without a GPU.
 """
 import pytest
 import torch
@@ -19,36 +19,37 @@ from flashattn2 import _ext, _launch, flash_attn_func, flash_attn_varlen_func
 from test_decode_kernel import fake_launch
 from test_fwd import ATOL, check_kernel, check_output, make_qkv
 from test_sm90 import require_sm90
-from test_sm90_fwd_protos import PLAIN, _fwd_kernel_flags
+from test_sm90_fwd_protos import PLAIN, STAGED, _fwd_kernel_flags
 
-HALF = (False, False, False, False, True)
+NARROW = (False, False, False, False, True)
 
 
 @pytest.mark.parametrize("enabled", [False, True])
 def test_switch_reaches_the_binding(monkeypatch, enabled):
-    with _ext.sm90_half_step(enabled):
+    with _ext.sm90_narrow_step(enabled):
         (_, _), (_, fwd) = fake_launch(monkeypatch, code=80)
-    assert fwd["sm90_half_step"] is enabled
+    assert fwd["sm90_narrow_step"] is enabled
 
 
 @pytest.fixture
-def half_step(monkeypatch):
-    monkeypatch.setattr(_ext, "SM90_HALF_STEP", True)
+def narrow_step(monkeypatch):
+    monkeypatch.setattr(_ext, "SM90_NARROW_STEP", True)
 
 
-# (sq, sk): one partial tile; 192 / 128 rows exactly; key tails of 64 (the last block runs as
-# a half step even without a mask) and 65 keys (it does not); sq > sk and sq < sk (shifted
-# diagonals); many tiles.
-SEQLENS = [(65, 65), (128, 128), (192, 192), (200, 192), (200, 193), (256, 150), (512, 512),
-           (300, 1000), (1000, 300), (1111, 1111), (777, 833)]  # fmt: skip
+# (sq, sk): one partial tile; 128 / 192 rows exactly; key tails of 32 / 33 / 64 / 65 keys after
+# one 128-key block (d64, d128) and one 80-key block (d192 / d256 tails differ: still a mix);
+# sq > sk and sq < sk (shifted diagonals); many tiles.
+SEQLENS = [(65, 65), (128, 128), (192, 192), (512, 512), (1111, 1111), (300, 1000),
+           (1000, 300), (777, 833), (200, 160), (200, 161), (200, 192), (200, 193), (150, 112),
+           (150, 113), (150, 144), (150, 145)]  # fmt: skip
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("headdim", [64, 128, 256, 40, 100])
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256, 40, 200])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_tile_boundaries(half_step, dtype, headdim, causal, seqlens):
+def test_tile_boundaries(narrow_step, dtype, headdim, causal, seqlens):
     require_sm90(headdim)
     q, k, v = make_qkv(2, *seqlens, 6, 2, headdim, dtype)
     check_kernel(q, k, v, causal=causal)
@@ -56,12 +57,12 @@ def test_tile_boundaries(half_step, dtype, headdim, causal, seqlens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("window_size", [(0, 0), (100, 30), (-1, 63), (-1, 64), (300, -1),
-                                         (10, 10), (200, 0)], ids=str)  # fmt: skip
-@pytest.mark.parametrize("headdim", [64, 128])
-def test_window(half_step, headdim, window_size):
-    """Right window bounds in either half of a warpgroup's first block; left windows cut
-    the half step's keys too."""
+@pytest.mark.parametrize("window_size", [(0, 0), (100, 30), (-1, 31), (-1, 63), (-1, 64),
+                                         (300, -1), (10, 10), (200, 0)], ids=str)  # fmt: skip
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_window(narrow_step, headdim, window_size):
+    """Right window bounds in either width of a warpgroup's first block; left windows cut
+    the narrow step's keys too."""
     require_sm90(headdim)
     q, k, v = make_qkv(2, 700, 900, 4, 4, headdim, torch.bfloat16)
     check_kernel(q, k, v, window_size=window_size)
@@ -70,10 +71,10 @@ def test_window(half_step, headdim, window_size):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("walk", ["counter", "blocks"])
-@pytest.mark.parametrize("headdim", [64, 128])
-def test_tile_walks(half_step, monkeypatch, headdim, walk):
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_tile_walks(narrow_step, monkeypatch, headdim, walk):
     """More tiles than SMs (GQA 24 / 8 heads): stages and turns run on across tiles whose
-    warpgroups open with a half step or not."""
+    warpgroups open with a narrow step or not."""
     require_sm90(headdim)
     monkeypatch.setattr(_ext, "SM90_TILE_WALK", walk)
     q, k, v = make_qkv(3, 1000, 1000, 24, 8, headdim, torch.bfloat16)
@@ -83,9 +84,9 @@ def test_tile_walks(half_step, monkeypatch, headdim, walk):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("headdim", [64, 128])
-def test_varlen(half_step, headdim, causal):
-    """Packed sequences whose lengths put the diagonal and the key tail in either half."""
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_varlen(narrow_step, headdim, causal):
+    """Packed sequences whose lengths put the diagonal and the key tail in either width."""
     require_sm90(headdim)
     from reference import attention_ref
 
@@ -111,10 +112,10 @@ def test_varlen(half_step, headdim, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("headdim", [64, 128])
-def test_split_kv(half_step, headdim, causal):
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_split_kv(narrow_step, headdim, causal):
     """Split-KV: only the split holding a warpgroup's diagonal (or the key tail) opens with a
-    half step; the partials go to the combine."""
+    narrow step; the partials go to the combine."""
     require_sm90(headdim)
     q, k, v = make_qkv(1, 700, 3000, 2, 1, headdim, torch.bfloat16)
     out = torch.full_like(q, float("nan"))
@@ -128,16 +129,18 @@ def test_split_kv(half_step, headdim, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("headdim", [256, 128, 64])
-def test_the_half_step_instance_runs(headdim):
-    """d64 / d128 run the kHalfStep instance with the switch only; softcap keeps its own
-    instance; d256 never takes it. Each within the error rule."""
+def test_the_narrow_step_instance_runs(headdim):
+    """Causal forwards run the kNarrowStep instance with the switch only; softcap keeps its
+    own instance; d256 dense full attention its staged-O one. Each within the error rule."""
     require_sm90(headdim)
     q, k, v = make_qkv(2, 500, 500, 4, 4, headdim, torch.bfloat16)
-    expected = HALF if headdim <= 128 else PLAIN
     for enabled in (True, False):
-        with _ext.sm90_half_step(enabled):
+        with _ext.sm90_narrow_step(enabled):
             ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v, causal=True))
             check_kernel(q, k, v, causal=True)
-            assert ran == [expected if enabled else PLAIN]
+            assert ran == [NARROW if enabled else PLAIN]
+            ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v))
+            check_kernel(q, k, v)
+            assert ran == [STAGED if headdim > 128 else NARROW if enabled else PLAIN]
             ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v, causal=True, softcap=20.0))
             assert len(ran) == 1 and ran[0][0] and not ran[0][4]
