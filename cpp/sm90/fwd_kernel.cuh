@@ -423,6 +423,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         }
       };
 
+      // -inf outside each row's visible keys in the step's columns from col0 (acc: S or, in
+      // kNarrowStep's first step, its first columns).
+      auto mask_step = [&](auto& acc, int col0) {
+        int lo[2], hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = row0_pos + 8 * r, base = col0 + 2 * q;
+          hi[r] = (p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
+                                       : seqlen_k - 1) - base;
+          lo[r] = (p.window_left >= 0 ? row + offset - p.window_left : 0) - base;
+        }
+        softmax.mask(acc, lo, hi);
+      };
       // Mods, mask (only on blocks that need it) and online softmax of S (n_block).
       auto step_softmax = [&](float (&acc_s)[kBlockN / 2], int n_block, float (&correction)[2]) {
         const int col0 = n_block * kBlockN;
@@ -444,35 +457,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
             col0 + kBlockN > seqlen_k ||
             (p.window_right >= 0 && col0 + kBlockN - 1 > wg_first + offset + p.window_right) ||
             (p.window_left >= 0 && col0 < wg_last + offset - p.window_left);
-        if (need_mask) {
-          int lo[2], hi[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = row0_pos + 8 * r, base = col0 + 2 * q;
-            hi[r] = (p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
-                                         : seqlen_k - 1) - base;
-            lo[r] = (p.window_left >= 0 ? row + offset - p.window_left : 0) - base;
-          }
-          softmax.mask(acc_s, lo, hi);
-        }
+        if (need_mask) mask_step(acc_s, col0);
         softmax.online(acc_s, correction);
       };
       // kNarrowStep's first step: the mask and softmax of its columns (the block's others
       // are wholly masked; every such step needs the mask).
-      auto step_softmax_narrow = [&](auto& acc, int n_block, float (&correction)[2]) {
-        const int col0 = n_block * kBlockN;
-        int lo[2], hi[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = row0_pos + 8 * r, base = col0 + 2 * q;
-          hi[r] = (p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
-                                       : seqlen_k - 1) - base;
-          lo[r] = (p.window_left >= 0 ? row + offset - p.window_left : 0) - base;
-        }
-        softmax.mask(acc, lo, hi);
-        softmax.online(acc, correction);
-      };
-      // The narrow first step, from the MMA turn (taken) to P in registers.
+      // The narrow first step, from the MMA turn (taken) to P in registers; the block's
+      // other columns are wholly masked, so every such step needs the mask.
       auto narrow_first = [&](auto width, int s, int n_block, float (&correction)[2]) {
         float acc_n[decltype(width)::value / 2];
         gemm_s_narrow(acc_n, s);
@@ -480,7 +471,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         wgmma_wait<0>();
         fence_regs(acc_n);
         release(bar_k_empty(s));  // (kStageO's hold never comes with kNarrowStep)
-        step_softmax_narrow(acc_n, n_block, correction);
+        mask_step(acc_n, n_block * kBlockN);
+        softmax.online(acc_n, correction);
         FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_n, rP);
       };
       auto rescale_o = [&](const float (&correction)[2]) {
