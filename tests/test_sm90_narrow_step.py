@@ -7,7 +7,8 @@ blocks), right windows, key tails.
 
 The GPU tests turn the switch on and compare with the float32 reference under test_fwd.py's
 rule (out and lse NaN-poisoned before the kernel writes them). Lengths put the step's width
-at its edges: last key blocks of 32 / 33 / 64 / 65 keys (32, 64, 64, the whole block),
+at its edges: last key blocks of 32 / 33 / 64 / 65 keys (80 / 112-key blocks: 32, 64, 64, the
+whole block; 128-key blocks, which have no 32-key step: 64, 64, 64, the whole block),
 diagonals shifted by sq != sk (causal sq > sk: warpgroups that see no key), windows whose
 right bound falls in either width, GQA, varlen, split-KV (a split whose first block is the
 diagonal), and both tile walks over many tiles per persistent CTA. The first test runs

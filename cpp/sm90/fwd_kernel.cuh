@@ -384,7 +384,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         wg_hi = min(visible_key_blocks<kBlockN>(p, wg_first, wg_last, seqlen_k, offset).max,
                     w.n_block_max);
       // kNarrowStep: the keys of this warpgroup's first step, 32 or 64 where it sees none
-      // past them in its first block (0: the whole block).
+      // past them in its first block (0: the whole block). 32 only with 80 / 112-key blocks
+      // (d256 / d192: 2 of 5 / 7 causal diagonals); with 128 its code would serve tails and
+      // windows only, the causal diagonal being at 64 or 128 keys.
+      constexpr bool kNarrow32 = kBlockN < 128;
       int narrow = 0;
       if constexpr (kNarrowStep) {
         if (wg_hi > w.n_block_min) {
@@ -392,7 +395,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                                  ? min(seqlen_k - 1, wg_last + offset + p.window_right)
                                  : seqlen_k - 1;
           const int seen = col_hi - (wg_hi - 1) * kBlockN + 1;  // (from the block's first key)
-          narrow = seen <= 32 ? 32 : seen <= 64 ? 64 : 0;
+          narrow = kNarrow32 && seen <= 32 ? 32 : seen <= 64 ? 64 : 0;
         }
       }
       FwdSoftmax<kBlockN, kMods, kBias> softmax(p, w.batch, w.head);
@@ -518,7 +521,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         int s = j % kStages;
         mbar_wait(bar_k_full(s), (j / kStages) & 1);
         turn_wait();
-        if (kNarrowStep && narrow == 32) {
+        if (kNarrowStep && kNarrow32 && narrow == 32) {
           narrow_first(std::integral_constant<int, 32>{}, s, n_block, correction);
         } else if (kNarrowStep && narrow == 64) {
           narrow_first(std::integral_constant<int, 64>{}, s, n_block, correction);
@@ -541,7 +544,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           turn_wait();
           gemm_s(acc_s, s);
           mbar_wait(bar_v_full(s_prev), phase_prev);
-          if (kNarrowStep && narrow == 32)
+          if (kNarrowStep && kNarrow32 && narrow == 32)
             gemm_o_narrow(std::integral_constant<int, 32>{}, s_prev);
           else if (kNarrowStep && narrow == 64)
             gemm_o_narrow(std::integral_constant<int, 64>{}, s_prev);
@@ -562,7 +565,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         }
         if (hold && consumer == 1) named_sync(kBarStageO, 256);  // (its last S is done)
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
-        if (kNarrowStep && narrow == 32)
+        if (kNarrowStep && kNarrow32 && narrow == 32)
           gemm_o_narrow(std::integral_constant<int, 32>{}, s);
         else if (kNarrowStep && narrow == 64)
           gemm_o_narrow(std::integral_constant<int, 64>{}, s);
