@@ -131,6 +131,10 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // tile's last S (sm90/fwd_kernel.cuh kStageO). Dense full attention always does; true
   // (FLASHATTN2_SM90_STAGE_O, off by default): causal, windowed and varlen tiles too.
   bool sm90_stage_o = false;
+  // Hopper forward, plain attention (FLASHATTN2_SM90_NARROW_STEP, a prototype, off by
+  // default): a warpgroup's first key step runs on the block's first 32 or 64 keys where it
+  // sees none of the others (sm90/fwd_kernel.cuh kNarrowStep).
+  bool sm90_narrow_step = false;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements

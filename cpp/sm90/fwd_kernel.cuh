@@ -55,6 +55,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "common/flash.h"
 #include "common/ptx.cuh"
@@ -153,9 +154,14 @@ struct FwdTileWork {
 // kBiasSmem (with kBias): the bias tile of each key step is staged in shared
 // memory by cp.async one step ahead, instead of one global load per score (fwd_launch.cuh
 // picks it for 16-byte aligned biases with unit key stride). kStageO: O staged in the last
-// K / V stage (the tiling block's epilogue).
+// K / V stage (the tiling block's epilogue). kNarrowStep (a prototype, plain attention,
+// FwdParams::sm90_narrow_step): a warpgroup that sees only the first 32 or 64 keys of its
+// first key block (the causal diagonal: warpgroup 0 of every d128 tile, every other one at
+// d64, 4 of 5 at d256; a right window; a key tail) runs that step on those keys: S m64n32 /
+// m64n64, the mask and softmax over their columns, P V of 2 / 4 k16 blocks. The step opens
+// the tile, where nothing hides its S and softmax latency.
 template <typename Traits, typename Element, bool kMods, bool kBias = false,
-          bool kBiasSmem = false, bool kStageO = false>
+          bool kBiasSmem = false, bool kStageO = false, bool kNarrowStep = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -191,6 +197,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   // kStageO: a warpgroup's O (64 rows, chunks of 64 x 128 bytes) fits in one K / V buffer.
   static_assert(!kStageO || (kQBufs == 1 && kConsumers == 2 &&
                              kChunks * 64 * kSwizzleBytes <= Traits::kKVBytes), "O in a stage");
+  static_assert(!kNarrowStep || (kBlockN > 64 && !kMods && !kStageO), "narrow step");
   [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
 
   const int tid = threadIdx.x;
@@ -320,6 +327,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       }
       wgmma_commit();
     };
+    // kNarrowStep: S of the block's first kW keys into acc (float[kW / 2]; its own array: S
+    // into a part of acc_s made ptxas serialise the wgmmas, C7515), and P V of them.
+    auto gemm_s_narrow = [&](auto& acc, int stage) {
+      constexpr int kW = 2 * int(sizeof(acc) / sizeof(float));
+      const uint32_t q_base = sQt + wg_row0 * kSwizzleBytes;
+      const uint32_t k_base = sK + stage * Traits::kKVBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t col = (kk % 4) * 32;
+        const uint64_t a = desc_k_major(q_base + (kk / 4) * Traits::kQChunkBytes + col);
+        const uint64_t b = desc_k_major(k_base + (kk / 4) * Traits::kKVChunkBytes + col);
+        Wgmma<kW, Element>::template ss<0>(acc, a, b, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    auto gemm_o_narrow = [&](auto width, int stage) {
+      constexpr int kW = decltype(width)::value;
+      const uint32_t v_base = sV + stage * Traits::kKVBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kW / 16; ++kk) {
+        const uint64_t b = desc_mn_major(v_base + kk * 16 * kSwizzleBytes, Traits::kKVChunkBytes);
+        Wgmma<kHeadDim, Element>::template rs<1>(acc_o, rP[kk], b, 1);
+      }
+      wgmma_commit();
+    };
 
     int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
     for (int walk = 0;; ++walk) {
@@ -349,6 +383,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       if (wg_first < seqlen_q)
         wg_hi = min(visible_key_blocks<kBlockN>(p, wg_first, wg_last, seqlen_k, offset).max,
                     w.n_block_max);
+      // kNarrowStep: the keys of this warpgroup's first step, 32 or 64 where it sees none
+      // past them in its first block (0: the whole block). 32 only with 80 / 112-key blocks
+      // (d256 / d192: 2 of 5 / 7 causal diagonals); with 128 its code would serve tails and
+      // windows only, the causal diagonal being at 64 or 128 keys.
+      constexpr bool kNarrow32 = kBlockN < 128;
+      int narrow = 0;
+      if constexpr (kNarrowStep) {
+        if (wg_hi > w.n_block_min) {
+          const int col_hi = p.window_right >= 0
+                                 ? min(seqlen_k - 1, wg_last + offset + p.window_right)
+                                 : seqlen_k - 1;
+          const int seen = col_hi - (wg_hi - 1) * kBlockN + 1;  // (from the block's first key)
+          narrow = kNarrow32 && seen <= 32 ? 32 : seen <= 64 ? 64 : 0;
+        }
+      }
       FwdSoftmax<kBlockN, kMods, kBias> softmax(p, w.batch, w.head);
       softmax.reset();
 #pragma unroll
@@ -377,6 +426,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         }
       };
 
+      // -inf outside each row's visible keys in the step's columns from col0 (acc: S or, in
+      // kNarrowStep's first step, its first columns).
+      auto mask_step = [&](auto& acc, int col0) {
+        int lo[2], hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = row0_pos + 8 * r, base = col0 + 2 * q;
+          hi[r] = (p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
+                                       : seqlen_k - 1) - base;
+          lo[r] = (p.window_left >= 0 ? row + offset - p.window_left : 0) - base;
+        }
+        softmax.mask(acc, lo, hi);
+      };
       // Mods, mask (only on blocks that need it) and online softmax of S (n_block).
       auto step_softmax = [&](float (&acc_s)[kBlockN / 2], int n_block, float (&correction)[2]) {
         const int col0 = n_block * kBlockN;
@@ -398,18 +460,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
             col0 + kBlockN > seqlen_k ||
             (p.window_right >= 0 && col0 + kBlockN - 1 > wg_first + offset + p.window_right) ||
             (p.window_left >= 0 && col0 < wg_last + offset - p.window_left);
-        if (need_mask) {
-          int lo[2], hi[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = row0_pos + 8 * r, base = col0 + 2 * q;
-            hi[r] = (p.window_right >= 0 ? min(seqlen_k - 1, row + offset + p.window_right)
-                                         : seqlen_k - 1) - base;
-            lo[r] = (p.window_left >= 0 ? row + offset - p.window_left : 0) - base;
-          }
-          softmax.mask(acc_s, lo, hi);
-        }
+        if (need_mask) mask_step(acc_s, col0);
         softmax.online(acc_s, correction);
+      };
+      // kNarrowStep's first step: the mask and softmax of its columns (the block's others
+      // are wholly masked; every such step needs the mask).
+      // The narrow first step, from the MMA turn (taken) to P in registers; the block's
+      // other columns are wholly masked, so every such step needs the mask.
+      auto narrow_first = [&](auto width, int s, int n_block, float (&correction)[2]) {
+        float acc_n[decltype(width)::value / 2];
+        gemm_s_narrow(acc_n, s);
+        turn_pass();
+        wgmma_wait<0>();
+        fence_regs(acc_n);
+        release(bar_k_empty(s));  // (kStageO's hold never comes with kNarrowStep)
+        mask_step(acc_n, n_block * kBlockN);
+        softmax.online(acc_n, correction);
+        FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_n, rP);
       };
       auto rescale_o = [&](const float (&correction)[2]) {
 #pragma unroll
@@ -454,14 +521,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         int s = j % kStages;
         mbar_wait(bar_k_full(s), (j / kStages) & 1);
         turn_wait();
-        gemm_s(acc_s, s);
-        turn_pass();
-        wgmma_wait<0>();
-        fence_regs(acc_s);
-        if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
-        if (hold && n_block == w.n_block_min) release(bar_q_empty(0));  // (its last S is done)
-        step_softmax(acc_s, n_block, correction);
-        FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
+        if (kNarrowStep && kNarrow32 && narrow == 32) {
+          narrow_first(std::integral_constant<int, 32>{}, s, n_block, correction);
+        } else if (kNarrowStep && narrow == 64) {
+          narrow_first(std::integral_constant<int, 64>{}, s, n_block, correction);
+        } else {
+          gemm_s(acc_s, s);
+          turn_pass();
+          wgmma_wait<0>();
+          fence_regs(acc_s);
+          if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
+          if (hold && n_block == w.n_block_min) release(bar_q_empty(0));  // (its last S is done)
+          step_softmax(acc_s, n_block, correction);
+          FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
+        }
         release_prev_q();
         for (--n_block; n_block >= w.n_block_min; --n_block) {
           const int s_prev = s;
@@ -471,7 +544,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           turn_wait();
           gemm_s(acc_s, s);
           mbar_wait(bar_v_full(s_prev), phase_prev);
-          gemm_o(s_prev);
+          if (kNarrowStep && kNarrow32 && narrow == 32)
+            gemm_o_narrow(std::integral_constant<int, 32>{}, s_prev);
+          else if (kNarrowStep && narrow == 64)
+            gemm_o_narrow(std::integral_constant<int, 64>{}, s_prev);
+          else
+            gemm_o(s_prev);
+          narrow = 0;
           turn_pass();
           wgmma_wait<1>();
           fence_regs(acc_s);
@@ -486,7 +565,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         }
         if (hold && consumer == 1) named_sync(kBarStageO, 256);  // (its last S is done)
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
-        gemm_o(s);
+        if (kNarrowStep && kNarrow32 && narrow == 32)
+          gemm_o_narrow(std::integral_constant<int, 32>{}, s);
+        else if (kNarrowStep && narrow == 64)
+          gemm_o_narrow(std::integral_constant<int, 64>{}, s);
+        else
+          gemm_o(s);
         wgmma_wait<0>();
         fence_regs(acc_o);
         if (!(hold && consumer == 1)) release(bar_v_empty(s));

@@ -44,11 +44,11 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   args.tile_counter = equal_tiles ? nullptr : p.tile_counter;
   const bool persistent = equal_tiles || args.tile_counter != nullptr;
   const dim3 grid(unsigned(persistent ? std::min<int64_t>(tiles, num_sms) : tiles));
-  auto launch = [&](auto mods, auto bias, auto bias_smem, auto stage_o) {
+  auto launch = [&](auto mods, auto bias, auto bias_smem, auto stage_o, auto narrow_step) {
     constexpr bool kBiasSmem = decltype(bias_smem)::value;
     constexpr auto kernel =
         sm90::fwd_kernel<Traits, Element, decltype(mods)::value, decltype(bias)::value,
-                         kBiasSmem, decltype(stage_o)::value>;
+                         kBiasSmem, decltype(stage_o)::value, decltype(narrow_step)::value>;
     constexpr int kSmem = Traits::smem_bytes(kBiasSmem);
     raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 fwd_kernel, smem)");
     kernel<<<grid, Traits::kThreads, kSmem, stream>>>(args);
@@ -61,12 +61,12 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
       // global load per score.
       constexpr bool kStaged = Traits::kBiasSmemFits;
       if (kStaged && bias_rows_16b(p))
-        launch(std::true_type{}, std::true_type{}, std::bool_constant<kStaged>{}, no);
+        launch(std::true_type{}, std::true_type{}, std::bool_constant<kStaged>{}, no, no);
       else
-        launch(std::true_type{}, std::true_type{}, no, no);
+        launch(std::true_type{}, std::true_type{}, no, no, no);
     }
   } else if (has_score_mods(p)) {
-    launch(std::true_type{}, no, no, no);
+    launch(std::true_type{}, no, no, no, no);
   } else if (Traits::kQBufs == 1 && (equal_tiles || p.sm90_stage_o)) {
     // One Q buffer (d192, d256): O staged in the tile's last K / V stage, so that the next
     // tile's Q loads under this one's last P V and epilogue (fwd_kernel.cuh kStageO; H100:
@@ -74,9 +74,15 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
     // FLASHATTN2_SM90_STAGE_O=1 (with the tile counter up to 1k keys: causal s512 measured
     // 0.96x, s4k 1.02x; benchmarks/NOTES.md, ninth session).
     if constexpr (Traits::kQBufs == 1)
-      launch(no, no, no, std::true_type{});
+      launch(no, no, no, std::true_type{}, no);
+  } else if (p.sm90_narrow_step) {
+    // FLASHATTN2_SM90_NARROW_STEP=1 (a prototype, off by default; d192 / d256 dense full
+    // attention keeps the staged-O instance above): a warpgroup's first key step runs on the
+    // block's first 32 or 64 keys where it sees no others (the causal diagonal, a right
+    // window, a key tail; fwd_kernel.cuh kNarrowStep).
+    launch(no, no, no, no, std::true_type{});
   } else {
-    launch(no, no, no, no);
+    launch(no, no, no, no, no);
   }
   check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
   if (p.num_splits > 1) launch_combine<Element>(p, stream);

@@ -108,12 +108,15 @@ struct FwdSoftmax {
 
   // -inf outside [lo[r], hi[r]], the visible columns of row r relative to the thread's
   // first column, so each test compares with a compile-time offset.
-  __device__ __forceinline__ static void mask(float (&s)[kBlockN / 2], const int (&lo)[2],
+  // (kLen: the fragment's floats, kBlockN / 2; fewer for the first columns only, the
+  // narrow step of fwd_kernel.cuh kNarrowStep.)
+  template <int kLen = kBlockN / 2>
+  __device__ __forceinline__ static void mask(float (&s)[kLen], const int (&lo)[2],
                                               const int (&hi)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+      for (int nt = 0; nt < kLen / 4; ++nt)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
           const int col = 8 * nt + (e & 1);
@@ -123,7 +126,9 @@ struct FwdSoftmax {
 
   // Online softmax in base 2: s becomes p; returns O's correction per row. Max and sum are
   // pairwise trees over the thread's column pairs (any count), then the quad.
-  __device__ __forceinline__ void online(float (&s)[kBlockN / 2], float (&correction)[2]) {
+  template <int kLen = kBlockN / 2>
+  __device__ __forceinline__ void online(float (&s)[kLen], float (&correction)[2]) {
+    constexpr int kNTiles = kLen / 4;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float part[kNTiles];
@@ -157,11 +162,13 @@ struct FwdSoftmax {
   }
 
   // P as the A fragments of the P V wgmma (C layout of n8 tiles 2 kk, 2 kk + 1).
-  template <typename Element>
-  __device__ __forceinline__ static void to_p(const float (&s)[kBlockN / 2],
+  // (kLen: the fragment's floats; fewer than kBlockN / 2 fill p's first kLen / 8 k16
+  // blocks only: kNarrowStep.)
+  template <typename Element, int kLen = kBlockN / 2>
+  __device__ __forceinline__ static void to_p(const float (&s)[kLen],
                                               uint32_t (&p)[kBlockN / 16][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
+    for (int kk = 0; kk < kLen / 8; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) p[kk][i] = ptx::pack2<Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
   }

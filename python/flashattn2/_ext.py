@@ -60,6 +60,13 @@ if SM90_TILE_WALK not in ("auto", "counter", "blocks"):
 # tiles from a counter up to 1k keys (sm90/fwd_config.h; measured 0.96-1.02x: an A/B
 # switch, off by default). Plain attention only (softcap, ALiBi and a bias keep theirs).
 SM90_STAGE_O = _env_flag("FLASHATTN2_SM90_STAGE_O", "0")
+# The Hopper forward, plain attention: a warpgroup that sees only the first 32 or 64 keys of
+# its first key block (the causal diagonal: warpgroup 0 of every d128 tile, half the d64
+# warpgroups, 4 of 5 at d256; right windows, key tails) runs that step on those keys (fewer
+# S and P V MMAs, the softmax over their columns). FLASHATTN2_SM90_NARROW_STEP=1 at import,
+# or the sm90_narrow_step() context manager: a prototype, off by default (d192 / d256 dense
+# full attention keeps its staged-O instance; cpp/sm90/fwd_kernel.cuh kNarrowStep).
+SM90_NARROW_STEP = _env_flag("FLASHATTN2_SM90_NARROW_STEP", "0")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
@@ -198,6 +205,9 @@ fp32wg = _switch("FP32WG", "Inside the block, float32 forwards may run the Hoppe
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "
                        "O in a K / V stage for causal, windowed and varlen tiles too "
                        "(enabled), or for dense full attention only (the default).")
+sm90_narrow_step = _switch("SM90_NARROW_STEP", "Inside the block, Hopper forwards run a "
+                           "warpgroup's first key step on the first 32 or 64 keys where it sees "
+                           "no others (enabled), or on the whole block (the default).")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")

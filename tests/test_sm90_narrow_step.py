@@ -1,0 +1,147 @@
+"""The Hopper forward's narrow first step (cpp/sm90/fwd_kernel.cuh kNarrowStep; a prototype,
+off by default): with FLASHATTN2_SM90_NARROW_STEP=1 (or ``_ext.sm90_narrow_step()``) the plain
+instance runs a warpgroup's first key step on the block's first 32 or 64 keys where the
+warpgroup sees none of the block's others: the causal diagonal (warpgroup 0 of every d128
+tile, every other warpgroup at d64 with its 192-row tiles, 4 of 5 at d256 with its 80-key
+blocks), right windows, key tails.
+
+The GPU tests turn the switch on and compare with the float32 reference under test_fwd.py's
+rule (out and lse NaN-poisoned before the kernel writes them). Lengths put the step's width
+at its edges: last key blocks of 32 / 33 / 64 / 65 keys (80 / 112-key blocks: 32, 64, 64, the
+whole block; 128-key blocks, which have no 32-key step: 64, 64, 64, the whole block),
+diagonals shifted by sq != sk (causal sq > sk: warpgroups that see no key), windows whose
+right bound falls in either width, GQA, varlen, split-KV (a split whose first block is the
+diagonal), and both tile walks over many tiles per persistent CTA. The first test runs
+without a GPU.
+"""
+import pytest
+import torch
+from flashattn2 import _ext, _launch, flash_attn_func, flash_attn_varlen_func
+from test_decode_kernel import fake_launch
+from test_fwd import ATOL, check_kernel, check_output, make_qkv
+from test_sm90 import require_sm90
+from test_sm90_fwd_protos import PLAIN, STAGED, _fwd_kernel_flags
+
+NARROW = (False, False, False, False, True)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_switch_reaches_the_binding(monkeypatch, enabled):
+    with _ext.sm90_narrow_step(enabled):
+        (_, _), (_, fwd) = fake_launch(monkeypatch, code=80)
+    assert fwd["sm90_narrow_step"] is enabled
+
+
+@pytest.fixture
+def narrow_step(monkeypatch):
+    monkeypatch.setattr(_ext, "SM90_NARROW_STEP", True)
+
+
+# (sq, sk): one partial tile; 128 / 192 rows exactly; key tails of 32 / 33 / 64 / 65 keys after
+# one 128-key block (d64, d128) and one 80-key block (d192 / d256 tails differ: still a mix);
+# sq > sk and sq < sk (shifted diagonals); many tiles.
+SEQLENS = [(65, 65), (128, 128), (192, 192), (512, 512), (1111, 1111), (300, 1000),
+           (1000, 300), (777, 833), (200, 160), (200, 161), (200, 192), (200, 193), (150, 112),
+           (150, 113), (150, 144), (150, 145)]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128, 192, 256, 40, 200])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_tile_boundaries(narrow_step, dtype, headdim, causal, seqlens):
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, *seqlens, 6, 2, headdim, dtype)
+    check_kernel(q, k, v, causal=causal)
+    assert _ext.last_fwd_arch == 90
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window_size", [(0, 0), (100, 30), (-1, 31), (-1, 63), (-1, 64),
+                                         (300, -1), (10, 10), (200, 0)], ids=str)  # fmt: skip
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_window(narrow_step, headdim, window_size):
+    """Right window bounds in either width of a warpgroup's first block; left windows cut
+    the narrow step's keys too."""
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, 700, 900, 4, 4, headdim, torch.bfloat16)
+    check_kernel(q, k, v, window_size=window_size)
+    assert _ext.last_fwd_arch == 90
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("walk", ["counter", "blocks"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_tile_walks(narrow_step, monkeypatch, headdim, walk):
+    """More tiles than SMs (GQA 24 / 8 heads): stages and turns run on across tiles whose
+    warpgroups open with a narrow step or not."""
+    require_sm90(headdim)
+    monkeypatch.setattr(_ext, "SM90_TILE_WALK", walk)
+    q, k, v = make_qkv(3, 1000, 1000, 24, 8, headdim, torch.bfloat16)
+    check_kernel(q, k, v, causal=True)
+    assert _ext.last_fwd_arch == 90
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_varlen(narrow_step, headdim, causal):
+    """Packed sequences whose lengths put the diagonal and the key tail in either width."""
+    require_sm90(headdim)
+    from reference import attention_ref
+
+    lengths_q, lengths_k = [70, 300, 129, 1, 511, 1000, 192], [200, 300, 81, 400, 64, 1000, 193]
+    q = torch.randn(sum(lengths_q), 4, headdim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, headdim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                 causal=causal)  # fmt: skip
+    assert _ext.last_fwd_arch == 90
+    for i in range(len(lengths_q)):
+        sl_q = slice(cu_q[i].item(), cu_q[i + 1].item())
+        sl_k = slice(cu_k[i].item(), cu_k[i + 1].item())
+        args = (q[None, sl_q], k[None, sl_k], v[None, sl_k])
+        out_ref, _ = attention_ref(*args, causal=causal)
+        out_pt, _ = attention_ref(*args, causal=causal, upcast=False)
+        err = (out[None, sl_q].float() - out_ref.float()).abs().max().item()
+        err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
+        assert err <= 2 * err_pt + ATOL[torch.bfloat16], f"sequence {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_split_kv(narrow_step, headdim, causal):
+    """Split-KV: only the split holding a warpgroup's diagonal (or the key tail) opens with a
+    narrow step; the partials go to the combine."""
+    require_sm90(headdim)
+    q, k, v = make_qkv(1, 700, 3000, 2, 1, headdim, torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 2, 700), float("nan"), device="cuda")
+    _launch._flash_attn_forward(q, k, v, headdim**-0.5, -1, 0 if causal else -1, out, lse,
+                                num_splits=3)
+    assert _ext.last_fwd_arch == 90
+    assert not out.isnan().any() and not lse.isnan().any()
+    check_output(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("headdim", [256, 128, 64])
+def test_the_narrow_step_instance_runs(headdim):
+    """Causal forwards run the kNarrowStep instance with the switch only; softcap keeps its
+    own instance; d256 dense full attention its staged-O one. Each within the error rule."""
+    require_sm90(headdim)
+    q, k, v = make_qkv(2, 500, 500, 4, 4, headdim, torch.bfloat16)
+    for enabled in (True, False):
+        with _ext.sm90_narrow_step(enabled):
+            ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v, causal=True))
+            check_kernel(q, k, v, causal=True)
+            assert ran == [NARROW if enabled else PLAIN]
+            ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v))
+            check_kernel(q, k, v)
+            assert ran == [STAGED if headdim > 128 else NARROW if enabled else PLAIN]
+            ran = _fwd_kernel_flags(lambda: flash_attn_func(q, k, v, causal=True, softcap=20.0))
+            assert len(ran) == 1 and ran[0][0] and not ran[0][4]
