@@ -457,6 +457,8 @@ if __name__ == "__main__":
         ("128-2wg", 1, 200, 333, 4, 2, 128, True, -1, 1),
         ("128-2wg", 1, 129, 67, 4, 1, 96, False, -1, 1),
         ("128-2wg", 2, 150, 97, 2, 2, 72, False, 40, 0),
+        ("128-2wg", 1, 256, 256, 2, 1, 128, True, -1, 0),  # key tiles all masked for rows 0-63
+        ("128-2wg", 1, 300, 100, 2, 2, 128, True, -1, 1),  # rows 128-199 see no key
     ]
     for c in cases:
         print(("fixed " if fixed else "buggy ") + str(c), "->", check(*c, fixed=fixed))

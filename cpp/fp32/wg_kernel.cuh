@@ -12,7 +12,7 @@
 //          contiguous), V transposed (P V reduces over the keys: tf32 wgmma has no MN-major
 //          B, so V^T rows of keys). Consumer warpgroup c owns query rows [64 c, 64 c + 64).
 //   smem   kStages x (K hi, K lo [kBlockN x d], V^T hi, V^T lo [d x kBlockN]); !kQRegs: Q hi,
-//          Q lo [kBlockM x d]. Each tile as 32-column chunks of 128-byte rows in the 128-byte
+//          Q lo [kBlockM x d] (kQHiRegs: Q lo only). Each tile as 32-column chunks of 128-byte rows in the 128-byte
 //          swizzle (16-byte unit u of row r at u ^ (r % 8): Swz below), the layout
 //          sm90/wgmma.cuh's K-major descriptors describe (a k8 step of tf32 is a k16 step's 32
 //          bytes). Then per stage the mbarriers full (the producer's 128 threads arrive) and
@@ -29,6 +29,10 @@
 //            max); P split into A fragments; O = O corr + P V: per 4 k8 steps (32 keys) the
 //            three wgmma per step (Plo VThi, Phi VTlo, Phi VThi) into a fresh accumulator,
 //            then FFMA / FADD into O; release the stage.
+//   d128   two instances (wg_config.h): 64 rows, one consumer warpgroup, Q hi / lo in shared
+//          memory (SS); kTwoWg (FwdParams::fp32wg_d128_2wg): 128 rows in two consumer
+//          warpgroups, Q hi in registers (RS for Qhi Klo, Qhi Khi), Q lo in shared memory (SS
+//          for Qlo Khi), P V per 64 columns of O (kPVN: a fresh accumulator of 32 registers).
 //   epilogue  O / sum from the accumulators (float2 stores), LSE = max * scale + ln(sum),
 //          +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers, strides multiples of 4
