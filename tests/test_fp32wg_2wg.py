@@ -150,5 +150,7 @@ def test_d128_2wg_switch_picks_the_instance(hopper, enabled):
         names64 = _kernel_names(lambda: kernel_forward(q[..., :64].contiguous(),
                                                        k[..., :64].contiguous(),
                                                        v[..., :64].contiguous(), True, (-1, -1)))
+    if not names and not names64:
+        pytest.skip("the profiler recorded no kernels (CUPTI unavailable?)")
     assert [_instance(n) for n in names] == [(128, enabled)], names
     assert [_instance(n) for n in names64] == [(64, False)], names64

@@ -12,8 +12,9 @@
 //          contiguous), V transposed (P V reduces over the keys: tf32 wgmma has no MN-major
 //          B, so V^T rows of keys). Consumer warpgroup c owns query rows [64 c, 64 c + 64).
 //   smem   kStages x (K hi, K lo [kBlockN x d], V^T hi, V^T lo [d x kBlockN]); !kQRegs: Q hi,
-//          Q lo [kBlockM x d] (kQHiRegs: Q lo only). Each tile as 32-column chunks of 128-byte rows in the 128-byte
-//          swizzle (16-byte unit u of row r at u ^ (r % 8): Swz below), the layout
+//          Q lo [kBlockM x d] (kQHiRegs: Q lo only). Each tile as 32-column chunks of
+//          128-byte rows in the 128-byte swizzle (16-byte unit u of row r at u ^ (r % 8): Swz
+//          below), the layout
 //          sm90/wgmma.cuh's K-major descriptors describe (a k8 step of tf32 is a k16 step's 32
 //          bytes). Then per stage the mbarriers full (the producer's 128 threads arrive) and
 //          empty (one arrival per consumer warp). Budget: fp32/wg_config.h.
