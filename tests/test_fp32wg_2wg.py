@@ -4,7 +4,8 @@
 or inside _ext.fp32wg_d128_2wg() (off by default: an A/B switch until measured).
 
 CPU, every build: the switch reaches the binding (fp32wg_d128_2wg; its import-time default,
-off: test_api.py's test_switch_is_read_at_import). GPU (sm_90, fp32wg builds):
+off: test_api.py's test_switch_is_read_at_import); the host model of the index arithmetic
+(scripts/fp32wg_model.py) on two small cases. GPU (sm_90, fp32wg builds):
 out and lse against float64 with the 2x rule of fp32_checks.py into NaN-filled outputs (full,
 causal, right window, ragged tails, GQA / MQA, lengths 1..4096, head dims 72 / 96 / 128), the
 pieces of one tile apart, and the instance that ran (its kernel name, by the profiler).
@@ -28,6 +29,26 @@ def test_d128_2wg_switch_reaches_the_binding(monkeypatch, enabled):
     with _ext.fp32wg_d128_2wg(enabled):
         assert _record(monkeypatch, torch.float32)["fp32wg_d128_2wg"] is enabled
     assert _ext.FP32WG_D128_2WG is (not enabled)
+
+
+# The host model of the kernel's index arithmetic (scripts/fp32wg_model.py: every wgmma
+# operand element of every tile checked against the split it should hold, then out / lse
+# against float64), on two small two_wg cases: keeps the model running with the kernel.
+@pytest.mark.parametrize("case", [("128-2wg", 1, 64, 33, 2, 1, 128, True, -1, 0),
+                                  ("128-2wg", 1, 129, 67, 4, 1, 96, False, -1, 1)])
+def test_d128_2wg_host_model(case):
+    import pathlib
+    import re
+    import sys
+    pytest.importorskip("numpy")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import fp32wg_model
+    finally:
+        sys.path.pop(0)
+    result = fp32wg_model.check(*case, fixed=True)
+    errors = re.fullmatch(r"out err (\S+) lse err (\S+)", result)
+    assert errors and max(map(float, errors.groups())) < 1e-6, result
 
 
 # ---- GPU: sm_90, fp32wg builds ------------------------------------------------------------
