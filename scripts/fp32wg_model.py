@@ -11,7 +11,12 @@ the accumulators (PTX ISA / CuTe: A (g, q) (g+8, q) (g, q+4) (g+8, q+4); D[j] ro
 epilogue. Prints max |model - float64 attention| per CTA; a layout slip gives O(1) errors
 or NaN, a right model ~1e-6.
 
-  python3 scripts/fp32wg_model.py            # d64 and d128 configs, several shapes
+  python3 scripts/fp32wg_model.py            # d64, d128 and d128 two_wg configs, several shapes
+
+Every stage word is written exactly once per tile, and (check_operands) every element of
+every wgmma operand the descriptors address (K hi / lo per k8 step, V^T hi / lo per k8 step
+and per P V column block, Q lo of each warpgroup) is the tf32 split of the value the kernel
+means there: a swizzle, descriptor or key-permutation slip fails on the first tile.
 """
 import sys
 
@@ -85,16 +90,45 @@ class Gmem:
         return self.flat[i:i + 4].copy()
 
 
+def check_operands(smem, cfg, kt, vt, s_addr, q_lo=None, sQlo=0, wg_row0=0):
+    """Every element of the wgmma operands of one stage (and of a warpgroup's Q lo): what the
+    descriptors address (Smem.operand) against the split of the matrices meant: kt [BN x D]
+    (the tile's K, zero past the tensor), vt [D x BN] (its V^T, keys unpermuted), q_lo [64 x
+    D]. s_addr: (sKhi, sKlo, sVhi, sVlo) of the stage."""
+    D, BM, BN, QREGS, QHI, PVN, LEAN = cfg
+    sKhi, sKlo, sVhi, sVlo = s_addr
+    hi = np.vectorize(lambda x: split(x)[0], otypes=[np.float32])
+    lo = np.vectorize(lambda x: split(x)[1], otypes=[np.float32])
+    perm = [key_pos(kk) for kk in range(BN)]  # key kk at position key_pos(kk)
+    vt_pos = np.empty_like(vt)
+    vt_pos[:, perm] = vt
+    for kk in range(D // 8):
+        kb = (kk // 4) * (BN * 128) + (kk % 4) * 32
+        sl = slice(8 * kk, 8 * kk + 8)
+        assert np.array_equal(smem.operand(sKhi + kb, BN), hi(kt[:, sl])), ("K hi", kk)
+        assert np.array_equal(smem.operand(sKlo + kb, BN), lo(kt[:, sl])), ("K lo", kk)
+        if q_lo is not None:
+            qa = (kk // 4) * (BM * 128) + wg_row0 * 128 + (kk % 4) * 32
+            assert np.array_equal(smem.operand(sQlo + qa, 64), lo(q_lo[:, sl])), ("Q lo", kk)
+    for kk in range(BN // 8):
+        for h in range(D // PVN):
+            vb = (kk // 4) * (D * 128) + h * PVN * 128 + (kk % 4) * 32
+            ref = vt_pos[h * PVN:(h + 1) * PVN, 8 * kk:8 * kk + 8]
+            assert np.array_equal(smem.operand(sVhi + vb, PVN), hi(ref)), ("V^T hi", kk, h)
+            assert np.array_equal(smem.operand(sVlo + vb, PVN), lo(ref)), ("V^T lo", kk, h)
+
+
 def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, scale):
-    D, BM, BN, QREGS = cfg
+    D, BM, BN, QREGS, QHI, PVN, LEAN = cfg
     nheads, nheads_k = q.shape[2], k.shape[2]
     sq, sk, hd = q.shape[1], k.shape[1], q.shape[3]
     stages = 2
     consumers = BM // 64
     tile = BN * D * 4
     qbytes = 0 if QREGS else BM * D * 4
-    smem = Smem(2 * qbytes + stages * 4 * tile + 64)
-    sQhi, sQlo, sSt = 0, qbytes, 2 * qbytes
+    qtiles = 0 if QREGS else 1 if QHI else 2  # Traits::kQTiles
+    smem = Smem(qtiles * qbytes + stages * 4 * tile + 64)
+    sQhi, sQlo, sSt = 0, (0 if QHI else qbytes), qtiles * qbytes
     sKhi = lambda s: sSt + s * 4 * tile
     sKlo = lambda s: sKhi(s) + tile
     sVhi = lambda s: sKhi(s) + 2 * tile
@@ -116,6 +150,13 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
         span = slice(sKhi(s) // 4, (sKhi(s) + 4 * tile) // 4)
         diff = smem.writes - before
         assert (diff[span] == 1).all() and diff.sum() == 4 * tile // 4, "stage words written once"
+        n0 = n_block * BN
+        kt = np.zeros((BN, D), np.float32)
+        vt = np.zeros((D, BN), np.float32)
+        nk = min(BN, sk - n0)
+        kt[:nk, :hd] = k[batch, n0:n0 + nk, head_k]
+        vt[:hd, :nk] = v[batch, n0:n0 + nk, head_k].T
+        check_operands(smem, cfg, kt, vt, (sKhi(s), sKlo(s), sVhi(s), sVlo(s)))
 
     def produce_tile(n_block, s):
         kbase = batch * gk.batch_stride + head_k * gk.head_stride
@@ -134,8 +175,12 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
             kiters = BN * D // 4 // 128
             krow_base = gkt + k_row * gk.row_stride + (0 if fixed else k_col)
             for it in range(kiters):
-                x = gk.load4(krow_base + it * k_row_step * gk.row_stride, 0,
-                             k_row + k_row_step * it, rows, k_col, hd, fixed)
+                if LEAN:  # (Traits::kLean: tests against the remainders, column in the pointer)
+                    x = gk.load4(krow_base + it * k_row_step * gk.row_stride + k_col, 0,
+                                 k_row_step * it, rows - k_row, 0, hd - k_col, fixed)
+                else:
+                    x = gk.load4(krow_base + it * k_row_step * gk.row_stride, 0,
+                                 k_row + k_row_step * it, rows, k_col, hd, fixed)
                 hi, lo = zip(*(split(e) for e in x))
                 off = k_off[it % k_period] + (it // k_period) * k_period * k_row_step * 128
                 smem.st(sKhi(s) + off, hi)
@@ -145,7 +190,11 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
             for it in range(viters):
                 c = v_col + 4 * col_threads * it
                 g = vrow_base if fixed else vrow_base + 4 * col_threads * it
-                x = gv.load4(g, 0, v_key, rows, c, hd, fixed)
+                if LEAN:
+                    x = gv.load4(vrow_base + v_col, 0, v_key, rows, 4 * col_threads * it,
+                                 hd - v_col, fixed)
+                else:
+                    x = gv.load4(g, 0, v_key, rows, c, hd, fixed)
                 for e in range(4):
                     hi, lo = split(x[e])
                     off = v_off[e] + 4 * col_threads * it * 128
@@ -162,7 +211,7 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
         # lane_row per thread (128 threads): 16 warp + g
         thr = [(w, l) for w in range(4) for l in range(32)]
         lane_row = {t: row0 + wg_row0 + 16 * t[0] + t[1] // 4 for t in thr}
-        if QREGS:
+        if QHI:  # Q hi (and, QREGS, Q lo) as A fragments in registers
             qfrag = {}
             for t in thr:
                 g, qq = t[1] // 4, t[1] % 4
@@ -174,7 +223,8 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
                         x = q[batch, row, head, col] if row < sq and col < hd else 0.0
                         fr[kk, i] = split(x)
                 qfrag[t] = fr
-        else:
+        if not QREGS:
+            before = smem.writes.copy()
             for tid in range(128):
                 for i in range(tid, 64 * D // 4, 128):
                     r, cc = i // (D // 4), 4 * (i % (D // 4))
@@ -182,8 +232,21 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
                                  sq - row0 - wg_row0, cc, hd, True)
                     hi, lo = zip(*(split(e) for e in x))
                     off = swz(BM, wg_row0 + r, cc)
-                    smem.st(sQhi + off, hi)
+                    if not QHI:
+                        smem.st(sQhi + off, hi)
                     smem.st(sQlo + off, lo)
+            diff = smem.writes - before
+            qwords = 64 * D * (1 if QHI else 2)  # (the warpgroup's 64 rows of each chunk)
+            assert diff.sum() == qwords and diff.max() == 1, "Q words written once"
+            if QHI:
+                qm = np.zeros((64, D), np.float32)
+                nr = max(0, min(64, sq - row0 - wg_row0))
+                qm[:nr, :hd] = q[batch, row0 + wg_row0:row0 + wg_row0 + nr, head]
+                for kk in range(D // 8):  # Q lo of this warpgroup, every element
+                    qa = (kk // 4) * (BM * 128) + wg_row0 * 128 + (kk % 4) * 32
+                    ref = np.vectorize(lambda x: split(x)[1], otypes=[np.float32])(
+                        qm[:, 8 * kk:8 * kk + 8])
+                    assert np.array_equal(smem.operand(sQlo + qa, 64), ref), ("Q lo", kk)
 
         def a_from_regs(kk, which):
             a = np.full((64, 8), np.nan, np.float32)
@@ -220,6 +283,9 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
                 blo = smem.operand(sKlo(s) + kb, BN).astype(np.float64)
                 if QREGS:
                     ahi, alo = a_from_regs(kk, 0), a_from_regs(kk, 1)
+                elif QHI:  # Qlo Khi from shared memory (SS), Q hi from registers (RS)
+                    qa = (kk // 4) * (BM * 128) + wg_row0 * 128 + (kk % 4) * 32
+                    ahi, alo = a_from_regs(kk, 0), smem.operand(sQlo + qa, 64)
                 else:
                     qa = (kk // 4) * (BM * 128) + wg_row0 * 128 + (kk % 4) * 32
                     ahi = smem.operand(sQhi + qa, 64)
@@ -271,13 +337,13 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
                     row_sum[t][r] = row_sum[t][r] * corr[t][r] + ssum
             # P fragments (c0, c2, c1, c3) and P V
             order = [0, 2, 1, 3]
-            for k0 in range(0, BN // 8, 4):
-                T = np.zeros((64, D))
+            for k0, h in ((k0, h) for k0 in range(0, BN // 8, 4) for h in range(D // PVN)):
+                T = np.zeros((64, PVN))
                 for i in range(4):
                     kk = k0 + i
-                    vb = (kk // 4) * (D * 128) + (kk % 4) * 32
-                    bhi = smem.operand(sVhi(s) + vb, D).astype(np.float64)
-                    blo = smem.operand(sVlo(s) + vb, D).astype(np.float64)
+                    vb = (kk // 4) * (D * 128) + h * PVN * 128 + (kk % 4) * 32
+                    bhi = smem.operand(sVhi(s) + vb, PVN).astype(np.float64)
+                    blo = smem.operand(sVlo(s) + vb, PVN).astype(np.float64)
                     ahi = np.full((64, 8), np.nan)
                     alo = np.full((64, 8), np.nan)
                     for t in thr:
@@ -290,11 +356,12 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
                     T += alo @ bhi.T + ahi @ blo.T + ahi @ bhi.T
                 tr = to_regs(T)
                 for t in thr:
-                    for i in range(D // 2):
+                    for i in range(PVN // 2):
+                        o = h * (PVN // 2) + i
                         if k0 == 0:
-                            acc_o[t][i] = acc_o[t][i] * corr[t][(i % 4) // 2] + tr[t][i]
+                            acc_o[t][o] = acc_o[t][o] * corr[t][(i % 4) // 2] + tr[t][i]
                         else:
-                            acc_o[t][i] += tr[t][i]
+                            acc_o[t][o] += tr[t][i]
         # epilogue
         for t in thr:
             w, l = t
@@ -338,7 +405,9 @@ def reference(q, k, v, batch, head, rows, causal, window_right, scale):
     return O, lse
 
 
-CONFIGS = {64: (64, 128, 64, True), 128: (128, 64, 32, False)}
+# kernel -> (D, BM, BN, QREGS, QHI, PVN, LEAN): Fp32WgTraits<64>, <128>, <128, true>.
+CONFIGS = {64: (64, 128, 64, True, True, 64, False), 128: (128, 64, 32, False, False, 128, False),
+           "128-2wg": (128, 128, 32, False, True, 64, True)}
 
 
 def check(kd, b, sq, sk, h, hk, d, causal, wr, m_block, fixed, seed=0):
@@ -380,6 +449,16 @@ if __name__ == "__main__":
         (128, 2, 1, 97, 2, 2, 128, False, -1, 0),
         (128, 1, 129, 67, 4, 1, 96, False, -1, 2),
         (128, 2, 150, 97, 2, 2, 128, False, 40, 1),
+        # the two-warpgroup d128 instance: 128-row tiles (rows of the second warpgroup past
+        # the end, ragged in either), key tails, causal, a right window, GQA / MQA, d < 128
+        ("128-2wg", 1, 128, 64, 2, 1, 128, False, -1, 0),
+        ("128-2wg", 2, 1, 97, 2, 2, 128, False, -1, 0),
+        ("128-2wg", 1, 64, 33, 2, 1, 128, True, -1, 0),
+        ("128-2wg", 1, 200, 333, 4, 2, 128, True, -1, 1),
+        ("128-2wg", 1, 129, 67, 4, 1, 96, False, -1, 1),
+        ("128-2wg", 2, 150, 97, 2, 2, 72, False, 40, 0),
+        ("128-2wg", 1, 256, 256, 2, 1, 128, True, -1, 0),  # key tiles all masked for rows 0-63
+        ("128-2wg", 1, 300, 100, 2, 2, 128, True, -1, 1),  # rows 128-199 see no key
     ]
     for c in cases:
         print(("fixed " if fixed else "buggy ") + str(c), "->", check(*c, fixed=fixed))

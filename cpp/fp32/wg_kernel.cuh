@@ -12,8 +12,9 @@
 //          contiguous), V transposed (P V reduces over the keys: tf32 wgmma has no MN-major
 //          B, so V^T rows of keys). Consumer warpgroup c owns query rows [64 c, 64 c + 64).
 //   smem   kStages x (K hi, K lo [kBlockN x d], V^T hi, V^T lo [d x kBlockN]); !kQRegs: Q hi,
-//          Q lo [kBlockM x d]. Each tile as 32-column chunks of 128-byte rows in the 128-byte
-//          swizzle (16-byte unit u of row r at u ^ (r % 8): Swz below), the layout
+//          Q lo [kBlockM x d] (kQHiRegs: Q lo only). Each tile as 32-column chunks of
+//          128-byte rows in the 128-byte swizzle (16-byte unit u of row r at u ^ (r % 8): Swz
+//          below), the layout
 //          sm90/wgmma.cuh's K-major descriptors describe (a k8 step of tf32 is a k16 step's 32
 //          bytes). Then per stage the mbarriers full (the producer's 128 threads arrive) and
 //          empty (one arrival per consumer warp). Budget: fp32/wg_config.h.
@@ -29,6 +30,10 @@
 //            max); P split into A fragments; O = O corr + P V: per 4 k8 steps (32 keys) the
 //            three wgmma per step (Plo VThi, Phi VTlo, Phi VThi) into a fresh accumulator,
 //            then FFMA / FADD into O; release the stage.
+//   d128   two instances (wg_config.h): 64 rows, one consumer warpgroup, Q hi / lo in shared
+//          memory (SS); kTwoWg (FwdParams::fp32wg_d128_2wg): 128 rows in two consumer
+//          warpgroups, Q hi in registers (RS for Qhi Klo, Qhi Khi), Q lo in shared memory (SS
+//          for Qlo Khi), P V per 64 columns of O (kPVN: a fresh accumulator of 32 registers).
 //   epilogue  O / sum from the accumulators (float2 stores), LSE = max * scale + ln(sum),
 //          +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers, strides multiples of 4
@@ -50,30 +55,41 @@
 
 namespace flashattn2 {
 
-template <int kHeadDim_>
+// kTwoWg: the d128 instance of two consumer warpgroups (wg_config.h); d64 has them anyway.
+template <int kHeadDim_, bool kTwoWg = false>
 struct Fp32WgTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = fp32wg_block_m(kHeadDim);
+  static constexpr int kBlockM = fp32wg_block_m(kHeadDim, kTwoWg);
   static constexpr int kBlockN = fp32wg_block_n(kHeadDim);
-  static constexpr bool kQRegs = fp32wg_q_regs(kHeadDim);
+  static constexpr bool kQRegs = fp32wg_q_regs(kHeadDim);              // Q hi and lo
+  static constexpr bool kQHiRegs = fp32wg_q_hi_regs(kHeadDim, kTwoWg);  // Q hi
+  static constexpr int kPVN = fp32wg_pv_n(kHeadDim, kTwoWg);           // O columns per P V
   static constexpr int kStages = kFp32WgStages;
   static constexpr int kConsumers = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kTileBytes = kBlockN * kHeadDim * 4;  // K hi, K lo, V^T hi or V^T lo
   static constexpr int kQBytes = kQRegs ? 0 : kBlockM * kHeadDim * 4;  // Q hi or Q lo
-  static constexpr int kSmemBytes = fp32wg_smem_bytes(kHeadDim);
+  static constexpr int kQTiles = kQRegs ? 0 : kQHiRegs ? 1 : 2;        // in shared memory
+  static constexpr int kSmemBytes = fp32wg_smem_bytes(kHeadDim, kTwoWg);
   // setmaxnreg (two consumer warpgroups only; with one, 256 threads have 255 registers each
   // at launch already). d64: the producer's loads 4 float4 deep (its per-thread smem offsets
   // and addresses, hoisted out of the key loop, spilled at 56-72 registers; the consumers fit
   // 208 without spills). d128 (one consumer, a tile every ~1500 tensor clocks): a whole
   // tile's K (or V) loads in flight per thread (8 float4), so that L2 latency does not
   // starve the consumer.
-  static constexpr int kProducerRegs = 80;
-  static constexpr int kConsumerRegs = 208;
+  static constexpr int kProducerRegs = kTwoWg ? 72 : 80;
+  static constexpr int kConsumerRegs = kTwoWg ? 216 : 208;
   static constexpr int kLoadDepth = kConsumers == 1 ? 8 : 4;  // the producer loops' unroll
+  // kTwoWg (producer 72, consumers 216 registers) saves registers where the others keep their
+  // code (unchanged SASS): the producer's bounds tests against per-thread remainders (rows -
+  // k_row, d - v_col), each unrolled load comparing with an immediate (tests against k_row +
+  // 4 i, v_col + 16 i kept those values live: 2 spilled), and the key loops end at block 0
+  // (window_left < 0 here: blocks.min is 0; kept live, it spilled).
+  static constexpr bool kLean = kTwoWg;
   static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0 && kBlockM % 64 == 0, "whole chunks");
   static_assert(128 % kBlockN == 0, "the V^T store: a thread per key, 128 / kBlockN columns");
-  static_assert(2 * kQBytes + kStages * 4 * kTileBytes + 16 * kStages + 1024 <= kSmemBytes,
+  static_assert(kHeadDim % kPVN == 0 && kPVN % 8 == 0, "P V in whole n8 tiles");
+  static_assert(kQTiles * kQBytes + kStages * 4 * kTileBytes + 16 * kStages + 1024 <= kSmemBytes,
                 "smem budget");
   static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
 };
@@ -131,6 +147,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
   constexpr int kStages = Traits::kStages;
   constexpr int kTileBytes = Traits::kTileBytes;
   constexpr bool kQRegs = Traits::kQRegs;
+  constexpr bool kQHiRegs = Traits::kQHiRegs;
+  constexpr int kPVN = Traits::kPVN;
   constexpr int kLoadDepth = Traits::kLoadDepth;
   constexpr int kKSteps = kHeadDim / 8;  // k8 steps of S = n8 tiles of O
   constexpr int kPSteps = kBlockN / 8;   // k8 steps of P V = n8 tiles of S
@@ -139,8 +157,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t sQhi = smem, sQlo = smem + Traits::kQBytes;
-  const uint32_t sStages = smem + 2 * Traits::kQBytes;
+  // (Q hi and Q lo in shared memory: Q hi first; Q lo only: Q lo first)
+  const uint32_t sQhi = smem, sQlo = smem + (kQHiRegs ? 0 : Traits::kQBytes);
+  const uint32_t sStages = smem + Traits::kQTiles * Traits::kQBytes;
   // Stage s: K hi, K lo, V^T hi, V^T lo.
   auto sKhi = [&](int s) { return sStages + s * 4 * kTileBytes; };
   auto sKlo = [&](int s) { return sKhi(s) + kTileBytes; };
@@ -162,7 +181,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
   const int offset = seqlen_k - seqlen_q;
   const KeyBlocks blocks = visible_key_blocks<kBlockN>(p, row0, min(row0 + kBlockM, seqlen_q) - 1,
                                                        seqlen_k, offset);
-  const int n_block_min = blocks.min, n_block_max = blocks.max;
+  const int n_block_min = Traits::kLean ? 0 : blocks.min, n_block_max = blocks.max;
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -213,9 +232,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       for (int b = 0; b < kKIters; b += kLoadDepth) {
         float4 x[kLoadDepth];
 #pragma unroll
-        for (int u = 0; u < kLoadDepth; ++u)
-          x[u] = fp32wg::load4(gKrow + (b + u) * k_step, 0, k_row + kKRowStep * (b + u), rows,
-                               k_col, p.headdim);
+        for (int u = 0; u < kLoadDepth; ++u) {
+          if constexpr (Traits::kLean) {
+            x[u] = fp32wg::load4(gKrow + (b + u) * k_step + k_col, 0, kKRowStep * (b + u),
+                                 rows - k_row, 0, p.headdim - k_col);
+          } else {
+            x[u] = fp32wg::load4(gKrow + (b + u) * k_step, 0, k_row + kKRowStep * (b + u), rows,
+                                 k_col, p.headdim);
+          }
+        }
 #pragma unroll
         for (int u = 0; u < kLoadDepth; ++u) {
           const fp32wg::Split4 sp = fp32wg::split4(x[u]);
@@ -235,9 +260,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       for (int b = 0; b < kVIters; b += kLoadDepth) {
         float4 x[kLoadDepth];
 #pragma unroll
-        for (int u = 0; u < kLoadDepth; ++u)
-          x[u] = fp32wg::load4(gVrow, 0, v_key, rows, v_col + 4 * kColThreads * (b + u),
-                               p.headdim);
+        for (int u = 0; u < kLoadDepth; ++u) {
+          if constexpr (Traits::kLean) {
+            x[u] = fp32wg::load4(gVrow + v_col, 0, v_key, rows, 4 * kColThreads * (b + u),
+                                 p.headdim - v_col);
+          } else {
+            x[u] = fp32wg::load4(gVrow, 0, v_key, rows, v_col + 4 * kColThreads * (b + u),
+                                 p.headdim);
+          }
+        }
 #pragma unroll
         for (int u = 0; u < kLoadDepth; ++u) {
           const fp32wg::Split4 sp = fp32wg::split4(x[u]);
@@ -267,10 +298,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
     const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
                       head * p.q_head_stride;
 
-    // Q split once: kQRegs, the lane's A fragments (k8 step kk: (g, q), (g+8, q), (g, q+4),
-    // (g+8, q+4) of its warp's 16 rows); else the warpgroup's 64 rows into sQhi / sQlo.
-    [[maybe_unused]] uint32_t q_hi[kQRegs ? kKSteps : 1][4], q_lo[kQRegs ? kKSteps : 1][4];
-    if constexpr (kQRegs) {
+    // Q split once: in registers (kQRegs: hi and lo; kQHiRegs: hi), the lane's A fragments
+    // (k8 step kk: (g, q), (g+8, q), (g, q+4), (g+8, q+4) of its warp's 16 rows); in shared
+    // memory the warpgroup's 64 rows into sQhi / sQlo (both, or sQlo only where kQHiRegs).
+    [[maybe_unused]] uint32_t q_hi[kQHiRegs ? kKSteps : 1][4], q_lo[kQRegs ? kKSteps : 1][4];
+    if constexpr (kQHiRegs) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
@@ -281,16 +313,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
                               : 0.f;
           const tf32::Split sp = tf32::split(x);
           q_hi[kk][i] = sp.hi;
-          q_lo[kk][i] = sp.lo;
+          if constexpr (kQRegs) q_lo[kk][i] = sp.lo;
         }
-    } else {
+    }
+    if constexpr (!kQRegs) {
       const float* gQt = gQ + int64_t(row0 + wg_row0) * p.q_row_stride;
       for (int i = tid % 128; i < 64 * kHeadDim / 4; i += 128) {
         const int r = i / (kHeadDim / 4), c = 4 * (i % (kHeadDim / 4));
         const fp32wg::Split4 x = fp32wg::split4(
             fp32wg::load4(gQt, p.q_row_stride, r, seqlen_q - row0 - wg_row0, c, p.headdim));
         const uint32_t off = fp32wg::swz<kBlockM>(wg_row0 + r, c);
-        st_shared_v4(sQhi + off, x.hi.x, x.hi.y, x.hi.z, x.hi.w);
+        if constexpr (!kQHiRegs) st_shared_v4(sQhi + off, x.hi.x, x.hi.y, x.hi.z, x.hi.w);
         st_shared_v4(sQlo + off, x.lo.x, x.lo.y, x.lo.z, x.lo.w);
       }
       fence_proxy_async();
@@ -303,6 +336,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       const uint64_t b_hi = desc_k_major(sKhi(s) + kb), b_lo = desc_k_major(sKlo(s) + kb);
       if constexpr (kQRegs) {
         WgmmaTf32<kBlockN>::rs(t, q_lo[kk], b_hi, 0);
+        WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_lo, 1);
+        WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_hi, 1);
+      } else if constexpr (kQHiRegs) {
+        const uint32_t qa = (kk / 4) * (kBlockM * 128) + wg_row0 * 128 + (kk % 4) * 32;
+        WgmmaTf32<kBlockN>::ss(t, desc_k_major(sQlo + qa), b_hi, 0);
         WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_lo, 1);
         WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_hi, 1);
       } else {
@@ -408,26 +446,32 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
         }
       }
 
-      // O = O corr + P V, per kPVChain k8 steps into the fresh accumulator t_o.
+      // O = O corr + P V, per kPVChain k8 steps into the fresh accumulator t_o, per kPVN
+      // columns of O (columns [h kPVN, h kPVN + kPVN): V^T rows from h kPVN, 128 bytes each).
 #pragma unroll
       for (int k0 = 0; k0 < kPSteps; k0 += kPVChain) {
-        float t_o[kHeadDim / 2];
-        wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < kPVChain; ++i) {
-          const int kk = k0 + i;
-          const uint32_t vb = (kk / 4) * (kHeadDim * 128) + (kk % 4) * 32;
-          const uint64_t b_hi = desc_k_major(sVhi(s) + vb), b_lo = desc_k_major(sVlo(s) + vb);
-          WgmmaTf32<kHeadDim>::rs(t_o, p_lo[kk], b_hi, i > 0 ? 1 : 0);
-          WgmmaTf32<kHeadDim>::rs(t_o, p_hi[kk], b_lo, 1);
-          WgmmaTf32<kHeadDim>::rs(t_o, p_hi[kk], b_hi, 1);
+        for (int h = 0; h < kHeadDim / kPVN; ++h) {
+          float t_o[kPVN / 2];
+          wgmma_fence();
+#pragma unroll
+          for (int i = 0; i < kPVChain; ++i) {
+            const int kk = k0 + i;
+            const uint32_t vb = (kk / 4) * (kHeadDim * 128) + h * kPVN * 128 + (kk % 4) * 32;
+            const uint64_t b_hi = desc_k_major(sVhi(s) + vb), b_lo = desc_k_major(sVlo(s) + vb);
+            WgmmaTf32<kPVN>::rs(t_o, p_lo[kk], b_hi, i > 0 ? 1 : 0);
+            WgmmaTf32<kPVN>::rs(t_o, p_hi[kk], b_lo, 1);
+            WgmmaTf32<kPVN>::rs(t_o, p_hi[kk], b_hi, 1);
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(t_o);
+#pragma unroll
+          for (int i = 0; i < kPVN / 2; ++i) {
+            float& o = acc_o[h * (kPVN / 2) + i];
+            o = k0 == 0 ? fmaf(o, correction[(i % 4) / 2], t_o[i]) : o + t_o[i];
+          }
         }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(t_o);
-#pragma unroll
-        for (int i = 0; i < kHeadDim / 2; ++i)
-          acc_o[i] = k0 == 0 ? fmaf(acc_o[i], correction[(i % 4) / 2], t_o[i]) : acc_o[i] + t_o[i];
       }
       // This stage's K and V^T are read (every wgmma of the step completed).
       // (elect.sync picks the arriving lane: a lane index kept live across the loop spilled)

@@ -97,6 +97,11 @@ DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
 # at import, the fp32wg(False) context manager or force_sm80() keep them on the mma.sync
 # float32 kernels (for A/B comparisons). Without the build item it does nothing.
 FP32WG = _env_flag("FLASHATTN2_FP32WG", "1")
+# Where the Hopper float32 kernel runs at kernel head dim 128: True runs its instance of two
+# consumer warpgroups (128 query rows, Q hi in registers; cpp/fp32/wg_config.h two_wg), False
+# (the default) the one of 64 rows. FLASHATTN2_FP32WG_D128_2WG=1 at import, or the
+# fp32wg_d128_2wg() context manager (for A/B comparisons; results agree to rounding).
+FP32WG_D128_2WG = _env_flag("FLASHATTN2_FP32WG_D128_2WG", "0")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
@@ -202,6 +207,9 @@ bwd_dq_first_store = _switch("BWD_DQ_FIRST_STORE", "Inside the block, Hopper bac
                              "zeroing the accumulator (enabled), or add every dQ (default).")
 fp32wg = _switch("FP32WG", "Inside the block, float32 forwards may run the Hopper float32 "
                  "kernel of fp32wg builds (enabled, the default where built) or never do.")
+fp32wg_d128_2wg = _switch("FP32WG_D128_2WG", "Inside the block, float32 forwards that run the "
+                          "Hopper float32 kernel at kernel head dim 128 take its instance of "
+                          "two consumer warpgroups (enabled) or of one (the default).")
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "
                        "O in a K / V stage for causal, windowed and varlen tiles too "
                        "(enabled), or for dense full attention only (the default).")
