@@ -247,7 +247,8 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const BwdParams p) 
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(128) bwd_convert_dq_lean_kernel(const BwdParams p) {
   ptx::griddep_wait();  // as bwd_convert_dq_kernel's
-  constexpr int kCols = kHeadDim < 128 ? kHeadDim : 128;  // columns per pass
+  // columns per pass: all of them up to 128; d192 in two passes of 96, d256 of 128
+  constexpr int kCols = kHeadDim <= 128 ? kHeadDim : kHeadDim % 128 == 0 ? 128 : kHeadDim / 2;
   constexpr int kBlocks = kCols / 8;                      // n8 blocks of a row block per pass
   constexpr int kStride = kCols / 2 + 4;                  // 32-bit words per shared row
   static_assert(kHeadDim % kCols == 0 && (kStride * 4) % 16 == 0, "convert tile");
