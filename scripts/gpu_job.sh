@@ -18,6 +18,8 @@ mkdir -p "$O"
 if want check; then
     stamp build
     OUT=$O/build HEAD_DIMS=${HEAD_DIMS:-} SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE=1 bash scripts/gpu_check.sh
+    # Nothing after this measures anything without the module (SDPA-only benchmark rows).
+    (cd /tmp && python3 -c "import flashattn2._C") || { stamp "no flashattn2 module: stop"; exit 1; }
 fi
 # side_build NAME CMAKE_DEFINES...: a wheel of this tree with the given -C options (90a only),
 # unpacked into /tmp/NAME for PYTHONPATH, built in the background; its log $O/NAME_build.txt.
