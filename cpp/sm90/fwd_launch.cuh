@@ -75,11 +75,12 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
     // 0.96x, s4k 1.02x; benchmarks/NOTES.md, ninth session).
     if constexpr (Traits::kQBufs == 1)
       launch(no, no, no, std::true_type{}, no);
-  } else if (p.sm90_narrow_step) {
-    // FLASHATTN2_SM90_NARROW_STEP=1 (a prototype, off by default; d192 / d256 dense full
-    // attention keeps the staged-O instance above): a warpgroup's first key step runs on the
-    // block's first 32 or 64 keys where it sees no others (the causal diagonal, a right
-    // window, a key tail; fwd_kernel.cuh kNarrowStep).
+  } else if (p.sm90_narrow_step && !equal_tiles && kHeadDim != 128) {
+    // Causal, windowed and varlen tiles (FLASHATTN2_SM90_NARROW_STEP, on by default): a
+    // warpgroup's first key step runs on the block's first 32 or 64 keys where it sees no
+    // others (the causal diagonal, a right window, a key tail; fwd_kernel.cuh kNarrowStep).
+    // H100 causal s512-2k: d64 +3-5 %, d256 +2-4 %; d128 0 to -2 %, so it keeps the plain
+    // instance (benchmarks/NOTES.md, tenth session). Dense full attention was not measured.
     launch(no, no, no, no, std::true_type{});
   } else {
     launch(no, no, no, no, no);

@@ -63,10 +63,12 @@ SM90_STAGE_O = _env_flag("FLASHATTN2_SM90_STAGE_O", "0")
 # The Hopper forward, plain attention: a warpgroup that sees only the first 32 or 64 keys of
 # its first key block (the causal diagonal: warpgroup 0 of every d128 tile, half the d64
 # warpgroups, 4 of 5 at d256; right windows, key tails) runs that step on those keys (fewer
-# S and P V MMAs, the softmax over their columns). FLASHATTN2_SM90_NARROW_STEP=1 at import,
-# or the sm90_narrow_step() context manager: a prototype, off by default (d192 / d256 dense
-# full attention keeps its staged-O instance; cpp/sm90/fwd_kernel.cuh kNarrowStep).
-SM90_NARROW_STEP = _env_flag("FLASHATTN2_SM90_NARROW_STEP", "0")
+# S and P V MMAs, the softmax over their columns). On by default for causal, windowed and
+# varlen tiles at kernel head dims other than 128 (H100, causal s512-2k: d64 +3-5 %, d256
+# +2-4 %, d128 -2 % at 2k, so d128 keeps the plain instance; dense full attention keeps its
+# instances; cpp/sm90/fwd_launch.cuh). FLASHATTN2_SM90_NARROW_STEP=0 at import, or the
+# sm90_narrow_step() context manager, turns it off (for A/B comparisons).
+SM90_NARROW_STEP = _env_flag("FLASHATTN2_SM90_NARROW_STEP", "1")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
@@ -98,10 +100,11 @@ DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
 # float32 kernels (for A/B comparisons). Without the build item it does nothing.
 FP32WG = _env_flag("FLASHATTN2_FP32WG", "1")
 # Where the Hopper float32 kernel runs at kernel head dim 128: True runs its instance of two
-# consumer warpgroups (128 query rows, Q hi in registers; cpp/fp32/wg_config.h two_wg), False
-# (the default) the one of 64 rows. FLASHATTN2_FP32WG_D128_2WG=1 at import, or the
-# fp32wg_d128_2wg() context manager (for A/B comparisons; results agree to rounding).
-FP32WG_D128_2WG = _env_flag("FLASHATTN2_FP32WG_D128_2WG", "0")
+# consumer warpgroups (128 query rows, Q hi in registers; cpp/fp32/wg_config.h two_wg; the
+# default: 1.45-1.6x the other on an H100), False the one of 64 rows.
+# FLASHATTN2_FP32WG_D128_2WG=0 at import, or the fp32wg_d128_2wg() context manager (for A/B
+# comparisons; results agree to rounding).
+FP32WG_D128_2WG = _env_flag("FLASHATTN2_FP32WG_D128_2WG", "1")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
@@ -144,13 +147,14 @@ BWD_PDL = _env_flag("FLASHATTN2_BWD_PDL", "1")
 # the bwd_convert_lean() context manager, runs the one that has all of a tile's loads in flight
 # at once (cpp/sm80/bwd_kernel.cuh bwd_convert_dq_lean_kernel; the same dq bits; for A/B).
 BWD_CONVERT_LEAN = _env_flag("FLASHATTN2_BWD_CONVERT_LEAN", "0")
-# False (the default): the backward's preprocess zeroes the float32 dQ accumulator, which the
-# main kernel adds into; FLASHATTN2_BWD_DQ_FIRST_STORE=1 at import, or the
-# bwd_dq_first_store() context manager, makes the first visitor of each query tile store its
-# dQ instead (a per-tile ticket; deterministic: the first in the order) and skips the zeroing,
-# where it applies: dense Hopper backwards of d64 / d128 without softcap / ALiBi / a bias in
-# dq_warp builds (cpp/sm90/bwd_producer.cuh dq_order_warp; with the lean convert). For A/B.
-BWD_DQ_FIRST_STORE = _env_flag("FLASHATTN2_BWD_DQ_FIRST_STORE", "0")
+# True (the default): the first visitor of each query tile stores its dQ into the float32
+# accumulator instead of adding (a per-tile ticket; deterministic: the first in the order),
+# so the preprocess does not zero it, where it applies: dense Hopper backwards of d64 / d128
+# without softcap / ALiBi / a bias in dq_warp builds (cpp/sm90/bwd_producer.cuh
+# dq_order_warp; with the lean convert). H100, bf16: d128 s512-1k +2-14 %, d128 geomean
+# 0.958 -> 0.997x cuDNN, d64 4k-16k -1 %. FLASHATTN2_BWD_DQ_FIRST_STORE=0 at import, or the
+# bwd_dq_first_store() context manager: the preprocess zeroes it (for A/B comparisons).
+BWD_DQ_FIRST_STORE = _env_flag("FLASHATTN2_BWD_DQ_FIRST_STORE", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
@@ -204,18 +208,19 @@ bwd_convert_lean = _switch("BWD_CONVERT_LEAN", "Inside the block, backwards conv
                            "or the default one.")
 bwd_dq_first_store = _switch("BWD_DQ_FIRST_STORE", "Inside the block, Hopper backwards "
                              "store the first dQ of each query tile where they can, without "
-                             "zeroing the accumulator (enabled), or add every dQ (default).")
+                             "zeroing the accumulator (enabled, the default), or add every dQ.")
 fp32wg = _switch("FP32WG", "Inside the block, float32 forwards may run the Hopper float32 "
                  "kernel of fp32wg builds (enabled, the default where built) or never do.")
 fp32wg_d128_2wg = _switch("FP32WG_D128_2WG", "Inside the block, float32 forwards that run the "
                           "Hopper float32 kernel at kernel head dim 128 take its instance of "
-                          "two consumer warpgroups (enabled) or of one (the default).")
+                          "two consumer warpgroups (enabled, the default) or of one.")
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "
                        "O in a K / V stage for causal, windowed and varlen tiles too "
                        "(enabled), or for dense full attention only (the default).")
 sm90_narrow_step = _switch("SM90_NARROW_STEP", "Inside the block, Hopper forwards run a "
                            "warpgroup's first key step on the first 32 or 64 keys where it sees "
-                           "no others (enabled), or on the whole block (the default).")
+                           "no others (enabled, the default; causal, windowed and varlen tiles, "
+                           "not at kernel head dim 128), or on the whole block.")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
