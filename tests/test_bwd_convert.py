@@ -1,4 +1,5 @@
-"""The backward's passes around its main kernel, two switches (both off by default, for A/B):
+"""The backward's passes around its main kernel, two switches (dQ first store on by default,
+the lean convert alone off; for A/B):
 
 - the lean dQ convert (BwdParams::convert_lean; FLASHATTN2_BWD_CONVERT_LEAN=1 or
   ``_ext.bwd_convert_lean()``): bwd_convert_dq_lean_kernel (cpp/sm80/bwd_kernel.cuh) turns
@@ -8,16 +9,17 @@
   default backwards are checked under the 2x rule of test_bwd.py (tails of the 16-row blocks
   and 64-row tiles, sq != sk, GQA, causal / full / window) with NaN-poisoned outputs
   (run_backward), so a row or column the kernel does not store is caught.
-- dQ first store (BwdParams::dq_first_store; FLASHATTN2_BWD_DQ_FIRST_STORE=1 or
-  ``_ext.bwd_dq_first_store()``): the first visitor of a query tile stores its dQ and the
-  preprocess does not zero the accumulator (cpp/sm90/bwd_producer.cuh dq_order_warp). Its
-  tests NaN-fill every float workspace (nan_workspaces), so a tile added to before its first
-  store, or one no key block visits read without its counter, gives NaN.
+- dQ first store (BwdParams::dq_first_store; the default, FLASHATTN2_BWD_DQ_FIRST_STORE=0 or
+  ``_ext.bwd_dq_first_store(False)`` turns it off): the first visitor of a query tile stores
+  its dQ and the preprocess does not zero the accumulator (cpp/sm90/bwd_producer.cuh
+  dq_order_warp). Its tests NaN-fill every float workspace (nan_workspaces), so a tile added
+  to before its first store, or one no key block visits read without its counter, gives NaN.
 """
 import pytest
 import torch
 from flashattn2 import _ext, _launch, flash_attn_varlen_func
 from test_bwd import check_grads, make_inputs
+from test_bwd_pdl import recorder  # noqa: F401 (the fixture)
 from test_sm90_bwd import EXPERIMENTAL, HEADS, arch_of_backward, require_sm90_bwd
 from test_sm90_bwd import require_sm90_deterministic
 from test_sm90_bwd import sm90_bwd  # noqa: F401 (the fixture)
@@ -28,27 +30,11 @@ from test_varlen import LENGTHS, check_varlen_backward, cu, make_varlen
 pytestmark = pytest.mark.gpu
 
 
-class _LeanRecorder:
-    """Stands in for _launch._C: records the convert_lean and dq_first_store arguments of each
-    _C.bwd."""
-
-    def __init__(self, real):
-        self.real, self.lean, self.first_store = real, [], []
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def bwd(self, *args, **kwargs):
-        self.lean.append(kwargs["convert_lean"])
-        self.first_store.append(kwargs["dq_first_store"])
-        return self.real.bwd(*args, **kwargs)
-
-
 @pytest.fixture
-def recorder(monkeypatch):
-    recorder = _LeanRecorder(_launch._C)
-    monkeypatch.setattr(_launch, "_C", recorder)
-    return recorder
+def lean_alone(monkeypatch):
+    """The lean convert's own tests: dQ first store (the default, which implies the lean
+    convert) off, so that lean off runs the default convert."""
+    monkeypatch.setattr(_ext, "BWD_DQ_FIRST_STORE", False)
 
 
 def require_window(window_size):
@@ -72,8 +58,8 @@ CASES = pytest.mark.parametrize(
 @CASES
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
 @pytest.mark.parametrize("headdim", [64, 128, 256], ids=["d64", "d128", "d256"])
-def test_bwd_convert_lean_right(sm90_bwd, recorder, headdim, nheads, nheads_k, seqlens, causal,
-                                window_size):
+def test_bwd_convert_lean_right(sm90_bwd, lean_alone, recorder, headdim, nheads, nheads_k,
+                                seqlens, causal, window_size):
     """Right with the switch on, twice in a row (the second run reuses the first's cached
     workspaces, whose dQ sums are stale for it), and off once more."""
     require_sm90_bwd(headdim)
@@ -86,7 +72,7 @@ def test_bwd_convert_lean_right(sm90_bwd, recorder, headdim, nheads, nheads_k, s
             grads, arch = arch_of_backward(q, k, v, dout, causal=causal, window_size=window_size)
         assert arch == 90
         check_grads(grads, q, k, v, dout, causal=causal, window_size=window_size)
-    assert recorder.lean == [True, True, False]
+    assert recorder["convert_lean"] == [True, True, False]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -99,8 +85,8 @@ def test_bwd_convert_lean_right(sm90_bwd, recorder, headdim, nheads, nheads_k, s
 )  # fmt: skip
 @pytest.mark.parametrize("nheads,nheads_k", HEADS, ids=["mha", "gqa8-2"])
 @pytest.mark.parametrize("headdim", [64, 128, 256], ids=["d64", "d128", "d256"])
-def test_bwd_convert_lean_bitwise(sm90_bwd, recorder, headdim, nheads, nheads_k, seqlens,
-                                  causal, window_size, chains, dtype):
+def test_bwd_convert_lean_bitwise(sm90_bwd, lean_alone, recorder, headdim, nheads, nheads_k,
+                                  seqlens, causal, window_size, chains, dtype):
     """Deterministic mode: lean, default, lean give the same bits (the chains summed in the
     same order, the same rounding), and right."""
     require_sm90_deterministic(headdim)
@@ -115,7 +101,7 @@ def test_bwd_convert_lean_bitwise(sm90_bwd, recorder, headdim, nheads, nheads_k,
                                                window_size=window_size, deterministic=True)
             assert arch == 90
             runs.append(grads)
-    assert recorder.lean == [True, False, True]
+    assert recorder["convert_lean"] == [True, False, True]
     check_grads(runs[0], q, k, v, dout, causal=causal, window_size=window_size)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
@@ -127,7 +113,8 @@ def test_bwd_convert_lean_bitwise(sm90_bwd, recorder, headdim, nheads, nheads_k,
 @pytest.mark.parametrize("force_sm80", [False, True], ids=["sm90", "sm80"])
 @pytest.mark.parametrize("chains", [1, 4], ids=["chains-1", "chains-4"])
 @pytest.mark.parametrize("headdim", [36, 56, 100, 120, 200, 248])
-def test_bwd_convert_lean_padded_head_dims(sm90_bwd, headdim, chains, force_sm80):
+def test_bwd_convert_lean_padded_head_dims(sm90_bwd, lean_alone, headdim, chains,
+                                           force_sm80):
     kernel_head_dim = _ext.KERNEL_HEAD_DIM[headdim]
     if force_sm80:
         if kernel_head_dim not in _ext.build_info()["bwd_head_dims"]:
@@ -152,7 +139,8 @@ def test_bwd_convert_lean_padded_head_dims(sm90_bwd, headdim, chains, force_sm80
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("lengths", ["ragged", "same"])
 @pytest.mark.parametrize("headdim", [64, 128], ids=["d64", "d128"])
-def test_bwd_convert_lean_varlen(sm90_bwd, headdim, lengths, causal, deterministic):
+def test_bwd_convert_lean_varlen(sm90_bwd, lean_alone, headdim, lengths, causal,
+                                 deterministic):
     """Packed sequences (empty and one-token ones, ragged tails): each sequence's gradients
     against its own reference with the switch on (deterministic: a second run bitwise equal),
     then deterministic dq bitwise equal to the default convert's."""
@@ -228,7 +216,7 @@ def test_dq_first_store_right(sm90_bwd, recorder, nan_workspaces, headdim, nhead
                                            deterministic=deterministic)
         assert arch == 90
         check_grads(grads, q, k, v, dout, causal=causal, window_size=window_size)
-    assert recorder.first_store == [True, True, False]
+    assert recorder["dq_first_store"] == [True, True, False]
 
 
 @pytest.mark.parametrize("chains", [1, 2, 4], ids=["chains-1", "chains-2", "chains-4"])

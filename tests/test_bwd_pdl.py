@@ -16,23 +16,27 @@ from test_sm90_bwd import sm90_bwd  # noqa: F401 (the fixture)
 pytestmark = pytest.mark.gpu
 
 
-class _PdlRecorder:
-    """Stands in for _launch._C: records the pdl argument of each _C.bwd, runs the real one."""
+class BwdRecorder:
+    """Stands in for _launch._C: records the keyword arguments of each _C.bwd (``args``) and
+    runs the real one; ``recorder["pdl"]`` lists one argument over the calls."""
 
     def __init__(self, real):
-        self.real, self.pdl = real, []
+        self.real, self.args = real, []
 
     def __getattr__(self, name):
         return getattr(self.real, name)
 
+    def __getitem__(self, key):
+        return [kwargs[key] for kwargs in self.args]
+
     def bwd(self, *args, **kwargs):
-        self.pdl.append(kwargs["pdl"])
+        self.args.append(kwargs)
         return self.real.bwd(*args, **kwargs)
 
 
 @pytest.fixture
 def recorder(monkeypatch):
-    recorder = _PdlRecorder(_launch._C)
+    recorder = BwdRecorder(_launch._C)
     monkeypatch.setattr(_launch, "_C", recorder)
     return recorder
 
@@ -72,7 +76,7 @@ def test_sm90_backward_pdl_on_off(sm90_bwd, recorder, headdim, nheads, nheads_k,
             grads, arch = arch_of_backward(q, k, v, dout, causal=causal, window_size=window_size)
         assert arch == 90
         check_grads(grads, q, k, v, dout, causal=causal, window_size=window_size)
-    assert recorder.pdl == [True, True, False, False]
+    assert recorder["pdl"] == [True, True, False, False]
 
 
 @pytest.mark.parametrize("chains", [None, 4], ids=["chains-auto", "chains-4"])
@@ -102,7 +106,7 @@ def test_sm90_backward_pdl_deterministic_bitwise(sm90_bwd, recorder, headdim, nh
                                                window_size=window_size, deterministic=True)
             assert arch == 90
             runs.append(grads)
-    assert recorder.pdl == [True, False, True]
+    assert recorder["pdl"] == [True, False, True]
     check_grads(runs[0], q, k, v, dout, causal=causal, window_size=window_size)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):

@@ -17,11 +17,11 @@ without a GPU.
 """
 import pytest
 import torch
-from flashattn2 import _ext, _launch, flash_attn_func, flash_attn_varlen_func
+from flashattn2 import _ext, flash_attn_func
 from test_decode_kernel import fake_launch
-from test_fwd import ATOL, check_kernel, check_output, make_qkv
-from test_sm90 import require_sm90
-from test_sm90_fwd_protos import PLAIN, STAGED, _fwd_kernel_flags
+from test_fwd import check_kernel, make_qkv
+from test_sm90 import check_varlen, require_sm90
+from test_sm90_fwd_protos import PLAIN, STAGED, _fwd_kernel_flags, check_split_kv
 
 NARROW = (False, False, False, False, True)
 
@@ -90,26 +90,8 @@ def test_tile_walks(narrow_step, monkeypatch, headdim, walk):
 def test_varlen(narrow_step, headdim, causal):
     """Packed sequences whose lengths put the diagonal and the key tail in either width."""
     require_sm90(headdim)
-    from reference import attention_ref
-
-    lengths_q, lengths_k = [70, 300, 129, 1, 511, 1000, 192], [200, 300, 81, 400, 64, 1000, 193]
-    q = torch.randn(sum(lengths_q), 4, headdim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lengths_k), 2, headdim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
-    cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
-    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
-                                 causal=causal)  # fmt: skip
-    assert _ext.last_fwd_arch == 90
-    for i in range(len(lengths_q)):
-        sl_q = slice(cu_q[i].item(), cu_q[i + 1].item())
-        sl_k = slice(cu_k[i].item(), cu_k[i + 1].item())
-        args = (q[None, sl_q], k[None, sl_k], v[None, sl_k])
-        out_ref, _ = attention_ref(*args, causal=causal)
-        out_pt, _ = attention_ref(*args, causal=causal, upcast=False)
-        err = (out[None, sl_q].float() - out_ref.float()).abs().max().item()
-        err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
-        assert err <= 2 * err_pt + ATOL[torch.bfloat16], f"sequence {i}"
+    check_varlen([70, 300, 129, 1, 511, 1000, 192], [200, 300, 81, 400, 64, 1000, 193], headdim,
+                 causal)
 
 
 @pytest.mark.gpu
@@ -118,15 +100,7 @@ def test_varlen(narrow_step, headdim, causal):
 def test_split_kv(narrow_step, headdim, causal):
     """Split-KV: only the split holding a warpgroup's diagonal (or the key tail) opens with a
     narrow step; the partials go to the combine."""
-    require_sm90(headdim)
-    q, k, v = make_qkv(1, 700, 3000, 2, 1, headdim, torch.bfloat16)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((1, 2, 700), float("nan"), device="cuda")
-    _launch._flash_attn_forward(q, k, v, headdim**-0.5, -1, 0 if causal else -1, out, lse,
-                                num_splits=3)
-    assert _ext.last_fwd_arch == 90
-    assert not out.isnan().any() and not lse.isnan().any()
-    check_output(out, lse, q, k, v, causal=causal)
+    check_split_kv(headdim, causal)
 
 
 @pytest.mark.gpu
