@@ -72,6 +72,7 @@ struct Fp32WgBwdTraits {
   static constexpr int kSmemBytes = fp32wg_bwd_smem_bytes(kHeadDim);
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
+  static constexpr int kGemmDBufs = 2;  // fresh S^T / dP^T accumulators (gemm_d below)
   // Tile bytes.
   static constexpr int kKBytes = kBlockN * kHeadDim * 4;  // K lo, V lo, K^T hi, K^T lo
   static constexpr int kQBytes = kBlockM * kHeadDim * 4;  // Q / dO (hi, lo), natural or ^T
@@ -107,6 +108,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   constexpr int kKSteps = kHeadDim / 8;  // k8 steps over d
   constexpr int kQSteps = kBlockM / 8;   // k8 steps over the queries = n8 tiles of S^T
   constexpr int kS = kBlockM / 2;        // S^T accumulator registers [64 x kBlockM]
+  constexpr int kGemmDBufs = Traits::kGemmDBufs;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
@@ -195,11 +197,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     // (thread: query row q_row of the tile, columns q_col + 16 i; a warp's 32 rows at one
     // column: the transposed stores hit one 128-byte row, the natural 16-byte stores of a
     // quarter warp 8 rows of one unit: conflict-free)
-    const int q_row = tid % kBlockM, q_col = 4 * (tid / kBlockM);
+    const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
     constexpr int kColStep = 4 * (128 / kBlockM);
     constexpr int kIters = kHeadDim / kColStep;
-    const int q_pos = fp32wg::key_pos(q_row);
+    const int q_pos0 = fp32wg::key_pos(q_row0);
     for (int t = 0; t < n_steps; ++t) {
+      // (addresses and lane offsets recomputed per step, not kept live: 40 registers)
+      uint32_t base = smem;
+      int q_row = q_row0, q_col = q_col0, q_pos = q_pos0;
+      asm volatile("" : "+r"(base), "+r"(q_row), "+r"(q_col), "+r"(q_pos));
+      auto at = [&](uint32_t addr) { return base + (addr - smem); };
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
       const int rows = seqlen_q - m0;
@@ -227,8 +234,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
         for (int i = 0; i < kIters; ++i) {
           const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
           const fp32wg::Split4 a = fp32wg::split4(x[i]);
-          st_shared_v4((src ? sdOhi : sQhi) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
-          st_shared_v4((src ? sdOlo : sQlo) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+          st_shared_v4((src ? at(sdOhi) : at(sQhi)) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
+          st_shared_v4((src ? at(sdOlo) : at(sQlo)) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
         }
       }
       if (tid < kBlockM) {
@@ -237,8 +244,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
           lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + m0 + tid];
           dsum = p.dsum[fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0 + tid];
         }
-        st_shared(sLse + 4 * tid, lse);
-        st_shared(sDsum + 4 * tid, dsum);
+        st_shared(at(sLse) + 4 * tid, lse);
+        st_shared(at(sDsum) + 4 * tid, dsum);
       }
       fence_proxy_async();
       mbar_arrive(bar_full_nat);
@@ -248,8 +255,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const uint32_t off_n = swz<kBlockM>(q_row, q_col + kColStep * i);
-        const uint32_t src_n[4] = {sQhi, sQlo, sdOhi, sdOlo};
-        const uint32_t dst_t[4] = {sQThi, sQTlo, sdOThi, sdOTlo};
+        const uint32_t src_n[4] = {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)};
+        const uint32_t dst_t[4] = {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)};
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
           const float4 v = ld_shared_float4(src_n[a] + off_n);
@@ -269,10 +276,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     const int consumer = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
     const int warp_in_wg = warp % 4;
     const int g = lane / 4;
-    const int q = lane % 4;
     const int wg_key0 = 64 * consumer;                          // within the CTA's keys
-    const int lane_key = wg_key0 + 16 * warp_in_wg + g;         // + 8 r: the lane's keys
-    const int lane_d = 16 * warp_in_wg + g;                     // + 8 r: dQ^T rows (d)
+    const int lane_key0 = wg_key0 + 16 * warp_in_wg + g;  // + 8 r: the lane's keys
+    const int lane_d0 = 16 * warp_in_wg + g;              // + 8 r: dQ^T rows (d)
 
     // K hi, V hi: the lane's A fragments ((g, q), (g+8, q), (g, q+4), (g+8, q+4) of k8 step
     // kk), split as the K lo / V lo in smem were.
@@ -281,7 +287,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = lane_key + 8 * (i & 1), col = 8 * kk + q + 4 * (i >> 1);
+        const int key = lane_key0 + 8 * (i & 1), col = 8 * kk + lane % 4 + 4 * (i >> 1);
         const bool in = n0 + key < seqlen_k && col < p.headdim;
         const float xk = in ? __ldg(gK + int64_t(key) * p.k_row_stride + col) : 0.f;
         const float xv = in ? __ldg(gV + int64_t(key) * p.v_row_stride + col) : 0.f;
@@ -290,35 +296,41 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       }
 
     // acc[64 keys x kBlockM] = X Y^T over d, two-level: per k8 step the three products
-    // (Xlo Yhi, Xhi Ylo, Xhi Yhi) into a fresh accumulator (two alternate, so the FADD of
-    // one step runs under the next step's wgmma), FADD into acc.
+    // (Xlo Yhi, Xhi Ylo, Xhi Yhi) into a fresh accumulator t, FADD into acc. kGemmDBufs 2
+    // (ptxas: 0 spills at 232): two t alternate, the FADD of one step under the next step's
+    // wgmma; 1: the FADD waits for the step's wgmma (16 registers fewer).
     auto gemm_d = [&](float (&acc)[kS], const uint32_t (&x_hi)[kKSteps][4], uint32_t sXlo,
                       uint32_t sYhi, uint32_t sYlo) {
-      float t[2][kS];
+      constexpr int kBufs = kGemmDBufs;
+      float t[kBufs][kS];
       auto step = [&](float (&tt)[kS], int kk) {
         const uint32_t xa = (kk / 4) * (kBlockN * 128) + wg_key0 * 128 + (kk % 4) * 32;
         const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
         const uint64_t b_hi = desc_k_major(sYhi + yb);
+        wgmma_fence();
         WgmmaTf32<kBlockM>::ss(tt, desc_k_major(sXlo + xa), b_hi, 0);
         WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], desc_k_major(sYlo + yb), 1);
         WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], b_hi, 1);
+        wgmma_commit();
       };
-      wgmma_fence();
-      step(t[0], 0);
-      wgmma_commit();
+      if constexpr (kBufs == 2) step(t[0], 0);
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
-        if (kk + 1 < kKSteps) {
-          wgmma_fence();
-          step(t[(kk + 1) % 2], kk + 1);
-          wgmma_commit();
-          wgmma_wait<1>();
+        if constexpr (kBufs == 2) {
+          if (kk + 1 < kKSteps) {
+            step(t[(kk + 1) % 2], kk + 1);
+            wgmma_wait<1>();
+          } else {
+            wgmma_wait<0>();
+          }
         } else {
+          step(t[0], kk);
           wgmma_wait<0>();
         }
-        fence_regs(t[kk % 2]);
+        float(&tk)[kS] = t[kk % kBufs];
+        fence_regs(tk);
 #pragma unroll
-        for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? t[kk % 2][i] : acc[i] + t[kk % 2][i];
+        for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? tk[i] : acc[i] + tk[i];
       }
     };
     // acc_d[64 keys x d] += X^T (A fragments a_hi / a_lo, kQSteps k8 steps over the queries)
@@ -380,6 +392,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       uint32_t base = smem;
       asm volatile("" : "+r"(base));
       auto at = [&](uint32_t addr) { return base + (addr - smem); };
+      // (the lane's indices likewise: offsets derived from them, e.g. the 16 sdS store
+      // offsets and the dQ reds', are recomputed per step, not kept live across the loop)
+      int q = lane % 4, lane_key = lane_key0, lane_d = lane_d0;
+      asm volatile("" : "+r"(q), "+r"(lane_key), "+r"(lane_d));
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
       mbar_wait(bar_full_nat, t & 1);
@@ -471,11 +487,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     float* gdV = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head_k * p.dv_head_stride;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int j = n0 + lane_key + 8 * r;
+      const int j = n0 + lane_key0 + 8 * r;
       if (j < seqlen_k) {
 #pragma unroll
         for (int dt = 0; dt < kKSteps; ++dt) {
-          const int c = 8 * dt + 2 * q;
+          const int c = 8 * dt + 2 * (lane % 4);
           if (c < p.headdim) {
             *reinterpret_cast<float2*>(gdK + int64_t(j) * p.dk_row_stride + c) =
                 make_float2(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
