@@ -295,6 +295,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
         v_hi[kk][i] = tf32::split(xv).hi;
       }
 
+    // K-major descriptors (sm90/wgmma.cuh desc_k_major) of the step's tiles as one descriptor
+    // of the step's base plus the tile offset / 16 in its low word (the address field: 14
+    // bits, smem < 256 KiB, no carry), not each built from its address: ~2 uniform
+    // instructions a descriptor instead of ~5 (112 descriptors a step).
+    uint32_t step_base = smem;
+    auto kdesc = [&](uint32_t addr) {
+      const uint64_t d0 = desc_k_major(step_base);
+      return (d0 & ~uint64_t(0xffffffffu)) | uint32_t(uint32_t(d0) + ((addr - step_base) >> 4));
+    };
+
     // acc[64 keys x kBlockM] = X Y^T over d, two-level: per k8 step the three products
     // (Xlo Yhi, Xhi Ylo, Xhi Yhi) into a fresh accumulator t, FADD into acc. kGemmDBufs 2
     // (ptxas: 0 spills at 232): two t alternate, the FADD of one step under the next step's
@@ -306,10 +316,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       auto step = [&](float (&tt)[kS], int kk) {
         const uint32_t xa = (kk / 4) * (kBlockN * 128) + wg_key0 * 128 + (kk % 4) * 32;
         const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-        const uint64_t b_hi = desc_k_major(sYhi + yb);
+        const uint64_t b_hi = kdesc(sYhi + yb);
         wgmma_fence();
-        WgmmaTf32<kBlockM>::ss(tt, desc_k_major(sXlo + xa), b_hi, 0);
-        WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], desc_k_major(sYlo + yb), 1);
+        WgmmaTf32<kBlockM>::ss(tt, kdesc(sXlo + xa), b_hi, 0);
+        WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], kdesc(sYlo + yb), 1);
         WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], b_hi, 1);
         wgmma_commit();
       };
@@ -345,9 +355,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
 #pragma unroll
         for (int kk = 0; kk < kQSteps; ++kk) {
           const uint32_t yb = h * kDkvN * 128 + kk * 32;
-          const uint64_t b_hi = desc_k_major(sYThi + yb);
+          const uint64_t b_hi = kdesc(sYThi + yb);
           WgmmaTf32<kDkvN>::rs(t, a_lo[kk], b_hi, kk > 0 ? 1 : 0);
-          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], desc_k_major(sYTlo + yb), 1);
+          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], kdesc(sYTlo + yb), 1);
           WgmmaTf32<kDkvN>::rs(t, a_hi[kk], b_hi, 1);
         }
         wgmma_commit();
@@ -392,6 +402,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       uint32_t base = smem;
       asm volatile("" : "+r"(base));
       auto at = [&](uint32_t addr) { return base + (addr - smem); };
+      step_base = base;
       // (the lane's indices likewise: offsets derived from them, e.g. the 16 sdS store
       // offsets and the dQ reds', are recomputed per step, not kept live across the loop)
       int q = lane % 4, lane_key = lane_key0, lane_d = lane_d0;
@@ -460,9 +471,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
           const int chunk = 2 * consumer + ch;
           const uint32_t ka = chunk * (kHeadDim * 128) + kk * 32;
           const uint32_t sb = chunk * (kBlockM * 128) + kk * 32;
-          const uint64_t a_hi = desc_k_major(at(sKThi) + ka), b_hi = desc_k_major(at(sdShi) + sb);
-          WgmmaTf32<kBlockM>::ss(t_q[ch], desc_k_major(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
-          WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, desc_k_major(at(sdSlo) + sb), 1);
+          const uint64_t a_hi = kdesc(at(sKThi) + ka), b_hi = kdesc(at(sdShi) + sb);
+          WgmmaTf32<kBlockM>::ss(t_q[ch], kdesc(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
+          WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, kdesc(at(sdSlo) + sb), 1);
           WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, b_hi, 1);
         }
         wgmma_commit();
