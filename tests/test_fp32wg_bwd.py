@@ -201,3 +201,35 @@ def test_fp32wg_bwd_varlen_falls_back(hopper):
         out.backward(torch.randn_like(out))
         assert _ext.last_bwd_kernel == "sm80"
     assert q.grad.isfinite().all()
+
+
+# One CTA, one step (128 keys, 32 query rows, one head): a failure names the wrong rows /
+# columns of each gradient, to tell the pieces apart (dv: P^T fragments, dO^T; dk: dS^T, Q^T;
+# dq: the sdS stores, K^T, the reds). "uniform": softmax scale 1e-6 (P nearly uniform whatever
+# S^T's layout: dv is dO's column means, the dO^T / P^T path alone).
+@gpu
+@needs_fp32wg
+@pytest.mark.parametrize("piece", ["full", "uniform"])
+def test_fp32wg_bwd_single_step(hopper, piece):
+    from test_fp32wg import _worst
+    q, k, v = _qkv(1, 32, 128, 1, 1, 64, device="cuda")
+    dout = torch.randn_like(q)
+    scale = 1e-6 if piece == "uniform" else 64**-0.5
+    grads64 = []
+    for t in (q, k, v):
+        grads64.append(t.detach().double().requires_grad_())
+    s = torch.einsum("bqhd,bkhd->bhqk", grads64[0], grads64[1]) * scale
+    out64 = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), grads64[2])
+    expected = torch.autograd.grad(out64, grads64, dout.double())
+    with _ext.fp32wg_bwd(True):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((1, 1, 32), float("nan"), device="cuda")
+        _launch._flash_attn_forward(q, k, v, scale, -1, -1, out=out, lse=lse)
+        ours = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        _launch._flash_attn_backward(dout, q, k, v, out, lse, scale, -1, -1,
+                                     dq=ours[0], dk=ours[1], dv=ours[2])
+        assert _ext.last_bwd_kernel == "fp32wg"
+    for name, a, e in zip(GRADS, ours, expected):
+        err = (a.double() - e).abs()[0, :, 0]
+        tol = 1e-5 + 1e-5 * e.abs().max().item()
+        assert (err <= tol).all(), f"{name}: {_worst(err, tol)}"
