@@ -23,10 +23,16 @@
 //          registers), ascending.
 //   block  384 threads. Before the roles split, threads 0-127 store K lo and K^T hi / lo,
 //          128-255 V lo (a thread per key); each consumer thread loads its K hi / V hi A
-//          fragments itself. Warpgroup 0, the producer (setmaxnreg 72): per step Q and dO
-//          loaded (a thread per query row, 4 float4 each), split, stored natural (hi, lo) and
-//          transposed (hi, lo), lse / dsum to smem. Consumer warpgroup c (216 registers) owns
-//          keys [64 c, 64 c + 64): dK, dV [64 x d] in registers.
+//          fragments itself. Warpgroup 0, the producer (setmaxnreg 40): per step Q and dO
+//          loaded (a thread per query row, 4 float4 each), split, stored natural (hi, lo),
+//          then transposed (hi, lo: read back from its own natural stores, so that no data
+//          register lives across the second wait), lse / dsum to smem. Consumer warpgroup c
+//          (232 registers) owns keys [64 c, 64 c + 64): dK, dV [64 x d] in registers.
+//   registers  one buffer set makes every smem address loop-invariant: nvcc hoisted the
+//          ~112 wgmma descriptors and the lanes' store / red offsets out of the loop and
+//          spilled (804 bytes); the smem base and lane indices pass an empty asm volatile
+//          at the top of each step so that they are rebuilt (0 spills), and each descriptor
+//          is the step's base descriptor plus the tile offset (kdesc).
 //   smem   fp32/wg_config.h's 128-byte swizzled 32-column chunks (fp32wg::swz); budget:
 //          fp32/wg_bwd_config.h. One buffer set, two barrier pairs: nat (Q, dO natural,
 //          lse, dsum: free after dP^T) and tr (Q^T, dO^T: free after dK), so that the
