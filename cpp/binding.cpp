@@ -273,7 +273,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
          bool dbias_add, bool bias_staged, bool dq_warp, bool pdl, bool convert_lean,
-         bool dq_first_store) {
+         bool dq_first_store, bool fp32wg_bwd) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -334,6 +334,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.pdl = pdl;
   params.convert_lean = convert_lean;
   params.dq_first_store = dq_first_store;
+  params.fp32wg_bwd = fp32wg_bwd;
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
                                 "deterministic mode needs a stored dbias");
@@ -623,10 +624,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dbias_strides") = Strides{}, py::arg("dbias_dtype") = 2,
         py::arg("dbias_add") = false, py::arg("bias_staged") = true, py::arg("dq_warp") = true,
         py::arg("pdl") = true, py::arg("convert_lean") = false,
-        py::arg("dq_first_store") = false,
+        py::arg("dq_first_store") = false, py::arg("fp32wg_bwd") = false,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
-        "GPUs for what it supports unless allow_sm90 is false) or 80. "
+        "GPUs for what it supports unless allow_sm90 is false) or 80, or 91 (flash_api.h "
+        "kBwdKernelFp32Wg: the Hopper float32 backward of builds with "
+        "FLASHATTN2_EXPERIMENTAL=fp32wg, for the float32 backwards it supports when "
+        "fp32wg_bwd and allow_sm90 are true). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(..., dq_chains) floats (no need to zero them). "
@@ -652,7 +656,8 @@ PYBIND11_MODULE(_C, m) {
         "tile in flight (A/B; the same dq bits). dq_first_store=True: dense Hopper backwards "
         "of d64 / d128 without mods or a bias, in dq_warp builds, store the first dQ of each "
         "query tile instead of adding it to a zeroed accumulator (A/B; deterministic: the "
-        "same dq bits).");
+        "same dq bits). fp32wg_bwd=True: float32 backwards may run the Hopper float32 "
+        "backward (dense, full or causal, kernel head dim 64, not deterministic; A/B).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),

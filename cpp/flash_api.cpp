@@ -25,6 +25,7 @@
 #include "common/launch.h"
 #include "fp32/fwd_config.h"
 #include "fp32/launch.h"
+#include "fp32/wg_bwd_config.h"
 #include "fp32/wg_config.h"
 
 namespace flashattn2 {
@@ -334,7 +335,20 @@ int mha_fwd_fp32(const FwdParams& params, int device, void* stream, bool allow_s
   return 80;
 }
 
-int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
+#if FLASHATTN2_FP32WG
+// Whether the Hopper float32 backward (fp32/wg_bwd_kernel.cuh) takes `p` (checked, float32):
+// built, asked for (BwdParams::fp32wg_bwd) and allowed, an sm_90 GPU with the shared memory,
+// kernel head dim 64, dense, full or a right window only (causal), no softcap / ALiBi, not
+// deterministic (require_fp32_supported has refused dropout and a bias).
+bool fp32wg_bwd_supports(const BwdParams& p, int kd, int device, bool allow) {
+  return FLASHATTN2_FP32WG && allow && p.fp32wg_bwd && fp32wg_bwd_head_dim(kd) &&
+         !p.cu_seqlens_q && !p.cu_seqlens_k && p.window_left < 0 && p.softcap <= 0.f &&
+         !p.alibi_slopes && !p.deterministic && compute_capability(device) == 90 &&
+         fp32wg_bwd_smem_bytes(kd) <= max_smem_per_block(device);
+}
+#endif
+
+int mha_bwd_fp32(const BwdParams& params, int device, void* stream, bool allow_sm90) {
   require_fp32_supported(params);
   require(params.dq_chains == 1, "float32 runs one dq accumulator (dq_chains 1)");
   const BwdParams p = checked(params);
@@ -347,6 +361,14 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream) {
               std::to_string(smem) + " bytes of shared memory per block; GPU " +
               std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
   auto s = static_cast<cudaStream_t>(stream);
+#if FLASHATTN2_FP32WG
+  if (fp32wg_bwd_supports(p, kd, device, allow_sm90)) {
+    run_bwd_fp32wg<64>(p, s);
+    return kBwdKernelFp32Wg;
+  }
+#else
+  (void)allow_sm90;
+#endif
 #if FLASHATTN2_FP32
   switch (kd) {  // (workspaces: seqlen.cuh's layouts, as bwd_workspace_floats sizes them)
     case 32: run_bwd_fp32<32>(p, s); break;
@@ -720,7 +742,7 @@ int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, i
 }
 
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, bool allow_sm90) {
-  if (params.dtype == DType::kFloat32) return mha_bwd_fp32(params, device, stream);
+  if (params.dtype == DType::kFloat32) return mha_bwd_fp32(params, device, stream, allow_sm90);
   require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
           "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
   require(!has_bias(params) || (!params.cu_seqlens_q && !params.cu_seqlens_k),

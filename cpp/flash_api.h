@@ -35,7 +35,12 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 =
 // smem_limit > 0 caps the shared memory per block the kernels may use below the GPU's (a
 // test hook: it selects the tiles of a 99 KiB sm_86 / sm_89 block on any GPU).
 // allow_sm90: on an sm_90 GPU, run the Hopper backward (cpp/sm90) for what it supports
-// (sm90/bwd_config.h). Returns the generation of the backward kernel that ran: 90 or 80.
+// (sm90/bwd_config.h). Returns the generation of the backward kernel that ran: 90 or 80, or
+// kBwdKernelFp32Wg = 91: the Hopper float32 backward (cpp/fp32/wg_bwd_kernel.cuh), which
+// builds with FLASHATTN2_EXPERIMENTAL=fp32wg run on sm_90 GPUs for the float32 backwards it
+// supports when BwdParams::fp32wg_bwd and allow_sm90 are set; other float32 backwards run
+// the mma.sync float32 kernels (80).
+constexpr int kBwdKernelFp32Wg = 91;
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit = 0,
             bool allow_sm90 = true);
 

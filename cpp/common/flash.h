@@ -226,6 +226,10 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // first visitors store; then the preprocess does not zero dq_accum and the (lean) convert
   // reads a chain's tile only where its counter shows a visitor (else it adds 0).
   int dq_first_store_rows = 0;
+  // Builds with fp32wg: float32 backwards that the Hopper float32 backward supports
+  // (fp32/wg_bwd_kernel.cuh; flash_api.cpp fp32wg_bwd_supports) run it on sm_90 GPUs
+  // (FLASHATTN2_FP32WG_BWD, off by default: an A/B switch until measured). Host only.
+  bool fp32wg_bwd = false;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

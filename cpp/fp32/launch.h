@@ -17,6 +17,11 @@ void run_bwd_fp32(const BwdParams& params, cudaStream_t stream);
 // fwd_fp32wg_hdim128_2wg.cu.
 template <int kHeadDim, bool kTwoWg = false>
 void run_fwd_fp32wg(const FwdParams& params, cudaStream_t stream);
+// bwd_fp32wg_hdim64.cu (FLASHATTN2_FP32WG builds, sm_90a): the Hopper float32 backward
+// (wg_bwd_kernel.cuh) for the kernel head dims of wg_bwd_config.h, preprocess and convert
+// included.
+template <int kHeadDim>
+void run_bwd_fp32wg(const BwdParams& params, cudaStream_t stream);
 // bwd_prepost.cu: dsum and a zeroed dq_accum; dq from dq_accum (every head dim).
 void run_bwd_fp32_preprocess(const BwdParams& params, cudaStream_t stream);
 void run_bwd_fp32_convert(const BwdParams& params, cudaStream_t stream);

@@ -105,6 +105,13 @@ FP32WG = _env_flag("FLASHATTN2_FP32WG", "1")
 # FLASHATTN2_FP32WG_D128_2WG=0 at import, or the fp32wg_d128_2wg() context manager (for A/B
 # comparisons; results agree to rounding).
 FP32WG_D128_2WG = _env_flag("FLASHATTN2_FP32WG_D128_2WG", "1")
+# Builds with FLASHATTN2_EXPERIMENTAL=fp32wg: True runs the float32 backwards it supports on
+# sm_90 GPUs (dense, full or causal, kernel head dim 64, MHA / GQA, not deterministic) on the
+# Hopper float32 backward (cpp/fp32/wg_bwd_kernel.cuh; last_bwd_kernel "fp32wg"); False (the
+# default: not yet measured) keeps every float32 backward on the mma.sync kernels.
+# FLASHATTN2_FP32WG_BWD=1 at import, or the fp32wg_bwd() context manager (A/B comparisons);
+# FLASHATTN2_FP32WG=0 / fp32wg(False) and force_sm80() turn it off as well.
+FP32WG_BWD = _env_flag("FLASHATTN2_FP32WG_BWD", "0")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
@@ -157,6 +164,11 @@ BWD_CONVERT_LEAN = _env_flag("FLASHATTN2_BWD_CONVERT_LEAN", "0")
 BWD_DQ_FIRST_STORE = _env_flag("FLASHATTN2_BWD_DQ_FIRST_STORE", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
+# Which backward kernel the last launch ran: "sm90", "sm80" or "fp32wg" (the Hopper float32
+# backward, whose generation is 90); None before any.
+last_bwd_kernel = None
+# _C.bwd's return code -> (last_bwd_arch, last_bwd_kernel); 91 is flash_api.h kBwdKernelFp32Wg.
+BWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 91: (90, "fp32wg")}
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
 # cpp/common/dq_order.cuh): None (the default) takes _C.bwd_dq_chains's choice; 1, 2 or 4
 # force that many, for A/B comparisons and tests (FLASHATTN2_DQ_CHAINS=1|2|4 at import, or
@@ -214,6 +226,8 @@ fp32wg = _switch("FP32WG", "Inside the block, float32 forwards may run the Hoppe
 fp32wg_d128_2wg = _switch("FP32WG_D128_2WG", "Inside the block, float32 forwards that run the "
                           "Hopper float32 kernel at kernel head dim 128 take its instance of "
                           "two consumer warpgroups (enabled, the default) or of one.")
+fp32wg_bwd = _switch("FP32WG_BWD", "Inside the block, float32 backwards may run the Hopper "
+                     "float32 backward of fp32wg builds (enabled) or never do (the default).")
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "
                        "O in a K / V stage for causal, windowed and varlen tiles too "
                        "(enabled), or for dense full attention only (the default).")

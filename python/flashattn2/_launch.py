@@ -304,7 +304,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
     bias_args = {} if dbias is None else _dbias_args(dbias, dbias_add)
     if mods and "attn_bias" in mods:
         bias_args["bias_staged"] = _ext.BWD_BIAS_STAGED
-    _ext.last_bwd_arch = _C.bwd(
+    code = _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
         dq_accum.data_ptr(), dsum.data_ptr(), *strides, lse_strides,
@@ -312,10 +312,21 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         softmax_scale, window_left, window_right,
         _dtype_code(q.dtype),
         device, _ext.current_stream(device), deterministic, **varlen, **(mods or {}), **bias_args,
-        dq_chains=dq_chains, allow_sm90=_allow_sm90_bwd(headdim), dq_warp=_ext.SM90_DQ_WARP,
+        dq_chains=dq_chains,
+        allow_sm90=(not _ext.FORCE_SM80) if q.dtype is _FP32 else _allow_sm90_bwd(headdim),
+        dq_warp=_ext.SM90_DQ_WARP,
         pdl=_ext.BWD_PDL,
         convert_lean=_ext.BWD_CONVERT_LEAN, dq_first_store=_ext.BWD_DQ_FIRST_STORE,
+        **_fp32wg_bwd_arg(q.dtype),
     )  # fmt: skip
+    _ext.last_bwd_arch, _ext.last_bwd_kernel = _ext.BWD_KERNELS[code]
+
+
+def _fp32wg_bwd_arg(dtype):
+    """The fp32wg_bwd argument of ``_C.bwd`` (float32 only: _ext switches)."""
+    if dtype is not _FP32:
+        return {}
+    return {"fp32wg_bwd": _ext.FP32WG_BWD and _ext.FP32WG and not _ext.FORCE_SM80}
 
 
 def _allow_sm90_bwd(headdim):

@@ -1,0 +1,22 @@
+// Tiles of the Hopper float32 backward (cpp/fp32/wg_bwd_kernel.cuh, FLASHATTN2_EXPERIMENTAL=fp32wg
+// builds, BwdParams::fp32wg_bwd), host-safe: the launcher and mha_bwd_fp32 size shared memory
+// from here. Design and budget: /work/helpers/fp32bwdwg.md (benchmarks/NOTES.md once merged).
+#pragma once
+
+namespace flashattn2 {
+
+// Kernel head dims of the tf32 wgmma backward (d128's tiles need twice the shared memory).
+constexpr bool fp32wg_bwd_head_dim(int kd) { return kd == 64; }
+// Keys per CTA (two consumer warpgroups of 64 keys each) and query rows per step.
+constexpr int kFp32WgBwdBlockN = 128;
+constexpr int kFp32WgBwdBlockM = 32;
+// Float32 tiles: K lo, V lo [N x d] and K^T hi, lo [d x N] (once per CTA); Q hi, lo, dO hi,
+// lo [M x d] and Q^T, dO^T hi, lo [d x M] (per step); dS hi, lo [M x N]; lse, dsum [M]; + 1024
+// bytes to align the swizzled tiles + 4 mbarriers. d64: 225.3 KiB (of 227).
+constexpr int fp32wg_bwd_smem_bytes(int kd) {
+  return 4 * (4 * kFp32WgBwdBlockN * kd + 8 * kFp32WgBwdBlockM * kd +
+              2 * kFp32WgBwdBlockM * kFp32WgBwdBlockN + 2 * kFp32WgBwdBlockM) +
+         1024 + 32;
+}
+
+}  // namespace flashattn2

@@ -1,0 +1,526 @@
+// Hopper float32 backward (issue 21; FLASHATTN2_EXPERIMENTAL=fp32wg builds, taken where
+// BwdParams::fp32wg_bwd asks for it): 3xTF32 on tf32 wgmma (sm_90a) with the error model of
+// fp32/tf32.cuh (x = hi + lo, three products small terms first, two-level accumulation), for
+// dense attention, full or with a right window (causal), GQA, kernel head dim 64. Everything
+// else runs fp32/bwd_kernel.cuh. Preprocess (dsum, zeroed dq_accum) and the dQ convert are
+// fp32/bwd_prepost.cu's.
+//
+// tf32 wgmma reads both shared-memory operands K-major (the reduced dim contiguous) and an A
+// operand from registers in the m16n8k8 A fragment layout, so (keys as M, as fp32/bwd_kernel):
+//   S^T  = K Q^T     A: K hi (registers), K lo (smem, natural)   B: Q (natural [q x d])
+//   dP^T = V dO^T    A: V hi (registers), V lo (smem)            B: dO (natural)
+//   dV  += P^T dO    A: P^T (S^T's accumulator)                  B: dO^T [d x q]
+//   dK  += dS^T Q    A: dS^T (accumulator)                       B: Q^T [d x q]
+//   dQ^T = K^T dS^T  A: K^T [d x keys] (smem)                    B: dS [q x keys] (smem)
+// The accumulators as A fragments: S^T's C fragment gives lane (g, q) the queries 2q, 2q + 1
+// of each 8-query group, A wants k = q, q + 4; so Q^T and dO^T store their 8-query groups
+// permuted (position q holds query 2q, q + 4 query 2q + 1: wg_kernel.cuh's key_pos) and the
+// A fragment is (c0, c2, c1, c3) of the n8 tile (the forward's P V).
+//
+// Tiling
+//   grid   (ceil(seqlen_k / 128), nheads_k, batch); the CTA walks the query tiles (32 rows)
+//          that see its keys, for every query head of its GQA group (dK / dV summed in
+//          registers), ascending.
+//   block  384 threads. Before the roles split, threads 0-127 store K lo and K^T hi / lo,
+//          128-255 V lo (a thread per key); each consumer thread loads its K hi / V hi A
+//          fragments itself. Warpgroup 0, the producer (setmaxnreg 40): per step Q and dO
+//          loaded (a thread per query row, 4 float4 each), split, stored natural (hi, lo),
+//          then transposed (hi, lo: read back from its own natural stores, so that no data
+//          register lives across the second wait), lse / dsum to smem. Consumer warpgroup c
+//          (232 registers) owns keys [64 c, 64 c + 64): dK, dV [64 x d] in registers.
+//   registers  one buffer set makes every smem address loop-invariant: nvcc hoisted the
+//          ~112 wgmma descriptors and the lanes' store / red offsets out of the loop and
+//          spilled (804 bytes); the smem base and lane indices pass an empty asm volatile
+//          at the top of each step so that they are rebuilt (0 spills), and each descriptor
+//          is the step's base descriptor plus the tile offset (kdesc).
+//   smem   fp32/wg_config.h's 128-byte swizzled 32-column chunks (fp32wg::swz); budget:
+//          fp32/wg_bwd_config.h. One buffer set, two barrier pairs: nat (Q, dO natural,
+//          lse, dsum: free after dP^T) and tr (Q^T, dO^T: free after dK), so that the
+//          producer writes step t + 1's natural tiles under dV / dK / dQ of step t and its
+//          transposed ones under dQ of t and S^T / dP^T of t + 1.
+//   step   wait nat; S^T two-level (per k8 step 3 wgmma into a fresh accumulator, FADD, two
+//          alternating); P^T = exp2(S^T scale log2e - lse log2e), masked to 0; dP^T alike;
+//          release nat; dS^T = P^T (dP^T - dsum); dS^T split into sdS [q x keys] (its own
+//          key chunks); wait tr; dV += P^T dO, dK += dS^T Q, per 32-column half of d (4 k8
+//          steps x 3 wgmma into a fresh accumulator, FADD); release tr; warpgroup barrier;
+//          dQ^T over its 64 keys (two 32-key chains into fresh accumulators, FADD);
+//          red.global.add into dq_accum (fp32/seq.cuh rows; both warpgroups add).
+//   epilogue  dK * softmax_scale and dV (float2 stores of the accumulators).
+//   limits d multiple of 8, <= 64; 16-byte aligned pointers, strides multiples of 4 elements
+//          (host API); ragged tails zero-filled and masked; window_left < 0, no varlen,
+//          softcap, ALiBi or deterministic order (the host sends those to bwd_kernel.cuh).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "fp32/seq.cuh"
+#include "fp32/tf32.cuh"
+#include "fp32/wg_bwd_config.h"
+#include "fp32/wg_kernel.cuh"
+#include "sm90/mbarrier.cuh"
+#include "sm90/warpgroup.cuh"
+#include "sm90/wgmma.cuh"
+#include "sm90/wgmma_tf32.cuh"
+
+namespace flashattn2 {
+
+template <int kHeadDim_>
+struct Fp32WgBwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kFp32WgBwdBlockN;  // keys per CTA
+  static constexpr int kBlockM = kFp32WgBwdBlockM;  // queries per step
+  static constexpr int kConsumers = kBlockN / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kDkvN = 32;  // columns of dK / dV per wgmma (a fresh accumulator of 16)
+  static constexpr int kSmemBytes = fp32wg_bwd_smem_bytes(kHeadDim);
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kGemmDBufs = 2;  // fresh S^T / dP^T accumulators (gemm_d below)
+  // Tile bytes.
+  static constexpr int kKBytes = kBlockN * kHeadDim * 4;  // K lo, V lo, K^T hi, K^T lo
+  static constexpr int kQBytes = kBlockM * kHeadDim * 4;  // Q / dO (hi, lo), natural or ^T
+  static constexpr int kSBytes = kBlockM * kBlockN * 4;   // dS hi, dS lo
+  static_assert(kHeadDim % 32 == 0 && kBlockM == 32 && kBlockN % 32 == 0, "whole chunks");
+  static_assert(kHeadDim % kDkvN == 0, "dK / dV in whole halves");
+  static_assert(4 * kKBytes + 8 * kQBytes + 2 * kSBytes + 8 * kBlockM + 32 + 1024 <= kSmemBytes,
+                "smem budget");
+  static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
+};
+
+namespace fp32wg {
+__device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+}  // namespace fp32wg
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const BwdParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  using fp32wg::ld_shared_float4;
+  using fp32wg::swz;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kDkvN = Traits::kDkvN;
+  constexpr int kKSteps = kHeadDim / 8;  // k8 steps over d
+  constexpr int kQSteps = kBlockM / 8;   // k8 steps over the queries = n8 tiles of S^T
+  constexpr int kS = kBlockM / 2;        // S^T accumulator registers [64 x kBlockM]
+  constexpr int kGemmDBufs = Traits::kGemmDBufs;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
+  const uint32_t sKlo = smem, sVlo = sKlo + Traits::kKBytes;
+  const uint32_t sKThi = sVlo + Traits::kKBytes, sKTlo = sKThi + Traits::kKBytes;
+  const uint32_t sQhi = sKTlo + Traits::kKBytes, sQlo = sQhi + Traits::kQBytes;
+  const uint32_t sdOhi = sQlo + Traits::kQBytes, sdOlo = sdOhi + Traits::kQBytes;
+  const uint32_t sQThi = sdOlo + Traits::kQBytes, sQTlo = sQThi + Traits::kQBytes;
+  const uint32_t sdOThi = sQTlo + Traits::kQBytes, sdOTlo = sdOThi + Traits::kQBytes;
+  const uint32_t sdShi = sdOTlo + Traits::kQBytes, sdSlo = sdShi + Traits::kSBytes;
+  const uint32_t sLse = sdSlo + Traits::kSBytes, sDsum = sLse + 4 * kBlockM;
+  const uint32_t bars = sDsum + 4 * kBlockM;
+  const uint32_t bar_full_nat = bars, bar_full_tr = bars + 8;
+  const uint32_t bar_empty_nat = bars + 16, bar_empty_tr = bars + 24;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int n_block = blockIdx.x;
+  const int head_k = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int group = p.nheads / p.nheads_k;
+  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  const int n0 = n_block * kBlockN;
+  const int offset = seqlen_k - seqlen_q;
+
+  // Query tiles that see a key of this tile (bottom-right aligned right window; no left one).
+  const int m_block_max = (seqlen_q + kBlockM - 1) / kBlockM;
+  int m_block_min = 0;
+  if (p.window_right >= 0) {
+    const int i_lo = n0 - offset - p.window_right;
+    m_block_min = i_lo <= 0 ? 0 : min(m_block_max, i_lo / kBlockM);
+  }
+  const int n_m = m_block_max - m_block_min;
+  const int n_steps = n_m * group;
+
+  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
+                    head_k * p.k_head_stride + int64_t(n0) * p.k_row_stride;
+  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
+                    head_k * p.v_head_stride + int64_t(n0) * p.v_row_stride;
+
+  if (tid == 0) {
+    mbar_init(bar_full_nat, 128);
+    mbar_init(bar_full_tr, 128);
+    mbar_init(bar_empty_nat, 4 * Traits::kConsumers);
+    mbar_init(bar_empty_tr, 4 * Traits::kConsumers);
+    mbar_fence_init();
+  }
+  // K lo and K^T hi / lo (threads 0-127), V lo (128-255): a thread per key row, its float4s
+  // split; the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks.
+  if (tid < 2 * kBlockN) {
+    const bool is_k = tid < kBlockN;
+    const int key = tid % kBlockN;
+    const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
+    const int rows = seqlen_k - n0;
+    constexpr int kDepth = 4;
+#pragma unroll
+    for (int b = 0; b < kHeadDim / 4; b += kDepth) {
+      float4 x[kDepth];
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) x[u] = fp32wg::load4(g, 0, key, rows, 4 * (b + u), p.headdim);
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const int c = 4 * (b + u);
+        const fp32wg::Split4 sp = fp32wg::split4(x[u]);
+        st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
+                     sp.lo.w);
+        if (is_k) {
+          const float hi[4] = {sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w};
+          const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            st_shared(sKThi + swz<kHeadDim>(c + e, key), hi[e]);
+            st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
+          }
+        }
+      }
+    }
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---- producer: Q, dO (natural and transposed, split), lse, dsum of each step ----
+    regs_decrease<Traits::kProducerRegs>();
+    // (thread: query row q_row of the tile, columns q_col + 16 i; a warp's 32 rows at one
+    // column: the transposed stores hit one 128-byte row, the natural 16-byte stores of a
+    // quarter warp 8 rows of one unit: conflict-free)
+    const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
+    constexpr int kColStep = 4 * (128 / kBlockM);
+    constexpr int kIters = kHeadDim / kColStep;
+    const int q_pos0 = fp32wg::key_pos(q_row0);
+    for (int t = 0; t < n_steps; ++t) {
+      // (addresses and lane offsets recomputed per step, not kept live: 40 registers)
+      uint32_t base = smem;
+      int q_row = q_row0, q_col = q_col0, q_pos = q_pos0;
+      asm volatile("" : "+r"(base), "+r"(q_row), "+r"(q_col), "+r"(q_pos));
+      auto at = [&](uint32_t addr) { return base + (addr - smem); };
+      const int head = head_k * group + t / n_m;
+      const int m0 = (m_block_min + t % n_m) * kBlockM;
+      const int rows = seqlen_q - m0;
+      const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
+                        head * p.q_head_stride + int64_t(m0 + q_row) * p.q_row_stride + q_col;
+      const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
+                         head * p.do_head_stride + int64_t(m0 + q_row) * p.do_row_stride + q_col;
+      // Natural tiles (the previous step's S^T and dP^T are done with them): Q's loads issued
+      // before the wait, dO's after Q's stores (16 data registers live, not 32).
+      float4 x[kIters];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        x[i] = fp32wg::load4(gQ, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+      }
+      mbar_wait(bar_empty_nat, (t & 1) ^ 1);
+#pragma unroll
+      for (int src = 0; src < 2; ++src) {
+        if (src == 1) {
+#pragma unroll
+          for (int i = 0; i < kIters; ++i) {
+            x[i] = fp32wg::load4(gdO, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
+          const fp32wg::Split4 a = fp32wg::split4(x[i]);
+          st_shared_v4((src ? at(sdOhi) : at(sQhi)) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
+          st_shared_v4((src ? at(sdOlo) : at(sQlo)) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+        }
+      }
+      if (tid < kBlockM) {
+        float lse = 0.f, dsum = 0.f;
+        if (tid < rows) {
+          lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + m0 + tid];
+          dsum = p.dsum[fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0 + tid];
+        }
+        st_shared(at(sLse) + 4 * tid, lse);
+        st_shared(at(sDsum) + 4 * tid, dsum);
+      }
+      fence_proxy_async();
+      mbar_arrive(bar_full_nat);
+      // Transposed tiles (the previous step's dV and dK are done with them), from this
+      // thread's own natural stores (only this thread rewrites them, at the next step).
+      mbar_wait(bar_empty_tr, (t & 1) ^ 1);
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const uint32_t off_n = swz<kBlockM>(q_row, q_col + kColStep * i);
+        const uint32_t src_n[4] = {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)};
+        const uint32_t dst_t[4] = {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)};
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+          const float4 v = ld_shared_float4(src_n[a] + off_n);
+          const float w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            st_shared(dst_t[a] + swz<kHeadDim>(q_col + kColStep * i + e, q_pos), w[e]);
+          }
+        }
+      }
+      fence_proxy_async();
+      mbar_arrive(bar_full_tr);
+    }
+  } else {
+    // ---- consumers ----
+    regs_increase<Traits::kConsumerRegs>();
+    const int consumer = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
+    const int warp_in_wg = warp % 4;
+    const int g = lane / 4;
+    const int wg_key0 = 64 * consumer;                          // within the CTA's keys
+    const int lane_key0 = wg_key0 + 16 * warp_in_wg + g;  // + 8 r: the lane's keys
+    const int lane_d0 = 16 * warp_in_wg + g;              // + 8 r: dQ^T rows (d)
+
+    // K hi, V hi: the lane's A fragments ((g, q), (g+8, q), (g, q+4), (g+8, q+4) of k8 step
+    // kk), split as the K lo / V lo in smem were.
+    uint32_t k_hi[kKSteps][4], v_hi[kKSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = lane_key0 + 8 * (i & 1), col = 8 * kk + lane % 4 + 4 * (i >> 1);
+        const bool in = n0 + key < seqlen_k && col < p.headdim;
+        const float xk = in ? __ldg(gK + int64_t(key) * p.k_row_stride + col) : 0.f;
+        const float xv = in ? __ldg(gV + int64_t(key) * p.v_row_stride + col) : 0.f;
+        k_hi[kk][i] = tf32::split(xk).hi;
+        v_hi[kk][i] = tf32::split(xv).hi;
+      }
+
+    // K-major descriptors (sm90/wgmma.cuh desc_k_major) of the step's tiles as one descriptor
+    // of the step's base plus the tile offset / 16 in its low word (the address field: 14
+    // bits, smem < 256 KiB, no carry), not each built from its address: ~2 uniform
+    // instructions a descriptor instead of ~5 (112 descriptors a step).
+    uint32_t step_base = smem;
+    auto kdesc = [&](uint32_t addr) {
+      const uint64_t d0 = desc_k_major(step_base);
+      return (d0 & ~uint64_t(0xffffffffu)) | uint32_t(uint32_t(d0) + ((addr - step_base) >> 4));
+    };
+
+    // acc[64 keys x kBlockM] = X Y^T over d, two-level: per k8 step the three products
+    // (Xlo Yhi, Xhi Ylo, Xhi Yhi) into a fresh accumulator t, FADD into acc. kGemmDBufs 2
+    // (ptxas: 0 spills at 232): two t alternate, the FADD of one step under the next step's
+    // wgmma; 1: the FADD waits for the step's wgmma (16 registers fewer).
+    auto gemm_d = [&](float (&acc)[kS], const uint32_t (&x_hi)[kKSteps][4], uint32_t sXlo,
+                      uint32_t sYhi, uint32_t sYlo) {
+      constexpr int kBufs = kGemmDBufs;
+      float t[kBufs][kS];
+      auto step = [&](float (&tt)[kS], int kk) {
+        const uint32_t xa = (kk / 4) * (kBlockN * 128) + wg_key0 * 128 + (kk % 4) * 32;
+        const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+        const uint64_t b_hi = kdesc(sYhi + yb);
+        wgmma_fence();
+        WgmmaTf32<kBlockM>::ss(tt, kdesc(sXlo + xa), b_hi, 0);
+        WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], kdesc(sYlo + yb), 1);
+        WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], b_hi, 1);
+        wgmma_commit();
+      };
+      if constexpr (kBufs == 2) step(t[0], 0);
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        if constexpr (kBufs == 2) {
+          if (kk + 1 < kKSteps) {
+            step(t[(kk + 1) % 2], kk + 1);
+            wgmma_wait<1>();
+          } else {
+            wgmma_wait<0>();
+          }
+        } else {
+          step(t[0], kk);
+          wgmma_wait<0>();
+        }
+        float(&tk)[kS] = t[kk % kBufs];
+        fence_regs(tk);
+#pragma unroll
+        for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? tk[i] : acc[i] + tk[i];
+      }
+    };
+    // acc_d[64 keys x d] += X^T (A fragments a_hi / a_lo, kQSteps k8 steps over the queries)
+    // sY^T ([d x kBlockM], queries permuted): per kDkvN columns, the kQSteps x 3 products into
+    // a fresh accumulator, FADD into acc_d (never a tensor-core accumulator across steps).
+    auto gemm_q = [&](float (&acc_d)[kHeadDim / 2], const uint32_t (&a_hi)[kQSteps][4],
+                      const uint32_t (&a_lo)[kQSteps][4], uint32_t sYThi, uint32_t sYTlo) {
+#pragma unroll
+      for (int h = 0; h < kHeadDim / kDkvN; ++h) {
+        float t[kDkvN / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          const uint32_t yb = h * kDkvN * 128 + kk * 32;
+          const uint64_t b_hi = kdesc(sYThi + yb);
+          WgmmaTf32<kDkvN>::rs(t, a_lo[kk], b_hi, kk > 0 ? 1 : 0);
+          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], kdesc(sYTlo + yb), 1);
+          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], b_hi, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(t);
+#pragma unroll
+        for (int i = 0; i < kDkvN / 2; ++i) acc_d[h * (kDkvN / 2) + i] += t[i];
+      }
+    };
+    // An accumulator [64 keys x kBlockM] as A fragments (c0, c2, c1, c3 of each n8 tile), split.
+    auto to_frags = [](const float (&x)[kS], uint32_t (&hi)[kQSteps][4], uint32_t (&lo)[kQSteps][4]) {
+#pragma unroll
+      for (int nt = 0; nt < kQSteps; ++nt) {
+        constexpr int kOrder[4] = {0, 2, 1, 3};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const tf32::Split sp = tf32::split(x[4 * nt + kOrder[i]]);
+          hi[nt][i] = sp.hi;
+          lo[nt][i] = sp.lo;
+        }
+      }
+    };
+    auto release = [](uint32_t bar) {
+      // (elect.sync picks the arriving lane, as in wg_kernel.cuh)
+      __syncwarp();
+      uint32_t elected;
+      asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n"
+                   : "=r"(elected));
+      if (elected) mbar_arrive(bar);
+    };
+
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+
+    for (int t = 0; t < n_steps; ++t) {
+      // The tiles' addresses from a base the compiler cannot see through, so that the wgmma
+      // descriptors (constant over the loop: one buffer set) are rebuilt in each step rather
+      // than hoisted out of the loop into ~100 registers.
+      uint32_t base = smem;
+      asm volatile("" : "+r"(base));
+      auto at = [&](uint32_t addr) { return base + (addr - smem); };
+      step_base = base;
+      // (the lane's indices likewise: offsets derived from them, e.g. the 16 sdS store
+      // offsets and the dQ reds', are recomputed per step, not kept live across the loop)
+      int q = lane % 4, lane_key = lane_key0, lane_d = lane_d0;
+      asm volatile("" : "+r"(q), "+r"(lane_key), "+r"(lane_d));
+      const int head = head_k * group + t / n_m;
+      const int m0 = (m_block_min + t % n_m) * kBlockM;
+      mbar_wait(bar_full_nat, t & 1);
+
+      // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query.
+      float acc_s[kS];
+      gemm_d(acc_s, k_hi, at(sKlo), at(sQhi), at(sQlo));
+      const bool edge = m0 + kBlockM > seqlen_q || n0 + kBlockN > seqlen_k ||
+                        (p.window_right >= 0 && n0 + kBlockN - 1 > m0 + offset + p.window_right);
+#pragma unroll
+      for (int nt = 0; nt < kQSteps; ++nt) {
+        const float2 lse = ld_shared_float2(at(sLse) + 4 * (8 * nt + 2 * q));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = m0 + 8 * nt + 2 * q + (e & 1), j = n0 + lane_key + 8 * (e >> 1);
+          const bool visible = !edge || (i < seqlen_q && j < seqlen_k &&
+                                         (p.window_right < 0 || j <= i + offset + p.window_right));
+          const float l = (e & 1) ? lse.y : lse.x;
+          acc_s[4 * nt + e] =
+              visible ? ptx::exp2_approx(fmaf(acc_s[4 * nt + e], scale_log2, -l * kLog2e)) : 0.f;
+        }
+      }
+      float acc_dp[kS];
+      gemm_d(acc_dp, v_hi, at(sVlo), at(sdOhi), at(sdOlo));
+      // dS^T = P^T (dP^T - dsum); split into sdS [q x keys] (the warpgroup's own key chunks:
+      // its dQ^T reads them; the previous step's dQ^T wgmma completed before its red).
+#pragma unroll
+      for (int nt = 0; nt < kQSteps; ++nt) {
+        const float2 ds = ld_shared_float2(at(sDsum) + 4 * (8 * nt + 2 * q));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& x = acc_dp[4 * nt + e];
+          x = acc_s[4 * nt + e] * (x - ((e & 1) ? ds.y : ds.x));
+          const tf32::Split sp = tf32::split(x);
+          const uint32_t off = swz<kBlockM>(8 * nt + 2 * q + (e & 1), lane_key + 8 * (e >> 1));
+          st_shared(at(sdShi) + off, sp.hi);
+          st_shared(at(sdSlo) + off, sp.lo);
+        }
+      }
+      release(bar_empty_nat);  // (both GEMMs over Q, dO natural, and lse / dsum, are done)
+      fence_proxy_async();     // (the sdS stores, then the dQ^T wgmma of the async proxy)
+
+      mbar_wait(bar_full_tr, t & 1);
+      {
+        uint32_t a_hi[kQSteps][4], a_lo[kQSteps][4];
+        to_frags(acc_s, a_hi, a_lo);
+        gemm_q(acc_dv, a_hi, a_lo, at(sdOThi), at(sdOTlo));
+        to_frags(acc_dp, a_hi, a_lo);
+        gemm_q(acc_dk, a_hi, a_lo, at(sQThi), at(sQTlo));
+      }
+      release(bar_empty_tr);
+
+      // dQ^T [d x kBlockM] = K^T dS^T over the warpgroup's 64 keys: two 32-key chains of 4 k8
+      // steps x 3 products into fresh accumulators, summed with FADD.
+      named_sync(1 + consumer, 128);  // (every lane's sdS stores of this step)
+      float t_q[2][kS];
+      wgmma_fence();
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const int chunk = 2 * consumer + ch;
+          const uint32_t ka = chunk * (kHeadDim * 128) + kk * 32;
+          const uint32_t sb = chunk * (kBlockM * 128) + kk * 32;
+          const uint64_t a_hi = kdesc(at(sKThi) + ka), b_hi = kdesc(at(sdShi) + sb);
+          WgmmaTf32<kBlockM>::ss(t_q[ch], kdesc(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
+          WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, kdesc(at(sdSlo) + sb), 1);
+          WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, b_hi, 1);
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+      fence_regs(t_q[0]);
+      fence_regs(t_q[1]);
+      float* dq = p.dq_accum +
+                  (fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0) * p.headdim;
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        const int row = 8 * (i / 4) + 2 * q + (i & 1);  // the query (N)
+        const int d = lane_d + 8 * ((i / 2) & 1);        // M
+        if (m0 + row < seqlen_q && d < p.headdim) {
+          atomicAdd(dq + int64_t(row) * p.headdim + d, t_q[0][i] + t_q[1][i]);
+        }
+      }
+    }
+
+    // Epilogue: dK (times the softmax scale) and dV of the lane's keys.
+    float* gdK = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head_k * p.dk_head_stride;
+    float* gdV = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head_k * p.dv_head_stride;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = n0 + lane_key0 + 8 * r;
+      if (j < seqlen_k) {
+#pragma unroll
+        for (int dt = 0; dt < kKSteps; ++dt) {
+          const int c = 8 * dt + 2 * (lane % 4);
+          if (c < p.headdim) {
+            *reinterpret_cast<float2*>(gdK + int64_t(j) * p.dk_row_stride + c) =
+                make_float2(acc_dk[4 * dt + 2 * r] * p.softmax_scale,
+                            acc_dk[4 * dt + 2 * r + 1] * p.softmax_scale);
+            *reinterpret_cast<float2*>(gdV + int64_t(j) * p.dv_row_stride + c) =
+                make_float2(acc_dv[4 * dt + 2 * r], acc_dv[4 * dt + 2 * r + 1]);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace flashattn2

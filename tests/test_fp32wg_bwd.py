@@ -1,0 +1,235 @@
+"""The Hopper float32 backward (cpp/fp32/wg_bwd_kernel.cuh; builds with FLASHATTN2_EXPERIMENTAL
+including fp32wg): 3xTF32 on tf32 wgmma for dense full / causal float32 backwards at kernel
+head dim 64 on sm_90 GPUs, run where FLASHATTN2_FP32WG_BWD=1 at import or inside
+_ext.fp32wg_bwd() (off by default: an A/B switch until measured); every other float32 backward
+runs the mma.sync float32 kernel.
+
+CPU, every build: the switch reaches the binding (fp32wg_bwd, only for float32, off with
+FLASHATTN2_FP32WG=0 or force_sm80(); its import-time default, off: test_api.py), code 91 is
+reported as last_bwd_kernel "fp32wg"; the host model of the kernel's index arithmetic
+(scripts/fp32wg_bwd_model.py) on small cases. GPU (sm_90, fp32wg builds): dq, dk, dv against
+float64 with the 2x rule of fp32_checks.py into NaN-filled gradients (lengths 1..4096 that are
+not multiples of the tiles, causal with seqlen_q != seqlen_k, a right window, GQA / MQA, d40 /
+d64), the kernel that ran asserted, and the calls it does not take fall back.
+"""
+import flashattn2
+import pytest
+import torch
+from flashattn2 import _ext, _launch
+from fp32_checks import GRADS, check_2x, ref_attention
+from test_decode_kernel import binding_args
+from test_fp32 import _ids, _qkv, kernel_forward
+
+gpu = pytest.mark.gpu
+BUILT = "fp32wg" in _ext.EXPERIMENTAL
+needs_fp32wg = pytest.mark.skipif(not BUILT, reason="build without FLASHATTN2_EXPERIMENTAL=fp32wg")
+
+
+class _FakeC:
+    """Records _C.bwd's arguments by name (no GPU) and answers `code`."""
+
+    def __init__(self, real, code):
+        self.real, self.code, self.calls = real, code, []
+
+    def bwd(self, *args, **kwargs):
+        names = binding_args(self.real.bwd)
+        unknown = [key for key in kwargs if key not in names[len(args):]]
+        assert not unknown, f"_C.bwd has no argument(s) {unknown}"
+        self.calls.append({**dict(zip(names, args)), **kwargs})
+        return self.code
+
+    def bwd_dq_chains(self, *args):
+        return 1
+
+    def bwd_workspace_floats(self, *args):
+        return 16, 16
+
+
+def _record(monkeypatch, dtype, code=80):
+    fake = _FakeC(_launch._C, code)
+    monkeypatch.setattr(_launch, "_C", fake)
+    monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
+    monkeypatch.setattr(_ext, "FP32_BWD", True)
+    monkeypatch.setattr(_ext, "DQ_CHAINS", 1)  # (16-bit, deterministic: no device query)
+    q, k, v = _qkv(1, 70, 90, 4, 2, 64, dtype=dtype)
+    out = torch.zeros_like(q)
+    lse = torch.zeros(1, 4, 70)
+    _launch._flash_attn_backward(torch.ones_like(q), q, k, v, out, lse, 0.125, -1, 0,
+                                 deterministic=dtype is not torch.float32)
+    (call,) = fake.calls
+    return call
+
+
+@pytest.mark.parametrize("switch", ["on", "off", "fp32wg_off", "force_sm80"])
+def test_fp32wg_bwd_switch_reaches_the_binding(monkeypatch, switch):
+    monkeypatch.setattr(_ext, "FP32WG_BWD", switch != "off")
+    monkeypatch.setattr(_ext, "FP32WG", switch != "fp32wg_off")
+    monkeypatch.setattr(_ext, "FORCE_SM80", switch == "force_sm80")
+    call = _record(monkeypatch, torch.float32)
+    assert call["fp32wg_bwd"] is (switch == "on")
+    assert call["allow_sm90"] is (switch != "force_sm80")
+
+
+def test_fp32wg_bwd_switch_leaves_16_bit_calls_alone(monkeypatch):
+    monkeypatch.setattr(_ext, "FP32WG_BWD", True)
+    assert "fp32wg_bwd" not in _record(monkeypatch, torch.float16)
+
+
+def test_fp32wg_bwd_context_manager_restores(monkeypatch):
+    monkeypatch.setattr(_ext, "FP32WG_BWD", False)
+    with _ext.fp32wg_bwd():
+        assert _ext.FP32WG_BWD is True
+    assert _ext.FP32WG_BWD is False
+
+
+@pytest.mark.parametrize("code, expected", [(91, (90, "fp32wg")), (80, (80, "sm80")),
+                                            (90, (90, "sm90"))])
+def test_bwd_kernel_codes(monkeypatch, code, expected):
+    _record(monkeypatch, torch.float32, code=code)
+    assert (_ext.last_bwd_arch, _ext.last_bwd_kernel) == expected
+
+
+# The host model of the kernel's index arithmetic (scripts/fp32wg_bwd_model.py: every word of
+# each shared-memory tile written once, every wgmma operand element checked against the split
+# it should hold, dq / dk / dv against float64), on small cases: causal with sq > sk (tiles of
+# no visible key), GQA, a key tail and d40.
+@pytest.mark.parametrize("case", [(1, 33, 70, 1, 1, 64, -1), (1, 40, 20, 2, 1, 40, 0)])
+def test_fp32wg_bwd_host_model(case):
+    import pathlib
+    import sys
+    pytest.importorskip("numpy")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import fp32wg_bwd_model
+    finally:
+        sys.path.pop(0)
+    errors = fp32wg_bwd_model.check(*case)
+    assert max(errors) < 1e-6, errors
+
+
+# ---- GPU: sm_90, fp32wg builds ------------------------------------------------------------
+
+
+@pytest.fixture
+def hopper():
+    if torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("the fp32wg backward runs on sm_90 GPUs only")
+
+
+def kernel_backward(q, k, v, dout, causal, window, **kw):
+    """The forward, then the backward kernels alone into NaN-poisoned dq / dk / dv."""
+    out, lse = kernel_forward(q, k, v, causal, window)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    _launch._flash_attn_backward(dout, q, k, v, out, lse, q.shape[-1]**-0.5, window[0],
+                                 0 if causal else window[1], dq=dq, dk=dk, dv=dv, **kw)
+    return dq, dk, dv
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): lengths that are not
+# multiples of the 32-query / 128-key tiles (1, 33, 127, 257, 1000), causal with seqlen_q <
+# seqlen_k and seqlen_q > seqlen_k (query rows that see no key, key blocks no query sees), a
+# right window, GQA / MQA, d40 (kernel d64), 1k-4k (dK / dV summed over many query tiles).
+SHAPES = [
+    (1, 1, 1, 1, 1, 64, False, (-1, -1)),
+    (1, 33, 33, 2, 2, 64, True, (-1, -1)),
+    (2, 127, 257, 4, 2, 64, False, (-1, -1)),
+    (1, 257, 127, 4, 1, 64, True, (-1, -1)),
+    (1, 127, 257, 2, 1, 64, True, (-1, -1)),
+    (1, 1000, 1000, 2, 2, 40, True, (-1, -1)),
+    (1, 200, 333, 2, 1, 64, False, (-1, 16)),
+    (2, 1, 129, 4, 4, 64, False, (-1, -1)),
+    (1, 1024, 1024, 4, 2, 64, False, (-1, -1)),
+    (1, 4096, 4096, 2, 1, 64, True, (-1, -1)),
+]
+
+
+@gpu
+@needs_fp32wg
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_fp32wg_backward_against_float64(hopper, shape):
+    batch, sq, sk, h, hk, d, causal, window = shape
+    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
+    dout = torch.randn(batch, sq, h, d, device="cuda")
+    ref = ref_attention(causal, window)
+    with _ext.fp32wg_bwd(True):
+        ours = kernel_backward(q, k, v, dout, causal, window)
+        assert _ext.last_bwd_kernel == "fp32wg"
+        check_2x(GRADS, ours, ref, (q, k, v), dout)
+        # The public function runs it too (dq's atomic adds: not bit for bit).
+        public = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window)
+        check_2x(GRADS, public, ref, (q, k, v), dout)
+        assert _ext.last_bwd_kernel == "fp32wg"
+    with _ext.fp32wg_bwd(False):
+        kernel_backward(q, k, v, dout, causal, window)
+        assert _ext.last_bwd_kernel == "sm80"
+
+
+# What the kernel does not take runs the mma.sync backward (and passes the rule there).
+FALLBACKS = [
+    ("d128", (1, 70, 90, 2, 1, 128, False, (-1, -1)), {}),
+    ("d32", (1, 70, 90, 2, 1, 32, False, (-1, -1)), {}),
+    ("left window", (1, 70, 90, 2, 1, 64, False, (16, 0)), {}),
+    ("deterministic", (1, 70, 90, 2, 1, 64, True, (-1, -1)), {"deterministic": True}),
+    ("softcap", (1, 70, 90, 2, 1, 64, False, (-1, -1)), {"softcap": 5.0}),
+]
+
+
+@gpu
+@needs_fp32wg
+@pytest.mark.parametrize("name, shape, kw", FALLBACKS, ids=[f[0] for f in FALLBACKS])
+def test_fp32wg_bwd_falls_back(hopper, name, shape, kw):
+    batch, sq, sk, h, hk, d, causal, window = shape
+    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
+    dout = torch.randn(batch, sq, h, d, device="cuda")
+    softcap = kw.get("softcap", 0.0)
+    ref = ref_attention(causal, window, softcap=softcap)
+    with _ext.fp32wg_bwd(True):
+        fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window, **kw)
+        check_2x(GRADS, fn, ref, (q, k, v), dout)
+        assert _ext.last_bwd_kernel == "sm80", name
+
+
+@gpu
+@needs_fp32wg
+def test_fp32wg_bwd_varlen_falls_back(hopper):
+    lens = [33, 70]
+    cu = torch.tensor([0, 33, 103], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(103, 2, 64, device="cuda") for _ in range(3))
+    with _ext.fp32wg_bwd(True):
+        out = flashattn2.flash_attn_varlen_func(q.requires_grad_(), k, v, cu, cu, max(lens),
+                                                max(lens), causal=True)
+        out.backward(torch.randn_like(out))
+        assert _ext.last_bwd_kernel == "sm80"
+    assert q.grad.isfinite().all()
+
+
+# One CTA, one step (128 keys, 32 query rows, one head): a failure names the wrong rows /
+# columns of each gradient, to tell the pieces apart (dv: P^T fragments, dO^T; dk: dS^T, Q^T;
+# dq: the sdS stores, K^T, the reds). "uniform": softmax scale 1e-6 (P nearly uniform whatever
+# S^T's layout: dv is dO's column means, the dO^T / P^T path alone).
+@gpu
+@needs_fp32wg
+@pytest.mark.parametrize("piece", ["full", "uniform"])
+def test_fp32wg_bwd_single_step(hopper, piece):
+    from test_fp32wg import _worst
+    q, k, v = _qkv(1, 32, 128, 1, 1, 64, device="cuda")
+    dout = torch.randn_like(q)
+    scale = 1e-6 if piece == "uniform" else 64**-0.5
+    grads64 = []
+    for t in (q, k, v):
+        grads64.append(t.detach().double().requires_grad_())
+    s = torch.einsum("bqhd,bkhd->bhqk", grads64[0], grads64[1]) * scale
+    out64 = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), grads64[2])
+    expected = torch.autograd.grad(out64, grads64, dout.double())
+    with _ext.fp32wg_bwd(True):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((1, 1, 32), float("nan"), device="cuda")
+        _launch._flash_attn_forward(q, k, v, scale, -1, -1, out=out, lse=lse)
+        ours = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        _launch._flash_attn_backward(dout, q, k, v, out, lse, scale, -1, -1,
+                                     dq=ours[0], dk=ours[1], dv=ours[2])
+        assert _ext.last_bwd_kernel == "fp32wg"
+    for name, a, e in zip(GRADS, ours, expected):
+        err = (a.double() - e).abs()[0, :, 0]
+        tol = 1e-5 + 1e-5 * e.abs().max().item()
+        assert (err <= tol).all(), f"{name}: {_worst(err, tol)}"
