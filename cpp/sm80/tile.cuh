@@ -148,10 +148,12 @@ template <int kRows, int kNThreads, int kLanes = 4>
 struct TileThreadRows {
   static constexpr int kStep = kNThreads / kLanes;  // rows between a thread's rows
   static constexpr int kSlots = kRows >= kStep ? kRows / kStep : 1;
+  static_assert(kLanes == 4 || kLanes == 2, "lanes per row");
   static_assert(kRows < kStep || kRows % kStep == 0,
                 "tile rows must be a multiple of threads / lanes per row");
   __device__ __forceinline__ static int row(int slot, int tid) {
-    return kRows >= kStep ? tid / kLanes + kStep * slot : (tid / kLanes) & (kRows - 1);
+    const int r = tid >> (kLanes == 4 ? 2 : 1);
+    return kRows >= kStep ? r + kStep * slot : r & (kRows - 1);
   }
 };
 
@@ -195,7 +197,7 @@ __device__ __forceinline__ void load_tile(Element* smem, const Element* gmem, in
   if constexpr (kRows >= Rows::kStep) {
     constexpr int kChunks = kRows * kHeadDim / 8;
     static_assert(kChunks % kNThreads == 0 && Rows::kStep % 8 == 0, "tile copy shape");
-    const int row0 = Rows::row(0, tid), chunk0 = tid % kLanes;
+    const int row0 = Rows::row(0, tid), chunk0 = tid & (kLanes - 1);
     const uint32_t dst = ptx::smem_addr(smem + swizzle<kRows>(row0, chunk0));
     // Byte addresses: slot s of the thread's rows at src[s], chunk group j 64 bytes on.
     const int64_t row_bytes = row_stride * int64_t(sizeof(Element));
