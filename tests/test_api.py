@@ -224,15 +224,17 @@ def test_dq_chains_switch(monkeypatch):
 
 
 def test_bwd_shared_memory_per_block():
-    # sK, sV (n keys x d), sP, sdS (n x 64) in 2-byte elements, and per query-tile stage sQ,
-    # sdO (64 x d) and LSE, dsum (64 f32), for the smallest tile of the head dim: n = 128 keys
-    # and 2 stages up to d64, else 64 keys and 1 stage (d128 also has a 128-key 2-stage tile,
-    # used where it fits). Up to d128 within the 99 KiB a block gets on sm_86 / sm_89, above
-    # within sm_80's 163 KiB.
+    # sK, sV (n keys x d), sP, sdS (n x m) in 2-byte elements, and per query-tile stage sQ,
+    # sdO (m x d) and LSE, dsum (m f32), for the smallest tile of the head dim: n = 128 keys,
+    # m = 64 queries and 2 stages up to d64, else 64 keys and 1 stage (d128 also has a
+    # 128-key 2-stage tile, used where it fits); d16: m = 128 queries, 1 stage, and rows of
+    # 32 columns in shared memory (a 32-column segment, half used). Up to d128 within the
+    # 99 KiB a block gets on sm_86 / sm_89, above within sm_80's 163 KiB.
     for d in _ext.build_info()["bwd_head_dims"]:
         smem = _ext._C.bwd_smem_per_block(d)
-        n, stages = (128, 2) if d <= 64 else (64, 1)
-        assert smem == 2 * (2 * n * d + 2 * n * 64) + stages * 64 * (4 * d + 8), d
+        n, m, stages = (128, 128, 1) if d == 16 else (128, 64, 2) if d <= 64 else (64, 64, 1)
+        cols = max(d, 32)
+        assert smem == 2 * (2 * n * cols + 2 * n * m) + stages * m * (4 * cols + 8), d
         assert (smem <= 99 * 1024) == (d <= 128) and smem <= 163 * 1024, d
     assert _ext._C.bwd_smem_per_block(_ext.BWD_MAX_HEAD_DIM + 8) == 0
 

@@ -14,7 +14,7 @@ import test_fwd
 import test_variants
 import test_varlen
 from flashattn2 import _ext, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
-from test_kvcache import check_against_reference, kvcache_kernel
+from test_kvcache import check_against_reference, kvcache_kernel, paged_kv
 
 pytestmark = pytest.mark.gpu
 
@@ -105,20 +105,26 @@ def test_dropout(dtype, headdim, causal, window):
     test_variants.check_grads(grads, q, k, v, dout, kwargs)
 
 
+@pytest.mark.parametrize("paged", [0, 16], ids=lambda p: f"page{p}" if p else "contig")
 @pytest.mark.parametrize("num_splits", [1, 3], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("seqlen_q", [1, 4, 33])
 @pytest.mark.parametrize("headdim", [8, 16])
-def test_kv_cache_and_split_kv(headdim, seqlen_q, num_splits):
-    """The KV kernel at d16 (64-row tile, GQA packing) and its split-KV partials + combine."""
+def test_kv_cache_and_split_kv(headdim, seqlen_q, num_splits, paged):
+    """The KV kernel at d16 (64-row tile, 2 lanes per copied row: the pages of its row
+    slots, GQA packing) and its split-KV partials + combine."""
     dtype, batch, cache_len, nheads, nheads_k = torch.bfloat16, 3, 512, 8, 2
     q = torch.randn(batch, seqlen_q, nheads, headdim, device="cuda", dtype=dtype)
     k_cache = torch.randn(batch, cache_len, nheads_k, headdim, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     seqlens = torch.tensor([cache_len, 5, 300], dtype=torch.int32, device="cuda")
-    out, lse = kvcache_kernel(q, k_cache, v_cache, seqlens, None, True, (-1, -1), num_splits)
+    kc, vc, table = k_cache, v_cache, None
+    if paged:
+        kc, vc, table = paged_kv(k_cache, v_cache, paged, torch.Generator().manual_seed(paged))
+    out, lse = kvcache_kernel(q, kc, vc, seqlens, table, True, (-1, -1), num_splits)
     check_against_reference(out, lse, q, k_cache, v_cache, seqlens, True, (-1, -1))
-    public, public_lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
-                                                 causal=True, num_splits=num_splits,
+    public, public_lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
+                                                 block_table=table, causal=True,
+                                                 num_splits=num_splits,
                                                  return_softmax_lse=True)  # fmt: skip
     assert torch.equal(public, out) and torch.equal(public_lse, lse)
 

@@ -15,7 +15,8 @@
 //          blocks from shared memory (tile.cuh warp_gemm), so P^T and dS^T go through
 //          shared memory: every warp reads only the Q, dO, K rows of its own tile.
 //   smem   sK, sV [kBlockN x d], sP, sdS [kBlockN x kBlockM], and kQStages stages of sQ, sdO
-//          [kBlockM x d], LSE, dsum [kBlockM] f32 (tile.cuh swizzle; sizes in bwd_config.h);
+//          [kBlockM x d], LSE, dsum [kBlockM] f32 (tile.cuh swizzle; d16 rows take a 32-column
+//          segment, half used; sizes in bwd_config.h);
 //          kBiasStaged: sBias [kBlockM x kBlockN] (the bias tile of the step, bwd_bias_smem_bytes).
 //   step   (query tile m)
 //            wait for Q_m, dO_m, LSE_m, dsum_m ; __syncthreads
