@@ -127,7 +127,8 @@ struct BwdTraits {
 template <typename Element, int kHeadDim, bool kZero = true>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row of the kernel's head dim
-  constexpr int kLanes = kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : kChunks > 2 ? 4 : 2;
+  constexpr int kLanes =
+      kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : kChunks > 2 ? 4 : 2;
   constexpr int kRowsPerPass = 128 / kLanes;
   // The Hopper backward's kernel (launched as a programmatic dependent, BwdParams::pdl) may
   // start its prologue now: it waits (griddep_wait) before it reads dsum or dq_accum.

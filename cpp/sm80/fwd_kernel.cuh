@@ -83,8 +83,8 @@ struct FwdTraits {
 // the others; the Philox state and bias addressing spilled 16-256 bytes at 168 registers).
 template <typename Traits, int kMods>
 constexpr int fwd_min_blocks() {
-  return kMods == kModDropout || kMods >= kModBias ? (Traits::kMinBlocks < 2 ? Traits::kMinBlocks : 2)
-                                                   : Traits::kMinBlocks;
+  constexpr bool kHeavy = kMods == kModDropout || kMods >= kModBias;
+  return kHeavy && Traits::kMinBlocks > 2 ? 2 : Traits::kMinBlocks;
 }
 
 template <typename Traits, typename Element, int kMods>
