@@ -751,7 +751,12 @@ PYBIND11_MODULE(_C, m) {
         "The most shared memory a block may use on GPU `device` (opt-in limit), in bytes.");
 
   m.def("kernel_head_dim", &flashattn2::kernel_head_dim, py::arg("headdim"),
-        "Smallest compiled kernel head dim >= headdim, or -1 if none.");
+        "Smallest compiled kernel head dim >= headdim, or -1 if none (16 only while "
+        "set_native_d16 is on).");
+
+  m.def("set_native_d16", &flashattn2::set_native_d16, py::arg("enabled"),
+        "Whether head dims 1-16 run the kernel of head dim 16 where built (default True); "
+        "False sends them to the next larger kernel (process-wide, an A/B switch).");
 
   m.def("device_unsupported_reason", &flashattn2::device_unsupported_reason, py::arg("device"),
         "Empty string if this build can run on GPU `device`, otherwise why not.");

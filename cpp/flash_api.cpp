@@ -90,9 +90,16 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_native_d16{true};  // set_native_d16
+}  // namespace
+
+void set_native_d16(bool enabled) { g_native_d16.store(enabled, std::memory_order_relaxed); }
+
 int kernel_head_dim(int headdim) {
+  const bool d16 = g_native_d16.load(std::memory_order_relaxed);
   for (int d : HeadDims::vec()) {
-    if (d >= headdim) return d;
+    if (d >= headdim && (d != 16 || d16)) return d;
   }
   return -1;
 }
@@ -662,8 +669,9 @@ namespace {
 
 // Smallest backward kernel head dim >= headdim, or -1 if none.
 int bwd_kernel_head_dim(int headdim) {
+  const bool d16 = g_native_d16.load(std::memory_order_relaxed);
   for (int d : BwdHeadDims::vec()) {
-    if (d >= headdim) return d;
+    if (d >= headdim && (d != 16 || d16)) return d;
   }
   return -1;
 }

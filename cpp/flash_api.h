@@ -117,8 +117,13 @@ int bwd_smem_per_block(int headdim);
 // cached per device.
 int max_smem_per_block(int device);
 
-// Smallest compiled kernel head dim >= headdim, or -1 if none.
+// Smallest compiled kernel head dim >= headdim, or -1 if none (kernel head dim 16 only while
+// set_native_d16 is on, the default).
 int kernel_head_dim(int headdim);
+// Whether head dims 1-16 may run the kernel of head dim 16 where built (FLASHATTN2_HEAD_DIMS
+// with 16); false sends them to the next larger kernel, as builds without it (an A/B switch,
+// process-wide; python/flashattn2/_ext.py FLASHATTN2_NATIVE_D16).
+void set_native_d16(bool enabled);
 
 std::vector<int> built_head_dims();  // e.g. {32, 64, 96, 128, 192, 256}
 std::vector<int> built_sm90_head_dims();  // the Hopper forward's, e.g. {64, 128, 192, 256}

@@ -4,7 +4,7 @@
     compute-sanitizer --tool memcheck  --error-exitcode 1 python3 scripts/sanitize_subset.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_subset.py
 
-Covers fp16 and bf16, head dims 64, 128 and a padded 40, causal (bottom-right aligned,
+Covers fp16 and bf16, head dims 64, 128, a padded 40, 8 and 16 (the d16 kernels where built), causal (bottom-right aligned,
 also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
 sq = 1, strided q/k/v views of one packed qkv tensor, softcap alone at d64 (its own
 kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is every case of
@@ -44,6 +44,10 @@ CASES = [
     # More than 64 query rows on an sm_90 GPU: the Hopper kernels (TMA, wgmma, mbarriers).
     (1, 300, 517, 4, 1, 256, True, torch.bfloat16, False),
     (2, 257, 200, 3, 3, 192, False, torch.float16, True),
+    # Head dims 1-16: the d16 kernels where built (FLASHATTN2_HEAD_DIMS with 16), else d32.
+    (2, 113, 17, 6, 2, 16, True, torch.float16, False),
+    (1, 200, 333, 4, 1, 8, False, torch.bfloat16, False),
+    (1, 130, 130, 2, 2, 16, True, torch.float16, True, 30.0),
 ]
 ATOL = {torch.float16: 1e-2, torch.bfloat16: 4e-2}   # loose: this is a sanitizer harness
 
@@ -121,6 +125,9 @@ BWD_CASES = [
     # reduces and stage releases; descending (causal) and rotated (full, 2 chains), tails
     (1, 130, 200, 4, 2, 256, True, torch.float16, True),
     (2, 200, 130, 2, 1, 256, False, torch.bfloat16, True, 2),
+    # d16 (where built): each warp's partial dK / dV summed in the epilogue, 2-lane row copies
+    (1, 200, 333, 4, 2, 16, True, torch.bfloat16),
+    (2, 113, 129, 2, 2, 8, False, torch.float16, True),
 ]
 
 

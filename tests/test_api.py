@@ -84,7 +84,7 @@ def test_build_info_and_version():
     assert info["archs"] or info["ptx_archs"]
     assert all(isinstance(a, int) and a >= 80 for a in info["archs"] + info["ptx_archs"])
     head_dims = info["head_dims"]
-    assert head_dims == sorted(head_dims) and set(head_dims) <= {32, 64, 96, 128, 192, 256}
+    assert head_dims == sorted(head_dims) and set(head_dims) <= {16, 32, 64, 96, 128, 192, 256}
     # The backward is built for every kernel head dim.
     assert info["bwd_head_dims"] == head_dims
     assert _ext.BWD_MAX_HEAD_DIM == _ext._C.bwd_max_head_dim() == max(
@@ -104,9 +104,32 @@ def test_build_info_and_version():
     assert set(info["experimental"]) <= {"bias", "fp32", "decode", "fp32wg"}
     assert info["fp32_head_dims"] == ([32, 64, 128] if "fp32" in info["experimental"] else [])
     for d in range(1, 257):
-        larger = [h for h in head_dims if h >= d]
+        larger = [h for h in head_dims if h >= d and (h != 16 or _ext.NATIVE_D16)]
         expected = larger[0] if larger else -1
         assert _ext._C.kernel_head_dim(d) == _ext.KERNEL_HEAD_DIM[d] == expected
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_native_d16_switch_maps_head_dims_and_restores(enabled):
+    """native_d16(False) sends head dims 1-16 to the next larger kernel, as builds without
+    the d16 kernel (FLASHATTN2_HEAD_DIMS without 16) do; it changes nothing else, and the
+    previous mapping comes back after the block, in Python and in _C alike."""
+    head_dims = flashattn2.build_info()["head_dims"]
+    before, native = _ext.KERNEL_HEAD_DIM, _ext.NATIVE_D16
+    with _ext.native_d16(enabled):
+        assert _ext.NATIVE_D16 is enabled
+        dims = [h for h in head_dims if h != 16 or enabled]
+        for d in range(1, 257):
+            larger = [h for h in dims if h >= d]
+            expected = larger[0] if larger else -1
+            assert _ext.KERNEL_HEAD_DIM[d] == _ext._C.kernel_head_dim(d) == expected
+        if 16 in head_dims:
+            assert (_ext.KERNEL_HEAD_DIM[8] == 16) is enabled
+        else:  # the switch does nothing without the kernel
+            assert _ext.KERNEL_HEAD_DIM == before
+        assert _ext.KERNEL_HEAD_DIM[17:] == before[17:]
+    assert _ext.KERNEL_HEAD_DIM == before and _ext.NATIVE_D16 is native
+    assert all(_ext._C.kernel_head_dim(d) == before[d] for d in range(1, 257))
 
 
 @pytest.mark.parametrize(
@@ -201,15 +224,17 @@ def test_dq_chains_switch(monkeypatch):
 
 
 def test_bwd_shared_memory_per_block():
-    # sK, sV (n keys x d), sP, sdS (n x 64) in 2-byte elements, and per query-tile stage sQ,
-    # sdO (64 x d) and LSE, dsum (64 f32), for the smallest tile of the head dim: n = 128 keys
-    # and 2 stages up to d64, else 64 keys and 1 stage (d128 also has a 128-key 2-stage tile,
-    # used where it fits). Up to d128 within the 99 KiB a block gets on sm_86 / sm_89, above
-    # within sm_80's 163 KiB.
+    # sK, sV (n keys x d), sP, sdS (n x m) in 2-byte elements, and per query-tile stage sQ,
+    # sdO (m x d) and LSE, dsum (m f32), for the smallest tile of the head dim: n = 128 keys,
+    # m = 64 queries and 2 stages up to d64, else 64 keys and 1 stage (d128 also has a
+    # 128-key 2-stage tile, used where it fits); d16: m = 128 queries, 1 stage, and rows of
+    # 32 columns in shared memory (a 32-column segment, half used). Up to d128 within the
+    # 99 KiB a block gets on sm_86 / sm_89, above within sm_80's 163 KiB.
     for d in _ext.build_info()["bwd_head_dims"]:
         smem = _ext._C.bwd_smem_per_block(d)
-        n, stages = (128, 2) if d <= 64 else (64, 1)
-        assert smem == 2 * (2 * n * d + 2 * n * 64) + stages * 64 * (4 * d + 8), d
+        n, m, stages = (128, 128, 1) if d == 16 else (128, 64, 2) if d <= 64 else (64, 64, 1)
+        cols = max(d, 32)
+        assert smem == 2 * (2 * n * cols + 2 * n * m) + stages * m * (4 * cols + 8), d
         assert (smem <= 99 * 1024) == (d <= 128) and smem <= 163 * 1024, d
     assert _ext._C.bwd_smem_per_block(_ext.BWD_MAX_HEAD_DIM + 8) == 0
 
@@ -257,6 +282,19 @@ def test_unbuilt_backward_head_dim_is_named(monkeypatch):
     message = "the backward pass for head dim 136 is not built; this build supports head dims up to 128"
     with pytest.raises(NotImplementedError, match=message):
         _checks._check_backward(136, torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("value,native", [("0", False), ("1", True), ("", False)])
+def test_native_d16_environment_switch(value, native):
+    """FLASHATTN2_NATIVE_D16 is read at import (\"\" and \"0\" are off) and reaches _C."""
+    code = ("from flashattn2 import _ext; print(_ext.NATIVE_D16, _ext.KERNEL_HEAD_DIM[8], "
+            "_ext._C.kernel_head_dim(8))")
+    env = dict(os.environ, FLASHATTN2_NATIVE_D16=value)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    flag, kd, kd_c = result.stdout.split()
+    head_dims = [h for h in flashattn2.build_info()["head_dims"] if h != 16 or native]
+    assert flag == str(native) and int(kd) == int(kd_c) == min(head_dims)
 
 
 def test_import_without_C_says_how_to_build():

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/workspace.h"
+#include "sm80/fwd_config.h"
 
 namespace flashattn2 {
 
@@ -34,11 +35,14 @@ struct BwdTile {
 //  - d96, and d128 on small-smem GPUs: 64 x 64, 4 warps, 2 CTAs per SM, one stage (a
 //    128-key tile would take 104.5 KiB at d96; the d128 one 161 KiB).
 //  - d192, d256: 64 x 64, 8 warps, one stage (each warp's dK + dV: 32 keys x d / 4 columns).
+//  - d16: the d <= 64 tile; each warp's dK / dV are all 16 columns over its own 64 queries
+//    (BwdTraits::kKvSplitQ), dQ 8 warps x 16 rows. Small-smem variant: one query-tile stage.
 // Tried and slower at d64: 16 warps (128 registers), 64-key tiles with 2 CTAs per SM.
 // stmatrix (H100 A/B): d64 -5.5 % backward time (16 stmatrix instead of 64 stores per
 // warp-step, spills 56 -> 28 B), d128 +2.7 % (8 instead of 32), d256 +-0: d <= 64 only.
 constexpr BwdTile bwd_tile(int head_dim, bool small_smem = false) {
-  return head_dim <= 64 && !small_smem  ? BwdTile{128, 128, 8, 1, 4, 2, true}
+  return head_dim <= 16                  ? BwdTile{128, 128, 8, 1, 8, small_smem ? 1 : 2, true}
+         : head_dim <= 64 && !small_smem ? BwdTile{128, 128, 8, 1, 4, 2, true}
          : head_dim <= 64                 ? BwdTile{64, 128, 8, 1, head_dim <= 32 ? 4 : 2, 2, true}
          : head_dim == 128 && !small_smem ? BwdTile{64, 128, 8, 1, 2, 2, false}
          : head_dim <= 128                ? BwdTile{64, 64, 4, 2, 2, 1, false}
@@ -46,13 +50,14 @@ constexpr BwdTile bwd_tile(int head_dim, bool small_smem = false) {
 }
 
 // sK, sV [block_n x d], sP, sdS [block_n x block_m] (2-byte elements), and per query-tile
-// stage sQ, sdO [block_m x d] and LSE, dsum [block_m] f32: d64 162 KiB, d128 161 KiB
-// (small-smem variants 97 KiB, 80.5 KiB), d192 112.5 KiB, d256 144.5 KiB.
+// stage sQ, sdO [block_m x d] and LSE, dsum [block_m] f32 (d: smem_cols, 32 for d16): d16
+// 114 KiB (small-smem 97 KiB), d64 162 KiB, d128 161 KiB (small-smem variants 97 KiB,
+// 80.5 KiB), d192 112.5 KiB, d256 144.5 KiB.
 constexpr int bwd_smem_bytes(int head_dim, bool small_smem = false) {
-  return 2 * (2 * bwd_tile(head_dim, small_smem).block_n * head_dim +
+  return 2 * (2 * bwd_tile(head_dim, small_smem).block_n * smem_cols(head_dim) +
               2 * bwd_tile(head_dim, small_smem).block_n * bwd_tile(head_dim, small_smem).block_m) +
          bwd_tile(head_dim, small_smem).q_stages * bwd_tile(head_dim, small_smem).block_m *
-             (4 * head_dim + 2 * int(sizeof(float)));
+             (4 * smem_cols(head_dim) + 2 * int(sizeof(float)));
 }
 
 // The bias instance's staged bias tile (bwd_kernel.cuh kBiasStaged), past bwd_smem_bytes:

@@ -8,11 +8,15 @@
 //   warps  FA2's split of the three products: S^T / dP^T (keys x queries) over kWarpsN x
 //          kWarpsM warps of 32 keys x kSCols queries; dK / dV (keys x columns) over the same
 //          kWarpsN x kWarpsM warps, 32 keys x kKvCols columns; dQ (queries x columns) over
-//          kDqWarpsM x the rest, kDqRows x kDqCols. Each warp tile is a GEMM of whole 16x16
+//          kDqWarpsM x the rest, kDqRows x kDqCols. d16 (kKvSplitQ): every warp's dK / dV
+//          are all 16 columns over its own kSCols queries, from its registers alone (no P^T
+//          in shared memory), and the epilogue adds the kWarpsM partial sums of each key
+//          row through shared memory. Each warp tile is a GEMM of whole 16x16
 //          blocks from shared memory (tile.cuh warp_gemm), so P^T and dS^T go through
 //          shared memory: every warp reads only the Q, dO, K rows of its own tile.
 //   smem   sK, sV [kBlockN x d], sP, sdS [kBlockN x kBlockM], and kQStages stages of sQ, sdO
-//          [kBlockM x d], LSE, dsum [kBlockM] f32 (tile.cuh swizzle; sizes in bwd_config.h);
+//          [kBlockM x d], LSE, dsum [kBlockM] f32 (tile.cuh swizzle; d16 rows take a 32-column
+//          segment, half used; sizes in bwd_config.h);
 //          kBiasStaged: sBias [kBlockM x kBlockN] (the bias tile of the step, bwd_bias_smem_bytes).
 //   step   (query tile m)
 //            wait for Q_m, dO_m, LSE_m, dsum_m ; __syncthreads
@@ -90,12 +94,16 @@ struct BwdTraits {
   static constexpr int kWarpsN = kBlockN / 32;
   static constexpr int kWarpsM = kNWarps / kWarpsN;
   static constexpr int kSCols = kBlockM / kWarpsM;
-  static constexpr int kKvCols = kHeadDim / kWarpsM;
+  // Head dims that leave fewer than 16 dK / dV columns to each of the kWarpsM warps (d16):
+  // each warp takes all columns over its own kSCols queries instead (partial sums).
+  static constexpr bool kKvSplitQ = kHeadDim / kWarpsM < 16;
+  static constexpr int kKvCols = kKvSplitQ ? kHeadDim : kHeadDim / kWarpsM;
+  static constexpr int kSmemCols = smem_cols(kHeadDim);  // elements per sK / sV / sQ / sdO row
   static constexpr int kDqWarpsM = kTile.dq_warps_m;
   static constexpr int kDqRows = kBlockM / kDqWarpsM;
   static constexpr int kDqCols = kHeadDim / (kNWarps / kDqWarpsM);
   static constexpr int kQStages = kTile.q_stages;
-  static constexpr int kStageBytes = kBlockM * (4 * kHeadDim + 8);  // sQ, sdO, LSE, dsum
+  static constexpr int kStageBytes = kBlockM * (4 * kSmemCols + 8);  // sQ, sdO, LSE, dsum
   static constexpr int kSmemBytes = bwd_smem_bytes(kHeadDim, kSmallSmem);
   static_assert(kBlockM % 64 == 0, "the dQ-order counters are those of 64-row query tiles");
   static_assert(kBlockN % 32 == 0 && kNWarps % kWarpsN == 0 && kNWarps % kDqWarpsM == 0,
@@ -106,6 +114,7 @@ struct BwdTraits {
   // (S^T + dP^T: 2 kSCols, dK + dV: 2 kKvCols f32 registers per thread.)
   static_assert(kKvCols <= 64 && kSCols <= 64 && kSCols + kKvCols <= 96,
                 "backward warp tiles: register budget");
+  static_assert(!kKvSplitQ || kWarpsM <= 2, "kKvSplitQ: own query columns from registers");
 };
 
 // dsum[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; zero dq_accum[b, h, i, :] (with the
@@ -118,7 +127,8 @@ struct BwdTraits {
 template <typename Element, int kHeadDim, bool kZero = true>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row of the kernel's head dim
-  constexpr int kLanes = kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : 4;
+  constexpr int kLanes =
+      kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : kChunks > 2 ? 4 : 2;
   constexpr int kRowsPerPass = 128 / kLanes;
   // The Hopper backward's kernel (launched as a programmatic dependent, BwdParams::pdl) may
   // start its prologue now: it waits (griddep_wait) before it reads dsum or dq_accum.
@@ -341,14 +351,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   constexpr int kQStages = Traits::kQStages;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  constexpr int kSmemCols = Traits::kSmemCols;
+  constexpr bool kKvSplitQ = Traits::kKvSplitQ;
   Element* sK = reinterpret_cast<Element*>(smem_raw);
-  Element* sV = sK + kBlockN * kHeadDim;
-  Element* sP = sV + kBlockN * kHeadDim;
+  Element* sV = sK + kBlockN * kSmemCols;
+  Element* sP = sV + kBlockN * kSmemCols;
   Element* sdS = sP + kBlockN * kBlockM;
   // kQStages stages of the query tile: sQ, sdO [kBlockM x d], LSE, dsum [kBlockM] f32 each.
   Element* sQ = sdS + kBlockN * kBlockM;
-  Element* sdO = sQ + kBlockM * kHeadDim;
-  float* sLse = reinterpret_cast<float*>(sdO + kBlockM * kHeadDim);
+  Element* sdO = sQ + kBlockM * kSmemCols;
+  float* sLse = reinterpret_cast<float*>(sdO + kBlockM * kSmemCols);
   float* sDsum = sLse + kBlockM;
   // kBiasStaged: the bias tile [kBlockM queries x kBlockN keys] after the query-tile stages.
   [[maybe_unused]] Element* sBias = reinterpret_cast<Element*>(smem_raw + Traits::kSmemBytes);
@@ -360,7 +372,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // rows [dqr, dqr + kDqRows) and columns [dqc, dqc + kDqCols) of dQ.
   const int kr = warp % Traits::kWarpsN * 32;
   const int sc = warp / Traits::kWarpsN * kSCols;
-  const int kvc = warp / Traits::kWarpsN * kKvCols;
+  const int kvc = kKvSplitQ ? 0 : warp / Traits::kWarpsN * kKvCols;
   const int dqr = warp % Traits::kDqWarpsM * kDqRows;
   const int dqc = warp / Traits::kDqWarpsM * kDqCols;
   const int head_k = blockIdx.y, batch = blockIdx.z;
@@ -413,8 +425,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto load_query_tile = [&](int head, int m_block, int t) {  // step t's tile
     const int m0 = m_block * kBlockM;
     Element* sQ_t = reinterpret_cast<Element*>(reinterpret_cast<unsigned char*>(sQ) + stage_bytes(t));
-    Element* sdO_t = sQ_t + kBlockM * kHeadDim;
-    float* sLse_t = reinterpret_cast<float*>(sdO_t + kBlockM * kHeadDim);
+    Element* sdO_t = sQ_t + kBlockM * kSmemCols;
+    float* sLse_t = reinterpret_cast<float*>(sdO_t + kBlockM * kSmemCols);
     const int64_t row0 = seq.q_row0 + m0;
     const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
                         head * p.q_head_stride;
@@ -671,7 +683,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
           const uint32_t dsv =
               ptx::pack2<Element>(acc_dp[mt][nt][2 * r], acc_dp[mt][nt][2 * r + 1]);
           if constexpr (!kStmatrix) {
-            *reinterpret_cast<uint32_t*>(sP + at) = pv;
+            if constexpr (!kKvSplitQ) *reinterpret_cast<uint32_t*>(sP + at) = pv;
             *reinterpret_cast<uint32_t*>(sdS + at) = dsv;
           }
           p_frag[mt][nt / 2][(nt & 1) * 2 + r] = pv;
@@ -684,7 +696,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int j = 0; j < kSTiles / 2; ++j) {
-          ptx::stmatrix_x4(st(mt, j), p_frag[mt][j]);
+          if constexpr (!kKvSplitQ) ptx::stmatrix_x4(st(mt, j), p_frag[mt][j]);  // (no reader)
           ptx::stmatrix_x4(st(mt, j) + 2 * kBlockN * kBlockM, ds_frag[mt][j]);  // sdS
         }
     }
@@ -753,14 +765,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     // (p_frag, ds_frag), the other warps' columns from shared memory: half of the A loads
     // with two warps along the queries (d <= 128). With four (d > 128) the quarter saved
     // does not pay for the extra address setup: all from shared memory there (H100 d256,
-    // benchmarks/NOTES.md).
+    // benchmarks/NOTES.md). kKvSplitQ (d16): the own columns only (a partial sum).
     if constexpr (Traits::kWarpsM <= 2) {
       warp_gemm_areg<Element, true, 2, kKvCols / 16, kSCols / 16>(acc_dv, p_frag,
                                                                  bt_do.plus(stage + sc * 64));
       warp_gemm_areg<Element, true, 2, kKvCols / 16, kSCols / 16>(acc_dk, ds_frag,
                                                                  bt_q.plus(stage + sc * 64));
 #pragma unroll
-      for (int o = 1; o < Traits::kWarpsM; ++o) {
+      for (int o = 1; o < (kKvSplitQ ? 1 : Traits::kWarpsM); ++o) {
         const int c = (sc + o * kSCols) & (kBlockM - 1);  // another warp's query columns
         const LdsmTile<kBlockN> a_p_c(sP_addr, kr, c, lane, false);
         const LdsmTile<kBlockN> a_ds_c(sdS_addr, kr, c, lane, false);
@@ -837,10 +849,46 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // K/V copies have landed even when no query tile was visited).
   ptx::cp_async_wait<0>();
   __syncthreads();
+  const bool second = kKvSplitQ && tid >= kNThreads / 2;  // (uniform per warp)
+  if constexpr (kKvSplitQ) {
+    // The second warp of each key row's pair (kWarpsM = 2) hands its partial dK, dV to the
+    // first through sP (free now), float j of thread t at j * kThreadsHalf + t (lanes
+    // consecutive: conflict free), added there in a fixed order (deterministic).
+    constexpr int kFloats = 2 * kKvTiles * 4;  // per accumulator and thread
+    constexpr int kThreadsHalf = kNThreads / 2;
+    float* const part = reinterpret_cast<float*>(sP) + tid % kThreadsHalf;
+    static_assert(2 * kFloats * kThreadsHalf * sizeof(float) <=
+                      2 * kBlockN * kBlockM * sizeof(Element),
+                  "partial dK / dV fit sP + sdS");
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < kKvTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = (mt * kKvTiles + dt) * 4 + e;
+          if (second) {
+            part[j * kThreadsHalf] = acc_dk[mt][dt][e];
+            part[(kFloats + j) * kThreadsHalf] = acc_dv[mt][dt][e];
+          }
+        }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < kKvTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = (mt * kKvTiles + dt) * 4 + e;  // (the second warps add their own)
+          acc_dk[mt][dt][e] += part[j * kThreadsHalf];
+          acc_dv[mt][dt][e] += part[(kFloats + j) * kThreadsHalf];
+        }
+  }
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      if (second) continue;  // (kKvSplitQ: the first warp of the pair stages the sum)
       const int key_row = kr + 16 * mt + g + 8 * r;
 #pragma unroll
       for (int dt = 0; dt < kKvTiles; ++dt) {

@@ -14,6 +14,10 @@ struct FwdTile {
   int min_blocks;  // CTAs per SM the register allocation must allow (__launch_bounds__)
 };
 
+// Columns a tile row of head dim d takes in shared memory (sm80/tile.cuh): d, or for d16 the
+// one 32-column segment of the layout, of which the kernels use the first 16 columns.
+constexpr int smem_cols(int head_dim) { return head_dim < 32 ? 32 : head_dim; }
+
 // Every config fits 96 KiB of shared memory (Q + 2 stages of K and V), so it runs on
 // sm_86/sm_89 (99 KiB per block) as well as sm_80/sm_90. Measurements behind each choice:
 // benchmarks/NOTES.md. FLASHATTN2_FWD_TILE_{M,N,WARPS,MTILES,QREGS,MINB} (all six, as -D
@@ -32,7 +36,8 @@ constexpr FwdTile fwd_tile(int head_dim, bool kv = false) {
   return FwdTile{FLASHATTN2_FWD_TILE_M,      FLASHATTN2_FWD_TILE_N,     FLASHATTN2_FWD_TILE_WARPS,
                  FLASHATTN2_FWD_TILE_MTILES, FLASHATTN2_FWD_TILE_QREGS, FLASHATTN2_FWD_TILE_MINB};
 #endif
-  return head_dim <= 64    ? FwdTile{128, 64, 4, 2, true, 2}
+  return head_dim <= 16    ? FwdTile{128, 64, 4, 2, true, 3}
+         : head_dim <= 64  ? FwdTile{128, 64, 4, 2, true, 2}
          : head_dim <= 128 ? FwdTile{128, 64, 4, 2, false, 2}
          : head_dim <= 192 ? FwdTile{128, 64, 8, 1, true, 1}
                            : FwdTile{128, 32, 8, 1, true, 1};
@@ -74,7 +79,7 @@ constexpr bool fwd_stage1_in_q(int head_dim, bool kv = false) {
 
 constexpr int fwd_smem_bytes(int head_dim, bool kv = false) {
   // 2-byte elements: Q tile + 2 stages x (K tile + V tile), less the stage that sQ hosts.
-  return 2 * head_dim *
+  return 2 * smem_cols(head_dim) *
          (fwd_tile(head_dim, kv).block_m +
           (fwd_stage1_in_q(head_dim, kv) ? 1 : 2) * 2 * fwd_tile(head_dim, kv).block_n);
 }

@@ -14,7 +14,8 @@
 //          is stored as d/32 column segments of [rows x 32] elements (64-byte rows); the
 //          16-byte chunk c of row r sits at chunk c ^ ((r / 2) % 4), so the 8 row addresses
 //          of every ldmatrix and each 8-lane phase of a cp.async hit 8 distinct 16-byte bank
-//          groups (conflict free). Budget: fwd_smem_bytes() <= 96 KiB (fwd_config.h).
+//          groups (conflict free); d16 tiles take one segment each and use its first 16
+//          columns (smem_cols). Budget: fwd_smem_bytes() <= 96 KiB (fwd_config.h).
 //   regs   per thread: acc_o [d/8][4] f32, acc_s [kBlockN/8][4] f32, P [kBlockN/16][4] b32,
 //          Q [d/16][4] b32 when kQInRegs (d <= 128); 1 CTA of 256 threads per SM.
 //   step   (K/V tiles visited from the last visible one down to the first)
@@ -34,9 +35,9 @@
 //          the epilogue multiplies O by 1 / (1 - p). Dropout has its own instance (kMods).
 //          An attention bias (FLASHATTN2_BIAS builds, flash.h BiasLayout) is one more pass
 //          over S after the ALiBi one: x = fmaf(bias, log2 e, x), one load per score.
-//   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers and strides a multiple of 8
-//          elements (checked by the host API); ragged seqlen_q / seqlen_k tails are zero-
-//          filled on load and masked.
+//   limits d multiple of 8, <= kHeadDim (16 or a multiple of 32); 16-byte aligned pointers
+//          and strides a multiple of 8 elements (checked by the host API); ragged seqlen_q /
+//          seqlen_k tails are zero-filled on load and masked.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -67,9 +68,10 @@ struct FwdTraits {
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kStages = 2;
   static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kKv);
+  static constexpr int kSmemCols = smem_cols(kHeadDim);  // elements per tile row in smem
   static constexpr bool kStage1InQ = fwd_stage1_in_q(kHeadDim, kKv);
   static_assert(kBlockM == 16 * kMTiles * kNWarps, "each warp owns 16 * kMTiles query rows");
-  static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shape");
+  static_assert((kHeadDim % 32 == 0 || kHeadDim == 16) && kBlockN % 16 == 0, "tile shape");
 };
 
 // kMods (FwdMods): kModNone plain attention; kModLogits softcap / ALiBi; kModDropout those
@@ -77,8 +79,16 @@ struct FwdTraits {
 // kModBias / kModBiasDropout: kModLogits / kModDropout with an attention bias;
 // kModSoftcap softcap alone (fwd_config.h fwd_softcap_instance), kModSoftcapBounded the same
 // without a running max (fwd_softcap_bounded).
+// Dropout and bias instances keep at most 2 CTAs per SM (fwd_config.h fwd_tile: d16 asks 3 for
+// the others; the Philox state and bias addressing spilled 16-256 bytes at 168 registers).
+template <typename Traits, int kMods>
+constexpr int fwd_min_blocks() {
+  constexpr bool kHeavy = kMods == kModDropout || kMods >= kModBias;
+  return kHeavy && Traits::kMinBlocks > 2 ? 2 : Traits::kMinBlocks;
+}
+
 template <typename Traits, typename Element, int kMods>
-__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
+__global__ void __launch_bounds__(Traits::kNThreads, (fwd_min_blocks<Traits, kMods>()))
     fwd_kernel(const FwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
@@ -92,10 +102,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
-  constexpr int kKVTile = kBlockN * kHeadDim;
+  constexpr int kKVTile = kBlockN * Traits::kSmemCols;
   // Stage s holds K at sKVs and V at sKVs + kKVTile; stage 1 may live inside sQ.
   // (Selected with ?: rather than an array: a run-time index would put it in local memory.)
-  Element* const sKV0 = sQ + kBlockM * kHeadDim;
+  Element* const sKV0 = sQ + kBlockM * Traits::kSmemCols;
   Element* const sKV1 = Traits::kStage1InQ ? sQ : sKV0 + 2 * kKVTile;
 
   const int tid = threadIdx.x;
@@ -135,7 +145,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
   // Paged K/V: the pages of this thread's rows of the next K/V tile to load, read from the
   // block table one tile ahead (so the cp.async addresses do not wait on it), for K and V.
-  using KvTileRows = TileThreadRows<kBlockN, kNThreads>;
+  using KvTileRows = TileThreadRows<kBlockN, kNThreads, copy_lanes(kHeadDim)>;
   int kv_page[KvTileRows::kSlots] = {};
   auto fetch_pages = [&](int n_block) {
     if constexpr (kKv) {

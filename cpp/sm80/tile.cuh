@@ -4,7 +4,9 @@
 // A [kRows x kHeadDim] tile of 2-byte elements is stored as kHeadDim/32 column segments of
 // [kRows x 32] elements (64-byte rows); the 16-byte chunk c of row r sits at chunk
 // c ^ ((r / 2) % 4) of its segment, so the 8 row addresses of an ldmatrix and each 8-lane
-// phase of a 16-byte copy hit 8 distinct 16-byte bank groups (conflict free).
+// phase of a 16-byte copy hit 8 distinct 16-byte bank groups (conflict free). A 16-column
+// tile (head dim 16) takes one segment and uses its chunks 0 and 1 (smem_cols, fwd_config.h):
+// the fragment addresses stay those of the wider tiles; the other half is never touched.
 #pragma once
 #include <cstdint>
 
@@ -120,30 +122,38 @@ __device__ __forceinline__ void warp_gemm_areg(float (&acc)[kMT][2 * kNB][4],
       b);
 }
 
-// Row and 16-byte chunk that thread `tid` copies in iteration i of a tile copy. Unsigned
-// power-of-two arithmetic: cheap enough that the compiler recomputes it in the epilogue
-// instead of keeping the prologue's values live (and spilled) across the mainloop.
-template <int kRows, int kNThreads>
+// Consecutive lanes that copy one row segment of a tile of kCols columns, a 16-byte chunk
+// each: the 4 chunks of a 32-column segment, or the 2 of a 16-column row (head dim 16).
+constexpr int copy_lanes(int cols) { return cols >= 32 ? 4 : cols / 8; }
+
+// Row and 16-byte chunk that thread `tid` copies in iteration i of a tile copy (kLanes =
+// copy_lanes of the tile's columns). Unsigned power-of-two arithmetic: cheap enough that the
+// compiler recomputes it in the epilogue instead of keeping the prologue's values live (and
+// spilled) across the mainloop.
+template <int kRows, int kNThreads, int kLanes = 4>
 __device__ __forceinline__ unsigned tile_row(int i, int tid) {
   static_assert((kRows & (kRows - 1)) == 0, "tile rows must be a power of two");
-  return ((unsigned(i) * kNThreads + unsigned(tid)) >> 2) & (kRows - 1);
+  return ((unsigned(i) * kNThreads + unsigned(tid)) / kLanes) & (kRows - 1);
 }
-template <int kRows, int kNThreads>
+template <int kRows, int kNThreads, int kLanes = 4>
 __device__ __forceinline__ unsigned tile_chunk(int i, int tid) {
   const unsigned idx = unsigned(i) * kNThreads + unsigned(tid);
-  return (idx >> 2) / kRows * 4 + (idx & 3);
+  return idx / kLanes / kRows * 4 + idx % kLanes;
 }
 
 // The rows one thread copies in a tile copy: tile_row(i, tid) is row(i % kSlots, tid), a
 // compile-time slot once the copy loop is unrolled. Per-row state (the pages of a paged
 // K/V tile) can so be computed once per tile and slot rather than once per 16-byte chunk.
-template <int kRows, int kNThreads>
+template <int kRows, int kNThreads, int kLanes = 4>
 struct TileThreadRows {
-  static constexpr int kStep = kNThreads / 4;  // rows between a thread's rows
+  static constexpr int kStep = kNThreads / kLanes;  // rows between a thread's rows
   static constexpr int kSlots = kRows >= kStep ? kRows / kStep : 1;
-  static_assert(kRows < kStep || kRows % kStep == 0, "tile rows must be a multiple of threads / 4");
+  static_assert(kLanes == 4 || kLanes == 2, "lanes per row");
+  static_assert(kRows < kStep || kRows % kStep == 0,
+                "tile rows must be a multiple of threads / lanes per row");
   __device__ __forceinline__ static int row(int slot, int tid) {
-    return kRows >= kStep ? (tid >> 2) + kStep * slot : (tid >> 2) & (kRows - 1);
+    const int r = tid >> (kLanes == 4 ? 2 : 1);
+    return kRows >= kStep ? r + kStep * slot : r & (kRows - 1);
   }
 };
 
@@ -151,18 +161,19 @@ struct TileThreadRows {
 // row_ptr(r, slot), slot = the thread's row slot (TileThreadRows) (a row may live anywhere:
 // pages of a KV cache, query heads of a GQA group). Rows >= rows_valid and columns >= headdim
 // are zero-filled (their source is never read; row_ptr(0, slot) must be computable). Lanes
-// 4i..4i+3 copy the 64 contiguous bytes of one row segment: full 32-byte sectors in global
-// memory.
+// 4i..4i+3 copy the 64 contiguous bytes of one row segment (d16: lanes 2i, 2i+1 the 32 of a
+// row): full 32-byte sectors in global memory.
 template <int kRows, int kHeadDim, int kNThreads, typename Element, typename RowPtr>
 __device__ __forceinline__ void load_tile_rows(Element* smem, RowPtr&& row_ptr, int rows_valid,
                                                int headdim, int tid) {
   constexpr int kChunks = kRows * kHeadDim / 8;
-  constexpr int kSlots = TileThreadRows<kRows, kNThreads>::kSlots;
+  constexpr int kLanes = copy_lanes(kHeadDim);
+  constexpr int kSlots = TileThreadRows<kRows, kNThreads, kLanes>::kSlots;
   static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
 #pragma unroll
   for (int i = 0; i < kChunks / kNThreads; ++i) {
-    const int row = int(tile_row<kRows, kNThreads>(i, tid));
-    const int chunk = int(tile_chunk<kRows, kNThreads>(i, tid));
+    const int row = int(tile_row<kRows, kNThreads, kLanes>(i, tid));
+    const int chunk = int(tile_chunk<kRows, kNThreads, kLanes>(i, tid));
     const bool pred = row < rows_valid && chunk * 8 < headdim;
     // (Not read when !pred; computing it unconditionally avoids a select the compiler
     // keeps live: +120 B of spills in the d128 forward.)
@@ -181,11 +192,12 @@ __device__ __forceinline__ void load_tile_rows(Element* smem, RowPtr&& row_ptr, 
 template <int kRows, int kHeadDim, int kNThreads, typename Element>
 __device__ __forceinline__ void load_tile(Element* smem, const Element* gmem, int64_t row_stride,
                                           int rows_valid, int headdim, int tid) {
-  using Rows = TileThreadRows<kRows, kNThreads>;
+  constexpr int kLanes = copy_lanes(kHeadDim);
+  using Rows = TileThreadRows<kRows, kNThreads, kLanes>;
   if constexpr (kRows >= Rows::kStep) {
     constexpr int kChunks = kRows * kHeadDim / 8;
     static_assert(kChunks % kNThreads == 0 && Rows::kStep % 8 == 0, "tile copy shape");
-    const int row0 = Rows::row(0, tid), chunk0 = tid & 3;
+    const int row0 = Rows::row(0, tid), chunk0 = tid & (kLanes - 1);
     const uint32_t dst = ptx::smem_addr(smem + swizzle<kRows>(row0, chunk0));
     // Byte addresses: slot s of the thread's rows at src[s], chunk group j 64 bytes on.
     const int64_t row_bytes = row_stride * int64_t(sizeof(Element));
@@ -216,11 +228,12 @@ template <int kRows, int kHeadDim, int kNThreads, typename Element, typename Row
 __device__ __forceinline__ void store_tile_rows(RowPtr&& row_ptr, const Element* smem,
                                                 int rows_valid, int headdim, int tid) {
   constexpr int kChunks = kRows * kHeadDim / 8;
+  constexpr int kLanes = copy_lanes(kHeadDim);
   static_assert(kChunks % kNThreads == 0, "tile copy must split evenly over the threads");
 #pragma unroll
   for (int i = 0; i < kChunks / kNThreads; ++i) {
-    const int row = int(tile_row<kRows, kNThreads>(i, tid));
-    const int chunk = int(tile_chunk<kRows, kNThreads>(i, tid));
+    const int row = int(tile_row<kRows, kNThreads, kLanes>(i, tid));
+    const int chunk = int(tile_chunk<kRows, kNThreads, kLanes>(i, tid));
     if (row < rows_valid && chunk * 8 < headdim) {
       *reinterpret_cast<uint4*>(row_ptr(row) + chunk * 8) =
           *reinterpret_cast<const uint4*>(smem + swizzle<kRows>(row, chunk));

@@ -23,8 +23,27 @@ except ImportError as exc:
 
 __version__ = _C.__version__
 
+
+def _env_flag(name, default):
+    """A switch read at import: the environment variable ``name`` (``default`` if unset); ""
+    and "0" are off."""
+    return os.environ.get(name, default) not in ("", "0")
+
+
+# Builds whose FLASHATTN2_HEAD_DIMS has 16 (not the default) run head dims 1-16 on the d16
+# mma.sync kernels; FLASHATTN2_NATIVE_D16=0 at import, or the native_d16(False) context
+# manager, sends them to the next larger kernel (d32, zero-filled columns) as builds without
+# it do: an A/B switch (process-wide, _C.set_native_d16). Without the kernel it does nothing.
+NATIVE_D16 = _env_flag("FLASHATTN2_NATIVE_D16", "1")
+_C.set_native_d16(NATIVE_D16)
+
+
+def _kernel_head_dims():
+    return tuple(_C.kernel_head_dim(d) if d else -1 for d in range(257))
+
+
 # KERNEL_HEAD_DIM[d]: the compiled kernel head dim that runs head dim d (0 < d <= 256), or -1.
-KERNEL_HEAD_DIM = tuple(_C.kernel_head_dim(d) if d else -1 for d in range(257))
+KERNEL_HEAD_DIM = _kernel_head_dims()
 # Largest head dim the backward supports in this build (0 if none).
 BWD_MAX_HEAD_DIM = _C.bwd_max_head_dim()
 _BUILD = dict(_C.build_info())  # (read once, at import)
@@ -35,12 +54,6 @@ EXPERIMENTAL = frozenset(_BUILD.get("experimental", ()))
 FP32_HEAD_DIMS = tuple(_BUILD.get("fp32_head_dims", ()))
 # Whether the float32 backward is built (build_info "fp32_bwd").
 FP32_BWD = bool(_BUILD.get("fp32_bwd", False))
-
-def _env_flag(name, default):
-    """A switch read at import: the environment variable ``name`` (``default`` if unset); ""
-    and "0" are off."""
-    return os.environ.get(name, default) not in ("", "0")
-
 
 # On Hopper (sm_90) GPUs the forward and backward run the wgmma / TMA kernels of cpp/sm90 for
 # what they support; True sends every call to the mma.sync kernels of cpp/sm80 instead (set by
@@ -238,6 +251,23 @@ sm90_narrow_step = _switch("SM90_NARROW_STEP", "Inside the block, Hopper forward
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
+
+
+@contextlib.contextmanager
+def native_d16(enabled=True):
+    """Inside the block, head dims 1-16 run the d16 kernels where built (enabled, the default)
+    or the next larger kernel (for A/B comparisons and tests); not thread-safe."""
+    global NATIVE_D16, KERNEL_HEAD_DIM
+    previous = NATIVE_D16
+    NATIVE_D16 = bool(enabled)
+    _C.set_native_d16(NATIVE_D16)
+    KERNEL_HEAD_DIM = _kernel_head_dims()
+    try:
+        yield
+    finally:
+        NATIVE_D16 = previous
+        _C.set_native_d16(previous)
+        KERNEL_HEAD_DIM = _kernel_head_dims()
 
 
 @contextlib.contextmanager
