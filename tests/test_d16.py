@@ -12,7 +12,7 @@ import torch
 import test_bwd
 import test_fwd
 import test_variants
-import test_varlen
+import test_varlen as varlen_tests
 from flashattn2 import _ext, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from test_kvcache import check_against_reference, kvcache_kernel, paged_kv
 
@@ -66,14 +66,14 @@ def test_deterministic_is_bitwise_and_within_rule(dtype, headdim, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("lengths", list(test_varlen.LENGTHS), ids=str)
+@pytest.mark.parametrize("lengths", list(varlen_tests.LENGTHS), ids=str)
 @pytest.mark.parametrize("headdim", [8, 16])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_varlen(dtype, headdim, lengths, causal):
     for window_size in ((-1, -1), (50, 10)):
-        test_varlen.test_varlen_forward(dtype, headdim, lengths, (6, 2), causal, window_size)
+        varlen_tests.test_varlen_forward(dtype, headdim, lengths, (6, 2), causal, window_size)
     for deterministic in (False, True):
-        test_varlen.check_varlen_backward(dtype, headdim, lengths, (6, 2), causal, deterministic)
+        varlen_tests.check_varlen_backward(dtype, headdim, lengths, (6, 2), causal, deterministic)
 
 
 @pytest.mark.parametrize("case", ["softcap2", "softcap30-causal", "softcap50-gqa",
@@ -148,13 +148,13 @@ def test_native_matches_d32_kernel(dtype, headdim):
 
 def test_varlen_public_call_runs_native():
     """flash_attn_varlen_func at d16 with ragged lengths: NaN-free, within the rule."""
-    lengths_q, lengths_k = test_varlen.LENGTHS["ragged"]
-    q, k, v = test_varlen.make_varlen(lengths_q, lengths_k, 4, 4, 16, torch.bfloat16)
-    cu_q, cu_k = test_varlen.cu(lengths_q), test_varlen.cu(lengths_k)
+    lengths_q, lengths_k = varlen_tests.LENGTHS["ragged"]
+    q, k, v = varlen_tests.make_varlen(lengths_q, lengths_k, 4, 4, 16, torch.bfloat16)
+    cu_q, cu_k = varlen_tests.cu(lengths_q), varlen_tests.cu(lengths_k)
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
                                  causal=True)  # fmt: skip
-    ref, _ = test_varlen.reference(q, k, v, lengths_q, lengths_k, True, (-1, -1))
-    ref_pt, _ = test_varlen.reference(q, k, v, lengths_q, lengths_k, True, (-1, -1),
+    ref, _ = varlen_tests.reference(q, k, v, lengths_q, lengths_k, True, (-1, -1))
+    ref_pt, _ = varlen_tests.reference(q, k, v, lengths_q, lengths_k, True, (-1, -1),
                                       upcast=False)  # fmt: skip
     assert not out.isnan().any()
     test_varlen.assert_rule("out", out, ref, ref_pt, torch.bfloat16)
