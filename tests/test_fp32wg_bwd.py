@@ -1,11 +1,11 @@
 """The Hopper float32 backward (cpp/fp32/wg_bwd_kernel.cuh; builds with FLASHATTN2_EXPERIMENTAL
 including fp32wg): 3xTF32 on tf32 wgmma for dense full / causal float32 backwards at kernel
-head dim 64 on sm_90 GPUs, run where FLASHATTN2_FP32WG_BWD=1 at import or inside
-_ext.fp32wg_bwd() (off by default: an A/B switch until measured); every other float32 backward
-runs the mma.sync float32 kernel.
+head dim 64 on sm_90 GPUs, run by default (FLASHATTN2_FP32WG_BWD=0 at import or
+_ext.fp32wg_bwd(False) turn it off: an A/B switch); every other float32 backward runs the
+mma.sync float32 kernel.
 
 CPU, every build: the switch reaches the binding (fp32wg_bwd, only for float32, off with
-FLASHATTN2_FP32WG=0 or force_sm80(); its import-time default, off: test_api.py), code 91 is
+FLASHATTN2_FP32WG=0 or force_sm80(); its import-time default, on: test_api.py), code 91 is
 reported as last_bwd_kernel "fp32wg"; the host model of the kernel's index arithmetic
 (scripts/fp32wg_bwd_model.py) on small cases. GPU (sm_90, fp32wg builds): dq, dk, dv against
 float64 with the 2x rule of fp32_checks.py into NaN-filled gradients (lengths 1..4096 that are

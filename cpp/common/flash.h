@@ -228,7 +228,7 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   int dq_first_store_rows = 0;
   // Builds with fp32wg: float32 backwards that the Hopper float32 backward supports
   // (fp32/wg_bwd_kernel.cuh; flash_api.cpp fp32wg_bwd_supports) run it on sm_90 GPUs
-  // (FLASHATTN2_FP32WG_BWD, off by default: an A/B switch until measured). Host only.
+  // (FLASHATTN2_FP32WG_BWD, on by default in Python: an A/B switch). Host only.
   bool fp32wg_bwd = false;
 };
 

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   if (tid == 0) {
     mbar_init(bar_full_nat, 128);
     mbar_init(bar_full_tr, 128);
-    mbar_init(bar_empty_nat, 4 * Traits::kConsumers);
+    mbar_init(bar_empty_nat, 128 * Traits::kConsumers);  // (every consumer thread)
     mbar_init(bar_empty_tr, 4 * Traits::kConsumers);
     mbar_fence_init();
   }
@@ -452,8 +452,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
           st_shared(at(sdSlo) + off, sp.lo);
         }
       }
-      release(bar_empty_nat);  // (both GEMMs over Q, dO natural, and lse / dsum, are done)
-      fence_proxy_async();     // (the sdS stores, then the dQ^T wgmma of the async proxy)
+      // (both GEMMs over Q, dO natural, and lse / dsum, are done) Every thread arrives, not one
+      // lane after __syncwarp as for tr: the lse / dsum loads are generic, as are the next
+      // step's stores, and that __syncwarp is a NOP in SASS, so racecheck saw the other lanes'
+      // loads unordered with those stores (a hazard per LDS.64 and step; H100, tenth session).
+      mbar_arrive(bar_empty_nat);
+      fence_proxy_async();  // (the sdS stores, then the dQ^T wgmma of the async proxy)
 
       mbar_wait(bar_full_tr, t & 1);
       {

@@ -120,11 +120,12 @@ FP32WG = _env_flag("FLASHATTN2_FP32WG", "1")
 FP32WG_D128_2WG = _env_flag("FLASHATTN2_FP32WG_D128_2WG", "1")
 # Builds with FLASHATTN2_EXPERIMENTAL=fp32wg: True runs the float32 backwards it supports on
 # sm_90 GPUs (dense, full or causal, kernel head dim 64, MHA / GQA, not deterministic) on the
-# Hopper float32 backward (cpp/fp32/wg_bwd_kernel.cuh; last_bwd_kernel "fp32wg"); False (the
-# default: not yet measured) keeps every float32 backward on the mma.sync kernels.
-# FLASHATTN2_FP32WG_BWD=1 at import, or the fp32wg_bwd() context manager (A/B comparisons);
-# FLASHATTN2_FP32WG=0 / fp32wg(False) and force_sm80() turn it off as well.
-FP32WG_BWD = _env_flag("FLASHATTN2_FP32WG_BWD", "0")
+# Hopper float32 backward (cpp/fp32/wg_bwd_kernel.cuh; last_bwd_kernel "fp32wg"; the default:
+# measured 1.8-2.0x the mma.sync backward, 1.75-2.19x SDPA-efficient, H100, tenth session);
+# False keeps every float32 backward on the mma.sync kernels. FLASHATTN2_FP32WG_BWD=0 at
+# import, or the fp32wg_bwd() context manager (A/B comparisons); FLASHATTN2_FP32WG=0 /
+# fp32wg(False) and force_sm80() turn it off as well.
+FP32WG_BWD = _env_flag("FLASHATTN2_FP32WG_BWD", "1")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
@@ -240,7 +241,8 @@ fp32wg_d128_2wg = _switch("FP32WG_D128_2WG", "Inside the block, float32 forwards
                           "Hopper float32 kernel at kernel head dim 128 take its instance of "
                           "two consumer warpgroups (enabled, the default) or of one.")
 fp32wg_bwd = _switch("FP32WG_BWD", "Inside the block, float32 backwards may run the Hopper "
-                     "float32 backward of fp32wg builds (enabled) or never do (the default).")
+                     "float32 backward of fp32wg builds (enabled, the default where built) "
+                     "or never do.")
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "
                        "O in a K / V stage for causal, windowed and varlen tiles too "
                        "(enabled), or for dense full attention only (the default).")
