@@ -157,4 +157,4 @@ def test_varlen_public_call_runs_native():
     ref_pt, _ = varlen_tests.reference(q, k, v, lengths_q, lengths_k, True, (-1, -1),
                                       upcast=False)  # fmt: skip
     assert not out.isnan().any()
-    test_varlen.assert_rule("out", out, ref, ref_pt, torch.bfloat16)
+    varlen_tests.assert_rule("out", out, ref, ref_pt, torch.bfloat16)
