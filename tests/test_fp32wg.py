@@ -22,15 +22,30 @@ needs_fp32wg = pytest.mark.skipif(not BUILT, reason="build without FLASHATTN2_EX
 
 
 class _FakeC:
-    """Records _C.fwd's arguments by name (no GPU) and answers `code`."""
+    """Records the arguments of _C.fwd / _C.bwd by name (no GPU; an argument the binding does
+    not have fails) and answers `code`."""
 
     def __init__(self, real, code):
         self.real, self.code, self.calls = real, code, []
 
-    def fwd(self, *args, **kwargs):
-        names = binding_args(self.real.fwd)
+    def _record(self, name, args, kwargs):
+        names = binding_args(getattr(self.real, name))
+        unknown = [key for key in kwargs if key not in names[len(args):]]
+        assert not unknown, f"_C.{name} has no argument(s) {unknown}"
         self.calls.append({**dict(zip(names, args)), **kwargs})
         return self.code
+
+    def fwd(self, *args, **kwargs):
+        return self._record("fwd", args, kwargs)
+
+    def bwd(self, *args, **kwargs):
+        return self._record("bwd", args, kwargs)
+
+    def bwd_dq_chains(self, *args):
+        return 1
+
+    def bwd_workspace_floats(self, *args):
+        return 16, 16
 
 
 def _record(monkeypatch, dtype, code=80):

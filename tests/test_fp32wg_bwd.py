@@ -17,32 +17,8 @@ import pytest
 import torch
 from flashattn2 import _ext, _launch
 from fp32_checks import GRADS, check_2x, ref_attention
-from test_decode_kernel import binding_args
 from test_fp32 import _ids, _qkv, kernel_forward
-
-gpu = pytest.mark.gpu
-BUILT = "fp32wg" in _ext.EXPERIMENTAL
-needs_fp32wg = pytest.mark.skipif(not BUILT, reason="build without FLASHATTN2_EXPERIMENTAL=fp32wg")
-
-
-class _FakeC:
-    """Records _C.bwd's arguments by name (no GPU) and answers `code`."""
-
-    def __init__(self, real, code):
-        self.real, self.code, self.calls = real, code, []
-
-    def bwd(self, *args, **kwargs):
-        names = binding_args(self.real.bwd)
-        unknown = [key for key in kwargs if key not in names[len(args):]]
-        assert not unknown, f"_C.bwd has no argument(s) {unknown}"
-        self.calls.append({**dict(zip(names, args)), **kwargs})
-        return self.code
-
-    def bwd_dq_chains(self, *args):
-        return 1
-
-    def bwd_workspace_floats(self, *args):
-        return 16, 16
+from test_fp32wg import _FakeC, gpu, needs_fp32wg
 
 
 def _record(monkeypatch, dtype, code=80):
