@@ -19,6 +19,7 @@ import pytest
 import torch
 from flashattn2 import _ext, _launch, flash_attn_varlen_func
 from test_bwd import check_grads, make_inputs
+from test_bwd_pdl import check_switch_bitwise
 from test_bwd_pdl import recorder  # noqa: F401 (the fixture)
 from test_sm90_bwd import EXPERIMENTAL, HEADS, arch_of_backward, require_sm90_bwd
 from test_sm90_bwd import require_sm90_deterministic
@@ -93,19 +94,8 @@ def test_bwd_convert_lean_bitwise(sm90_bwd, lean_alone, recorder, headdim, nhead
     require_window(window_size)
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, headdim, dtype)
-    runs = []
-    with _ext.dq_chains(chains):
-        for lean in (True, False, True):
-            with _ext.bwd_convert_lean(lean):
-                grads, arch = arch_of_backward(q, k, v, dout, causal=causal,
-                                               window_size=window_size, deterministic=True)
-            assert arch == 90
-            runs.append(grads)
+    check_switch_bitwise(_ext.bwd_convert_lean, q, k, v, dout, causal, window_size, chains)
     assert recorder["convert_lean"] == [True, False, True]
-    check_grads(runs[0], q, k, v, dout, causal=causal, window_size=window_size)
-    for other in runs[1:]:
-        for a, b in zip(runs[0], other):
-            assert torch.equal(a, b)
 
 
 # Head dims padded to the kernel's (columns past p.headdim neither read nor stored), on the

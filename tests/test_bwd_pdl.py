@@ -98,15 +98,22 @@ def test_sm90_backward_pdl_deterministic_bitwise(sm90_bwd, recorder, headdim, nh
         pytest.skip("deterministic mode on the Hopper backward needs dq_bulk")
     torch.manual_seed(0)
     q, k, v, dout = make_inputs(2, *seqlens, nheads, nheads_k, headdim, torch.bfloat16)
+    check_switch_bitwise(_ext.bwd_pdl, q, k, v, dout, causal, window_size, chains)
+    assert recorder["pdl"] == [True, False, True]
+
+
+def check_switch_bitwise(switch, q, k, v, dout, causal, window_size, chains):
+    """Deterministic backwards with `switch` (an _ext context manager) on, off and on again,
+    `chains` dQ chains: the Hopper backward each time, right under the 2x rule, and the same
+    bits."""
     runs = []
     with _ext.dq_chains(chains):
-        for pdl in (True, False, True):
-            with _ext.bwd_pdl(pdl):
+        for on in (True, False, True):
+            with switch(on):
                 grads, arch = arch_of_backward(q, k, v, dout, causal=causal,
                                                window_size=window_size, deterministic=True)
             assert arch == 90
             runs.append(grads)
-    assert recorder["pdl"] == [True, False, True]
     check_grads(runs[0], q, k, v, dout, causal=causal, window_size=window_size)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):

@@ -98,7 +98,7 @@ def test_kernel_code_91_is_fp32wg(monkeypatch):
 @pytest.fixture
 def hopper():
     if torch.cuda.get_device_capability(0) != (9, 0):
-        pytest.skip("the fp32wg kernel runs on sm_90 GPUs only")
+        pytest.skip("the fp32wg kernels run on sm_90 GPUs only")
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): d64 / d128 kernels

@@ -17,6 +17,7 @@ from fp32_checks import check_2x, ref_attention
 from reference import attention_ref, attention_scores
 from test_fp32 import _ids, _qkv, kernel_forward
 from test_fp32wg import _record, _worst, needs_fp32wg
+from test_fp32wg import hopper  # noqa: F401 (the fixture)
 
 gpu = pytest.mark.gpu
 
@@ -53,11 +54,6 @@ def test_d128_2wg_host_model(case):
 
 # ---- GPU: sm_90, fp32wg builds ------------------------------------------------------------
 
-
-@pytest.fixture
-def hopper():
-    if torch.cuda.get_device_capability(0) != (9, 0):
-        pytest.skip("the fp32wg kernel runs on sm_90 GPUs only")
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): kernel head dim 128

@@ -19,6 +19,7 @@ from flashattn2 import _ext, _launch
 from fp32_checks import GRADS, check_2x, ref_attention
 from test_fp32 import _ids, _qkv, kernel_forward
 from test_fp32wg import _FakeC, gpu, needs_fp32wg
+from test_fp32wg import hopper  # noqa: F401 (the fixture)
 
 
 def _record(monkeypatch, dtype, code=80):
@@ -85,11 +86,6 @@ def test_fp32wg_bwd_host_model(case):
 
 # ---- GPU: sm_90, fp32wg builds ------------------------------------------------------------
 
-
-@pytest.fixture
-def hopper():
-    if torch.cuda.get_device_capability(0) != (9, 0):
-        pytest.skip("the fp32wg backward runs on sm_90 GPUs only")
 
 
 def kernel_backward(q, k, v, dout, causal, window, **kw):
