@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""A few small flashattn2 forward calls for compute-sanitizer (memcheck, racecheck).
+"""A few small flashattn2 forward calls for compute-sanitizer (memcheck, racecheck, synccheck).
 
     compute-sanitizer --tool memcheck  --error-exitcode 1 python3 scripts/sanitize_subset.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_subset.py
+    compute-sanitizer --tool synccheck --error-exitcode 1 python3 scripts/sanitize_subset.py
 
 Covers fp16 and bf16, head dims 64, 128, a padded 40, 8 and 16 (the d16 kernels where built), causal (bottom-right aligned,
 also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
