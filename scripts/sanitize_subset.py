@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""A few small flashattn2 forward calls for compute-sanitizer (memcheck, racecheck).
+"""A few small flashattn2 forward calls for compute-sanitizer (memcheck, racecheck, synccheck).
 
     compute-sanitizer --tool memcheck  --error-exitcode 1 python3 scripts/sanitize_subset.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_subset.py
+    compute-sanitizer --tool synccheck --error-exitcode 1 python3 scripts/sanitize_subset.py
 
 Covers fp16 and bf16, head dims 64, 128, a padded 40, 8 and 16 (the d16 kernels where built), causal (bottom-right aligned,
 also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
 sq = 1, strided q/k/v views of one packed qkv tensor, softcap alone at d64 (its own
 kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is every case of
-more than 64 query rows there); dense backwards of head dims 128, 64 and 40 (on sm_90 the
-Hopper backward where built); then varlen (empty and
+more than 64 query rows there; d256 dense over 2049 keys forced to one split: the staged-O
+instance and its barriers, also with a warpgroup past seqlen_q); dense backwards of head
+dims 128, 64 and 40 (on sm_90 the Hopper backward where built); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
 16-row pages, appended tokens, split-KV merged in the decode kernel and by the combine
 kernel); in builds with the
@@ -29,8 +31,10 @@ import sys
 import torch
 
 import flashattn2
+from flashattn2 import _launch
 
-# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype, packed_qkv[, softcap])
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype, packed_qkv[, softcap[,
+# num_splits]]) (num_splits: forced through _launch._flash_attn_forward; else the heuristic's)
 CASES = [
     (2, 128, 128, 4, 4, 64, False, torch.bfloat16, False),
     (2, 128, 128, 4, 4, 64, True, torch.float16, True),
@@ -44,6 +48,12 @@ CASES = [
     # More than 64 query rows on an sm_90 GPU: the Hopper kernels (TMA, wgmma, mbarriers).
     (1, 300, 517, 4, 1, 256, True, torch.bfloat16, False),
     (2, 257, 200, 3, 3, 192, False, torch.float16, True),
+    # d256 dense full attention in one split (the heuristic splits these small grids): O
+    # staged in the last K / V stage (fwd_kernel.cuh kStageO, its kBarStageO barriers), 26
+    # key steps with a 49-key tail, GQA; sq 130: warpgroup 1 of the second tile has no rows
+    # (no key steps), sq 200: query tails in both tiles
+    (1, 200, 2049, 8, 2, 256, False, torch.bfloat16, False, 0.0, 1),
+    (1, 130, 2049, 4, 1, 256, False, torch.float16, False, 0.0, 1),
     # Head dims 1-16: the d16 kernels where built (FLASHATTN2_HEAD_DIMS with 16), else d32.
     (2, 113, 17, 6, 2, 16, True, torch.float16, False),
     (1, 200, 333, 4, 1, 8, False, torch.bfloat16, False),
@@ -78,6 +88,7 @@ def run_case(case, gen):
     strided views into one (b, s, 3, h, d) tensor on both sides."""
     b, sq, sk, h, hk, d, causal, dtype, packed, *mods = case
     softcap = mods[0] if mods else 0.0
+    num_splits = mods[1] if len(mods) > 1 else 0
     if packed:
         qkv = torch.randn(b, sq, 3, h, d, generator=gen).to(dtype)
         q, k, v = qkv.unbind(2)
@@ -86,8 +97,14 @@ def run_case(case, gen):
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
         qg, kg, vg = (x.cuda() for x in (q, k, v))
-    out, lse, _ = flashattn2.flash_attn_func(qg, kg, vg, causal=causal, softcap=softcap,
-                                             return_attn_probs=True)
+    if num_splits:
+        out = torch.full_like(qg, math.nan)  # (NaN: rows the kernel missed fail)
+        lse = torch.full((b, h, sq), math.nan, device=qg.device)
+        _launch._flash_attn_forward(qg, kg, vg, d**-0.5, -1, 0 if causal else -1, out, lse,
+                                    softcap=softcap, num_splits=num_splits)
+    else:
+        out, lse, _ = flashattn2.flash_attn_func(qg, kg, vg, causal=causal, softcap=softcap,
+                                                 return_attn_probs=True)
     torch.cuda.synchronize()
     out, lse = out.cpu().float(), lse.cpu()
     ref_out, ref_lse = reference(q, k, v, causal, softcap)
@@ -276,7 +293,8 @@ def main():
         b, sq, sk, h, hk, d, causal, dtype, packed, *mods = case
         name = (f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
                 f"{str(dtype).removeprefix('torch.')}{' packed' if packed else ''}"
-                f"{f' softcap {mods[0]:g}' if mods else ''}")
+                f"{f' softcap {mods[0]:g}' if mods and mods[0] else ''}"
+                f"{f' splits {mods[1]}' if len(mods) > 1 else ''}")
         try:
             ok, detail = run_case(case, gen)
         except Exception as e:  # report every case, not just the first failure

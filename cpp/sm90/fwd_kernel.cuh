@@ -116,12 +116,17 @@ struct FwdArgs {
 
 // Named barriers (0 is __syncthreads): the consumers' MMA turn (1 + c), each consumer's
 // epilogue (1 + kMaxConsumers + c), its staged bias tile (1 + 2 kMaxConsumers + c), and
-// kStageO's meeting of the two consumers before they stage O in the last K / V stage.
+// kStageO's two signals before the consumers stage O in the last K / V stage (kBarStageO:
+// warpgroup 1's last S is done; kBarStageO + 1: warpgroup 0's last P V is done), each one
+// warpgroup's bar.arrive and the other's bar.sync at one instruction: bar.sync is
+// barrier.sync.aligned, whose threads must all run the same instruction (one bar.sync per
+// warpgroup at different places is what compute-sanitizer synccheck calls "divergent
+// thread(s) in block").
 constexpr int kMaxConsumers = 3;
 constexpr int kBarTurn = 1;
 constexpr int kBarEpilogue = 1 + kMaxConsumers;
 constexpr int kBarBias = 1 + 2 * kMaxConsumers;
-constexpr int kBarStageO = 1 + 3 * kMaxConsumers;
+constexpr int kBarStageO = 1 + 3 * kMaxConsumers;  // and kBarStageO + 1 (<= 15)
 
 // One tile of the persistent loop: its coordinates, sequence and visible key blocks.
 template <int kBlockM, int kBlockN>
@@ -365,9 +370,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       const Work w(args, tile);
       if (w.empty()) continue;
       // kStageO: this tile's O goes to its last stage (warpgroup 0: K, 1: V), whose release
-      // by this warpgroup waits for the store; its Q is released after its last S. The
-      // warpgroups meet (kBarStageO) once warpgroup 1's last S and warpgroup 0's last P V
-      // are done: the reads of the buffer the other one writes.
+      // by this warpgroup waits for the store; its Q is released after its last S. Before
+      // its O stores each warpgroup waits for the other's reads of the buffer it writes:
+      // warpgroup 1 arrives at kBarStageO after its last S, warpgroup 0 waits there in the
+      // epilogue, then arrives at kBarStageO + 1, where warpgroup 1 waits (after its last
+      // P V). In that order a warpgroup never arrives twice before the other's wait.
       const bool hold = kStageO && p.num_splits == 1 && w.n_block_max > w.n_block_min;
       const int seqlen_q = w.seq.seqlen_q, seqlen_k = w.seq.seqlen_k;
       const int offset = seqlen_k - seqlen_q;
@@ -563,7 +570,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           rescale_o(correction);
           FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
-        if (hold && consumer == 1) named_sync(kBarStageO, 256);  // (its last S is done)
+        if (hold && consumer == 1) named_arrive(kBarStageO, 256);  // (its last S is done)
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
         if (kNarrowStep && kNarrow32 && narrow == 32)
           gemm_o_narrow(std::integral_constant<int, 32>{}, s);
@@ -574,13 +581,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         wgmma_wait<0>();
         fence_regs(acc_o);
         if (!(hold && consumer == 1)) release(bar_v_empty(s));
-        if (hold && consumer == 0) named_sync(kBarStageO, 256);
         ++j;
       } else {
         release_prev_q();
         if (hold) {
           release(bar_q_empty(0));
-          named_sync(kBarStageO, 256);
+          if (consumer == 1) named_arrive(kBarStageO, 256);
         }
       }
 
@@ -629,9 +635,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           hold ? (consumer == 0 ? sK : sV) + s_last * Traits::kKVBytes - wg_row0 * kSwizzleBytes
                : sQt;
       const uint32_t o_chunk = hold ? 64 * kSwizzleBytes : Traits::kQChunkBytes;
-      // (Warpgroup 1's V buffer: every warp's share of its last P V has read V, not only
-      // this warp's; warpgroup 0's K buffer: all S reads were done at kBarStageO.)
-      if (hold && consumer == 1) named_sync(kBarEpilogue + consumer, 128);
+      // (Warpgroup 0's K buffer: warpgroup 1's S reads are done at kBarStageO; warpgroup 1's
+      // V buffer: kBarStageO + 1 waits for all 256 threads, each past its last P V wait.)
+      if (hold) {
+        if (consumer == 0) {
+          named_sync(kBarStageO, 256);
+          named_arrive(kBarStageO + 1, 256);
+        } else {
+          named_sync(kBarStageO + 1, 256);
+        }
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = lane_row + 8 * r;
