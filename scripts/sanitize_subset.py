@@ -8,7 +8,8 @@ Covers fp16 and bf16, head dims 64, 128, a padded 40, 8 and 16 (the d16 kernels 
 also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
 sq = 1, strided q/k/v views of one packed qkv tensor, softcap alone at d64 (its own
 kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is every case of
-more than 64 query rows there); dense backwards of head dims 128, 64 and 40 (on sm_90 the
+more than 64 query rows there; d256 dense over 2049 keys in one split: FA3's step order);
+dense backwards of head dims 128, 64 and 40 (on sm_90 the
 Hopper backward where built); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
 16-row pages, appended tokens, split-KV merged in the decode kernel and by the combine
@@ -30,7 +31,8 @@ import torch
 
 import flashattn2
 
-# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype, packed_qkv[, softcap])
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype, packed_qkv[, softcap[,
+# num_splits]]) (num_splits: forced, through _launch._flash_attn_forward; else the heuristic)
 CASES = [
     (2, 128, 128, 4, 4, 64, False, torch.bfloat16, False),
     (2, 128, 128, 4, 4, 64, True, torch.float16, True),
@@ -44,6 +46,9 @@ CASES = [
     # More than 64 query rows on an sm_90 GPU: the Hopper kernels (TMA, wgmma, mbarriers).
     (1, 300, 517, 4, 1, 256, True, torch.bfloat16, False),
     (2, 257, 200, 3, 3, 192, False, torch.float16, True),
+    # d256 dense full attention from 2048 keys in one split: FA3's step order (no turns, O
+    # rescaled before P V; FLASHATTN2_SM90_FA3_ORDER), 16 tiles, a 49-key tail, GQA, query tails
+    (1, 200, 2049, 8, 2, 256, False, torch.bfloat16, False, 0.0, 1),
     # Head dims 1-16: the d16 kernels where built (FLASHATTN2_HEAD_DIMS with 16), else d32.
     (2, 113, 17, 6, 2, 16, True, torch.float16, False),
     (1, 200, 333, 4, 1, 8, False, torch.bfloat16, False),
@@ -78,6 +83,7 @@ def run_case(case, gen):
     strided views into one (b, s, 3, h, d) tensor on both sides."""
     b, sq, sk, h, hk, d, causal, dtype, packed, *mods = case
     softcap = mods[0] if mods else 0.0
+    num_splits = mods[1] if len(mods) > 1 else 0
     if packed:
         qkv = torch.randn(b, sq, 3, h, d, generator=gen).to(dtype)
         q, k, v = qkv.unbind(2)
@@ -86,8 +92,12 @@ def run_case(case, gen):
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
         qg, kg, vg = (x.cuda() for x in (q, k, v))
-    out, lse, _ = flashattn2.flash_attn_func(qg, kg, vg, causal=causal, softcap=softcap,
-                                             return_attn_probs=True)
+    if num_splits:
+        out, lse = flashattn2._launch._flash_attn_forward(
+            qg, kg, vg, d**-0.5, -1, 0 if causal else -1, softcap=softcap, num_splits=num_splits)
+    else:
+        out, lse, _ = flashattn2.flash_attn_func(qg, kg, vg, causal=causal, softcap=softcap,
+                                                 return_attn_probs=True)
     torch.cuda.synchronize()
     out, lse = out.cpu().float(), lse.cpu()
     ref_out, ref_lse = reference(q, k, v, causal, softcap)
@@ -276,7 +286,8 @@ def main():
         b, sq, sk, h, hk, d, causal, dtype, packed, *mods = case
         name = (f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
                 f"{str(dtype).removeprefix('torch.')}{' packed' if packed else ''}"
-                f"{f' softcap {mods[0]:g}' if mods else ''}")
+                f"{f' softcap {mods[0]:g}' if mods and mods[0] else ''}"
+                f"{f' splits {mods[1]}' if len(mods) > 1 else ''}")
         try:
             ok, detail = run_case(case, gen)
         except Exception as e:  # report every case, not just the first failure
