@@ -9,8 +9,9 @@ Covers fp16 and bf16, head dims 64, 128, a padded 40, 8 and 16 (the d16 kernels 
 also sq > sk with fully masked rows) and not, ragged lengths (17, 113, 333), GQA/MQA,
 sq = 1, strided q/k/v views of one packed qkv tensor, softcap alone at d64 (its own
 kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is every case of
-more than 64 query rows there; d256 dense over 2049 keys forced to one split: the staged-O
-instance and its barriers, also with a warpgroup past seqlen_q); dense backwards of head
+more than 64 query rows there; d256 dense in one split (forced: the heuristic splits these
+small grids): the staged-O instance and its barriers, with FA3's step order from 2048 keys,
+also with a warpgroup past seqlen_q); dense backwards of head
 dims 128, 64 and 40 (on sm_90 the Hopper backward where built); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
 16-row pages, appended tokens, split-KV merged in the decode kernel and by the combine
@@ -49,11 +50,14 @@ CASES = [
     (1, 300, 517, 4, 1, 256, True, torch.bfloat16, False),
     (2, 257, 200, 3, 3, 192, False, torch.float16, True),
     # d256 dense full attention in one split (the heuristic splits these small grids): O
-    # staged in the last K / V stage (fwd_kernel.cuh kStageO, its kBarStageO barriers), 26
-    # key steps with a 49-key tail, GQA; sq 130: warpgroup 1 of the second tile has no rows
-    # (no key steps), sq 200: query tails in both tiles
+    # staged in the last K / V stage (fwd_kernel.cuh kStageO, its kBarStageO barriers), GQA;
+    # 2049 keys take FA3's step order (FLASHATTN2_SM90_FA3_ORDER: no turns, O rescaled before
+    # P V), 1500 the ping-pong order; sq 130: warpgroup 1 of the second tile has no rows (no
+    # key steps), sq 200: query tails in both tiles
     (1, 200, 2049, 8, 2, 256, False, torch.bfloat16, False, 0.0, 1),
     (1, 130, 2049, 4, 1, 256, False, torch.float16, False, 0.0, 1),
+    (1, 200, 1500, 8, 2, 256, False, torch.bfloat16, False, 0.0, 1),
+    (1, 130, 1500, 4, 1, 256, False, torch.float16, False, 0.0, 1),
     # Head dims 1-16: the d16 kernels where built (FLASHATTN2_HEAD_DIMS with 16), else d32.
     (2, 113, 17, 6, 2, 16, True, torch.float16, False),
     (1, 200, 333, 4, 1, 8, False, torch.bfloat16, False),

@@ -139,6 +139,11 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // of two consumer warpgroups (128 query rows; wg_config.h two_wg), false the one of 64 rows
   // (FLASHATTN2_FP32WG_D128_2WG, off by default: an A/B switch until measured).
   bool fp32wg_d128_2wg = false;
+  // Hopper forward, plain dense full attention in one split: true (FLASHATTN2_SM90_FA3_ORDER,
+  // on by default) takes FA3's step order where sm90/fwd_config.h sm90_fwd_fa3_order says
+  // (d256 from 2048 keys); false never does. (Last: the struct's tail padding holds it, so the
+  // kernels' parameter offsets stay as they were.)
+  bool sm90_fa3_order = false;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements

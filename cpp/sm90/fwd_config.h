@@ -78,6 +78,15 @@ constexpr bool sm90_fwd_dynamic_walk(int head_dim, int seqlen_k, bool stage_o = 
   return head_dim <= 128 ? seqlen_k <= 2048 : stage_o && seqlen_k <= 1024;
 }
 
+// FA3's step order for d > 128 (fwd_kernel.cuh FwdTraits kOrder_ 3: the consumers issue their
+// MMAs without the ping-pong turn, and a step rescales O right after issuing its S, before its
+// P V), taken for plain dense full attention in one split (fwd_launch.cuh) at kernel head dim
+// 256 from 2048 keys. H100 bf16, time vs the default order: s512 1.017x (slower), 2k 0.999x,
+// 8k 0.947x, 16k 0.939x. d192: not measured, so it keeps the default order.
+constexpr bool sm90_fwd_fa3_order(int kernel_head_dim, int seqlen_k) {
+  return kernel_head_dim == 256 && seqlen_k >= 2048;
+}
+
 // The forwards the sm90 kernel serves, on an sm_90 GPU with its head dim built: dense or
 // varlen attention of more than 64 query rows (causal, window, GQA, softcap, ALiBi, strided
 // inputs, split-KV). Decoding-sized forwards, KV-cache layouts (seqused_k, left padding,

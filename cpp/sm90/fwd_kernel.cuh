@@ -31,7 +31,9 @@
 //                      wait v_full[j-1]; O += P_{j-1} V_{j-1} (RS wgmma, P in registers);
 //                      pass the turn; wait S_j -> release K_j; mods, mask, softmax of S_j
 //                      (under the other warpgroups' MMAs); wait P V -> release V_{j-1};
-//                      O *= correction; P_j = S_j as 16-bit A fragments.
+//                      O *= correction; P_j = S_j as 16-bit A fragments. (FwdTraits kOrder_
+//                      3, FA3's d > 128 order: no turn; O *= the last step's correction right
+//                      after the S issue, before P V.)
 //   epilogue  O / sum -> the consumer's rows of the tile's Q buffer -> TMA store (dense) or
 //          16-byte stores (varlen: a box would cross into the next sequence); LSE = max *
 //          scale + ln(sum), +inf for rows that see no key. The buffer is released (q_empty)
@@ -70,9 +72,15 @@
 namespace flashattn2 {
 namespace sm90 {
 
-template <int kHeadDim_>
+// kOrder_ (FA3's step order for d > 128; fwd_launch.cuh takes 3 for d256 dense full
+// attention from 2k keys, FwdParams::sm90_fa3_order): bit 0 the consumers issue their MMAs
+// without the ping-pong turn, bit 1 a step rescales O by the previous step's factor right after
+// issuing its S, before its P V (instead of after its softmax).
+template <int kHeadDim_, int kOrder_ = 0>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kTurns = !(kOrder_ & 1);
+  static constexpr bool kRescaleFirst = (kOrder_ & 2) != 0;
   static constexpr Sm90FwdTile kTile = sm90_fwd_tile(kHeadDim);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -300,9 +308,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // The MMA turn: consumer c issues its MMAs between named_sync(turn c) and
     // named_arrive(turn c + 1), so one warpgroup's softmax runs under another's MMAs. The
     // last consumer opens turn 0 once; consumer 0 closes it after its last turn.
-    auto turn_wait = [&] { named_sync(kBarTurn + consumer, 256); };
-    auto turn_pass = [&] { named_arrive(kBarTurn + (consumer + 1) % kConsumers, 256); };
-    if (consumer == kConsumers - 1) named_arrive(kBarTurn, 256);
+    // (Traits::kTurns false: no turns; the turn calls below are empty.)
+    auto turn_wait = [&] {
+      if constexpr (Traits::kTurns) named_sync(kBarTurn + consumer, 256);
+    };
+    auto turn_pass = [&] {
+      if constexpr (Traits::kTurns) named_arrive(kBarTurn + (consumer + 1) % kConsumers, 256);
+    };
+    if (Traits::kTurns && consumer == kConsumers - 1) named_arrive(kBarTurn, 256);
     auto release = [&](uint32_t bar) {
       __syncwarp();
       if (lane == 0) mbar_arrive(bar);
@@ -550,6 +563,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           mbar_wait(bar_k_full(s), (j / kStages) & 1);
           turn_wait();
           gemm_s(acc_s, s);
+          // (Traits::kRescaleFirst: O, complete since the last step's wait, by the last
+          // step's factor, under this S; then P V adds P_{j-1} V_{j-1} at the same scale.)
+          if constexpr (Traits::kRescaleFirst) rescale_o(correction);
           mbar_wait(bar_v_full(s_prev), phase_prev);
           if (kNarrowStep && kNarrow32 && narrow == 32)
             gemm_o_narrow(std::integral_constant<int, 32>{}, s_prev);
@@ -567,10 +583,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           wgmma_wait<0>();
           fence_regs(acc_o);
           release(bar_v_empty(s_prev));
-          rescale_o(correction);
+          if constexpr (!Traits::kRescaleFirst) rescale_o(correction);
           FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
         if (hold && consumer == 1) named_arrive(kBarStageO, 256);  // (its last S is done)
+        if constexpr (Traits::kRescaleFirst) rescale_o(correction);  // (by the last factor)
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
         if (kNarrowStep && kNarrow32 && narrow == 32)
           gemm_o_narrow(std::integral_constant<int, 32>{}, s);
@@ -697,7 +714,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         release(hold ? (consumer == 0 ? bar_k_empty(s_last) : bar_v_empty(s_last)) : bar_q_empty(0));
       }
     }
-    if (consumer == 0) turn_wait();  // the turn the last consumer opened at the start
+    if (Traits::kTurns && consumer == 0) turn_wait();  // the turn the last consumer opened
     if (store_thread) tma_store_wait();
   }
 #endif

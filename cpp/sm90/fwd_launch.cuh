@@ -12,9 +12,11 @@
 
 namespace flashattn2 {
 
-template <typename Element, int kHeadDim>
-bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
-  using Traits = sm90::FwdTraits<kHeadDim>;
+// The launch for one step order (kOrder: fwd_kernel.cuh FwdTraits kOrder_; not 0 for plain
+// dense attention in one split only, run_fwd_sm90 checks).
+template <typename Element, int kHeadDim, int kOrder>
+bool run_fwd_sm90_order(const FwdParams& p, int num_sms, cudaStream_t stream) {
+  using Traits = sm90::FwdTraits<kHeadDim, kOrder>;
   sm90::FwdArgs args;
   args.p = p;
   const auto [rows_q, rows_k, batch_q, batch_k] = sm90::map_rows(p);
@@ -54,7 +56,11 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
     kernel<<<grid, Traits::kThreads, kSmem, stream>>>(args);
   };
   constexpr std::false_type no{};
-  if (has_bias(p)) {  // (FLASHATTN2_BIAS builds only)
+  if constexpr (kOrder != 0) {
+    // (One Q buffer, dense: O staged, as the default order's dense instance.)
+    static_assert(Traits::kQBufs == 1, "the d > 128 step order stages O");
+    launch(no, no, no, std::true_type{}, no);
+  } else if (has_bias(p)) {  // (FLASHATTN2_BIAS builds only)
     if constexpr (FLASHATTN2_BIAS) {
       // The staged bias (d64, d128: where the tile fits) copies 16-byte chunks of 8 keys:
       // unit key stride, and every row of every (batch, head) plane 16-byte aligned; else one
@@ -88,6 +94,19 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "sm90 fwd_kernel launch");
   if (p.num_splits > 1) launch_combine<Element>(p, stream);
   return true;
+}
+
+template <typename Element, int kHeadDim>
+bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
+  // FA3's step order for d > 128 (fwd_config.h sm90_fwd_fa3_order; FLASHATTN2_SM90_FA3_ORDER=0
+  // never takes it): plain dense full attention in one split, d256 from 2048 keys.
+  if constexpr (sm90_fwd_fa3_order(kHeadDim, 1 << 30)) {
+    if (p.sm90_fa3_order && sm90_fwd_fa3_order(kHeadDim, p.seqlen_k) && p.window_left < 0 &&
+        p.window_right < 0 && !p.cu_seqlens_q && !p.cu_seqlens_k && p.num_splits == 1 &&
+        !has_bias(p) && !has_score_mods(p))
+      return run_fwd_sm90_order<Element, kHeadDim, 3>(p, num_sms, stream);
+  }
+  return run_fwd_sm90_order<Element, kHeadDim, 0>(p, num_sms, stream);
 }
 
 }  // namespace flashattn2

@@ -82,6 +82,14 @@ SM90_STAGE_O = _env_flag("FLASHATTN2_SM90_STAGE_O", "0")
 # instances; cpp/sm90/fwd_launch.cuh). FLASHATTN2_SM90_NARROW_STEP=0 at import, or the
 # sm90_narrow_step() context manager, turns it off (for A/B comparisons).
 SM90_NARROW_STEP = _env_flag("FLASHATTN2_SM90_NARROW_STEP", "1")
+# The Hopper forward of plain dense full attention (no causal / window / varlen / softcap /
+# ALiBi / bias, one split) at kernel head dim 256 (head dims 193-256) from 2048 keys takes FA3's
+# step order there: the two consumer warpgroups issue their MMAs without the ping-pong turn, and
+# a step rescales O right after issuing its S, before its P V (cpp/sm90/fwd_config.h
+# sm90_fwd_fa3_order; H100 bf16, time vs the old order: 2k 1.00x, 8k 0.95x, 16k 0.94x; 512
+# keys 1.02x, so shorter keys keep the old order). FLASHATTN2_SM90_FA3_ORDER=0 at import, or
+# the sm90_fa3_order(False) context manager, never takes it (for A/B comparisons).
+SM90_FA3_ORDER = _env_flag("FLASHATTN2_SM90_FA3_ORDER", "1")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
@@ -250,6 +258,9 @@ sm90_narrow_step = _switch("SM90_NARROW_STEP", "Inside the block, Hopper forward
                            "warpgroup's first key step on the first 32 or 64 keys where it sees "
                            "no others (enabled, the default; causal, windowed and varlen tiles, "
                            "not at kernel head dim 128), or on the whole block.")
+sm90_fa3_order = _switch("SM90_FA3_ORDER", "Inside the block, Hopper forwards of plain dense "
+                        "full attention at kernel head dim 256 from 2048 keys take FA3's step "
+                        "order (enabled, the default), or never do.")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
