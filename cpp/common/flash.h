@@ -226,6 +226,10 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // first visitors store; then the preprocess does not zero dq_accum and the (lean) convert
   // reads a chain's tile only where its counter shows a visitor (else it adds 0).
   int dq_first_store_rows = 0;
+  // A bias's gradient (dbias) may run the Hopper backward (its kDbias instance, where
+  // sm90/bwd_config.h sm90_bwd_takes_bias allows); false: the mma.sync backward writes it (for
+  // A/B comparisons). Host only, last so that no other field moves.
+  bool sm90_dbias = false;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

@@ -42,6 +42,34 @@ __device__ __forceinline__ void mask_tile(float (&acc)[kQueries / 2], const BwdP
   }
 }
 
+// The kDbias instances' targets (bwd_kernel.cuh): none, dbias in the attention's dtype (stored),
+// float32 dbias stored, float32 dbias added by red.add (BwdParams::dbias_add).
+constexpr int kDbiasNone = 0, kDbiasElement = 1, kDbiasF32 = 2, kDbiasF32Add = 3;
+
+// dS of one key pair into dbias, as the mma.sync backward (ScoreMod::store_dbias2): the lane
+// holds queries i, i + 1 of key j, the lane 4 apart (xor) the same queries of key j ^ 1; after
+// one shuffle lanes of even j hold (i, j), (i, j + 1), lanes of odd j (i + 1, j - 1),
+// (i + 1, j), the pair at `at`. Every lane of the warp calls it (the shuffle); `valid`: the
+// pair's query < seqlen_q and its first key < seqlen_k.
+template <typename Element, int kTarget>
+__device__ __forceinline__ void store_dbias_pair(char* at, bool odd,
+                                                 bool valid, float ds0, float ds1) {
+  const float got = __shfl_xor_sync(0xffffffffu, odd ? ds0 : ds1, 4);
+  const float lo = odd ? got : ds0, hi = odd ? ds1 : got;
+  if constexpr (kTarget == kDbiasF32Add) {
+    // (predicated in the asm: around ptx::red_add_v2, a compiler barrier, ptxas put a branch
+    // per pair, 25 BRA in the d128 loop; nothing in the kernel reads dbias: no "memory")
+    asm volatile(
+        "{\n.reg .pred v;\nsetp.ne.b32 v, %3, 0;\n@v red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
+        ::"l"(at), "f"(lo), "f"(hi), "r"(int(valid)));
+  } else if (valid) {
+    if constexpr (kTarget == kDbiasElement)
+      *reinterpret_cast<uint32_t*>(at) = ptx::pack2<Element>(lo, hi);
+    else
+      *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+  }
+}
+
 // Epilogue: dK * softmax_scale and dV in the input dtype, 4-byte stores from the accumulators
 // (kCols columns from col0: element [4 dt + 2 r + e] of lane (g, q) is key key_lane + 8 r,
 // column col0 + 8 dt + 2 q + e) into K/V head head_k of batch entry `batch`; keys past

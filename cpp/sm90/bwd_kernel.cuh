@@ -53,10 +53,13 @@
 //          (kDqWarp instances, no mods / bias): producer warp 2 does the waits, the reduces
 //          and 1 add per visitor (dq_order_warp); the consumers only stage dQ.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
+//   dbias  kDbias instance (BwdParams::sm90_dbias): in the dS^T pass each n8 tile's dS goes to
+//          dbias as the mma.sync backward writes it (store, or float32 red.add with a
+//          broadcast); each (b, h, i, j) of a visited step is the CTA's alone.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
-// causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
-// dbias (kBias; at d64 with one sdS buffer), deterministic mode (dq_bulk builds); no dropout
-// or dbias (sm90_bwd_supports).
+// causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias (kBias; at
+// d64 with one sdS buffer) and, without softcap, its gradient (kDbias), deterministic mode
+// (dq_bulk builds); no dropout (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -91,8 +94,14 @@ namespace sm90 {
 // without the item), so that a dq_warp build can run both paths (BwdParams::dq_warp, A/B).
 // kFirstStore (with kDqWarp; BwdParams::dq_first_store_rows): warp 2 stores the dQ of a tile's
 // first visitor instead of adding it (dq_order_warp), dq_accum not zeroed.
+// kDbias (with kBias; BwdParams::dbias, no softcap: sm90_bwd_takes_bias): the bias's gradient,
+// dS = P o (dP - dsum) (d loss / d logit), from the dS^T pass's registers into dbias, as the
+// mma.sync backward writes it (store_dbias_pair: one shuffle, then one 4-byte store of a key
+// pair in Element, kDbias == kDbiasElement; one 8-byte store of a float32 pair, kDbiasF32;
+// one red.add.v2, kDbiasF32Add). An instance per target: with the target a runtime branch,
+// each store cost ~33 SASS instructions (d128 loop 1313 -> 1838), ~11 without.
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false, bool kFirstStore = false>
+          bool kDqWarp = false, bool kFirstStore = false, int kDbias = kDbiasNone>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -139,6 +148,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
   static_assert(!kFirstStore || kDqWarp, "first-store instance");
+  static_assert(kDbias == kDbiasNone || (kBias && !kVarlen && !kDqWarp), "dbias instance");
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
@@ -199,6 +209,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int offset = seq.seqlen_k() - seq.seqlen_q();
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
+    // kDbias: the lane's key pair (ScoreMod::dbias_pair): lanes of even g store keys g, g + 1
+    // (+ 8 r) of query 2 q (+ 8 nt) of the step, lanes of odd g keys g - 1, g of query 2 q + 1;
+    // a pair is written where its query is < seqlen_q and its first key < seqlen_k (an odd
+    // seqlen_k: the second one of the last pair is the row's padding, written with its dS, 0).
+    [[maybe_unused]] const bool odd = g & 1;
+    [[maybe_unused]] const int pair_key = n0 + lane_key - odd;
 
     float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
 #pragma unroll
@@ -301,6 +317,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mod = ScoreMod(p, batch, head);
         dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
       }
+      // kDbias: the lane's pair of n8 tile 0, r = 0 (tile nt: 8 nt rows on; r: 8 keys on), and
+      // its row's distance to seqlen_q (the pair's rows of tile nt exist iff 8 nt < rows_left).
+      [[maybe_unused]] char* dbias_lane = nullptr;
+      [[maybe_unused]] int64_t dbias_rows8 = 0;
+      [[maybe_unused]] int dbias_bytes = 0, rows_left = 0;
+#if FLASHATTN2_BIAS
+      if constexpr (kDbias != kDbiasNone) {
+        dbias_bytes = kDbias == kDbiasElement ? 2 : 4;
+        dbias_rows8 = 8 * p.dbias_row_stride * dbias_bytes;
+        rows_left = seq.seqlen_q() - (m0 + 2 * q + odd);
+        dbias_lane = static_cast<char*>(p.dbias) +
+                     (batch * p.dbias_batch_stride + head * p.dbias_head_stride +
+                      int64_t(m0 + 2 * q + odd) * p.dbias_row_stride + pair_key) * dbias_bytes;
+      }
+#endif
       [[maybe_unused]] auto mod_tile = [&](int nt, float (&pv)[4], float (&dl)[4]) {
         [[maybe_unused]] const uint32_t sbias_lane = sBias_wg + (2 * q) * 128 + 2 * g;
         const float2 lse = ld_shared_float2(st.lse(s) + 4 * (8 * nt + 2 * q));
@@ -409,6 +440,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             acc_dp[4 * nt + e] =
                 acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
         }
+#if FLASHATTN2_BIAS
+        if constexpr (kDbias != kDbiasNone) {  // dS of keys lane_key + 8 r, queries 8 nt + 2 q
+#pragma unroll                                  // + e (no softcap: dl = 1)
+          for (int r = 0; r < 2; ++r)
+            store_dbias_pair<Element, kDbias>(
+                dbias_lane + nt * dbias_rows8 + 8 * r * dbias_bytes, odd,
+                8 * nt < rows_left && pair_key + 8 * r < seq.seqlen_k(), acc_dp[4 * nt + 2 * r],
+                acc_dp[4 * nt + 2 * r + 1]);
+        }
+#endif
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t v =
