@@ -105,8 +105,8 @@ FP32WG_D128_2WG = _env_flag("FLASHATTN2_FP32WG_D128_2WG", "0")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
-# gradient; not dropout or dbias: those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at
-# import turns it off;
+# gradient, with it under SM90_DBIAS; not dropout: the mma.sync backward).
+# FLASHATTN2_SM90_BWD=0 at import turns it off;
 # force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
 SM90_BWD = _env_flag("FLASHATTN2_SM90_BWD", "1")
 # Where the build has the Hopper backward of kernel head dim 64 (build_info
@@ -124,6 +124,12 @@ DBIAS_DIRECT = _env_flag("FLASHATTN2_DBIAS_DIRECT", "1")
 # room (cpp/sm80/bwd_launch.cuh); FLASHATTN2_BWD_BIAS_STAGED=0 at import keeps one global
 # load per score (for A/B comparisons).
 BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
+# False (the default): a bias's gradient (dbias) runs the mma.sync backward;
+# FLASHATTN2_SM90_DBIAS=1 at import, or the sm90_dbias() context manager, lets the Hopper
+# backward write it (cpp/sm90/bwd_kernel.cuh kDbias: d 33-64 / 97-128 where built, the bias's
+# rows 16-byte aligned, no softcap, dbias in q's dtype or float32; else the mma.sync one). For
+# A/B comparisons against the mma.sync backward; last_bwd_arch says which one ran.
+SM90_DBIAS = _env_flag("FLASHATTN2_SM90_DBIAS", "0")
 # Builds whose FLASHATTN2_SM90_BWD_EXPERIMENTAL has dq_warp (build_info
 # "sm90_bwd_experimental"): True (the default) runs Hopper backwards without softcap / ALiBi /
 # a bias on its kernel instances (a producer warp issues the dQ reduces and, deterministic,
@@ -216,6 +222,9 @@ sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d19
 sm90_narrow_step = _switch("SM90_NARROW_STEP", "Inside the block, Hopper forwards run a "
                            "warpgroup's first key step on the first 32 or 64 keys where it sees "
                            "no others (enabled), or on the whole block (the default).")
+sm90_dbias = _switch("SM90_DBIAS", "Inside the block, a bias's gradient may run the Hopper "
+                     "backward where it supports it (enabled), or always the mma.sync one "
+                     "(the default).")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")
