@@ -25,7 +25,10 @@ Gradient: when the bias requires grad, the backward kernel sends d loss / d logi
   - otherwise (deterministic mode with a broadcast, whose sum must not depend on the atomics'
     order): a float32 ``(b, h, sq, sk)`` buffer, then torch sums the broadcast dims.
 A broadcast over queries or keys is summed by torch too, after the atomics (if any).
-Dense attention only: varlen, KV caches and split-KV raise.
+The mma.sync backward writes it; with ``FLASHATTN2_SM90_DBIAS=1`` at import
+(``_ext.sm90_dbias()``) the Hopper backward does where it takes the bias (sm_90, head dims
+33-64 / 97-128, 16-byte aligned rows) and there is no softcap and the target is in q's dtype
+or float32. Dense attention only: varlen, KV caches and split-KV raise.
 
 torch.compile / torch.export / dispatch modes trace the ``flashattn2::fwd_bias`` and
 ``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion and the broadcast view
