@@ -85,12 +85,14 @@ def _require(headdim):
 
 # Leaf shapes of the bias (b, h, sq, sk) and the view attn_bias gets: "expanded" is a full-
 # shape view with 0 batch / query strides (its target: the full gradient, which autograd
-# sums back to the leaf); "shifted" a view one key into wider rows (rows not 16-byte
+# sums back to the leaf); "narrowed" the first seqlen_k keys of rows padded to a multiple of
+# 8 (aligned rows, any seqlen_k); "shifted" a view one key into wider rows (rows not 16-byte
 # aligned: the mma.sync backward).
 def _leaf_shape(kind, batch, nheads, seqlen_q, seqlen_k):
     return {"full": (batch, nheads, seqlen_q, seqlen_k), "batch": (1, nheads, seqlen_q, seqlen_k),
             "heads": (batch, 1, seqlen_q, seqlen_k), "plane": (seqlen_q, seqlen_k),
             "keys": (batch, 1, 1, seqlen_k), "expanded": (1, nheads, 1, seqlen_k),
+            "narrowed": (batch, nheads, seqlen_q, seqlen_k + -seqlen_k % 8),
             "shifted": (batch, nheads, seqlen_q, seqlen_k + 1)}[kind]
 
 
@@ -99,6 +101,8 @@ def _view(kind, full):
         return lambda t: t.expand(full)
     if kind == "shifted":
         return lambda t: t[..., 1:]
+    if kind == "narrowed":
+        return lambda t: t[..., :full[3]]
     return lambda t: t
 
 
@@ -131,7 +135,7 @@ def _run(kind, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, bias
     atol = 4e-3 if dtype is torch.bfloat16 else 1e-3
     shift = _dbias_shift(q, k, v, view(bias).expand(full), out, dout, view(bias).shape, causal,
                          window_size, softcap, slopes)  # fmt: skip
-    if kind in ("expanded", "shifted"):  # (to the leaf, as autograd takes the view back)
+    if kind in ("expanded", "narrowed", "shifted"):  # (to the leaf, as autograd takes the view back)
         leaf = bias.detach().float().requires_grad_()
         shift = torch.autograd.grad(view(leaf), leaf, shift)[0]
     for i, name in enumerate(("out", "dq", "dk", "dv", "dbias")):
@@ -158,6 +162,19 @@ def test_sm90_dbias_against_float32(hopper_dbias, kind, dtype, bias_dtype, seqle
     counts multiples of 8: 16-byte aligned bias rows, which the Hopper backward needs)."""
     _require(headdim)
     _, _, arch = _run(kind, 2, *seqlens, 4, 2, headdim, dtype, bias_dtype)
+    assert arch == 90
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("seqlens", [(150, 261), (77, 203), (1, 97), (129, 129)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_sm90_dbias_odd_key_counts(hopper_dbias, dtype, seqlens, causal, headdim):
+    """A bias viewed out of rows padded to 16 bytes, with an odd seqlen_k: the last key pair's
+    second element is the target row's padding (written with dS = 0), outside the gradient."""
+    _require(headdim)
+    _, _, arch = _run("narrowed", 2, *seqlens, 4, 2, headdim, dtype, dtype, causal=causal)
     assert arch == 90
 
 
