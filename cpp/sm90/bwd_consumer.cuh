@@ -46,16 +46,57 @@ __device__ __forceinline__ void mask_tile(float (&acc)[kQueries / 2], const BwdP
 // float32 dbias stored, float32 dbias added by red.add (BwdParams::dbias_add).
 constexpr int kDbiasNone = 0, kDbiasElement = 1, kDbiasF32 = 2, kDbiasF32Add = 3;
 
-// dS of one key pair into dbias, as the mma.sync backward (ScoreMod::store_dbias2): the lane
+// kDbiasElement, in two parts. stage_dbias: the warp's dS^T (keys 16 w..+15 of the warpgroup's
+// 64 x kQueries queries: the dK GEMM's A fragments rdS) transposed by stmatrix into its own two
+// 16-byte chunks 2 w, 2 w + 1 of every query row of the warpgroup's staged bias tile (row r at
+// r * 128 bytes, chunk c at (c ^ r % 8) * 16: conflict-free), which no other warp touches
+// until the next step's copies (issued after the sdS barrier): A fragment [kk][i] holds keys
+// 16 w + 8 (i & 1) + g, queries 16 kk + 8 (i >> 1) + 2 q, + 1, so stored transposed its row j
+// is query 16 kk + 8 (i >> 1) + j, keys of chunk 2 w + (i & 1). The warp's own bias reads of
+// the tile (the logits) come before it in program order; __syncwarp orders the lanes.
+template <int kQueries>
+__device__ __forceinline__ void stage_dbias(uint32_t tile, const uint32_t (&rdS)[kQueries / 16][4],
+                                            int warp_in_wg, int lane) {
+  const int i = lane / 8, j = lane % 8;
+  const uint32_t addr = tile + (8 * (i >> 1) + j) * 128 + (((2 * warp_in_wg + (i & 1)) ^ j) * 16);
+  __syncwarp();
+#pragma unroll
+  for (int kk = 0; kk < kQueries / 16; ++kk) ptx::stmatrix_x4_trans(addr + kk * 16 * 128, rdS[kk]);
+  __syncwarp();
+}
+// store_dbias_tile: the warp's chunks back, one 16-byte load and store per lane and 16 rows
+// (lane t: row t % 16 + 16 it, chunk 2 w + t / 16: lanes t, t + 16 write one 32-byte sector of
+// a row; a quarter warp reads 8 rows of one chunk, distinct banks) to `dst` (dbias of the
+// step's first query and the warpgroup's first key, rows row_stride elements apart, 16-byte
+// aligned: sm90_bwd_takes_bias). Rows from `rows` on are skipped, chunks from `keys` on too;
+// a chunk across seqlen_k writes its keys past it (dS = 0) into the row's padding.
+template <typename Element, int kQueries>
+__device__ __forceinline__ void store_dbias_tile(uint32_t tile, Element* dst, int64_t row_stride,
+                                                 int rows, int keys, int warp_in_wg, int lane) {
+  const int row = lane % 16, chunk = 2 * warp_in_wg + lane / 16;
+  if (8 * chunk >= keys) return;
+  const uint32_t src = tile + row * 128 + ((chunk ^ (row % 8)) * 16);
+  dst += row * row_stride + 8 * chunk;
+#pragma unroll
+  for (int it = 0; it < kQueries / 16; ++it) {
+    if (row + 16 * it < rows) {
+      *reinterpret_cast<uint4*>(dst + 16 * it * row_stride) = ld_shared_v4(src + it * 16 * 128);
+    }
+  }
+}
+
+// Float32 dbias (kDbiasF32 / kDbiasF32Add): dS of one key pair, as the mma.sync backward
+// (ScoreMod::store_dbias2): the lane
 // holds queries i, i + 1 of key j, the lane 4 apart (xor) the same queries of key j ^ 1; after
 // one shuffle lanes of even j hold (i, j), (i, j + 1), lanes of odd j (i + 1, j - 1),
 // (i + 1, j), the pair at `at`. Every lane of the warp calls it (the shuffle); `valid`: the
 // pair's query < seqlen_q and its first key < seqlen_k.
-template <typename Element, int kTarget>
+template <int kTarget>
 __device__ __forceinline__ void store_dbias_pair(char* at, bool odd,
                                                  bool valid, float ds0, float ds1) {
   const float got = __shfl_xor_sync(0xffffffffu, odd ? ds0 : ds1, 4);
   const float lo = odd ? got : ds0, hi = odd ? ds1 : got;
+  static_assert(kTarget == kDbiasF32 || kTarget == kDbiasF32Add, "float32 targets");
   if constexpr (kTarget == kDbiasF32Add) {
     // (predicated in the asm: around ptx::red_add_v2, a compiler barrier, ptxas put a branch
     // per pair, 25 BRA in the d128 loop; nothing in the kernel reads dbias: no "memory")
@@ -63,10 +104,7 @@ __device__ __forceinline__ void store_dbias_pair(char* at, bool odd,
         "{\n.reg .pred v;\nsetp.ne.b32 v, %3, 0;\n@v red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
         ::"l"(at), "f"(lo), "f"(hi), "r"(int(valid)));
   } else if (valid) {
-    if constexpr (kTarget == kDbiasElement)
-      *reinterpret_cast<uint32_t*>(at) = ptx::pack2<Element>(lo, hi);
-    else
-      *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+    *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
   }
 }
 

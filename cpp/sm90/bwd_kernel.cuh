@@ -95,11 +95,14 @@ namespace sm90 {
 // kFirstStore (with kDqWarp; BwdParams::dq_first_store_rows): warp 2 stores the dQ of a tile's
 // first visitor instead of adding it (dq_order_warp), dq_accum not zeroed.
 // kDbias (with kBias; BwdParams::dbias, no softcap: sm90_bwd_takes_bias): the bias's gradient,
-// dS = P o (dP - dsum) (d loss / d logit), from the dS^T pass's registers into dbias, as the
-// mma.sync backward writes it (store_dbias_pair: one shuffle, then one 4-byte store of a key
-// pair in Element, kDbias == kDbiasElement; one 8-byte store of a float32 pair, kDbiasF32;
-// one red.add.v2, kDbiasF32Add). An instance per target: with the target a runtime branch,
-// each store cost ~33 SASS instructions (d128 loop 1313 -> 1838), ~11 without.
+// dS = P o (dP - dsum) (d loss / d logit), into dbias as the mma.sync backward writes it.
+// kDbiasElement (dbias in Element, 16-byte aligned rows): the packed dS^T fragments (rdS, the
+// dK GEMM's) transposed by stmatrix into the warpgroup's staged bias tile, whose reads are
+// done by then, and back by 16-byte loads and stores (stage_dbias / store_dbias_tile) while
+// the dK GEMM runs. Float32 (kDbiasF32: stores; kDbiasF32Add: red.add.v2, broadcast batch /
+// heads) from the dS^T pass's float registers, a key pair per store (store_dbias_pair: one
+// shuffle, one 8-byte store or red). An instance per target (with the target a runtime
+// branch, each pair store cost ~33 SASS instructions: d128 loop 1313 -> 1838).
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
           bool kDqWarp = false, bool kFirstStore = false, int kDbias = kDbiasNone>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -209,7 +212,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int offset = seq.seqlen_k() - seq.seqlen_q();
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
-    // kDbias: the lane's key pair (ScoreMod::dbias_pair): lanes of even g store keys g, g + 1
+    // Float32 dbias: the lane's key pair (ScoreMod::dbias_pair): lanes of even g store keys g, g + 1
     // (+ 8 r) of query 2 q (+ 8 nt) of the step, lanes of odd g keys g - 1, g of query 2 q + 1;
     // a pair is written where its query is < seqlen_q and its first key < seqlen_k (an odd
     // seqlen_k: the second one of the last pair is the row's padding, written with its dS, 0).
@@ -317,14 +320,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mod = ScoreMod(p, batch, head);
         dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
       }
-      // kDbias: the lane's pair of n8 tile 0, r = 0 (tile nt: 8 nt rows on; r: 8 keys on), and
+      // Float32 dbias: the lane's pair of n8 tile 0, r = 0 (tile nt: 8 nt rows on; r: 8 keys on), and
       // its row's distance to seqlen_q (the pair's rows of tile nt exist iff 8 nt < rows_left).
       [[maybe_unused]] char* dbias_lane = nullptr;
       [[maybe_unused]] int64_t dbias_rows8 = 0;
       [[maybe_unused]] int dbias_bytes = 0, rows_left = 0;
 #if FLASHATTN2_BIAS
-      if constexpr (kDbias != kDbiasNone) {
-        dbias_bytes = kDbias == kDbiasElement ? 2 : 4;
+      if constexpr (kDbias == kDbiasF32 || kDbias == kDbiasF32Add) {
+        dbias_bytes = 4;
         dbias_rows8 = 8 * p.dbias_row_stride * dbias_bytes;
         rows_left = seq.seqlen_q() - (m0 + 2 * q + odd);
         dbias_lane = static_cast<char*>(p.dbias) +
@@ -441,10 +444,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
         }
 #if FLASHATTN2_BIAS
-        if constexpr (kDbias != kDbiasNone) {  // dS of keys lane_key + 8 r, queries 8 nt + 2 q
-#pragma unroll                                  // + e (no softcap: dl = 1)
+        if constexpr (kDbias == kDbiasF32 || kDbias == kDbiasF32Add) {  // dS of keys lane_key
+#pragma unroll  // + 8 r, queries 8 nt + 2 q + e (no softcap: dl = 1)
           for (int r = 0; r < 2; ++r)
-            store_dbias_pair<Element, kDbias>(
+            store_dbias_pair<kDbias>(
                 dbias_lane + nt * dbias_rows8 + 8 * r * dbias_bytes, odd,
                 8 * nt < rows_left && pair_key + 8 * r < seq.seqlen_k(), acc_dp[4 * nt + 2 * r],
                 acc_dp[4 * nt + 2 * r + 1]);
@@ -467,12 +470,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, 0, kBlockM / 32);
         }
       }
+#if FLASHATTN2_BIAS
+      if constexpr (kDbias == kDbiasElement) stage_dbias<kBlockM>(sBias_wg, rdS, warp_in_wg, lane);
+#endif
       if constexpr (kDvAfterDs) {
         gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
         gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
       } else {
         gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
       }
+#if FLASHATTN2_BIAS
+      if constexpr (kDbias == kDbiasElement) {  // (before the barrier: the next bias copies)
+        Element* const dst = static_cast<Element*>(p.dbias) + batch * p.dbias_batch_stride +
+                             head * p.dbias_head_stride + int64_t(m0) * p.dbias_row_stride +
+                             n0 + key0;
+        store_dbias_tile<Element, kBlockM>(sBias_wg, dst, p.dbias_row_stride,
+                                           seq.seqlen_q() - m0, seq.seqlen_k() - n0 - key0,
+                                           warp_in_wg, lane);
+      }
+#endif
       fence_proxy_async();
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
       if constexpr (kBias) {
