@@ -53,15 +53,18 @@ constexpr int kDbiasNone = 0, kDbiasElement = 1, kDbiasF32 = 2, kDbiasF32Add = 3
 // until the next step's copies (issued after the sdS barrier): A fragment [kk][i] holds keys
 // 16 w + 8 (i & 1) + g, queries 16 kk + 8 (i >> 1) + 2 q, + 1, so stored transposed its row j
 // is query 16 kk + 8 (i >> 1) + j, keys of chunk 2 w + (i & 1). The warp's own bias reads of
-// the tile (the logits) come before it in program order; __syncwarp orders the lanes.
+// those rows (the logits) come before it in program order; __syncwarp orders the lanes. k16
+// steps kk_begin..kk_end - 1; called before the dK GEMM that reads them is issued (the A
+// registers of an RS wgmma in flight are not to be touched, reads included: PTX ISA).
 template <int kQueries>
 __device__ __forceinline__ void stage_dbias(uint32_t tile, const uint32_t (&rdS)[kQueries / 16][4],
-                                            int warp_in_wg, int lane) {
+                                            int warp_in_wg, int lane, int kk_begin, int kk_end) {
   const int i = lane / 8, j = lane % 8;
   const uint32_t addr = tile + (8 * (i >> 1) + j) * 128 + (((2 * warp_in_wg + (i & 1)) ^ j) * 16);
   __syncwarp();
 #pragma unroll
-  for (int kk = 0; kk < kQueries / 16; ++kk) ptx::stmatrix_x4_trans(addr + kk * 16 * 128, rdS[kk]);
+  for (int kk = kk_begin; kk < kk_end; ++kk)
+    ptx::stmatrix_x4_trans(addr + kk * 16 * 128, rdS[kk]);
   __syncwarp();
 }
 // store_dbias_tile: the warp's chunks back, one 16-byte load and store per lane and 16 rows
@@ -77,11 +80,13 @@ __device__ __forceinline__ void store_dbias_tile(uint32_t tile, Element* dst, in
   if (8 * chunk >= keys) return;
   const uint32_t src = tile + row * 128 + ((chunk ^ (row % 8)) * 16);
   dst += row * row_stride + 8 * chunk;
+  // (all loads first: one load-to-store latency per step, not one per row block)
+  uint4 v[kQueries / 16];
+#pragma unroll
+  for (int it = 0; it < kQueries / 16; ++it) v[it] = ld_shared_v4(src + it * 16 * 128);
 #pragma unroll
   for (int it = 0; it < kQueries / 16; ++it) {
-    if (row + 16 * it < rows) {
-      *reinterpret_cast<uint4*>(dst + 16 * it * row_stride) = ld_shared_v4(src + it * 16 * 128);
-    }
+    if (row + 16 * it < rows) *reinterpret_cast<uint4*>(dst + 16 * it * row_stride) = v[it];
   }
 }
 

@@ -464,14 +464,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           st_shared(addr, v);
         }
         // kDvSplit: the dV and dK GEMMs of the first 64 queries as soon as their fragments
-        // are packed, so that they run during the second half of the pass.
+        // are packed, so that they run during the second half of the pass (kDbiasElement:
+        // their dS^T staged first; the bias reads of those rows are done).
         if (kDvSplit && nt == kBlockM / 16 - 1) {
+#if FLASHATTN2_BIAS
+          if constexpr (kDbias == kDbiasElement)
+            stage_dbias<kBlockM>(sBias_wg, rdS, warp_in_wg, lane, 0, kBlockM / 32);
+#endif
           gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, 0, kBlockM / 32);
           gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, 0, kBlockM / 32);
         }
       }
 #if FLASHATTN2_BIAS
-      if constexpr (kDbias == kDbiasElement) stage_dbias<kBlockM>(sBias_wg, rdS, warp_in_wg, lane);
+      if constexpr (kDbias == kDbiasElement)
+        stage_dbias<kBlockM>(sBias_wg, rdS, warp_in_wg, lane, kDvSplit ? kBlockM / 32 : 0,
+                             kBlockM / 16);
 #endif
       if constexpr (kDvAfterDs) {
         gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
