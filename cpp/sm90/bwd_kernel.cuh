@@ -53,9 +53,11 @@
 //          (kDqWarp instances, no mods / bias): producer warp 2 does the waits, the reduces
 //          and 1 add per visitor (dq_order_warp); the consumers only stage dQ.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
-//   dbias  kDbias instance (BwdParams::sm90_dbias): in the dS^T pass each n8 tile's dS goes to
-//          dbias as the mma.sync backward writes it (store, or float32 red.add with a
-//          broadcast); each (b, h, i, j) of a visited step is the CTA's alone.
+//   dbias  kDbias instances (BwdParams::sm90_dbias): dS into dbias as the mma.sync backward
+//          writes it; in q's dtype through the warpgroup's staged bias tile (stmatrix .trans
+//          of the dK GEMM's A fragments, then 16-byte stores while that GEMM runs), float32
+//          from the dS^T pass (a key pair per store or red.add); each (b, h, i, j) of a
+//          visited step is the CTA's alone.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
 // causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias (kBias; at
 // d64 with one sdS buffer) and, without softcap, its gradient (kDbias), deterministic mode
