@@ -135,7 +135,7 @@ def _run(kind, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, bias
     atol = 4e-3 if dtype is torch.bfloat16 else 1e-3
     shift = _dbias_shift(q, k, v, view(bias).expand(full), out, dout, view(bias).shape, causal,
                          window_size, softcap, slopes)  # fmt: skip
-    if kind in ("expanded", "narrowed", "shifted"):  # (to the leaf, as autograd takes the view back)
+    if kind in ("expanded", "narrowed", "shifted"):  # (to the leaf, as autograd does)
         leaf = bias.detach().float().requires_grad_()
         shift = torch.autograd.grad(view(leaf), leaf, shift)[0]
     for i, name in enumerate(("out", "dq", "dk", "dv", "dbias")):
@@ -305,14 +305,29 @@ def test_sm90_dbias_deterministic_is_bitwise_reproducible(hopper_dbias, kind, bi
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_sm90_dbias_falls_back_where_it_does_not_apply(hopper_dbias, headdim):
     """The mma.sync backward writes dbias with softcap (dbias is dS before the softcap
-    factor), a float16 gradient of a bfloat16 attention, unaligned bias rows, and with the
-    switch off; gradients under the 2x rule either way."""
+    factor), a float16 gradient of a bfloat16 attention, unaligned bias rows, dbias rows
+    that are not 16-byte multiples, and with the switch off; gradients under the 2x rule
+    either way."""
     _require(headdim)
     args = (2, 130, 200, 4, 2, headdim, torch.bfloat16)
     assert _run("full", *args, torch.bfloat16, softcap=5.0)[2] == 80
     assert _run("full", *args, torch.float16)[2] == 80
     assert _run("heads", *args, torch.float16)[2] == 90  # (float32 buffer: red.add)
     assert _run("shifted", *args, torch.bfloat16)[2] == 80
+    # a 16-bit target whose rows are not 16-byte multiples (the 16-byte stores need them;
+    # bias.dbias_target pads to 8 elements): the mma.sync backward's pair stores
+    real = bias_mod.dbias_target
+
+    def even_rows(shape, dtype, full, device, window_left, window_right, deterministic):
+        target, add = real(shape, dtype, full, device, window_left, window_right, deterministic)
+        rows = torch.empty(target.shape[:3] + (full[3] + full[3] % 2,), dtype=target.dtype,
+                           device=device)
+        return rows[..., :full[3]], add
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bias_mod, "dbias_target", even_rows)
+        assert _run("narrowed", *args[:2], 203, *args[3:], torch.bfloat16)[2] == 80
+    assert _run("narrowed", *args[:2], 203, *args[3:], torch.bfloat16)[2] == 90
     with _ext.sm90_dbias(False):
         assert _run("full", *args, torch.bfloat16)[2] == 80
     assert _run("full", *args, torch.bfloat16)[2] == 90

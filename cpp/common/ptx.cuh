@@ -182,6 +182,19 @@ __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
 #endif
 }
 
+// red.global.add.v2.f32 where `pred` (predicated inside the asm, no "memory" clobber: for
+// adds nothing in the kernel reads back; around red_add_v2, a compiler barrier, ptxas put a
+// branch per call in the Hopper backward's dbias loop).
+__device__ __forceinline__ void red_add_v2_if(float* p, float a, float b, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred v;\nsetp.ne.b32 v, %3, 0;\n@v red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
+      ::"l"(p), "f"(a), "f"(b), "r"(int(pred)));
+#else
+  if (pred) red_add_v2(p, a, b);
+#endif
+}
+
 // ex2.approx.ftz.f32: 2^x (ex2(-inf) = +0).
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;

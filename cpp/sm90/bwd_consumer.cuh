@@ -103,11 +103,7 @@ __device__ __forceinline__ void store_dbias_pair(char* at, bool odd,
   const float lo = odd ? got : ds0, hi = odd ? ds1 : got;
   static_assert(kTarget == kDbiasF32 || kTarget == kDbiasF32Add, "float32 targets");
   if constexpr (kTarget == kDbiasF32Add) {
-    // (predicated in the asm: around ptx::red_add_v2, a compiler barrier, ptxas put a branch
-    // per pair, 25 BRA in the d128 loop; nothing in the kernel reads dbias: no "memory")
-    asm volatile(
-        "{\n.reg .pred v;\nsetp.ne.b32 v, %3, 0;\n@v red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
-        ::"l"(at), "f"(lo), "f"(hi), "r"(int(valid)));
+    ptx::red_add_v2_if(reinterpret_cast<float*>(at), lo, hi, valid);
   } else if (valid) {
     *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
   }

@@ -214,8 +214,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int offset = seq.seqlen_k() - seq.seqlen_q();
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
-    // Float32 dbias: the lane's key pair (ScoreMod::dbias_pair): lanes of even g store keys g, g + 1
-    // (+ 8 r) of query 2 q (+ 8 nt) of the step, lanes of odd g keys g - 1, g of query 2 q + 1;
+    // Float32 dbias: the lane's key pair (ScoreMod::dbias_pair): lanes of even g store keys
+    // g, g + 1 (+ 8 r) of query 2 q (+ 8 nt) of the step, lanes of odd g keys g - 1, g of query
+    // 2 q + 1;
     // a pair is written where its query is < seqlen_q and its first key < seqlen_k (an odd
     // seqlen_k: the second one of the last pair is the row's padding, written with its dS, 0).
     [[maybe_unused]] const bool odd = g & 1;
@@ -322,8 +323,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mod = ScoreMod(p, batch, head);
         dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
       }
-      // Float32 dbias: the lane's pair of n8 tile 0, r = 0 (tile nt: 8 nt rows on; r: 8 keys on), and
-      // its row's distance to seqlen_q (the pair's rows of tile nt exist iff 8 nt < rows_left).
+      // Float32 dbias: the lane's pair of n8 tile 0, r = 0 (tile nt: 8 nt rows on; r: 8 keys
+      // on), and its row's distance to seqlen_q (its row of tile nt exists iff 8 nt <
+      // rows_left).
       [[maybe_unused]] char* dbias_lane = nullptr;
       [[maybe_unused]] int64_t dbias_rows8 = 0;
       [[maybe_unused]] int dbias_bytes = 0, rows_left = 0;
