@@ -91,14 +91,13 @@ __device__ __forceinline__ void store_dbias_tile(uint32_t tile, Element* dst, in
 }
 
 // Float32 dbias (kDbiasF32 / kDbiasF32Add): dS of one key pair, as the mma.sync backward
-// (ScoreMod::store_dbias2): the lane
-// holds queries i, i + 1 of key j, the lane 4 apart (xor) the same queries of key j ^ 1; after
-// one shuffle lanes of even j hold (i, j), (i, j + 1), lanes of odd j (i + 1, j - 1),
-// (i + 1, j), the pair at `at`. Every lane of the warp calls it (the shuffle); `valid`: the
-// pair's query < seqlen_q and its first key < seqlen_k.
+// (ScoreMod::store_dbias2): the lane holds queries i, i + 1 of key j, the lane 4 apart (xor)
+// the same queries of key j ^ 1; after one shuffle lanes of even j hold (i, j), (i, j + 1),
+// lanes of odd j (i + 1, j - 1), (i + 1, j), the pair at `at`. Every lane of the warp calls it
+// (the shuffle); `valid`: the pair's query < seqlen_q and its first key < seqlen_k.
 template <int kTarget>
-__device__ __forceinline__ void store_dbias_pair(char* at, bool odd,
-                                                 bool valid, float ds0, float ds1) {
+__device__ __forceinline__ void store_dbias_pair(char* at, bool odd, bool valid, float ds0,
+                                                 float ds1) {
   const float got = __shfl_xor_sync(0xffffffffu, odd ? ds0 : ds1, 4);
   const float lo = odd ? got : ds0, hi = odd ? ds1 : got;
   static_assert(kTarget == kDbiasF32 || kTarget == kDbiasF32Add, "float32 targets");

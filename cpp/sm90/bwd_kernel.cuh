@@ -215,10 +215,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
     // Float32 dbias: the lane's key pair (ScoreMod::dbias_pair): lanes of even g store keys
-    // g, g + 1 (+ 8 r) of query 2 q (+ 8 nt) of the step, lanes of odd g keys g - 1, g of query
-    // 2 q + 1;
-    // a pair is written where its query is < seqlen_q and its first key < seqlen_k (an odd
-    // seqlen_k: the second one of the last pair is the row's padding, written with its dS, 0).
+    // g, g + 1 (+ 8 r) of query 2 q (+ 8 nt) of the step, lanes of odd g keys g - 1, g of
+    // query 2 q + 1; a pair is written where its query is < seqlen_q and its first key <
+    // seqlen_k (an odd seqlen_k: the second one of the last pair is the row's padding,
+    // written with its dS, 0).
     [[maybe_unused]] const bool odd = g & 1;
     [[maybe_unused]] const int pair_key = n0 + lane_key - odd;
 
