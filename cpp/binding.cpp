@@ -274,7 +274,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
          bool dbias_add, bool bias_staged, bool dq_warp, bool pdl, bool convert_lean,
-         bool dq_first_store, bool fp32wg_bwd) {
+         bool dq_first_store, bool fp32wg_bwd, bool sm90_dbias) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -336,6 +336,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.convert_lean = convert_lean;
   params.dq_first_store = dq_first_store;
   params.fp32wg_bwd = fp32wg_bwd;
+  params.sm90_dbias = sm90_dbias;
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
                                 "deterministic mode needs a stored dbias");
@@ -628,6 +629,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dbias_add") = false, py::arg("bias_staged") = true, py::arg("dq_warp") = true,
         py::arg("pdl") = true, py::arg("convert_lean") = false,
         py::arg("dq_first_store") = false, py::arg("fp32wg_bwd") = false,
+        py::arg("sm90_dbias") = false,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80, or 91 (flash_api.h "
@@ -660,7 +662,11 @@ PYBIND11_MODULE(_C, m) {
         "of d64 / d128 without mods or a bias, in dq_warp builds, store the first dQ of each "
         "query tile instead of adding it to a zeroed accumulator (A/B; deterministic: the "
         "same dq bits). fp32wg_bwd=True: float32 backwards may run the Hopper float32 "
-        "backward (dense, full or causal, kernel head dim 64, not deterministic; A/B).");
+        "backward (dense, full or causal, kernel head dim 64, not deterministic; A/B). "
+
+        "sm90_dbias=True: a dbias may run the Hopper backward (d64 / d128, "
+        "the bias's rows 16-byte aligned, no softcap), else the mma.sync backward writes it "
+        "(A/B).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),

@@ -242,7 +242,10 @@ def bias_cases(gen):
     (1, h, sq, 264) one (16-byte rows: the staged tile; atomics over the batch) and a full
     bf16 one with an odd sk (pairs stored straight into the gradient, padded rows); without:
     a bool key mask and a constant bias whose rows are a view of wider ones (sk = 203 of 208:
-    the staged copies' partial chunks; on sm_90 the Hopper backward)."""
+    the staged copies' partial chunks; on sm_90 the Hopper backward). With the gradient and
+    16-byte rows, which the Hopper backward writes under FLASHATTN2_SM90_DBIAS=1: a full bf16
+    (2, 2, 90, 200) one, d64 causal (16-byte stores through the staged tile), and a full bf16
+    one viewed out of wider rows (sk = 203 of 208: a chunk across seqlen_k into the padding)."""
     if "bias" not in flashattn2.build_info().get("experimental", ()):
         return []
     results = []
@@ -250,23 +253,26 @@ def bias_cases(gen):
                                               (2, 100, 264, 4, 2, 64, True, "batch"),
                                               (2, 90, 203, 2, 2, 128, False, "full"),
                                               (1, 70, 200, 2, 2, 128, False, "bool"),
-                                              (2, 130, 203, 2, 2, 128, True, "view")):
+                                              (2, 130, 203, 2, 2, 128, True, "view"),
+                                              (2, 90, 200, 2, 2, 64, True, "full16"),
+                                              (2, 77, 203, 2, 2, 128, False, "viewgrad")):
         q, k, v = (torch.randn(b, s, n, d, generator=gen).to(torch.bfloat16)
                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
-        grad = kind in ("float", "batch", "full")
+        grad = kind in ("float", "batch", "full", "full16", "viewgrad")
         if kind == "float":
             bias = torch.randn(b, 1, sq, sk, generator=gen)
-        elif kind in ("batch", "full"):
+        elif kind in ("batch", "full", "full16"):
             bias = torch.randn(1 if kind == "batch" else b, h, sq, sk,
                                generator=gen).to(torch.bfloat16)
-        elif kind == "view":
-            bias = torch.randn(b, 1, sq, 208, generator=gen).to(torch.bfloat16)
+        elif kind in ("view", "viewgrad"):
+            bias = torch.randn(b, 1 if kind == "view" else h, sq, 208,
+                               generator=gen).to(torch.bfloat16)
         else:
             bias = torch.rand(b, 1, 1, sk, generator=gen) > 0.3
         dout = torch.randn(b, sq, h, d, generator=gen).to(torch.bfloat16)
         leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
         bias_g = bias.cuda().requires_grad_(grad)
-        if kind == "view":
+        if kind in ("view", "viewgrad"):
             bias, bias_g = bias[..., :sk], bias_g[..., :sk]  # rows 416 bytes apart
         out = flashattn2.flash_attn_func(*leaves, causal=causal, attn_bias=bias_g)
         wrt = leaves + ([bias_g] if grad else [])

@@ -235,6 +235,10 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // (fp32/wg_bwd_kernel.cuh; flash_api.cpp fp32wg_bwd_supports) run it on sm_90 GPUs
   // (FLASHATTN2_FP32WG_BWD, on by default in Python: an A/B switch). Host only.
   bool fp32wg_bwd = false;
+  // A bias's gradient (dbias) may run the Hopper backward (its kDbias instance, where
+  // sm90/bwd_config.h sm90_bwd_takes_bias allows); false: the mma.sync backward writes it (for
+  // A/B comparisons). Host only, last so that no other field moves.
+  bool sm90_dbias = false;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

@@ -80,6 +80,17 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
   __trap();  // callers check kHasStmatrix
 #endif
 }
+// stmatrix ... .trans (sm_90+): as stmatrix_x4, each matrix stored transposed: row j of matrix
+// i in shared memory (at lane 8 i + j's address) is column j of the fragment, the half j % 2
+// of r[i] of the lanes t with t % 4 = j / 2, for t / 4 = 0..7 in order.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
+#else
+  __trap();  // callers check kHasStmatrix
+#endif
+}
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr bool kHasStmatrix = true;
 #else
@@ -168,6 +179,19 @@ __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
 #else
   atomicAdd(p, a);
   atomicAdd(p + 1, b);
+#endif
+}
+
+// red.global.add.v2.f32 where `pred` (predicated inside the asm, no "memory" clobber: for
+// adds nothing in the kernel reads back; around red_add_v2, a compiler barrier, ptxas put a
+// branch per call in the Hopper backward's dbias loop).
+__device__ __forceinline__ void red_add_v2_if(float* p, float a, float b, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred v;\nsetp.ne.b32 v, %3, 0;\n@v red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
+      ::"l"(p), "f"(a), "f"(b), "r"(int(pred)));
+#else
+  if (pred) red_add_v2(p, a, b);
 #endif
 }
 

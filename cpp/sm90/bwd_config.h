@@ -92,16 +92,58 @@ constexpr int sm90_bwd_bias_bytes(int head_dim) {
 // FLASHATTN2_SM90_BWD_EXPERIMENTAL (validated on an H100, on by default): window, any
 // sliding window, not only causal or full (the kernel's masks and query-block range take
 // both bounds); varlen, packed sequences (bwd_kernel.cuh BwdSeq<true>); mods, softcap and
-// ALiBi; an attention bias without its gradient (below); deterministic mode, in every dQ
-// order and chain count of common/dq_order.cuh (with dq_bulk). Not served: dropout, dbias,
-// other head dims.
+// ALiBi; an attention bias (below); deterministic mode, in every dQ order and chain count of
+// common/dq_order.cuh (with dq_bulk). Not served: dropout, other head dims.
 // An attention bias on the Hopper backward (its kBias instance, with the mods one built):
-// dense, no dbias asked for, rows 16-byte aligned with unit key stride (staged in shared
-// memory by 16-byte copies); the rest runs the mma.sync backward.
+// dense, rows 16-byte aligned with unit key stride (staged in shared memory by 16-byte
+// copies); its gradient (dbias: the kDbias instance) only where BwdParams::sm90_dbias asks for
+// it, without softcap (dbias is dS before the softcap factor, which the kernel folds into
+// P^T), in the attention's dtype (with 16-byte aligned rows, below) or float32 (one instance
+// each; a float16 gradient of a bfloat16 attention or the reverse does not); the rest runs the
+// mma.sync backward. kernel_head_dim 256 (d256): no bias.
+// has_dbias: a bias gradient is asked for; dbias_f32: in float32; dbias_add: added by atomics
+// (each false without FLASHATTN2_BIAS).
+inline bool has_dbias(const BwdParams& p) {
+#if FLASHATTN2_BIAS
+  return p.dbias != nullptr;
+#else
+  return (void)p, false;
+#endif
+}
+inline bool dbias_f32(const BwdParams& p) {
+#if FLASHATTN2_BIAS
+  return p.dbias_dtype == static_cast<int>(DType::kFloat32);
+#else
+  return (void)p, false;
+#endif
+}
+inline bool dbias_add(const BwdParams& p) {
+#if FLASHATTN2_BIAS
+  return p.dbias_add;
+#else
+  return (void)p, false;
+#endif
+}
+// A dbias in the attention's dtype is stored 16 bytes at a time (sm90/bwd_consumer.cuh
+// store_dbias_tile): 16-byte aligned rows of at least seqlen_k rounded up to 8 elements (the
+// last chunk's keys past seqlen_k write 0 into the padding; bias.dbias_target pads so).
+inline bool dbias_rows_16b(const BwdParams& p) {
+#if FLASHATTN2_BIAS
+  return reinterpret_cast<uintptr_t>(p.dbias) % 16 == 0 && p.dbias_row_stride % 8 == 0 &&
+         p.dbias_head_stride % 8 == 0 && p.dbias_batch_stride % 8 == 0 &&
+         p.dbias_row_stride >= (p.seqlen_k + 7) / 8 * 8;
+#else
+  return (void)p, false;
+#endif
+}
 inline bool sm90_bwd_takes_bias(const BwdParams& p, int kernel_head_dim) {
 #if FLASHATTN2_BIAS
-  return FLASHATTN2_SM90_BWD_MODS && sm90_bwd_head_dim(kernel_head_dim) && !p.dbias &&
-         !p.cu_seqlens_q && !p.cu_seqlens_k && bias_rows_16b(p);
+  const bool dbias_ok =
+      p.sm90_dbias && p.softcap == 0.f &&
+      (dbias_f32(p) || (p.dbias_dtype == static_cast<int>(p.dtype) && dbias_rows_16b(p)));
+  return FLASHATTN2_SM90_BWD_MODS && sm90_bwd_head_dim(kernel_head_dim) &&
+         (!has_dbias(p) || dbias_ok) && !p.cu_seqlens_q && !p.cu_seqlens_k &&
+         bias_rows_16b(p);
 #else
   return (void)p, (void)kernel_head_dim, false;
 #endif

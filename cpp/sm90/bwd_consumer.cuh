@@ -42,6 +42,72 @@ __device__ __forceinline__ void mask_tile(float (&acc)[kQueries / 2], const BwdP
   }
 }
 
+// The kDbias instances' targets (bwd_kernel.cuh): none, dbias in the attention's dtype (stored),
+// float32 dbias stored, float32 dbias added by red.add (BwdParams::dbias_add).
+constexpr int kDbiasNone = 0, kDbiasElement = 1, kDbiasF32 = 2, kDbiasF32Add = 3;
+
+// kDbiasElement, in two parts. stage_dbias: the warp's dS^T (keys 16 w..+15 of the warpgroup's
+// 64 x kQueries queries: the dK GEMM's A fragments rdS) transposed by stmatrix into its own two
+// 16-byte chunks 2 w, 2 w + 1 of every query row of the warpgroup's staged bias tile (row r at
+// r * 128 bytes, chunk c at (c ^ r % 8) * 16: conflict-free), which no other warp touches
+// until the next step's copies (issued after the sdS barrier): A fragment [kk][i] holds keys
+// 16 w + 8 (i & 1) + g, queries 16 kk + 8 (i >> 1) + 2 q, + 1, so stored transposed its row j
+// is query 16 kk + 8 (i >> 1) + j, keys of chunk 2 w + (i & 1). The warp's own bias reads of
+// those rows (the logits) come before it in program order; __syncwarp orders the lanes. k16
+// steps kk_begin..kk_end - 1; called before the dK GEMM that reads them is issued (the A
+// registers of an RS wgmma in flight are not to be touched, reads included: PTX ISA).
+template <int kQueries>
+__device__ __forceinline__ void stage_dbias(uint32_t tile, const uint32_t (&rdS)[kQueries / 16][4],
+                                            int warp_in_wg, int lane, int kk_begin, int kk_end) {
+  const int i = lane / 8, j = lane % 8;
+  const uint32_t addr = tile + (8 * (i >> 1) + j) * 128 + (((2 * warp_in_wg + (i & 1)) ^ j) * 16);
+  __syncwarp();
+#pragma unroll
+  for (int kk = kk_begin; kk < kk_end; ++kk)
+    ptx::stmatrix_x4_trans(addr + kk * 16 * 128, rdS[kk]);
+  __syncwarp();
+}
+// store_dbias_tile: the warp's chunks back, one 16-byte load and store per lane and 16 rows
+// (lane t: row t % 16 + 16 it, chunk 2 w + t / 16: lanes t, t + 16 write one 32-byte sector of
+// a row; a quarter warp reads 8 rows of one chunk, distinct banks) to `dst` (dbias of the
+// step's first query and the warpgroup's first key, rows row_stride elements apart, 16-byte
+// aligned: sm90_bwd_takes_bias). Rows from `rows` on are skipped, chunks from `keys` on too;
+// a chunk across seqlen_k writes its keys past it (dS = 0) into the row's padding.
+template <typename Element, int kQueries>
+__device__ __forceinline__ void store_dbias_tile(uint32_t tile, Element* dst, int64_t row_stride,
+                                                 int rows, int keys, int warp_in_wg, int lane) {
+  const int row = lane % 16, chunk = 2 * warp_in_wg + lane / 16;
+  if (8 * chunk >= keys) return;
+  const uint32_t src = tile + row * 128 + ((chunk ^ (row % 8)) * 16);
+  dst += row * row_stride + 8 * chunk;
+  // (all loads first: one load-to-store latency per step, not one per row block)
+  uint4 v[kQueries / 16];
+#pragma unroll
+  for (int it = 0; it < kQueries / 16; ++it) v[it] = ld_shared_v4(src + it * 16 * 128);
+#pragma unroll
+  for (int it = 0; it < kQueries / 16; ++it) {
+    if (row + 16 * it < rows) *reinterpret_cast<uint4*>(dst + 16 * it * row_stride) = v[it];
+  }
+}
+
+// Float32 dbias (kDbiasF32 / kDbiasF32Add): dS of one key pair, as the mma.sync backward
+// (ScoreMod::store_dbias2): the lane holds queries i, i + 1 of key j, the lane 4 apart (xor)
+// the same queries of key j ^ 1; after one shuffle lanes of even j hold (i, j), (i, j + 1),
+// lanes of odd j (i + 1, j - 1), (i + 1, j), the pair at `at`. Every lane of the warp calls it
+// (the shuffle); `valid`: the pair's query < seqlen_q and its first key < seqlen_k.
+template <int kTarget>
+__device__ __forceinline__ void store_dbias_pair(char* at, bool odd, bool valid, float ds0,
+                                                 float ds1) {
+  const float got = __shfl_xor_sync(0xffffffffu, odd ? ds0 : ds1, 4);
+  const float lo = odd ? got : ds0, hi = odd ? ds1 : got;
+  static_assert(kTarget == kDbiasF32 || kTarget == kDbiasF32Add, "float32 targets");
+  if constexpr (kTarget == kDbiasF32Add) {
+    ptx::red_add_v2_if(reinterpret_cast<float*>(at), lo, hi, valid);
+  } else if (valid) {
+    *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+  }
+}
+
 // Epilogue: dK * softmax_scale and dV in the input dtype, 4-byte stores from the accumulators
 // (kCols columns from col0: element [4 dt + 2 r + e] of lane (g, q) is key key_lane + 8 r,
 // column col0 + 8 dt + 2 q + e) into K/V head head_k of batch entry `batch`; keys past

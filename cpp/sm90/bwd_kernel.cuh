@@ -53,10 +53,15 @@
 //          (kDqWarp instances, no mods / bias): producer warp 2 does the waits, the reduces
 //          and 1 add per visitor (dq_order_warp); the consumers only stage dQ.
 //   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
+//   dbias  kDbias instances (BwdParams::sm90_dbias): dS into dbias as the mma.sync backward
+//          writes it; in q's dtype through the warpgroup's staged bias tile (stmatrix .trans
+//          of the dK GEMM's A fragments, then 16-byte stores while that GEMM runs), float32
+//          from the dS^T pass (a key pair per store or red.add); each (b, h, i, j) of a
+//          visited step is the CTA's alone.
 // Limits: kernel head dims 64 and 128 (d 33-64, 97-128), dense or varlen (BwdSeq), full,
-// causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias without
-// dbias (kBias; at d64 with one sdS buffer), deterministic mode (dq_bulk builds); no dropout
-// or dbias (sm90_bwd_supports).
+// causal or sliding-window attention, softcap / ALiBi (kMods), an attention bias (kBias; at
+// d64 with one sdS buffer) and, without softcap, its gradient (kDbias), deterministic mode
+// (dq_bulk builds); no dropout (sm90_bwd_supports).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -91,8 +96,17 @@ namespace sm90 {
 // without the item), so that a dq_warp build can run both paths (BwdParams::dq_warp, A/B).
 // kFirstStore (with kDqWarp; BwdParams::dq_first_store_rows): warp 2 stores the dQ of a tile's
 // first visitor instead of adding it (dq_order_warp), dq_accum not zeroed.
+// kDbias (with kBias; BwdParams::dbias, no softcap: sm90_bwd_takes_bias): the bias's gradient,
+// dS = P o (dP - dsum) (d loss / d logit), into dbias as the mma.sync backward writes it.
+// kDbiasElement (dbias in Element, 16-byte aligned rows): the packed dS^T fragments (rdS, the
+// dK GEMM's) transposed by stmatrix into the warpgroup's staged bias tile, whose reads are
+// done by then, and back by 16-byte loads and stores (stage_dbias / store_dbias_tile) while
+// the dK GEMM runs. Float32 (kDbiasF32: stores; kDbiasF32Add: red.add.v2, broadcast batch /
+// heads) from the dS^T pass's float registers, a key pair per store (store_dbias_pair: one
+// shuffle, one 8-byte store or red). An instance per target (with the target a runtime
+// branch, each pair store cost ~33 SASS instructions: d128 loop 1313 -> 1838).
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false, bool kFirstStore = false>
+          bool kDqWarp = false, bool kFirstStore = false, int kDbias = kDbiasNone>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -139,6 +153,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
   static_assert(!kFirstStore || kDqWarp, "first-store instance");
+  static_assert(kDbias == kDbiasNone || (kBias && !kVarlen && !kDqWarp), "dbias instance");
   constexpr bool dq_warp = kDqWarp;
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group, order.rotate, n_block);
@@ -199,6 +214,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int offset = seq.seqlen_k() - seq.seqlen_q();
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
+    // Float32 dbias: the lane's key pair (ScoreMod::dbias_pair): lanes of even g store keys
+    // g, g + 1 (+ 8 r) of query 2 q (+ 8 nt) of the step, lanes of odd g keys g - 1, g of
+    // query 2 q + 1; a pair is written where its query is < seqlen_q and its first key <
+    // seqlen_k (an odd seqlen_k: the second one of the last pair is the row's padding,
+    // written with its dS, 0).
+    [[maybe_unused]] const bool odd = g & 1;
+    [[maybe_unused]] const int pair_key = n0 + lane_key - odd;
 
     float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
 #pragma unroll
@@ -301,6 +323,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mod = ScoreMod(p, batch, head);
         dist0 = float(m0 + 2 * q + offset - n0 - lane_key);
       }
+      // Float32 dbias: the lane's pair of n8 tile 0, r = 0 (tile nt: 8 nt rows on; r: 8 keys
+      // on), and its row's distance to seqlen_q (its row of tile nt exists iff 8 nt <
+      // rows_left).
+      [[maybe_unused]] char* dbias_lane = nullptr;
+      [[maybe_unused]] int64_t dbias_rows8 = 0;
+      [[maybe_unused]] int dbias_bytes = 0, rows_left = 0;
+#if FLASHATTN2_BIAS
+      if constexpr (kDbias == kDbiasF32 || kDbias == kDbiasF32Add) {
+        dbias_bytes = 4;
+        dbias_rows8 = 8 * p.dbias_row_stride * dbias_bytes;
+        rows_left = seq.seqlen_q() - (m0 + 2 * q + odd);
+        dbias_lane = static_cast<char*>(p.dbias) +
+                     (batch * p.dbias_batch_stride + head * p.dbias_head_stride +
+                      int64_t(m0 + 2 * q + odd) * p.dbias_row_stride + pair_key) * dbias_bytes;
+      }
+#endif
       [[maybe_unused]] auto mod_tile = [&](int nt, float (&pv)[4], float (&dl)[4]) {
         [[maybe_unused]] const uint32_t sbias_lane = sBias_wg + (2 * q) * 128 + 2 * g;
         const float2 lse = ld_shared_float2(st.lse(s) + 4 * (8 * nt + 2 * q));
@@ -409,6 +447,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             acc_dp[4 * nt + e] =
                 acc_s[4 * nt + e] * (acc_dp[4 * nt + e] - (e & 1 ? dsum.y : dsum.x));
         }
+#if FLASHATTN2_BIAS
+        if constexpr (kDbias == kDbiasF32 || kDbias == kDbiasF32Add) {  // dS of keys lane_key
+#pragma unroll  // + 8 r, queries 8 nt + 2 q + e (no softcap: dl = 1)
+          for (int r = 0; r < 2; ++r)
+            store_dbias_pair<kDbias>(
+                dbias_lane + nt * dbias_rows8 + 8 * r * dbias_bytes, odd,
+                8 * nt < rows_left && pair_key + 8 * r < seq.seqlen_k(), acc_dp[4 * nt + 2 * r],
+                acc_dp[4 * nt + 2 * r + 1]);
+        }
+#endif
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t v =
@@ -420,18 +468,38 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           st_shared(addr, v);
         }
         // kDvSplit: the dV and dK GEMMs of the first 64 queries as soon as their fragments
-        // are packed, so that they run during the second half of the pass.
+        // are packed, so that they run during the second half of the pass (kDbiasElement:
+        // their dS^T staged first; the bias reads of those rows are done).
         if (kDvSplit && nt == kBlockM / 16 - 1) {
+#if FLASHATTN2_BIAS
+          if constexpr (kDbias == kDbiasElement)
+            stage_dbias<kBlockM>(sBias_wg, rdS, warp_in_wg, lane, 0, kBlockM / 32);
+#endif
           gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, 0, kBlockM / 32);
           gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, 0, kBlockM / 32);
         }
       }
+#if FLASHATTN2_BIAS
+      if constexpr (kDbias == kDbiasElement)
+        stage_dbias<kBlockM>(sBias_wg, rdS, warp_in_wg, lane, kDvSplit ? kBlockM / 32 : 0,
+                             kBlockM / 16);
+#endif
       if constexpr (kDvAfterDs) {
         gemm_kv(acc_dv, rP, sdO + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
         gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes, kDvSplit ? kBlockM / 32 : 0, kBlockM / 16);
       } else {
         gemm_kv(acc_dk, rdS, sQ + s * Traits::kQBytes);
       }
+#if FLASHATTN2_BIAS
+      if constexpr (kDbias == kDbiasElement) {  // (before the barrier: the next bias copies)
+        Element* const dst = static_cast<Element*>(p.dbias) + batch * p.dbias_batch_stride +
+                             head * p.dbias_head_stride + int64_t(m0) * p.dbias_row_stride +
+                             n0 + key0;
+        store_dbias_tile<Element, kBlockM>(sBias_wg, dst, p.dbias_row_stride,
+                                           seq.seqlen_q() - m0, seq.seqlen_k() - n0 - key0,
+                                           warp_in_wg, lane);
+      }
+#endif
       fence_proxy_async();
       named_sync(kBarDS, 256);  // both warpgroups' dS^T rows are in sdS[s]
       if constexpr (kBias) {

@@ -24,9 +24,10 @@ namespace flashattn2 {
 namespace sm90 {
 
 template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBias = false,
-          bool kDqWarp = false, bool kFirstStore = false>
+          bool kDqWarp = false, bool kFirstStore = false, int kDbias = kDbiasNone>
 void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
-  constexpr auto kernel = bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp, kFirstStore>;
+  constexpr auto kernel =
+      bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp, kFirstStore, kDbias>;
   constexpr int kSmem = Traits::smem_bytes(kBias);
   raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
   // Causal: the first key blocks see the most query blocks and launch first.
@@ -63,7 +64,8 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   constexpr bool kModsBuilt = FLASHATTN2_SM90_BWD_MODS != 0;
   const bool varlen = kVarlenBuilt && (p.cu_seqlens_q || p.cu_seqlens_k);
   const bool mods = kModsBuilt && (p.softcap > 0.f || p.alibi_slopes);
-  // An attention bias (no dbias, dense, aligned rows: sm90_bwd_supports): its own instance.
+  // An attention bias (dense, aligned rows: sm90_bwd_supports): its own instance; with its
+  // gradient (BwdParams::sm90_dbias, no softcap: sm90_bwd_takes_bias) the kDbias one.
   constexpr bool kBiasBuilt = FLASHATTN2_BIAS && kModsBuilt;
   // dq_warp builds: calls without mods or a bias run the kDqWarp instances (p.dq_warp false:
   // the others, for A/B comparisons and the bitwise test).
@@ -73,7 +75,19 @@ bool run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   const bool first_store = dq_warp && p.dq_first_store && !varlen && !mods && !has_bias(p);
   args.p.dq_first_store_rows = first_store ? Traits::kBlockM : 0;
   run_bwd_preprocess<Element, kHeadDim>(args.p, stream);
-  if (kBiasBuilt && has_bias(p))
+  constexpr int kDbiasElement = kBiasBuilt ? sm90::kDbiasElement : sm90::kDbiasNone;
+  constexpr int kDbiasF32 = kBiasBuilt ? sm90::kDbiasF32 : sm90::kDbiasNone;
+  constexpr int kDbiasF32Add = kBiasBuilt ? sm90::kDbiasF32Add : sm90::kDbiasNone;
+  if (kBiasBuilt && has_dbias(p) && dbias_f32(p) && dbias_add(p))
+    sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt, false, false, kDbiasF32Add>(
+        args, stream);
+  else if (kBiasBuilt && has_dbias(p) && dbias_f32(p))
+    sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt, false, false, kDbiasF32>(
+        args, stream);
+  else if (kBiasBuilt && has_dbias(p))  // (in the attention's dtype: bwd_config.h)
+    sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt, false, false,
+                     kDbiasElement>(args, stream);
+  else if (kBiasBuilt && has_bias(p))
     sm90::launch_bwd<Traits, Element, false, kBiasBuilt, kBiasBuilt>(args, stream);
   else if (varlen && mods)
     sm90::launch_bwd<Traits, Element, kVarlenBuilt, kModsBuilt>(args, stream);

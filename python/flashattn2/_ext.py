@@ -137,8 +137,8 @@ FP32WG_BWD = _env_flag("FLASHATTN2_FP32WG_BWD", "1")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
-# gradient; not dropout or dbias: those run the mma.sync backward). FLASHATTN2_SM90_BWD=0 at
-# import turns it off;
+# gradient, with it under SM90_DBIAS; not dropout: the mma.sync backward).
+# FLASHATTN2_SM90_BWD=0 at import turns it off;
 # force_sm80() / FLASHATTN2_FORCE_SM80 turn off both Hopper kernels.
 SM90_BWD = _env_flag("FLASHATTN2_SM90_BWD", "1")
 # Where the build has the Hopper backward of kernel head dim 64 (build_info
@@ -156,6 +156,13 @@ DBIAS_DIRECT = _env_flag("FLASHATTN2_DBIAS_DIRECT", "1")
 # room (cpp/sm80/bwd_launch.cuh); FLASHATTN2_BWD_BIAS_STAGED=0 at import keeps one global
 # load per score (for A/B comparisons).
 BWD_BIAS_STAGED = _env_flag("FLASHATTN2_BWD_BIAS_STAGED", "1")
+# True (the default): a bias's gradient (dbias) may run the Hopper backward
+# (cpp/sm90/bwd_kernel.cuh kDbias: d 33-64 / 97-128 where built, the bias's rows 16-byte
+# aligned, no softcap, dbias in q's dtype or float32; else the mma.sync one; measured 1.35-1.48x
+# the mma.sync dbias on an H100). FLASHATTN2_SM90_DBIAS=0 at import, or the sm90_dbias(False)
+# context manager, keeps every dbias on the mma.sync backward (for A/B comparisons);
+# last_bwd_arch says which one ran.
+SM90_DBIAS = _env_flag("FLASHATTN2_SM90_DBIAS", "1")
 # Builds whose FLASHATTN2_SM90_BWD_EXPERIMENTAL has dq_warp (build_info
 # "sm90_bwd_experimental"): True (the default) runs Hopper backwards without softcap / ALiBi /
 # a bias on its kernel instances (a producer warp issues the dQ reduces and, deterministic,
@@ -261,6 +268,9 @@ sm90_narrow_step = _switch("SM90_NARROW_STEP", "Inside the block, Hopper forward
 sm90_fa3_order = _switch("SM90_FA3_ORDER", "Inside the block, Hopper forwards of plain dense "
                         "full attention at kernel head dim 256 from 2048 keys take FA3's step "
                         "order (enabled, the default), or never do.")
+sm90_dbias = _switch("SM90_DBIAS", "Inside the block, a bias's gradient may run the Hopper "
+                     "backward where it supports it (enabled, the default), or always the "
+                     "mma.sync one.")
 bwd_bias_staged = _switch("BWD_BIAS_STAGED", "Inside the block, the mma.sync backward may stage "
                           "an aligned bias in shared memory (enabled, the default) or loads "
                           "it per score.")

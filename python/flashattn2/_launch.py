@@ -301,7 +301,8 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                                            total_q, dq_chains)
     dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
-    bias_args = {} if dbias is None else _dbias_args(dbias, dbias_add)
+    bias_args = {} if dbias is None else dict(_dbias_args(dbias, dbias_add),
+                                              sm90_dbias=_ext.SM90_DBIAS)
     if mods and "attn_bias" in mods:
         bias_args["bias_staged"] = _ext.BWD_BIAS_STAGED
     code = _C.bwd(

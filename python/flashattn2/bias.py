@@ -25,7 +25,10 @@ Gradient: when the bias requires grad, the backward kernel sends d loss / d logi
   - otherwise (deterministic mode with a broadcast, whose sum must not depend on the atomics'
     order): a float32 ``(b, h, sq, sk)`` buffer, then torch sums the broadcast dims.
 A broadcast over queries or keys is summed by torch too, after the atomics (if any).
-Dense attention only: varlen, KV caches and split-KV raise.
+The Hopper backward writes it where it takes the bias (sm_90, head dims 33-64 / 97-128,
+16-byte aligned rows) and there is no softcap and the target is in q's dtype or float32; the
+mma.sync backward elsewhere, or always with ``FLASHATTN2_SM90_DBIAS=0`` at import
+(``_ext.sm90_dbias(False)``). Dense attention only: varlen, KV caches and split-KV raise.
 
 torch.compile / torch.export / dispatch modes trace the ``flashattn2::fwd_bias`` and
 ``flashattn2::bwd_bias`` operators (``_ops.py``); the mask conversion and the broadcast view
@@ -108,8 +111,10 @@ def dbias_target(shape, dtype, full, device, window_left, window_right, determin
     (then b', h' are full: stores; also for every bias with FLASHATTN2_DBIAS_DIRECT=0,
     ``_ext.DBIAS_DIRECT``). Every visible score is computed by exactly one CTA, so a
     stored target needs the zero fill only under a window or causal mask (8.6 GB of writes at
-    8k, b 2, 16 heads in float32: ~2.9 ms on an H100); an added one always. With an odd
-    seqlen_k the rows have one padding element (the target is a view without it)."""
+    8k, b 2, 16 heads in float32: ~2.9 ms on an H100); an added one always. The rows are
+    padded (the target is a view without the padding): float32 ones to an even length (the
+    kernels write two keys at a time), 2-byte ones to a multiple of 8 (16 bytes: the Hopper
+    backward stores 8 keys at a time, writing 0 past seqlen_k)."""
     padded = (1,) * (4 - len(shape)) + tuple(shape)
     broadcast = [p == 1 and f != 1 for p, f in zip(padded, full)]
     if not _ext.DBIAS_DIRECT:  # (A/B switch: the float32 (b, h, sq, sk) buffer for all)
@@ -119,9 +124,9 @@ def dbias_target(shape, dtype, full, device, window_left, window_right, determin
     target_dtype = dtype if not any(broadcast) else _FP32
     windowed = window_left >= 0 or window_right >= 0
     alloc = torch.zeros if add or windowed else torch.empty
-    # (the kernel writes two keys at a time: rows of an even length, odd seqlen_k padded)
     seqlen_k = dims[3]
-    target = alloc(dims[:3] + (seqlen_k + seqlen_k % 2,), dtype=target_dtype, device=device)
+    row = seqlen_k + (seqlen_k % 2 if target_dtype is _FP32 else -seqlen_k % 8)
+    target = alloc(dims[:3] + (row,), dtype=target_dtype, device=device)
     return target[..., :seqlen_k], add
 
 
