@@ -135,10 +135,6 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // default): a warpgroup's first key step runs on the block's first 32 or 64 keys where it
   // sees none of the others (sm90/fwd_kernel.cuh kNarrowStep).
   bool sm90_narrow_step = false;
-  // Hopper float32 forward (fp32/wg_kernel.cuh), kernel head dim 128: true runs the instance
-  // of two consumer warpgroups (128 query rows; wg_config.h two_wg), false the one of 64 rows
-  // (FLASHATTN2_FP32WG_D128_2WG, off by default: an A/B switch until measured).
-  bool fp32wg_d128_2wg = false;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements
