@@ -208,7 +208,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          bool allow_sm90, std::uintptr_t tile_counter, std::uintptr_t attn_bias,
          const Strides& bias_strides, int bias_dtype, bool allow_decode,
          bool kv_l2_prefetch, bool kv_issue_early, bool sm90_stage_o, bool sm90_narrow_step,
-         bool fp32wg_d128_2wg, bool sm90_fa3_order) {
+         bool sm90_fa3_order) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -249,7 +249,6 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.kv_issue_early = kv_issue_early;
   params.sm90_stage_o = sm90_stage_o;
   params.sm90_narrow_step = sm90_narrow_step;
-  params.fp32wg_d128_2wg = fp32wg_d128_2wg;
   params.sm90_fa3_order = sm90_fa3_order;
   set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, 0, {});
 
@@ -566,7 +565,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("allow_decode") = true,
         py::arg("kv_l2_prefetch") = false, py::arg("kv_issue_early") = false,
         py::arg("sm90_stage_o") = false, py::arg("sm90_narrow_step") = false,
-        py::arg("fp32wg_d128_2wg") = false, py::arg("sm90_fa3_order") = true,
+        py::arg("sm90_fa3_order") = true,
         "Attention forward; returns the kernel that ran: 90 (the Hopper "
         "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false), 80 (the "
         "mma.sync kernels), 81 (the decode kernel of builds with "
@@ -582,11 +581,10 @@ PYBIND11_MODULE(_C, m) {
         "buffer after the tile's last S) for causal, windowed and varlen tiles too, not only "
         "for dense full attention (an A/B switch); sm90_narrow_step: the Hopper forward runs a "
         "warpgroup's first key step on the block's first 32 or 64 keys where it sees no "
-        "others (the causal diagonal; an A/B switch); fp32wg_d128_2wg: the Hopper float32 "
-        "kernel at kernel head dim 128 runs two consumer warpgroups of 64 query rows (an A/B "
-        "switch); sm90_fa3_order: the Hopper forward of plain dense full attention in one split "
-        "at kernel head dim 256 from 2048 keys takes FA3's step order there (no ping-pong turn, "
-        "O rescaled before a step's P V; false: never). "
+        "others (the causal diagonal; an A/B switch); sm90_fa3_order: the Hopper forward of "
+        "plain dense full attention in one split at kernel head dim 256 from 2048 keys takes "
+        "FA3's step order there (no ping-pong turn, O rescaled before a step's P V; false: "
+        "never). "
         "q/k/v/o/lse are device pointers; *_strides are in elements, "
         "(batch, row, head) for q, k, v, o and (batch, head) for lse; dtype 0 = float16, "
         "1 = bfloat16; stream is a cudaStream_t as int (0 = default stream). Launches "

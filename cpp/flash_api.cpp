@@ -299,7 +299,7 @@ bool fp32wg_supports(const FwdParams& p, int kd, int device, bool allow) {
   return FLASHATTN2_FP32WG && allow && fp32wg_head_dim(kd) && !p.cu_seqlens_q &&
          !p.cu_seqlens_k && p.window_left < 0 && p.softcap <= 0.f && !p.alibi_slopes &&
          compute_capability(device) == 90 &&
-         fp32wg_smem_bytes(kd, p.fp32wg_d128_2wg) <= max_smem_per_block(device);
+         fp32wg_smem_bytes(kd) <= max_smem_per_block(device);
 }
 #endif
 
@@ -320,8 +320,6 @@ int mha_fwd_fp32(const FwdParams& params, int device, void* stream, bool allow_s
   if (fp32wg_supports(p, kd, device, allow_sm90)) {
     if (kd == 64) {
       run_fwd_fp32wg<64>(p, s);
-    } else if (p.fp32wg_d128_2wg) {
-      run_fwd_fp32wg<128, true>(p, s);
     } else {
       run_fwd_fp32wg<128>(p, s);
     }

@@ -11,7 +11,7 @@ the accumulators (PTX ISA / CuTe: A (g, q) (g+8, q) (g, q+4) (g+8, q+4); D[j] ro
 epilogue. Prints max |model - float64 attention| per CTA; a layout slip gives O(1) errors
 or NaN, a right model ~1e-6.
 
-  python3 scripts/fp32wg_model.py            # d64, d128 and d128 two_wg configs, several shapes
+  python3 scripts/fp32wg_model.py            # d64 and d128 configs, several shapes
 
 Every stage word is written exactly once per tile, and (check_operands) every element of
 every wgmma operand the descriptors address (K hi / lo per k8 step, V^T hi / lo per k8 step
@@ -95,7 +95,7 @@ def check_operands(smem, cfg, kt, vt, s_addr, q_lo=None, sQlo=0, wg_row0=0):
     descriptors address (Smem.operand) against the split of the matrices meant: kt [BN x D]
     (the tile's K, zero past the tensor), vt [D x BN] (its V^T, keys unpermuted), q_lo [64 x
     D]. s_addr: (sKhi, sKlo, sVhi, sVlo) of the stage."""
-    D, BM, BN, QREGS, QHI, PVN, LEAN = cfg
+    D, BM, BN, QREGS, PVN, LEAN = cfg
     sKhi, sKlo, sVhi, sVlo = s_addr
     hi = np.vectorize(lambda x: split(x)[0], otypes=[np.float32])
     lo = np.vectorize(lambda x: split(x)[1], otypes=[np.float32])
@@ -119,16 +119,15 @@ def check_operands(smem, cfg, kt, vt, s_addr, q_lo=None, sQlo=0, wg_row0=0):
 
 
 def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, scale):
-    D, BM, BN, QREGS, QHI, PVN, LEAN = cfg
+    D, BM, BN, QREGS, PVN, LEAN = cfg
     nheads, nheads_k = q.shape[2], k.shape[2]
     sq, sk, hd = q.shape[1], k.shape[1], q.shape[3]
     stages = 2
     consumers = BM // 64
     tile = BN * D * 4
-    qbytes = 0 if QREGS else BM * D * 4
-    qtiles = 0 if QREGS else 1 if QHI else 2  # Traits::kQTiles
-    smem = Smem(qtiles * qbytes + stages * 4 * tile + 64)
-    sQhi, sQlo, sSt = 0, (0 if QHI else qbytes), qtiles * qbytes
+    qbytes = 0 if QREGS else BM * D * 4  # Traits::kQBytes: Q lo
+    smem = Smem(qbytes + stages * 4 * tile + 64)
+    sQlo, sSt = 0, qbytes
     sKhi = lambda s: sSt + s * 4 * tile
     sKlo = lambda s: sKhi(s) + tile
     sVhi = lambda s: sKhi(s) + 2 * tile
@@ -211,18 +210,17 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
         # lane_row per thread (128 threads): 16 warp + g
         thr = [(w, l) for w in range(4) for l in range(32)]
         lane_row = {t: row0 + wg_row0 + 16 * t[0] + t[1] // 4 for t in thr}
-        if QHI:  # Q hi (and, QREGS, Q lo) as A fragments in registers
-            qfrag = {}
-            for t in thr:
-                g, qq = t[1] // 4, t[1] % 4
-                fr = np.zeros((D // 8, 4, 2), np.float32)
-                for kk in range(D // 8):
-                    for i in range(4):
-                        row = lane_row[t] + 8 * (i & 1)
-                        col = 8 * kk + qq + 4 * (i >> 1)
-                        x = q[batch, row, head, col] if row < sq and col < hd else 0.0
-                        fr[kk, i] = split(x)
-                qfrag[t] = fr
+        qfrag = {}  # Q hi (and, QREGS, Q lo) as A fragments in registers
+        for t in thr:
+            g, qq = t[1] // 4, t[1] % 4
+            fr = np.zeros((D // 8, 4, 2), np.float32)
+            for kk in range(D // 8):
+                for i in range(4):
+                    row = lane_row[t] + 8 * (i & 1)
+                    col = 8 * kk + qq + 4 * (i >> 1)
+                    x = q[batch, row, head, col] if row < sq and col < hd else 0.0
+                    fr[kk, i] = split(x)
+            qfrag[t] = fr
         if not QREGS:
             before = smem.writes.copy()
             for tid in range(128):
@@ -231,22 +229,18 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
                     x = gq.load4(gqbase + (row0 + wg_row0) * gq.row_stride, gq.row_stride, r,
                                  sq - row0 - wg_row0, cc, hd, True)
                     hi, lo = zip(*(split(e) for e in x))
-                    off = swz(BM, wg_row0 + r, cc)
-                    if not QHI:
-                        smem.st(sQhi + off, hi)
-                    smem.st(sQlo + off, lo)
+                    smem.st(sQlo + swz(BM, wg_row0 + r, cc), lo)
             diff = smem.writes - before
-            qwords = 64 * D * (1 if QHI else 2)  # (the warpgroup's 64 rows of each chunk)
+            qwords = 64 * D  # (the warpgroup's 64 rows of each chunk)
             assert diff.sum() == qwords and diff.max() == 1, "Q words written once"
-            if QHI:
-                qm = np.zeros((64, D), np.float32)
-                nr = max(0, min(64, sq - row0 - wg_row0))
-                qm[:nr, :hd] = q[batch, row0 + wg_row0:row0 + wg_row0 + nr, head]
-                for kk in range(D // 8):  # Q lo of this warpgroup, every element
-                    qa = (kk // 4) * (BM * 128) + wg_row0 * 128 + (kk % 4) * 32
-                    ref = np.vectorize(lambda x: split(x)[1], otypes=[np.float32])(
-                        qm[:, 8 * kk:8 * kk + 8])
-                    assert np.array_equal(smem.operand(sQlo + qa, 64), ref), ("Q lo", kk)
+            qm = np.zeros((64, D), np.float32)
+            nr = max(0, min(64, sq - row0 - wg_row0))
+            qm[:nr, :hd] = q[batch, row0 + wg_row0:row0 + wg_row0 + nr, head]
+            for kk in range(D // 8):  # Q lo of this warpgroup, every element
+                qa = (kk // 4) * (BM * 128) + wg_row0 * 128 + (kk % 4) * 32
+                ref = np.vectorize(lambda x: split(x)[1], otypes=[np.float32])(
+                    qm[:, 8 * kk:8 * kk + 8])
+                assert np.array_equal(smem.operand(sQlo + qa, 64), ref), ("Q lo", kk)
 
         def a_from_regs(kk, which):
             a = np.full((64, 8), np.nan, np.float32)
@@ -283,13 +277,9 @@ def run_cta(cfg, q, k, v, batch, head, m_block, causal, window_right, fixed, sca
                 blo = smem.operand(sKlo(s) + kb, BN).astype(np.float64)
                 if QREGS:
                     ahi, alo = a_from_regs(kk, 0), a_from_regs(kk, 1)
-                elif QHI:  # Qlo Khi from shared memory (SS), Q hi from registers (RS)
+                else:  # Qlo Khi from shared memory (SS), Q hi from registers (RS)
                     qa = (kk // 4) * (BM * 128) + wg_row0 * 128 + (kk % 4) * 32
                     ahi, alo = a_from_regs(kk, 0), smem.operand(sQlo + qa, 64)
-                else:
-                    qa = (kk // 4) * (BM * 128) + wg_row0 * 128 + (kk % 4) * 32
-                    ahi = smem.operand(sQhi + qa, 64)
-                    alo = smem.operand(sQlo + qa, 64)
                 ahi, alo = ahi.astype(np.float64), alo.astype(np.float64)
                 S += alo @ bhi.T + ahi @ blo.T + ahi @ bhi.T
             acc_s = to_regs(S)
@@ -405,9 +395,8 @@ def reference(q, k, v, batch, head, rows, causal, window_right, scale):
     return O, lse
 
 
-# kernel -> (D, BM, BN, QREGS, QHI, PVN, LEAN): Fp32WgTraits<64>, <128>, <128, true>.
-CONFIGS = {64: (64, 128, 64, True, True, 64, False), 128: (128, 64, 32, False, False, 128, False),
-           "128-2wg": (128, 128, 32, False, True, 64, True)}
+# kernel -> (D, BM, BN, QREGS, PVN, LEAN): Fp32WgTraits<64>, <128>.
+CONFIGS = {64: (64, 128, 64, True, 64, False), 128: (128, 128, 32, False, 64, True)}
 
 
 def check(kd, b, sq, sk, h, hk, d, causal, wr, m_block, fixed, seed=0):
@@ -446,19 +435,16 @@ if __name__ == "__main__":
         (64, 1, 113, 203, 4, 2, 64, True, -1, 0),
         (64, 1, 200, 333, 2, 1, 64, False, 16, 1),
         (64, 1, 70, 70, 2, 2, 40, True, -1, 0),
+        # d128: 128-row tiles (rows of the second warpgroup past the end, ragged in either),
+        # key tails, causal, a right window, GQA / MQA, d < 128
+        (128, 1, 128, 64, 2, 1, 128, False, -1, 0),
         (128, 2, 1, 97, 2, 2, 128, False, -1, 0),
-        (128, 1, 129, 67, 4, 1, 96, False, -1, 2),
-        (128, 2, 150, 97, 2, 2, 128, False, 40, 1),
-        # the two-warpgroup d128 instance: 128-row tiles (rows of the second warpgroup past
-        # the end, ragged in either), key tails, causal, a right window, GQA / MQA, d < 128
-        ("128-2wg", 1, 128, 64, 2, 1, 128, False, -1, 0),
-        ("128-2wg", 2, 1, 97, 2, 2, 128, False, -1, 0),
-        ("128-2wg", 1, 64, 33, 2, 1, 128, True, -1, 0),
-        ("128-2wg", 1, 200, 333, 4, 2, 128, True, -1, 1),
-        ("128-2wg", 1, 129, 67, 4, 1, 96, False, -1, 1),
-        ("128-2wg", 2, 150, 97, 2, 2, 72, False, 40, 0),
-        ("128-2wg", 1, 256, 256, 2, 1, 128, True, -1, 0),  # key tiles all masked for rows 0-63
-        ("128-2wg", 1, 300, 100, 2, 2, 128, True, -1, 1),  # rows 128-199 see no key
+        (128, 1, 64, 33, 2, 1, 128, True, -1, 0),
+        (128, 1, 200, 333, 4, 2, 128, True, -1, 1),
+        (128, 1, 129, 67, 4, 1, 96, False, -1, 1),
+        (128, 2, 150, 97, 2, 2, 72, False, 40, 0),
+        (128, 1, 256, 256, 2, 1, 128, True, -1, 0),  # key tiles all masked for rows 0-63
+        (128, 1, 300, 100, 2, 2, 128, True, -1, 1),  # rows 128-199 see no key
     ]
     for c in cases:
         print(("fixed " if fixed else "buggy ") + str(c), "->", check(*c, fixed=fixed))

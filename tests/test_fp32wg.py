@@ -4,8 +4,10 @@ including fp32wg): 3xTF32 on tf32 wgmma for dense full / causal attention at ker
 
 CPU, every build: the switch reaches the binding (allow_sm90 for float32 calls: on by default,
 off with FLASHATTN2_FP32WG=0 / fp32wg(False) / force_sm80()) and the kernel code 91 is
-reported as "fp32wg". GPU (sm_90, fp32wg builds): out and lse against float64 with the 2x rule
-of fp32_checks.py, the kernel that ran asserted; the calls it does not take fall back.
+reported as "fp32wg"; the host model of the index arithmetic (scripts/fp32wg_model.py) on two
+small d128 cases. GPU (sm_90, fp32wg builds): out and lse against float64 with the 2x rule of
+fp32_checks.py into NaN-filled outputs, the kernel that ran asserted (its instance too, by the
+profiler); the calls it does not take fall back.
 """
 import flashattn2
 import pytest
@@ -92,6 +94,26 @@ def test_kernel_code_91_is_fp32wg(monkeypatch):
     assert (_ext.last_fwd_arch, _ext.last_fwd_kernel) == (90, "fp32wg")
 
 
+# The host model of the kernel's index arithmetic (scripts/fp32wg_model.py: every wgmma
+# operand element of every tile checked against the split it should hold, then out / lse
+# against float64), on two small d128 cases: keeps the model running with the kernel.
+@pytest.mark.parametrize("case", [(128, 1, 64, 33, 2, 1, 128, True, -1, 0),
+                                  (128, 1, 129, 67, 4, 1, 96, False, -1, 1)])
+def test_fp32wg_host_model(case):
+    import pathlib
+    import re
+    import sys
+    pytest.importorskip("numpy")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import fp32wg_model
+    finally:
+        sys.path.pop(0)
+    result = fp32wg_model.check(*case, fixed=True)
+    errors = re.fullmatch(r"out err (\S+) lse err (\S+)", result)
+    assert errors and max(map(float, errors.groups())) < 1e-6, result
+
+
 # ---- GPU: sm_90, fp32wg builds ------------------------------------------------------------
 
 
@@ -102,24 +124,36 @@ def hopper():
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): d64 / d128 kernels
-# (d40 -> 64, d96 -> 128), GQA / MQA, ragged tails in both lengths, seqlen_q > seqlen_k
-# causal (rows that see no key: lse +inf, out 0), one query row, 1k-4k (the two-level
-# accumulation over many key tiles); a right window without a left one (the kernel's mask
-# takes any window_right; window_left >= 0 falls back).
+# (d40 -> 64, d72 / d96 -> 128, zero-filled past d), GQA / MQA, ragged tails in both lengths
+# (128-row tiles: seqlen_q 1, 64 (the second warpgroup's rows all past the end), 127 / 129 /
+# 200 (ragged in one warpgroup or the other), 128; d128's 32-key tiles: 1, 33, 67, 97, 1000),
+# causal with seqlen_q > seqlen_k (rows that see no key: lse +inf, out 0) and < seqlen_k,
+# 1k-4k (the two-level accumulation over many key tiles, and the LSE drift of
+# scripts/fp32wg_lse.py); a right window without a left one (the kernel's mask takes any
+# window_right; window_left >= 0 falls back).
 SHAPES = [
     (1, 113, 203, 4, 2, 64, False, (-1, -1)),
     (1, 113, 203, 4, 2, 64, True, (-1, -1)),
     (1, 200, 333, 2, 1, 64, False, (-1, 16)),
     (2, 150, 97, 2, 2, 128, False, (-1, 40)),
     (1, 257, 257, 3, 3, 40, True, (-1, -1)),
+    (1, 1, 1, 1, 1, 128, False, (-1, -1)),
     (2, 1, 97, 2, 2, 128, False, (-1, -1)),
+    (1, 64, 33, 2, 1, 128, True, (-1, -1)),
+    (1, 127, 129, 4, 2, 128, False, (-1, -1)),
     (2, 203, 113, 4, 4, 128, True, (-1, -1)),
+    (1, 200, 333, 2, 1, 72, False, (-1, 40)),
+    (1, 128, 32, 1, 1, 128, False, (-1, -1)),
     (1, 300, 128, 2, 1, 128, False, (-1, -1)),
+    (1, 300, 1000, 2, 1, 128, True, (-1, -1)),
     (1, 129, 67, 4, 1, 96, False, (-1, -1)),
     (1, 1024, 1024, 4, 2, 64, False, (-1, -1)),
     (1, 1024, 1024, 2, 1, 128, True, (-1, -1)),
+    (1, 1024, 1024, 2, 2, 96, False, (-1, -1)),
     (1, 4096, 4096, 4, 2, 64, True, (-1, -1)),
     (1, 2048, 4096, 2, 1, 128, False, (-1, -1)),
+    (1, 4096, 4096, 2, 1, 128, True, (-1, -1)),
+    (1, 1, 4096, 4, 2, 128, False, (-1, -1)),
 ]
 
 
@@ -145,12 +179,15 @@ def test_fp32wg_forward_against_float64(hopper, shape):
              ref_attention(causal, window), (q, k, v))
 
 
-# One CTA and one head, the pieces apart (kernel d64: 128 rows, 64-key tiles; d128: 64 rows,
-# 32-key tiles): "full" random q, k, v over one key tile; "pv" softmax scale 1e-6 (P nearly
-# uniform whatever S's layout: out is V's column means, the V^T store / P V path alone); "p"
-# v the identity (seqlen_k = head dim: out is P itself, the S = Q K^T layout, softmax and the
-# P fragments alone). A failure names the worst rows and columns.
-PIECES = [(d, sq, piece) for d, sq in ((64, 128), (128, 64)) for piece in ("full", "pv", "p")]
+# One CTA and one head, the pieces apart (128-row tiles; d64: 64-key tiles, d128: 32-key
+# tiles; d128 with 64 rows too: the second warpgroup's rows past the end): "full" random q, k,
+# v over one key tile; "pv" softmax scale 1e-6 (P nearly uniform whatever S's layout: out is
+# V's column means, the V^T store / P V path alone: both 64-column halves at d128); "p" v the
+# identity (seqlen_k = head dim: out is P itself, the S = Q K^T layout with Q hi from
+# registers and, d128, Q lo from shared memory, softmax and the P fragments alone). A failure
+# names the worst rows and columns.
+PIECES = [(d, sq, piece) for d, sq in ((64, 128), (128, 64), (128, 128))
+          for piece in ("full", "pv", "p")]
 
 
 def _worst(err, tol):
@@ -162,7 +199,7 @@ def _worst(err, tol):
 
 @gpu
 @needs_fp32wg
-@pytest.mark.parametrize("d, sq, piece", PIECES, ids=[f"d{d}-{p}" for d, _, p in PIECES])
+@pytest.mark.parametrize("d, sq, piece", PIECES, ids=[f"d{d}-{sq}-{p}" for d, sq, p in PIECES])
 def test_fp32wg_single_tile(hopper, d, sq, piece):
     sk = d if piece == "p" else {64: 64, 128: 32}[d]
     q, k, v = _qkv(1, sq, sk, 1, 1, d, device="cuda")
@@ -217,3 +254,34 @@ def test_fp32wg_varlen_falls_back(hopper):
         rows = slice(int(cu[i]), int(cu[i]) + n)
         check_2x((f"seq {i}",), (out[rows][None],), ref_attention(True),
                  (q[rows][None], k[rows][None], v[rows][None]))
+
+
+def _instance(name):
+    """The head dim of an Fp32WgTraits profiler kernel name, demangled or not."""
+    for d in (64, 128):
+        if f"Fp32WgTraits<{d}>" in name or f"Fp32WgTraitsILi{d}EE" in name:
+            return d
+    raise AssertionError(f"not an fp32wg instance: {name}")
+
+
+def _kernel_names(fn):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if "fwd_fp32wg_kernel" in e.key]
+
+
+@gpu
+@needs_fp32wg
+def test_fp32wg_runs_the_instance_of_its_head_dim(hopper):
+    """Fp32WgTraits<128> runs at d128 and d96, <64> at d64."""
+    q, k, v = _qkv(1, 256, 256, 2, 2, 128, device="cuda")
+    with _ext.fp32wg(True):
+        names = {d: _kernel_names(lambda: kernel_forward(*(t[..., :d].contiguous()
+                                                           for t in (q, k, v)), True, (-1, -1)))
+                 for d in (128, 96, 64)}
+    if not any(names.values()):
+        pytest.skip("the profiler recorded no kernels (CUPTI unavailable?)")
+    assert {d: [_instance(n) for n in ns] for d, ns in names.items()} == \
+        {128: [128], 96: [128], 64: [64]}, names

@@ -135,10 +135,6 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // default): a warpgroup's first key step runs on the block's first 32 or 64 keys where it
   // sees none of the others (sm90/fwd_kernel.cuh kNarrowStep).
   bool sm90_narrow_step = false;
-  // Hopper float32 forward (fp32/wg_kernel.cuh), kernel head dim 128: true runs the instance
-  // of two consumer warpgroups (128 query rows; wg_config.h two_wg), false the one of 64 rows
-  // (FLASHATTN2_FP32WG_D128_2WG, off by default: an A/B switch until measured).
-  bool fp32wg_d128_2wg = false;
   // Hopper forward, plain dense full attention in one split: true (FLASHATTN2_SM90_FA3_ORDER,
   // on by default) takes FA3's step order where sm90/fwd_config.h sm90_fwd_fa3_order says
   // (d256 from 2048 keys); false never does. (Last: the struct's tail padding holds it, so the

@@ -13,9 +13,8 @@ void run_fwd_fp32(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim>
 void run_bwd_fp32(const BwdParams& params, cudaStream_t stream);
 // wg_launch.cuh (FLASHATTN2_FP32WG builds, sm_90a), instantiated in fwd_fp32wg_hdim<D>.cu for
-// kernel head dims 64 and 128 (wg_config.h), and d128's two-warpgroup instance (two_wg) in
-// fwd_fp32wg_hdim128_2wg.cu.
-template <int kHeadDim, bool kTwoWg = false>
+// kernel head dims 64 and 128 (wg_config.h).
+template <int kHeadDim>
 void run_fwd_fp32wg(const FwdParams& params, cudaStream_t stream);
 // bwd_fp32wg_hdim64.cu (FLASHATTN2_FP32WG builds, sm_90a): the Hopper float32 backward
 // (wg_bwd_kernel.cuh) for the kernel head dims of wg_bwd_config.h, preprocess and convert

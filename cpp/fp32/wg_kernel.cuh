@@ -6,15 +6,15 @@
 // Tiling
 //   grid   (ceil(seqlen_q / kBlockM), nheads, batch), m blocks in reverse order (the longest
 //          causal rows first), as fp32/fwd_kernel.cuh.
-//   block  128 (1 + kConsumers) threads. Warpgroup 0, the producer, loads each K / V tile
+//   block  384 threads (128 query rows). Warpgroup 0, the producer, loads each K / V tile
 //          from global memory (16-byte loads), splits every value into tf32 hi / lo and
 //          stores them in the wgmma layouts: K as it is (K-major: S = Q K^T reduces over d,
 //          contiguous), V transposed (P V reduces over the keys: tf32 wgmma has no MN-major
-//          B, so V^T rows of keys). Consumer warpgroup c owns query rows [64 c, 64 c + 64).
-//   smem   kStages x (K hi, K lo [kBlockN x d], V^T hi, V^T lo [d x kBlockN]); !kQRegs: Q hi,
-//          Q lo [kBlockM x d] (kQHiRegs: Q lo only). Each tile as 32-column chunks of
-//          128-byte rows in the 128-byte swizzle (16-byte unit u of row r at u ^ (r % 8): Swz
-//          below), the layout
+//          B, so V^T rows of keys). Consumer warpgroup c (c = 0, 1) owns query rows
+//          [64 c, 64 c + 64).
+//   smem   kStages x (K hi, K lo [kBlockN x d], V^T hi, V^T lo [d x kBlockN]); !kQRegs (d128):
+//          Q lo [kBlockM x d]. Each tile as 32-column chunks of 128-byte rows in the 128-byte
+//          swizzle (16-byte unit u of row r at u ^ (r % 8): swz below), the layout
 //          sm90/wgmma.cuh's K-major descriptors describe (a k8 step of tf32 is a k16 step's 32
 //          bytes). Then per stage the mbarriers full (the producer's 128 threads arrive) and
 //          empty (one arrival per consumer warp). Budget: fp32/wg_config.h.
@@ -27,13 +27,11 @@
 //            consumer: wait full; S = Q K^T: per k8 step the three wgmma (Qlo Khi, Qhi Klo,
 //            Qhi Khi) into a fresh accumulator (two alternate, so that the FADD into S of one
 //            step runs under the next step's wgmma); mask; online softmax (base 2, exact row
-//            max); P split into A fragments; O = O corr + P V: per 4 k8 steps (32 keys) the
-//            three wgmma per step (Plo VThi, Phi VTlo, Phi VThi) into a fresh accumulator,
-//            then FFMA / FADD into O; release the stage.
-//   d128   two instances (wg_config.h): 64 rows, one consumer warpgroup, Q hi / lo in shared
-//          memory (SS); kTwoWg (FwdParams::fp32wg_d128_2wg): 128 rows in two consumer
-//          warpgroups, Q hi in registers (RS for Qhi Klo, Qhi Khi), Q lo in shared memory (SS
-//          for Qlo Khi), P V per 64 columns of O (kPVN: a fresh accumulator of 32 registers).
+//            max); P split into A fragments; O = O corr + P V: per 4 k8 steps (32 keys) and
+//            64 columns of O (kPVN) the three wgmma per step (Plo VThi, Phi VTlo, Phi VThi)
+//            into a fresh accumulator, then FFMA / FADD into O; release the stage.
+//   Q      hi in registers (RS for Qhi Klo, Qhi Khi); lo in registers at d64 (kQRegs), in
+//          shared memory at d128 (SS for Qlo Khi): wg_config.h.
 //   epilogue  O / sum from the accumulators (float2 stores), LSE = max * scale + ln(sum),
 //          +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers, strides multiples of 4
@@ -55,41 +53,35 @@
 
 namespace flashattn2 {
 
-// kTwoWg: the d128 instance of two consumer warpgroups (wg_config.h); d64 has them anyway.
-template <int kHeadDim_, bool kTwoWg = false>
+template <int kHeadDim_>
 struct Fp32WgTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = fp32wg_block_m(kHeadDim, kTwoWg);
+  static constexpr int kBlockM = kFp32WgBlockM;
   static constexpr int kBlockN = fp32wg_block_n(kHeadDim);
-  static constexpr bool kQRegs = fp32wg_q_regs(kHeadDim);              // Q hi and lo
-  static constexpr bool kQHiRegs = fp32wg_q_hi_regs(kHeadDim, kTwoWg);  // Q hi
-  static constexpr int kPVN = fp32wg_pv_n(kHeadDim, kTwoWg);           // O columns per P V
+  static constexpr bool kQRegs = fp32wg_q_regs(kHeadDim);  // Q lo (Q hi always)
+  static constexpr int kPVN = kFp32WgPVN;                  // O columns per P V
   static constexpr int kStages = kFp32WgStages;
   static constexpr int kConsumers = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kTileBytes = kBlockN * kHeadDim * 4;  // K hi, K lo, V^T hi or V^T lo
-  static constexpr int kQBytes = kQRegs ? 0 : kBlockM * kHeadDim * 4;  // Q hi or Q lo
-  static constexpr int kQTiles = kQRegs ? 0 : kQHiRegs ? 1 : 2;        // in shared memory
-  static constexpr int kSmemBytes = fp32wg_smem_bytes(kHeadDim, kTwoWg);
-  // setmaxnreg (two consumer warpgroups only; with one, 256 threads have 255 registers each
-  // at launch already). d64: the producer's loads 4 float4 deep (its per-thread smem offsets
-  // and addresses, hoisted out of the key loop, spilled at 56-72 registers; the consumers fit
-  // 208 without spills). d128 (one consumer, a tile every ~1500 tensor clocks): a whole
-  // tile's K (or V) loads in flight per thread (8 float4), so that L2 latency does not
-  // starve the consumer.
-  static constexpr int kProducerRegs = kTwoWg ? 72 : 80;
-  static constexpr int kConsumerRegs = kTwoWg ? 216 : 208;
-  static constexpr int kLoadDepth = kConsumers == 1 ? 8 : 4;  // the producer loops' unroll
-  // kTwoWg (producer 72, consumers 216 registers) saves registers where the others keep their
-  // code (unchanged SASS): the producer's bounds tests against per-thread remainders (rows -
-  // k_row, d - v_col), each unrolled load comparing with an immediate (tests against k_row +
-  // 4 i, v_col + 16 i kept those values live: 2 spilled), and the key loops end at block 0
-  // (window_left < 0 here: blocks.min is 0; kept live, it spilled).
-  static constexpr bool kLean = kTwoWg;
+  static constexpr int kQBytes = kQRegs ? 0 : kBlockM * kHeadDim * 4;  // Q lo in shared memory
+  static constexpr int kSmemBytes = fp32wg_smem_bytes(kHeadDim);
+  // setmaxnreg. d64: the producer's loads 4 float4 deep (its per-thread smem offsets and
+  // addresses, hoisted out of the key loop, spilled at 56-72 registers; the consumers fit 208
+  // without spills). d128: producer 72, consumers 216 (kLean).
+  static constexpr int kProducerRegs = kHeadDim > 64 ? 72 : 80;
+  static constexpr int kConsumerRegs = kHeadDim > 64 ? 216 : 208;
+  static constexpr int kLoadDepth = 4;  // the producer loops' unroll
+  // d128 saves registers where d64 keeps its code: the producer's bounds tests against
+  // per-thread remainders (rows - k_row, d - v_col), each unrolled load comparing with an
+  // immediate (tests against k_row + 4 i, v_col + 16 i kept those values live: 2 spilled),
+  // and the key loops end at block 0 (window_left < 0 here: blocks.min is 0; kept live, it
+  // spilled).
+  static constexpr bool kLean = kHeadDim > 64;
   static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0 && kBlockM % 64 == 0, "whole chunks");
   static_assert(128 % kBlockN == 0, "the V^T store: a thread per key, 128 / kBlockN columns");
   static_assert(kHeadDim % kPVN == 0 && kPVN % 8 == 0, "P V in whole n8 tiles");
-  static_assert(kQTiles * kQBytes + kStages * 4 * kTileBytes + 16 * kStages + 1024 <= kSmemBytes,
+  static_assert(kQBytes + kStages * 4 * kTileBytes + 16 * kStages + 1024 <= kSmemBytes,
                 "smem budget");
   static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
 };
@@ -147,7 +139,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
   constexpr int kStages = Traits::kStages;
   constexpr int kTileBytes = Traits::kTileBytes;
   constexpr bool kQRegs = Traits::kQRegs;
-  constexpr bool kQHiRegs = Traits::kQHiRegs;
   constexpr int kPVN = Traits::kPVN;
   constexpr int kLoadDepth = Traits::kLoadDepth;
   constexpr int kKSteps = kHeadDim / 8;  // k8 steps of S = n8 tiles of O
@@ -157,9 +148,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  // (Q hi and Q lo in shared memory: Q hi first; Q lo only: Q lo first)
-  const uint32_t sQhi = smem, sQlo = smem + (kQHiRegs ? 0 : Traits::kQBytes);
-  const uint32_t sStages = smem + Traits::kQTiles * Traits::kQBytes;
+  const uint32_t sQlo = smem;  // (!kQRegs)
+  const uint32_t sStages = smem + Traits::kQBytes;
   // Stage s: K hi, K lo, V^T hi, V^T lo.
   auto sKhi = [&](int s) { return sStages + s * 4 * kTileBytes; };
   auto sKlo = [&](int s) { return sKhi(s) + kTileBytes; };
@@ -194,8 +184,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
 
   if (warp < 4) {
     // ---- producer: K and V^T of each key tile, split ----
-    // (one consumer warpgroup: both roles keep the launch's registers, no setmaxnreg)
-    if constexpr (Traits::kConsumers > 1) regs_decrease<Traits::kProducerRegs>();
+    regs_decrease<Traits::kProducerRegs>();
     const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
                       head_k * p.k_head_stride;
     const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
@@ -288,7 +277,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
     }
   } else {
     // ---- consumers ----
-    if constexpr (Traits::kConsumers > 1) regs_increase<Traits::kConsumerRegs>();
+    regs_increase<Traits::kConsumerRegs>();
     const int consumer = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
     const int warp_in_wg = warp % 4;
     const int g = lane / 4;
@@ -298,24 +287,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
     const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
                       head * p.q_head_stride;
 
-    // Q split once: in registers (kQRegs: hi and lo; kQHiRegs: hi), the lane's A fragments
-    // (k8 step kk: (g, q), (g+8, q), (g, q+4), (g+8, q+4) of its warp's 16 rows); in shared
-    // memory the warpgroup's 64 rows into sQhi / sQlo (both, or sQlo only where kQHiRegs).
-    [[maybe_unused]] uint32_t q_hi[kQHiRegs ? kKSteps : 1][4], q_lo[kQRegs ? kKSteps : 1][4];
-    if constexpr (kQHiRegs) {
+    // Q split once: Q hi (and, kQRegs, Q lo) in registers, the lane's A fragments (k8 step
+    // kk: (g, q), (g+8, q), (g, q+4), (g+8, q+4) of its warp's 16 rows); !kQRegs: Q lo of the
+    // warpgroup's 64 rows into sQlo.
+    uint32_t q_hi[kKSteps][4];
+    [[maybe_unused]] uint32_t q_lo[kQRegs ? kKSteps : 1][4];
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk)
+    for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = lane_row + 8 * (i & 1), col = 8 * kk + q + 4 * (i >> 1);
-          const float x = row < seqlen_q && col < p.headdim
-                              ? __ldg(gQ + int64_t(row) * p.q_row_stride + col)
-                              : 0.f;
-          const tf32::Split sp = tf32::split(x);
-          q_hi[kk][i] = sp.hi;
-          if constexpr (kQRegs) q_lo[kk][i] = sp.lo;
-        }
-    }
+      for (int i = 0; i < 4; ++i) {
+        const int row = lane_row + 8 * (i & 1), col = 8 * kk + q + 4 * (i >> 1);
+        const float x = row < seqlen_q && col < p.headdim
+                            ? __ldg(gQ + int64_t(row) * p.q_row_stride + col)
+                            : 0.f;
+        const tf32::Split sp = tf32::split(x);
+        q_hi[kk][i] = sp.hi;
+        if constexpr (kQRegs) q_lo[kk][i] = sp.lo;
+      }
     if constexpr (!kQRegs) {
       const float* gQt = gQ + int64_t(row0 + wg_row0) * p.q_row_stride;
       for (int i = tid % 128; i < 64 * kHeadDim / 4; i += 128) {
@@ -323,7 +311,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
         const fp32wg::Split4 x = fp32wg::split4(
             fp32wg::load4(gQt, p.q_row_stride, r, seqlen_q - row0 - wg_row0, c, p.headdim));
         const uint32_t off = fp32wg::swz<kBlockM>(wg_row0 + r, c);
-        if constexpr (!kQHiRegs) st_shared_v4(sQhi + off, x.hi.x, x.hi.y, x.hi.z, x.hi.w);
         st_shared_v4(sQlo + off, x.lo.x, x.lo.y, x.lo.z, x.lo.w);
       }
       fence_proxy_async();
@@ -336,20 +323,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       const uint64_t b_hi = desc_k_major(sKhi(s) + kb), b_lo = desc_k_major(sKlo(s) + kb);
       if constexpr (kQRegs) {
         WgmmaTf32<kBlockN>::rs(t, q_lo[kk], b_hi, 0);
-        WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_lo, 1);
-        WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_hi, 1);
-      } else if constexpr (kQHiRegs) {
-        const uint32_t qa = (kk / 4) * (kBlockM * 128) + wg_row0 * 128 + (kk % 4) * 32;
-        WgmmaTf32<kBlockN>::ss(t, desc_k_major(sQlo + qa), b_hi, 0);
-        WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_lo, 1);
-        WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_hi, 1);
       } else {
         const uint32_t qa = (kk / 4) * (kBlockM * 128) + wg_row0 * 128 + (kk % 4) * 32;
-        const uint64_t a_hi = desc_k_major(sQhi + qa), a_lo = desc_k_major(sQlo + qa);
-        WgmmaTf32<kBlockN>::ss(t, a_lo, b_hi, 0);
-        WgmmaTf32<kBlockN>::ss(t, a_hi, b_lo, 1);
-        WgmmaTf32<kBlockN>::ss(t, a_hi, b_hi, 1);
+        WgmmaTf32<kBlockN>::ss(t, desc_k_major(sQlo + qa), b_hi, 0);
       }
+      WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_lo, 1);
+      WgmmaTf32<kBlockN>::rs(t, q_hi[kk], b_hi, 1);
     };
 
     constexpr float kLog2e = 1.4426950408889634f;

@@ -9,9 +9,9 @@
 
 namespace flashattn2 {
 
-template <int kHeadDim, bool kTwoWg>
+template <int kHeadDim>
 void run_fwd_fp32wg(const FwdParams& params, cudaStream_t stream) {
-  using Traits = Fp32WgTraits<kHeadDim, kTwoWg>;
+  using Traits = Fp32WgTraits<kHeadDim>;
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
                   params.batch);
   constexpr auto kernel = fwd_fp32wg_kernel<Traits>;

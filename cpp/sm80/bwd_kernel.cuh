@@ -860,29 +860,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     static_assert(2 * kFloats * kThreadsHalf * sizeof(float) <=
                       2 * kBlockN * kBlockM * sizeof(Element),
                   "partial dK / dV fit sP + sdS");
+    // f(acc, slot) for every float of dK, then dV, of each (mt, dt, e) and its slot in sP.
+    auto each_partial = [&](auto f) {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int dt = 0; dt < kKvTiles; ++dt)
+        for (int dt = 0; dt < kKvTiles; ++dt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = (mt * kKvTiles + dt) * 4 + e;
-          if (second) {
-            part[j * kThreadsHalf] = acc_dk[mt][dt][e];
-            part[(kFloats + j) * kThreadsHalf] = acc_dv[mt][dt][e];
+          for (int e = 0; e < 4; ++e) {
+            const int j = (mt * kKvTiles + dt) * 4 + e;
+            f(acc_dk[mt][dt][e], part[j * kThreadsHalf]);
+            f(acc_dv[mt][dt][e], part[(kFloats + j) * kThreadsHalf]);
           }
-        }
+    };
+    each_partial([&](float& acc, float& slot) {
+      if (second) slot = acc;
+    });
     __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int dt = 0; dt < kKvTiles; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = (mt * kKvTiles + dt) * 4 + e;  // (the second warps add their own)
-          acc_dk[mt][dt][e] += part[j * kThreadsHalf];
-          acc_dv[mt][dt][e] += part[(kFloats + j) * kThreadsHalf];
-        }
+    each_partial([](float& acc, float& slot) { acc += slot; });  // (the second warps: their own)
   }
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)

@@ -120,12 +120,6 @@ DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
 # at import, the fp32wg(False) context manager or force_sm80() keep them on the mma.sync
 # float32 kernels (for A/B comparisons). Without the build item it does nothing.
 FP32WG = _env_flag("FLASHATTN2_FP32WG", "1")
-# Where the Hopper float32 kernel runs at kernel head dim 128: True runs its instance of two
-# consumer warpgroups (128 query rows, Q hi in registers; cpp/fp32/wg_config.h two_wg; the
-# default: 1.45-1.6x the other on an H100), False the one of 64 rows.
-# FLASHATTN2_FP32WG_D128_2WG=0 at import, or the fp32wg_d128_2wg() context manager (for A/B
-# comparisons; results agree to rounding).
-FP32WG_D128_2WG = _env_flag("FLASHATTN2_FP32WG_D128_2WG", "1")
 # Builds with FLASHATTN2_EXPERIMENTAL=fp32wg: True runs the float32 backwards it supports on
 # sm_90 GPUs (dense, full or causal, kernel head dim 64, MHA / GQA, not deterministic) on the
 # Hopper float32 backward (cpp/fp32/wg_bwd_kernel.cuh; last_bwd_kernel "fp32wg"; the default:
@@ -252,9 +246,6 @@ bwd_dq_first_store = _switch("BWD_DQ_FIRST_STORE", "Inside the block, Hopper bac
                              "zeroing the accumulator (enabled, the default), or add every dQ.")
 fp32wg = _switch("FP32WG", "Inside the block, float32 forwards may run the Hopper float32 "
                  "kernel of fp32wg builds (enabled, the default where built) or never do.")
-fp32wg_d128_2wg = _switch("FP32WG_D128_2WG", "Inside the block, float32 forwards that run the "
-                          "Hopper float32 kernel at kernel head dim 128 take its instance of "
-                          "two consumer warpgroups (enabled, the default) or of one.")
 fp32wg_bwd = _switch("FP32WG_BWD", "Inside the block, float32 backwards may run the Hopper "
                      "float32 backward of fp32wg builds (enabled, the default where built) "
                      "or never do.")

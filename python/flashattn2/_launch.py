@@ -89,7 +89,7 @@ _FWD_BIAS = dict(attn_bias=0, bias_strides=(), bias_dtype=-1)
 _FWD_OPTIONAL = (tuple(_FWD_LAYOUT) + ("num_splits", "o_accum", "lse_accum") + tuple(_FWD_VARLEN)
                  + tuple(_FWD_MODS) + ("q_pack", "allow_sm90", "tile_counter") + tuple(_FWD_BIAS)
                  + ("allow_decode", "kv_l2_prefetch", "kv_issue_early", "sm90_stage_o",
-                    "sm90_narrow_step", "fp32wg_d128_2wg", "sm90_fa3_order"))
+                    "sm90_narrow_step", "sm90_fa3_order"))
 _FWD_KEYS = frozenset(_FWD_LAYOUT) | frozenset(_FWD_VARLEN)  # what **layout may hold
 _FWD_MOD_KEYS = frozenset(_FWD_MODS) | frozenset(_FWD_BIAS)  # what mods may hold
 
@@ -172,7 +172,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         *map(mods.get, _FWD_BIAS, _FWD_BIAS.values()),
         _ext.DECODE_KERNEL, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY, _ext.SM90_STAGE_O,
         _ext.SM90_NARROW_STEP,
-        _ext.FP32WG_D128_2WG, _ext.SM90_FA3_ORDER,
+        _ext.SM90_FA3_ORDER,
     )  # fmt: skip
     _ext.last_fwd_arch, _ext.last_fwd_kernel = _ext.FWD_KERNELS[code]
 
