@@ -23,7 +23,7 @@ from fp32wg_model import Gmem, Smem, key_pos, split, swz
 
 D, BN, BM = 128, 64, 16  # Fp32WgBwd128Traits<128>: kHeadDim, kBlockN, kBlockM
 KB, QB, QTB, SB = BN * D * 4, BM * D * 4, 32 * D * 4, BM * BN * 4
-DKVN = 32  # kDkvN
+DKVN = 64  # kDkvN
 
 
 def layout():

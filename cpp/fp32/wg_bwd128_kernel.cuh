@@ -56,7 +56,7 @@ struct Fp32WgBwd128Traits {
   static constexpr int kBlockM = kFp32WgBwd128BlockM;  // queries per step
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kDkvN = 32;  // columns of dK / dV per wgmma (a fresh accumulator of 16)
+  static constexpr int kDkvN = 64;  // columns of dK / dV per wgmma (a fresh accumulator of 32)
   static constexpr int kSmemBytes = fp32wg_bwd128_smem_bytes(kHeadDim);
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
