@@ -14,8 +14,9 @@
 //   dQ^T [d x queries] = K^T dS^T: M = d split between the warpgroups, A = K^T: hi from
 //            registers (the lane's fragments of its 64 rows of d, 32 registers), lo from
 //            smem (SS), B = sdS; red.global.add (atomicAdd) into dq_accum, each element once.
-// Each warpgroup: 160 registers live (64 + dK or dV 64 + K^T hi 32), 3 x 320 tensor clocks a
-// step. 16 queries a step (S^T, dP^T, dQ^T: wgmma N 16), so that the tiles fit one buffer set.
+// Each warpgroup: 160 registers live (64 + dK or dV 64 + K^T hi 32), 960 tensor clocks a step
+// (S^T or dP^T 384, dV or dK 384, dQ^T 192). 16 queries a step (S^T, dP^T, dQ^T: wgmma N
+// 16), so that the tiles fit one buffer set (fp32/wg_bwd_config.h).
 //
 // Hand-offs between the consumer warpgroups (named barriers of 256 threads: one side
 // arrives, the other syncs; the empty ones only between consecutive steps, so that every
@@ -396,7 +397,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
         gemm_d(acc, at(sVlo), at(sdOhi), at(sdOlo));
         float2 dsum[kQSteps];
 #pragma unroll
-        for (int nt = 0; nt < kQSteps; ++nt) dsum[nt] = ld_shared_float2(at(sDsum) + 4 * (8 * nt + 2 * q));
+        for (int nt = 0; nt < kQSteps; ++nt) {
+          dsum[nt] = ld_shared_float2(at(sDsum) + 4 * (8 * nt + 2 * q));
+        }
         mbar_arrive(bar_empty_nat);  // (dP^T's wgmma completed; dsum read)
         named_sync(kBarPtFull, 256);
         float pt[kS];
@@ -448,7 +451,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       }
       release(bar_empty_tr);
 
-      // dQ^T rows [lane_d0 - lane's offset, + 64) of d = K^T dS^T over the 64 keys: two 32-key
+      // dQ^T rows [64 consumer, + 64) of d = K^T dS^T over the 64 keys: two 32-key
       // chains of 4 k8 steps x 3 products (K^T lo from smem, K^T hi from registers) into fresh
       // accumulators, summed with FADD.
       if (consumer == 0) {
