@@ -273,7 +273,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
          bool dbias_add, bool bias_staged, bool dq_warp, bool pdl, bool convert_lean,
-         bool dq_first_store, bool fp32wg_bwd, bool sm90_dbias) {
+         bool dq_first_store, bool fp32wg_bwd, bool sm90_dbias, bool fp32wg_bwd128) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -336,6 +336,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.dq_first_store = dq_first_store;
   params.fp32wg_bwd = fp32wg_bwd;
   params.sm90_dbias = sm90_dbias;
+  params.fp32wg_bwd128 = fp32wg_bwd128;
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
                                 "deterministic mode needs a stored dbias");
@@ -627,13 +628,14 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dbias_add") = false, py::arg("bias_staged") = true, py::arg("dq_warp") = true,
         py::arg("pdl") = true, py::arg("convert_lean") = false,
         py::arg("dq_first_store") = false, py::arg("fp32wg_bwd") = false,
-        py::arg("sm90_dbias") = false,
+        py::arg("sm90_dbias") = false, py::arg("fp32wg_bwd128") = false,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80, or 91 (flash_api.h "
         "kBwdKernelFp32Wg: the Hopper float32 backward of builds with "
         "FLASHATTN2_EXPERIMENTAL=fp32wg, for the float32 backwards it supports when "
-        "fp32wg_bwd and allow_sm90 are true). "
+        "fp32wg_bwd and allow_sm90 are true), or 92 (kBwdKernelFp32Wg128: its kernel head "
+        "dim 128 instance, when fp32wg_bwd128 and allow_sm90 are true). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(..., dq_chains) floats (no need to zero them). "
@@ -661,10 +663,11 @@ PYBIND11_MODULE(_C, m) {
         "query tile instead of adding it to a zeroed accumulator (A/B; deterministic: the "
         "same dq bits). fp32wg_bwd=True: float32 backwards may run the Hopper float32 "
         "backward (dense, full or causal, kernel head dim 64, not deterministic; A/B). "
-
+        "fp32wg_bwd128=True: the same at kernel head dim 128 (cpp/fp32/wg_bwd128_kernel.cuh; "
+        "A/B, off by default in Python). "
         "sm90_dbias=True: a dbias may run the Hopper backward (d64 / d128, "
         "the bias's rows 16-byte aligned, no softcap), else the mma.sync backward writes it "
-        "(A/B).");
+        "(A/B; on by default in Python).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("knew_strides"), py::arg("vnew_strides"),

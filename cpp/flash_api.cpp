@@ -351,6 +351,14 @@ bool fp32wg_bwd_supports(const BwdParams& p, int kd, int device, bool allow) {
          !p.alibi_slopes && !p.deterministic && compute_capability(device) == 90 &&
          fp32wg_bwd_smem_bytes(kd) <= max_smem_per_block(device);
 }
+// The same for the d128 one (fp32/wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128): the same
+// cases at kernel head dim 128.
+bool fp32wg_bwd128_supports(const BwdParams& p, int kd, int device, bool allow) {
+  return FLASHATTN2_FP32WG && allow && p.fp32wg_bwd128 && kd == 128 && !p.cu_seqlens_q &&
+         !p.cu_seqlens_k && p.window_left < 0 && p.softcap <= 0.f && !p.alibi_slopes &&
+         !p.deterministic && compute_capability(device) == 90 &&
+         fp32wg_bwd128_smem_bytes(kd) <= max_smem_per_block(device);
+}
 #endif
 
 int mha_bwd_fp32(const BwdParams& params, int device, void* stream, bool allow_sm90) {
@@ -370,6 +378,10 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream, bool allow_s
   if (fp32wg_bwd_supports(p, kd, device, allow_sm90)) {
     run_bwd_fp32wg<64>(p, s);
     return kBwdKernelFp32Wg;
+  }
+  if (fp32wg_bwd128_supports(p, kd, device, allow_sm90)) {
+    run_bwd_fp32wg128<128>(p, s);
+    return kBwdKernelFp32Wg128;
   }
 #else
   (void)allow_sm90;

@@ -108,7 +108,7 @@ def main():
 
 
 # tf32 (cpp/fp32wg): m64nNk8, no transpose immediates (tf32 takes K-major A and B only).
-TF32_SHAPES = (32, 64, 128)
+TF32_SHAPES = (16, 32, 64, 128)
 
 
 def tf32_wrapper(n, rs):

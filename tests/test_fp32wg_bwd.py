@@ -155,7 +155,8 @@ def test_fp32wg_bwd_falls_back(hopper, name, shape, kw):
     dout = torch.randn(batch, sq, h, d, device="cuda")
     softcap = kw.get("softcap", 0.0)
     ref = ref_attention(causal, window, softcap=softcap)
-    with _ext.fp32wg_bwd(True):
+    # (d128: the d128 kernel's switch off, whatever FLASHATTN2_FP32WG_BWD128 says)
+    with _ext.fp32wg_bwd(True), _ext.fp32wg_bwd128(False):
         fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window, **kw)
         check_2x(GRADS, fn, ref, (q, k, v), dout)
         assert _ext.last_bwd_kernel == "sm80", name

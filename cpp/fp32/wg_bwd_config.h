@@ -19,4 +19,18 @@ constexpr int fp32wg_bwd_smem_bytes(int kd) {
          1024 + 32;
 }
 
+// d128 (cpp/fp32/wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128; design count:
+// scripts/fp32wg_bwd128_count.py, /work/helpers/fp32bwd128.md): 64 keys per CTA, two consumer
+// warpgroups split the roles (0: S^T, dV; 1: dP^T, dK; dQ^T by rows of d), 16 queries a step.
+constexpr int kFp32WgBwd128BlockN = 64;
+constexpr int kFp32WgBwd128BlockM = 16;
+// K lo, V lo [N x d], K^T lo [d x N]; Q hi, lo, dO hi, lo [M x d]; Q^T, dO^T hi, lo [d x M]
+// (rows of 16 queries padded to the 128-byte swizzle's 32 columns); P^T exchange [N x M]; dS
+// hi, lo [M x N]; lse, dsum [M]; + 1024 to align + 4 mbarriers: 205.2 KiB at d128.
+constexpr int fp32wg_bwd128_smem_bytes(int kd) {
+  return 4 * (3 * kFp32WgBwd128BlockN * kd + 4 * kFp32WgBwd128BlockM * kd + 4 * 32 * kd +
+              3 * kFp32WgBwd128BlockM * kFp32WgBwd128BlockN + 2 * kFp32WgBwd128BlockM) +
+         1024 + 32;
+}
+
 }  // namespace flashattn2

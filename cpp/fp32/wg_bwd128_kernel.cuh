@@ -1,0 +1,521 @@
+// Hopper float32 backward at kernel head dim 128 (issue 21; FLASHATTN2_EXPERIMENTAL=fp32wg
+// builds, taken where BwdParams::fp32wg_bwd128 asks for it): the d64 kernel's GEMMs, 3xTF32
+// scheme, producer and barriers (fp32/wg_bwd_kernel.cuh: read its comment first), cut so that
+// d128's operands fit. Design count: scripts/fp32wg_bwd128_count.py (design R).
+//
+// Why another cut: at d128 a warpgroup of 64 keys holding dK and dV (128 registers) has no
+// room for both K hi and V hi (64 each), and 128 keys' K lo, V lo, K^T hi / lo take 256 KiB.
+// So the CTA owns 64 keys and its two consumer warpgroups split the roles:
+//   warpgroup 0 ("K side"): K hi in registers; S^T = K Q^T; P^T (masked exp2) -> sPT (fp32,
+//            each thread's accumulator registers, read back by the same thread index of
+//            warpgroup 1); dV += P^T dO (B: dO^T); dQ^T rows [0, 64) of d.
+//   warpgroup 1 ("V side"): V hi in registers; dP^T = V dO^T; P^T <- sPT; dS^T = P^T (dP^T -
+//            dsum) -> sdS [q x keys] hi / lo; dK += dS^T Q (B: Q^T); dQ^T rows [64, 128).
+//   dQ^T [d x queries] = K^T dS^T: M = d split between the warpgroups, A = K^T: hi from
+//            registers (the lane's fragments of its 64 rows of d, 32 registers), lo from
+//            smem (SS), B = sdS; red.global.add (atomicAdd) into dq_accum, each element once.
+// Each warpgroup: 160 registers live (64 + dK or dV 64 + K^T hi 32), 960 tensor clocks a step
+// (S^T or dP^T 384, dV or dK 384, dQ^T 192). 16 queries a step (S^T, dP^T, dQ^T: wgmma N
+// 16), so that the tiles fit one buffer set (fp32/wg_bwd_config.h).
+//
+// Hand-offs between the consumer warpgroups (named barriers of 256 threads: one side
+// arrives, the other syncs; the empty ones only between consecutive steps, so that every
+// arrival has its sync):
+//   kBarPtFull  0 -> 1: sPT written          kBarPtEmpty 1 -> 0: sPT read (step t + 1 may write)
+//   kBarDsFull  1 -> 0: sdS written, fenced  kBarDsEmpty 0 -> 1: 0's dQ^T wgmma completed
+//   kBarDsOwn   warpgroup 1's 128 threads: its own sdS stores, before its dQ^T wgmma.
+//
+// Layouts: fp32/wg_kernel.cuh's 128-byte swizzled 32-column chunks (fp32wg::swz); Q^T, dO^T
+// [d x 16 queries] each use the first 64 bytes of a chunk's 128-byte rows (the descriptors'
+// k8 steps 0 and 1), queries permuted in 8-groups as d64's (the accumulators as A).
+//   limits d multiple of 8, 65..128 (kernel head dim 128); 16-byte aligned pointers, strides
+//          multiples of 4 elements; dense, full or a right window (causal); GQA. The host sends
+//          varlen, left windows, softcap, ALiBi and deterministic runs to bwd_kernel.cuh.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "fp32/seq.cuh"
+#include "fp32/tf32.cuh"
+#include "fp32/wg_bwd_config.h"
+#include "fp32/wg_bwd_kernel.cuh"
+#include "fp32/wg_kernel.cuh"
+#include "sm90/mbarrier.cuh"
+#include "sm90/warpgroup.cuh"
+#include "sm90/wgmma.cuh"
+#include "sm90/wgmma_tf32.cuh"
+
+namespace flashattn2 {
+
+template <int kHeadDim_>
+struct Fp32WgBwd128Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kFp32WgBwd128BlockN;  // keys per CTA
+  static constexpr int kBlockM = kFp32WgBwd128BlockM;  // queries per step
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kDkvN = 64;  // columns of dK / dV per wgmma (a fresh accumulator of 32)
+  static constexpr int kSmemBytes = fp32wg_bwd128_smem_bytes(kHeadDim);
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kKBytes = kBlockN * kHeadDim * 4;  // K lo, V lo, K^T lo
+  static constexpr int kQBytes = kBlockM * kHeadDim * 4;  // Q / dO hi, lo (natural)
+  static constexpr int kQTBytes = 32 * kHeadDim * 4;      // Q^T / dO^T hi, lo (padded rows)
+  static constexpr int kSBytes = kBlockM * kBlockN * 4;   // P^T, dS hi, dS lo
+  static_assert(kHeadDim == 128 && kBlockN == 64 && kBlockM == 16, "the d128 cut");
+  static_assert(3 * kKBytes + 4 * kQBytes + 4 * kQTBytes + 3 * kSBytes + 8 * kBlockM + 32 +
+                        1024 <= kSmemBytes,
+                "smem budget");
+  static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(const BwdParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  using fp32wg::ld_shared_float4;
+  using fp32wg::swz;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kDkvN = Traits::kDkvN;
+  constexpr int kKSteps = kHeadDim / 8;  // k8 steps over d
+  constexpr int kQSteps = kBlockM / 8;   // k8 steps over the queries = n8 tiles of S^T
+  constexpr int kNSteps = kBlockN / 8;   // k8 steps over the keys (dQ^T)
+  constexpr int kS = kBlockM / 2;        // S^T accumulator registers [64 x kBlockM]
+  constexpr int kBarPtFull = 1, kBarPtEmpty = 2, kBarDsFull = 3, kBarDsEmpty = 4, kBarDsOwn = 5;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
+  const uint32_t sKlo = smem, sVlo = sKlo + Traits::kKBytes, sKTlo = sVlo + Traits::kKBytes;
+  const uint32_t sQhi = sKTlo + Traits::kKBytes, sQlo = sQhi + Traits::kQBytes;
+  const uint32_t sdOhi = sQlo + Traits::kQBytes, sdOlo = sdOhi + Traits::kQBytes;
+  const uint32_t sQThi = sdOlo + Traits::kQBytes, sQTlo = sQThi + Traits::kQTBytes;
+  const uint32_t sdOThi = sQTlo + Traits::kQTBytes, sdOTlo = sdOThi + Traits::kQTBytes;
+  const uint32_t sdShi = sdOTlo + Traits::kQTBytes, sdSlo = sdShi + Traits::kSBytes;
+  const uint32_t sPT = sdSlo + Traits::kSBytes;
+  const uint32_t sLse = sPT + Traits::kSBytes, sDsum = sLse + 4 * kBlockM;
+  const uint32_t bars = sDsum + 4 * kBlockM;
+  const uint32_t bar_full_nat = bars, bar_full_tr = bars + 8;
+  const uint32_t bar_empty_nat = bars + 16, bar_empty_tr = bars + 24;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int n_block = blockIdx.x;
+  const int head_k = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int group = p.nheads / p.nheads_k;
+  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  const int n0 = n_block * kBlockN;
+  const int offset = seqlen_k - seqlen_q;
+
+  // Query tiles that see a key of this tile (bottom-right aligned right window; no left one).
+  const int m_block_max = (seqlen_q + kBlockM - 1) / kBlockM;
+  int m_block_min = 0;
+  if (p.window_right >= 0) {
+    const int i_lo = n0 - offset - p.window_right;
+    m_block_min = i_lo <= 0 ? 0 : min(m_block_max, i_lo / kBlockM);
+  }
+  const int n_m = m_block_max - m_block_min;
+  const int n_steps = n_m * group;
+
+  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
+                    head_k * p.k_head_stride + int64_t(n0) * p.k_row_stride;
+  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
+                    head_k * p.v_head_stride + int64_t(n0) * p.v_row_stride;
+
+  if (tid == 0) {
+    mbar_init(bar_full_nat, 128);
+    mbar_init(bar_full_tr, 128);
+    mbar_init(bar_empty_nat, 128 * Traits::kConsumers);  // (every consumer thread)
+    mbar_init(bar_empty_tr, 4 * Traits::kConsumers);
+    mbar_fence_init();
+  }
+  // K lo and K^T lo (threads 0-127), V lo (128-255): a thread per key row and half of d, its
+  // float4s split; the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks.
+  if (tid < 256) {
+    const bool is_k = tid < 128;
+    const int key = tid % kBlockN, c0 = (tid % 128) / kBlockN * (kHeadDim / 2);
+    const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
+    const int rows = seqlen_k - n0;
+    constexpr int kDepth = 4;
+#pragma unroll
+    for (int b = 0; b < kHeadDim / 8; b += kDepth) {
+      float4 x[kDepth];
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        x[u] = fp32wg::load4(g, 0, key, rows, c0 + 4 * (b + u), p.headdim);
+      }
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const int c = c0 + 4 * (b + u);
+        const fp32wg::Split4 sp = fp32wg::split4(x[u]);
+        st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
+                     sp.lo.w);
+        if (is_k) {
+          const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
+        }
+      }
+    }
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---- producer: Q, dO (natural and transposed, split), lse, dsum of each step ----
+    // (wg_bwd_kernel.cuh's, at 16 rows: a thread per query row and 4 float4 of each source)
+    regs_decrease<Traits::kProducerRegs>();
+    const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
+    constexpr int kColStep = 4 * (128 / kBlockM);
+    constexpr int kIters = kHeadDim / kColStep;
+    const int q_pos0 = fp32wg::key_pos(q_row0);
+    for (int t = 0; t < n_steps; ++t) {
+      uint32_t base = smem;
+      int q_row = q_row0, q_col = q_col0, q_pos = q_pos0;
+      asm volatile("" : "+r"(base), "+r"(q_row), "+r"(q_col), "+r"(q_pos));
+      auto at = [&](uint32_t addr) { return base + (addr - smem); };
+      const int head = head_k * group + t / n_m;
+      const int m0 = (m_block_min + t % n_m) * kBlockM;
+      const int rows = seqlen_q - m0;
+      const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
+                        head * p.q_head_stride + int64_t(m0 + q_row) * p.q_row_stride + q_col;
+      const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
+                         head * p.do_head_stride + int64_t(m0 + q_row) * p.do_row_stride + q_col;
+      float4 x[kIters];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        x[i] = fp32wg::load4(gQ, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+      }
+      mbar_wait(bar_empty_nat, (t & 1) ^ 1);
+#pragma unroll
+      for (int src = 0; src < 2; ++src) {
+        if (src == 1) {
+#pragma unroll
+          for (int i = 0; i < kIters; ++i) {
+            x[i] = fp32wg::load4(gdO, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
+          const fp32wg::Split4 a = fp32wg::split4(x[i]);
+          st_shared_v4((src ? at(sdOhi) : at(sQhi)) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
+          st_shared_v4((src ? at(sdOlo) : at(sQlo)) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+        }
+      }
+      if (tid < kBlockM) {
+        float lse = 0.f, dsum = 0.f;
+        if (tid < rows) {
+          lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + m0 + tid];
+          dsum = p.dsum[fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0 + tid];
+        }
+        st_shared(at(sLse) + 4 * tid, lse);
+        st_shared(at(sDsum) + 4 * tid, dsum);
+      }
+      fence_proxy_async();
+      mbar_arrive(bar_full_nat);
+      // Transposed tiles, from this thread's own natural stores.
+      mbar_wait(bar_empty_tr, (t & 1) ^ 1);
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const uint32_t off_n = swz<kBlockM>(q_row, q_col + kColStep * i);
+        const uint32_t src_n[4] = {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)};
+        const uint32_t dst_t[4] = {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)};
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+          const float4 v = ld_shared_float4(src_n[a] + off_n);
+          const float w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            st_shared(dst_t[a] + swz<kHeadDim>(q_col + kColStep * i + e, q_pos), w[e]);
+          }
+        }
+      }
+      fence_proxy_async();
+      mbar_arrive(bar_full_tr);
+    }
+  } else {
+    // ---- consumers: 0 the K side, 1 the V side ----
+    regs_increase<Traits::kConsumerRegs>();
+    const int consumer = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
+    const int warp_in_wg = warp % 4;
+    const int g = lane / 4;
+    const int lane_key0 = 16 * warp_in_wg + g;                   // + 8 r: the lane's keys
+    const int lane_d0 = 64 * consumer + 16 * warp_in_wg + g;     // + 8 r: its dQ^T rows (d)
+    const int tt = tid % 128;                                    // sPT: this thread's slots
+
+    // K hi (consumer 0) or V hi (1): the lane's A fragments of S^T / dP^T (k8 step kk over
+    // d); K^T hi: its A fragments of dQ^T (rows lane_d0 + 8 r of d, k8 step kk over keys).
+    uint32_t x_hi[kKSteps][4], kt_hi[kNSteps][4];
+    {
+      const float* gX = consumer == 0 ? gK : gV;
+      const int64_t x_stride = consumer == 0 ? p.k_row_stride : p.v_row_stride;
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = lane_key0 + 8 * (i & 1), col = 8 * kk + lane % 4 + 4 * (i >> 1);
+          const bool in = n0 + key < seqlen_k && col < p.headdim;
+          x_hi[kk][i] = tf32::split(in ? __ldg(gX + int64_t(key) * x_stride + col) : 0.f).hi;
+        }
+#pragma unroll
+      for (int kk = 0; kk < kNSteps; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int d = lane_d0 + 8 * (i & 1), key = 8 * kk + lane % 4 + 4 * (i >> 1);
+          const bool in = n0 + key < seqlen_k && d < p.headdim;
+          kt_hi[kk][i] = tf32::split(in ? __ldg(gK + int64_t(key) * p.k_row_stride + d) : 0.f).hi;
+        }
+    }
+
+    // (wg_bwd_kernel.cuh's kdesc: the step's base descriptor plus the tile offset / 16)
+    uint32_t step_base = smem;
+    auto kdesc = [&](uint32_t addr) {
+      const uint64_t d0 = desc_k_major(step_base);
+      return (d0 & ~uint64_t(0xffffffffu)) | uint32_t(uint32_t(d0) + ((addr - step_base) >> 4));
+    };
+    // acc[64 keys x kBlockM] = X Y^T over d, two-level (wg_bwd_kernel.cuh's gemm_d, two fresh
+    // accumulators alternating).
+    auto gemm_d = [&](float (&acc)[kS], uint32_t sXlo, uint32_t sYhi, uint32_t sYlo) {
+      float t[2][kS];
+      auto step = [&](float (&tk)[kS], int kk) {
+        const uint32_t xa = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+        const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+        const uint64_t b_hi = kdesc(sYhi + yb);
+        wgmma_fence();
+        WgmmaTf32<kBlockM>::ss(tk, kdesc(sXlo + xa), b_hi, 0);
+        WgmmaTf32<kBlockM>::rs(tk, x_hi[kk], kdesc(sYlo + yb), 1);
+        WgmmaTf32<kBlockM>::rs(tk, x_hi[kk], b_hi, 1);
+        wgmma_commit();
+      };
+      step(t[0], 0);
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        if (kk + 1 < kKSteps) {
+          step(t[(kk + 1) % 2], kk + 1);
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
+        float(&tk)[kS] = t[kk % 2];
+        fence_regs(tk);
+#pragma unroll
+        for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? tk[i] : acc[i] + tk[i];
+      }
+    };
+    // acc_d[64 keys x d] += X^T sY^T (wg_bwd_kernel.cuh's gemm_q; sY^T [d x 16], padded rows).
+    auto gemm_q = [&](float (&acc_d)[kHeadDim / 2], const uint32_t (&a_hi)[kQSteps][4],
+                      const uint32_t (&a_lo)[kQSteps][4], uint32_t sYThi, uint32_t sYTlo) {
+#pragma unroll
+      for (int h = 0; h < kHeadDim / kDkvN; ++h) {
+        float t[kDkvN / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          const uint32_t yb = h * kDkvN * 128 + kk * 32;
+          const uint64_t b_hi = kdesc(sYThi + yb);
+          WgmmaTf32<kDkvN>::rs(t, a_lo[kk], b_hi, kk > 0 ? 1 : 0);
+          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], kdesc(sYTlo + yb), 1);
+          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], b_hi, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(t);
+#pragma unroll
+        for (int i = 0; i < kDkvN / 2; ++i) {
+          float& a = acc_d[h * (kDkvN / 2) + i];
+          a += t[i];
+          // (the FADD here, not sunk under the next columns' wgmma: ptxas kept up to three
+          // fresh accumulators live and spilled dK / dV)
+          asm volatile("" : "+f"(a)::"memory");
+        }
+      }
+    };
+    auto release = [](uint32_t bar) {
+      __syncwarp();
+      uint32_t elected;
+      asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n"
+                   : "=r"(elected));
+      if (elected) mbar_arrive(bar);
+    };
+
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    float acc_d[kHeadDim / 2];  // dV (consumer 0) or dK (1)
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc_d[i] = 0.f;
+
+    for (int t = 0; t < n_steps; ++t) {
+      // (wg_bwd_kernel.cuh: addresses and lane indices rebuilt per step, not hoisted)
+      uint32_t base = smem;
+      asm volatile("" : "+r"(base));
+      auto at = [&](uint32_t addr) { return base + (addr - smem); };
+      step_base = base;
+      int q = lane % 4, lane_key = lane_key0, lane_d = lane_d0, slot = tt;
+      asm volatile("" : "+r"(q), "+r"(lane_key), "+r"(lane_d), "+r"(slot));
+      const int head = head_k * group + t / n_m;
+      const int m0 = (m_block_min + t % n_m) * kBlockM;
+      mbar_wait(bar_full_nat, t & 1);
+
+      // acc: P^T (consumer 0), dS^T (1); the A of this warpgroup's dV / dK GEMM.
+      float acc[kS];
+      if (consumer == 0) {
+        // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query.
+        gemm_d(acc, at(sKlo), at(sQhi), at(sQlo));
+        const bool edge = m0 + kBlockM > seqlen_q || n0 + kBlockN > seqlen_k ||
+                          (p.window_right >= 0 && n0 + kBlockN - 1 > m0 + offset + p.window_right);
+#pragma unroll
+        for (int nt = 0; nt < kQSteps; ++nt) {
+          const float2 lse = ld_shared_float2(at(sLse) + 4 * (8 * nt + 2 * q));
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = m0 + 8 * nt + 2 * q + (e & 1), j = n0 + lane_key + 8 * (e >> 1);
+            const bool visible =
+                !edge || (i < seqlen_q && j < seqlen_k &&
+                          (p.window_right < 0 || j <= i + offset + p.window_right));
+            const float l = (e & 1) ? lse.y : lse.x;
+            acc[4 * nt + e] =
+                visible ? ptx::exp2_approx(fmaf(acc[4 * nt + e], scale_log2, -l * kLog2e)) : 0.f;
+          }
+        }
+        mbar_arrive(bar_empty_nat);  // (S^T's wgmma completed; lse read: every thread)
+        if (t > 0) named_sync(kBarPtEmpty, 256);  // (warpgroup 1 read step t - 1's P^T)
+#pragma unroll
+        for (int h = 0; h < kS / 4; ++h) {
+          st_shared_v4(at(sPT) + h * 2048 + 16 * slot, acc[4 * h], acc[4 * h + 1], acc[4 * h + 2],
+                       acc[4 * h + 3]);
+        }
+        named_arrive(kBarPtFull, 256);
+      } else {
+        // dS^T = P^T (dP^T - dsum), split into sdS [q x keys].
+        gemm_d(acc, at(sVlo), at(sdOhi), at(sdOlo));
+        float2 dsum[kQSteps];
+#pragma unroll
+        for (int nt = 0; nt < kQSteps; ++nt) {
+          dsum[nt] = ld_shared_float2(at(sDsum) + 4 * (8 * nt + 2 * q));
+        }
+        mbar_arrive(bar_empty_nat);  // (dP^T's wgmma completed; dsum read)
+        named_sync(kBarPtFull, 256);
+        float pt[kS];
+#pragma unroll
+        for (int h = 0; h < kS / 4; ++h) {
+          const float4 v = ld_shared_float4(at(sPT) + h * 2048 + 16 * slot);
+          pt[4 * h] = v.x;
+          pt[4 * h + 1] = v.y;
+          pt[4 * h + 2] = v.z;
+          pt[4 * h + 3] = v.w;
+        }
+        if (t + 1 < n_steps) named_arrive(kBarPtEmpty, 256);
+        if (t > 0) named_sync(kBarDsEmpty, 256);  // (both dQ^T of step t - 1 read sdS)
+#pragma unroll
+        for (int nt = 0; nt < kQSteps; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& x = acc[4 * nt + e];
+            x = pt[4 * nt + e] * (x - ((e & 1) ? dsum[nt].y : dsum[nt].x));
+            const tf32::Split sp = tf32::split(x);
+            const uint32_t off = swz<kBlockM>(8 * nt + 2 * q + (e & 1), lane_key + 8 * (e >> 1));
+            st_shared(at(sdShi) + off, sp.hi);
+            st_shared(at(sdSlo) + off, sp.lo);
+          }
+        }
+        fence_proxy_async();  // (the sdS stores, then the dQ^T wgmma of the async proxy)
+        named_arrive(kBarDsFull, 256);
+      }
+
+      // dV += P^T dO (0) or dK += dS^T Q (1): the accumulator as A fragments (c0, c2, c1, c3).
+      mbar_wait(bar_full_tr, t & 1);
+      {
+        uint32_t a_hi[kQSteps][4], a_lo[kQSteps][4];
+#pragma unroll
+        for (int nt = 0; nt < kQSteps; ++nt) {
+          constexpr int kOrder[4] = {0, 2, 1, 3};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const tf32::Split sp = tf32::split(acc[4 * nt + kOrder[i]]);
+            a_hi[nt][i] = sp.hi;
+            a_lo[nt][i] = sp.lo;
+          }
+        }
+        if (consumer == 0) {
+          gemm_q(acc_d, a_hi, a_lo, at(sdOThi), at(sdOTlo));
+        } else {
+          gemm_q(acc_d, a_hi, a_lo, at(sQThi), at(sQTlo));
+        }
+      }
+      release(bar_empty_tr);
+
+      // dQ^T rows [64 consumer, + 64) of d = K^T dS^T over the 64 keys: two 32-key
+      // chains of 4 k8 steps x 3 products (K^T lo from smem, K^T hi from registers) into fresh
+      // accumulators, summed with FADD.
+      if (consumer == 0) {
+        named_sync(kBarDsFull, 256);
+      } else {
+        named_sync(kBarDsOwn, 128);
+      }
+      // (one chain in flight: 8 registers fewer at this phase's peak)
+      float q_sum[kS], t_q[kS];
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t ka = ch * (kHeadDim * 128) + consumer * (64 * 128) + kk * 32;
+          const uint32_t sb = ch * (kBlockM * 128) + kk * 32;
+          const uint64_t b_hi = kdesc(at(sdShi) + sb);
+          WgmmaTf32<kBlockM>::ss(t_q, kdesc(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
+          WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], kdesc(at(sdSlo) + sb), 1);
+          WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], b_hi, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(t_q);
+#pragma unroll
+        for (int i = 0; i < kS; ++i) q_sum[i] = ch == 0 ? t_q[i] : q_sum[i] + t_q[i];
+      }
+      if (consumer == 0 && t + 1 < n_steps) named_arrive(kBarDsEmpty, 256);
+      float* dq = p.dq_accum +
+                  (fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0) * p.headdim;
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        const int row = 8 * (i / 4) + 2 * q + (i & 1);  // the query (N)
+        const int d = lane_d + 8 * ((i / 2) & 1);        // M
+        if (m0 + row < seqlen_q && d < p.headdim) {
+          atomicAdd(dq + int64_t(row) * p.headdim + d, q_sum[i]);
+        }
+      }
+    }
+
+    // Epilogue: dV (consumer 0) or dK times the softmax scale (1), the lane's keys.
+    const bool is_dv = consumer == 0;
+    float* gD = is_dv ? static_cast<float*>(p.dv) + batch * p.dv_batch_stride +
+                            head_k * p.dv_head_stride
+                      : static_cast<float*>(p.dk) + batch * p.dk_batch_stride +
+                            head_k * p.dk_head_stride;
+    const int64_t d_stride = is_dv ? p.dv_row_stride : p.dk_row_stride;
+    const float mul = is_dv ? 1.f : p.softmax_scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = n0 + lane_key0 + 8 * r;
+      if (j < seqlen_k) {
+#pragma unroll
+        for (int dt = 0; dt < kKSteps; ++dt) {
+          const int c = 8 * dt + 2 * (lane % 4);
+          if (c < p.headdim) {
+            *reinterpret_cast<float2*>(gD + int64_t(j) * d_stride + c) =
+                make_float2(acc_d[4 * dt + 2 * r] * mul, acc_d[4 * dt + 2 * r + 1] * mul);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace flashattn2
