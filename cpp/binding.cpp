@@ -189,7 +189,7 @@ void set_bias(Params& params, std::uintptr_t attn_bias, const Strides& bias_stri
   (void)params, (void)bias_strides, (void)bias_dtype, (void)dtype, (void)dbias_strides;
   (void)dbias_dtype, (void)dbias_add;
   throw std::invalid_argument(
-      "attn_bias needs a build with FLASHATTN2_EXPERIMENTAL=bias (not yet validated on a GPU)");
+      "attn_bias needs a build with bias in FLASHATTN2_EXPERIMENTAL (the default)");
 #endif
 }
 
@@ -664,7 +664,7 @@ PYBIND11_MODULE(_C, m) {
         "same dq bits). fp32wg_bwd=True: float32 backwards may run the Hopper float32 "
         "backward (dense, full or causal, kernel head dim 64, not deterministic; A/B). "
         "fp32wg_bwd128=True: the same at kernel head dim 128 (cpp/fp32/wg_bwd128_kernel.cuh; "
-        "A/B, off by default in Python). "
+        "A/B). "
         "sm90_dbias=True: a dbias may run the Hopper backward (d64 / d128, "
         "the bias's rows 16-byte aligned, no softcap), else the mma.sync backward writes it "
         "(A/B; on by default in Python).");

@@ -277,8 +277,7 @@ namespace {
 template <typename Params>
 void require_fp32_supported(const Params& p) {
   require(FLASHATTN2_FP32,
-          "float32 inputs need a build with FLASHATTN2_EXPERIMENTAL=bias;fp32 (not yet validated "
-          "on a GPU)");
+          "float32 inputs need a build with fp32 in FLASHATTN2_EXPERIMENTAL (the default)");
   require(fp32_kernel_head_dim(p.headdim) > 0,
           "float32 supports head dims up to 128, got " + std::to_string(p.headdim));
   require(!p.seqused_k && !p.leftpad_k && !p.kv_batch_idx && !p.block_table &&

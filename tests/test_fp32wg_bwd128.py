@@ -1,12 +1,12 @@
 """The d128 Hopper float32 backward (cpp/fp32/wg_bwd128_kernel.cuh; builds with
 FLASHATTN2_EXPERIMENTAL including fp32wg): 3xTF32 on tf32 wgmma for dense full / causal
 float32 backwards at kernel head dim 128 (head dims 65-128) on sm_90 GPUs, behind
-FLASHATTN2_FP32WG_BWD128=1 at import or _ext.fp32wg_bwd128() (off by default: not yet
-validated on a GPU); everything else runs the mma.sync float32 backward (or, at d64, the d64
+FLASHATTN2_FP32WG_BWD128 (on by default; =0 at import or _ext.fp32wg_bwd128(False) turns it
+off); everything else runs the mma.sync float32 backward (or, at d64, the d64
 wgmma one of test_fp32wg_bwd.py).
 
 CPU, every build: the switch reaches the binding (fp32wg_bwd128, only for float32, off with
-FLASHATTN2_FP32WG=0 or force_sm80(); its import-time default, off: test_api.py), code 92 is
+FLASHATTN2_FP32WG=0 or force_sm80(); its import-time default, on: test_api.py), code 92 is
 reported as last_bwd_kernel "fp32wg128"; the host model of the kernel's index arithmetic
 (scripts/fp32wg_bwd128_model.py) on small cases. GPU (sm_90, fp32wg builds): dq, dk, dv against
 float64 with the 2x rule of fp32_checks.py into NaN-filled gradients (lengths that are not

@@ -233,8 +233,8 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   bool fp32wg_bwd = false;
   // Builds with fp32wg: float32 backwards at kernel head dim 128 that the d128 Hopper float32
   // backward supports (fp32/wg_bwd128_kernel.cuh; flash_api.cpp fp32wg_bwd128_supports) run
-  // it on sm_90 GPUs (FLASHATTN2_FP32WG_BWD128, off by default in Python: not yet validated
-  // on a GPU). Host only.
+  // it on sm_90 GPUs (FLASHATTN2_FP32WG_BWD128, on by default in Python: an A/B switch).
+  // Host only.
   bool fp32wg_bwd128 = false;
   // A bias's gradient (dbias) may run the Hopper backward (its kDbias instance, where
   // sm90/bwd_config.h sm90_bwd_takes_bias allows); false: the mma.sync backward writes it (for

@@ -114,7 +114,7 @@ DECODE_L2_PREFETCH = _env_flag("FLASHATTN2_DECODE_L2_PREFETCH", "1")
 # FLASHATTN2_DECODE_ISSUE_EARLY=0 at import, or decode_issue_early(False), waits first (A/B:
 # bench_decode.py impl flashattn2_lateissue). Results are identical either way.
 DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
-# Builds with FLASHATTN2_EXPERIMENTAL=fp32wg (not validated on a GPU yet) run the float32
+# Builds with fp32wg in FLASHATTN2_EXPERIMENTAL (the default) run the float32
 # forwards it supports on sm_90 GPUs (dense, full or causal, kernel head dims 64 / 128) on the
 # tf32 wgmma kernel (cpp/fp32/wg_kernel.cuh; last_fwd_kernel "fp32wg"); FLASHATTN2_FP32WG=0
 # at import, the fp32wg(False) context manager or force_sm80() keep them on the mma.sync
@@ -130,10 +130,11 @@ FP32WG = _env_flag("FLASHATTN2_FP32WG", "1")
 FP32WG_BWD = _env_flag("FLASHATTN2_FP32WG_BWD", "1")
 # The same for float32 backwards at kernel head dim 128 (head dims 65-128): True runs those
 # it supports (as FP32WG_BWD's) on the d128 Hopper float32 backward
-# (cpp/fp32/wg_bwd128_kernel.cuh; last_bwd_kernel "fp32wg128"); False (the default: not yet
-# validated on a GPU) on the mma.sync kernels. FLASHATTN2_FP32WG_BWD128=1 at import, or the
-# fp32wg_bwd128() context manager; FP32WG / force_sm80() turn it off as well.
-FP32WG_BWD128 = _env_flag("FLASHATTN2_FP32WG_BWD128", "0")
+# (cpp/fp32/wg_bwd128_kernel.cuh; last_bwd_kernel "fp32wg128"; the default: on an H100
+# 1.56-1.81x the mma.sync float32 backward); False on the mma.sync kernels.
+# FLASHATTN2_FP32WG_BWD128=0 at import, or the fp32wg_bwd128(False) context manager (A/B
+# comparisons); FP32WG / force_sm80() turn it off as well.
+FP32WG_BWD128 = _env_flag("FLASHATTN2_FP32WG_BWD128", "1")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
@@ -258,7 +259,7 @@ fp32wg_bwd = _switch("FP32WG_BWD", "Inside the block, float32 backwards may run 
                      "or never do.")
 fp32wg_bwd128 = _switch("FP32WG_BWD128", "Inside the block, float32 backwards at kernel head "
                         "dim 128 may run the d128 Hopper float32 backward of fp32wg builds "
-                        "(enabled) or never do (the default).")
+                        "(enabled, the default) or never do.")
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "
                        "O in a K / V stage for causal, windowed and varlen tiles too "
                        "(enabled), or for dense full attention only (the default).")
