@@ -60,10 +60,11 @@ if want base && [ -d .base/cpp ]; then
         > "$O/base_build.txt" 2>&1 &
     BASE_PID=$!
 fi
-# probe: its side build (step probe below) starts now, in the background.
+# probe: its side build (step probe below) starts now, in the background (PROBE_HEAD_DIMS:
+# its head dims, default HEAD_DIMS or 64;128;256).
 if want probe && [ -n "${PROBE_FLAGS:-}" ]; then
     side_build probe -C "cmake.define.CMAKE_CUDA_FLAGS=$PROBE_FLAGS" \
-        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${HEAD_DIMS:-64;128;256}" \
+        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${PROBE_HEAD_DIMS:-${HEAD_DIMS:-64;128;256}}" \
         ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"}
     PROBE_PID=$!
 fi
