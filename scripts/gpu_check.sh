@@ -32,6 +32,11 @@ set -uo pipefail
 OUT=${OUT:-gpu_logs}
 # NVLink multicast off for the 2-GPU tests (NCCL NVLS and torch symmetric memory).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# Unbuffered Python output, and pytest's faulthandler dumping every thread's traceback when one
+# test runs past 300 s: a hung test shows in logs.txt where it stopped (the eleventh session's
+# run 5 stopped somewhere after ~92 % of the suite with only an 8 KiB buffer flush to go by).
+export PYTHONUNBUFFERED=1
+PYTEST_HANG=(-o faulthandler_timeout=300)
 # A hung kernel must not eat the device call: each test step is killed after this long.
 TEST_TIMEOUT=${TEST_TIMEOUT:-480}
 PYTHON=${PYTHON:-python3}
@@ -122,7 +127,7 @@ if [ "${SKIP_TESTS:-0}" = 1 ]; then
     skip_step tests SKIP_TESTS
 else
     # shellcheck disable=SC2086  # TESTS and PYTEST_ARGS are lists of words
-    run_step tests 3 timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest ${TESTS:-tests} -q -ra --durations=15 \
+    run_step tests 3 timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest ${TESTS:-tests} -q -ra --durations=15 "${PYTEST_HANG[@]}" \
         --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-}
 fi
 
@@ -133,7 +138,7 @@ if [ "${SKIP_TESTS:-0}" = 1 ] || [ "${SKIP_SM80_TESTS:-0}" = 1 ]; then
     skip_step tests_sm80 "SKIP_TESTS or SKIP_SM80_TESTS"
 else
     # shellcheck disable=SC2086
-    run_step tests_sm80 3 timeout -k 10 "$TEST_TIMEOUT" env FLASHATTN2_FORCE_SM80=1 "$PYTHON" -m pytest $SM80_TESTS -q -ra \
+    run_step tests_sm80 3 timeout -k 10 "$TEST_TIMEOUT" env FLASHATTN2_FORCE_SM80=1 "$PYTHON" -m pytest $SM80_TESTS -q -ra "${PYTEST_HANG[@]}" \
         --junitxml="$OUT/junit_sm80.xml" ${PYTEST_ARGS:-}
 fi
 
