@@ -230,13 +230,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       mbar_arrive(bar_full_nat);
       if constexpr (Traits::kTrFromL2) {
         // Transposed tiles from Q / dO again (L2), two column blocks i of both at a time (16
-        // registers in flight, as the natural tiles' loads): each of the lane's transposed
-        // offsets serves four stores, as in the read-back.
+        // registers in flight, as the natural tiles' loads), the first two issued before the
+        // wait: each of the lane's transposed offsets serves four stores, as in the read-back.
         // (the step's rows and pointers again, from an opaque copy of t: not kept live across
         // the waits in the producer's 40 registers)
         int t_ = t;
         asm volatile("" : "+r"(t_));
-        mbar_wait(bar_empty_tr, (t_ & 1) ^ 1);
         const int head_ = head_k * group + t_ / n_m;
         const int m0_ = (m_block_min + t_ % n_m) * kBlockM;
         const float* gQ_ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
@@ -252,6 +251,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
             x[u] = fp32wg::load4(gQ_, 0, q_row, seqlen_q - m0_, c, p.headdim - q_col);
             x[2 + u] = fp32wg::load4(gdO_, 0, q_row, seqlen_q - m0_, c, p.headdim - q_col);
           }
+          if (i0 == 0) mbar_wait(bar_empty_tr, (t_ & 1) ^ 1);
 #pragma unroll
           for (int u = 0; u < 2; ++u) {
             const fp32wg::Split4 sq = fp32wg::split4(x[u]), sd = fp32wg::split4(x[2 + u]);
