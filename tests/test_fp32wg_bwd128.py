@@ -94,9 +94,11 @@ def test_fp32wg_bwd128_kernel_code(monkeypatch, code, name):
 # The host model of the kernel's index arithmetic (scripts/fp32wg_bwd128_model.py: every word
 # of each shared-memory tile written once, every wgmma operand element checked against the
 # split it should hold, sPT read back where written, dq / dk / dv against float64), on small
-# cases: several key blocks with a key tail, causal with sq > sk, GQA, d96.
+# cases: several key blocks with a key tail, causal with sq > sk, GQA, d96; both instances
+# (l2: Q^T / dO^T from the producer's second load of Q / dO).
+@pytest.mark.parametrize("l2", [False, True], ids=["readback", "l2"])
 @pytest.mark.parametrize("case", [(1, 33, 70, 1, 1, 128, -1), (1, 70, 33, 2, 1, 96, 0)])
-def test_fp32wg_bwd128_host_model(case):
+def test_fp32wg_bwd128_host_model(case, l2):
     import pathlib
     import sys
     pytest.importorskip("numpy")
@@ -105,7 +107,7 @@ def test_fp32wg_bwd128_host_model(case):
         import fp32wg_bwd128_model
     finally:
         sys.path.pop(0)
-    errors = fp32wg_bwd128_model.check(*case)
+    errors = fp32wg_bwd128_model.check(*case, l2=l2)
     assert max(errors) < 1e-6, errors
 
 
