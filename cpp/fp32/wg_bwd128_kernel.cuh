@@ -397,16 +397,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
         for (int i = 0; i < kS; ++i) q_sum[i] = ch == 0 ? t_q[i] : q_sum[i] + t_q[i];
       }
       if (consumer == 0 && t + 1 < n_steps) named_arrive(kBarDsEmpty, 256);
-      float* dq = p.dq_accum +
-                  (fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0) * p.headdim;
-#pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        const int row = 8 * (i / 4) + 2 * q + (i & 1);  // the query (N)
-        const int d = lane_d + 8 * ((i / 2) & 1);        // M
-        if (m0 + row < seqlen_q && d < p.headdim) {
-          atomicAdd(dq + int64_t(row) * p.headdim + d, q_sum[i]);
-        }
-      }
+      fp32wg::red_dq<kS>(p, batch, head, m0, q, lane_d, seqlen_q,
+                         [&](int i) { return q_sum[i]; });
     }
 
     // Epilogue: dV (consumer 0) or dK times the softmax scale (1), the lane's keys.

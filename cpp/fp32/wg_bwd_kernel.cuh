@@ -328,16 +328,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       wgmma_wait<0>();
       fence_regs(t_q[0]);
       fence_regs(t_q[1]);
-      float* dq = p.dq_accum +
-                  (fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0) * p.headdim;
-#pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        const int row = 8 * (i / 4) + 2 * q + (i & 1);  // the query (N)
-        const int d = lane_d + 8 * ((i / 2) & 1);        // M
-        if (m0 + row < seqlen_q && d < p.headdim) {
-          atomicAdd(dq + int64_t(row) * p.headdim + d, t_q[0][i] + t_q[1][i]);
-        }
-      }
+      fp32wg::red_dq<kS>(p, batch, head, m0, q, lane_d, seqlen_q,
+                         [&](int i) { return t_q[0][i] + t_q[1][i]; });
     }
 
     // Epilogue: dK (times the softmax scale) and dV of the lane's keys.
