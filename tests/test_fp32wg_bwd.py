@@ -22,13 +22,14 @@ from test_fp32wg import _FakeC, gpu, needs_fp32wg
 from test_fp32wg import hopper  # noqa: F401 (the fixture)
 
 
-def _record(monkeypatch, dtype, code=80):
+def _record(monkeypatch, dtype, code=80, d=64):
+    """The binding's arguments of a backward at head dim d (d128: test_fp32wg_bwd128.py)."""
     fake = _FakeC(_launch._C, code)
     monkeypatch.setattr(_launch, "_C", fake)
     monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
     monkeypatch.setattr(_ext, "FP32_BWD", True)
     monkeypatch.setattr(_ext, "DQ_CHAINS", 1)  # (16-bit, deterministic: no device query)
-    q, k, v = _qkv(1, 70, 90, 4, 2, 64, dtype=dtype)
+    q, k, v = _qkv(1, 70, 90, 4, 2, d, dtype=dtype)
     out = torch.zeros_like(q)
     lse = torch.zeros(1, 4, 70)
     _launch._flash_attn_backward(torch.ones_like(q), q, k, v, out, lse, 0.125, -1, 0,
@@ -87,7 +88,6 @@ def test_fp32wg_bwd_host_model(case):
 # ---- GPU: sm_90, fp32wg builds ------------------------------------------------------------
 
 
-
 def kernel_backward(q, k, v, dout, causal, window, **kw):
     """The forward, then the backward kernels alone into NaN-poisoned dq / dk / dv."""
     out, lse = kernel_forward(q, k, v, causal, window)
@@ -95,6 +95,33 @@ def kernel_backward(q, k, v, dout, causal, window, **kw):
     _launch._flash_attn_backward(dout, q, k, v, out, lse, q.shape[-1]**-0.5, window[0],
                                  0 if causal else window[1], dq=dq, dk=dk, dv=dv, **kw)
     return dq, dk, dv
+
+
+def shape_case(shape, softcap=0.0):
+    """A SHAPES / FALLBACKS row's random inputs, dout and float64 reference."""
+    batch, sq, sk, h, hk, d, causal, window = shape
+    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
+    dout = torch.randn(batch, sq, h, d, device="cuda")
+    return q, k, v, dout, causal, window, ref_attention(causal, window, softcap=softcap)
+
+
+def single_step_expected(q, k, v, dout, scale):
+    """dq, dk, dv of one head in float64 (autograd through einsum and softmax)."""
+    grads64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    s = torch.einsum("bqhd,bkhd->bhqk", grads64[0], grads64[1]) * scale
+    out64 = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), grads64[2])
+    return torch.autograd.grad(out64, grads64, dout.double())
+
+
+def single_step_backward(q, k, v, dout, scale):
+    """The forward into NaN-filled out / lse, then the backward into NaN-filled dq, dk, dv."""
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 1, q.shape[1]), float("nan"), device="cuda")
+    _launch._flash_attn_forward(q, k, v, scale, -1, -1, out=out, lse=lse)
+    ours = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    _launch._flash_attn_backward(dout, q, k, v, out, lse, scale, -1, -1,
+                                 dq=ours[0], dk=ours[1], dv=ours[2])
+    return ours
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): lengths that are not
@@ -119,10 +146,7 @@ SHAPES = [
 @needs_fp32wg
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
 def test_fp32wg_backward_against_float64(hopper, shape):
-    batch, sq, sk, h, hk, d, causal, window = shape
-    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
-    dout = torch.randn(batch, sq, h, d, device="cuda")
-    ref = ref_attention(causal, window)
+    q, k, v, dout, causal, window, ref = shape_case(shape)
     with _ext.fp32wg_bwd(True):
         ours = kernel_backward(q, k, v, dout, causal, window)
         assert _ext.last_bwd_kernel == "fp32wg"
@@ -150,11 +174,7 @@ FALLBACKS = [
 @needs_fp32wg
 @pytest.mark.parametrize("name, shape, kw", FALLBACKS, ids=[f[0] for f in FALLBACKS])
 def test_fp32wg_bwd_falls_back(hopper, name, shape, kw):
-    batch, sq, sk, h, hk, d, causal, window = shape
-    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
-    dout = torch.randn(batch, sq, h, d, device="cuda")
-    softcap = kw.get("softcap", 0.0)
-    ref = ref_attention(causal, window, softcap=softcap)
+    q, k, v, dout, causal, window, ref = shape_case(shape, kw.get("softcap", 0.0))
     # (d128: the d128 kernel's switch off, whatever FLASHATTN2_FP32WG_BWD128 says)
     with _ext.fp32wg_bwd(True), _ext.fp32wg_bwd128(False):
         fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window, **kw)
@@ -188,19 +208,9 @@ def test_fp32wg_bwd_single_step(hopper, piece):
     q, k, v = _qkv(1, 32, 128, 1, 1, 64, device="cuda")
     dout = torch.randn_like(q)
     scale = 1e-6 if piece == "uniform" else 64**-0.5
-    grads64 = []
-    for t in (q, k, v):
-        grads64.append(t.detach().double().requires_grad_())
-    s = torch.einsum("bqhd,bkhd->bhqk", grads64[0], grads64[1]) * scale
-    out64 = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), grads64[2])
-    expected = torch.autograd.grad(out64, grads64, dout.double())
+    expected = single_step_expected(q, k, v, dout, scale)
     with _ext.fp32wg_bwd(True):
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((1, 1, 32), float("nan"), device="cuda")
-        _launch._flash_attn_forward(q, k, v, scale, -1, -1, out=out, lse=lse)
-        ours = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        _launch._flash_attn_backward(dout, q, k, v, out, lse, scale, -1, -1,
-                                     dq=ours[0], dk=ours[1], dv=ours[2])
+        ours = single_step_backward(q, k, v, dout, scale)
         assert _ext.last_bwd_kernel == "fp32wg"
     for name, a, e in zip(GRADS, ours, expected):
         err = (a.double() - e).abs()[0, :, 0]

@@ -17,30 +17,20 @@ does not take fall back. Each GPU test runs both instances of the kernel: the de
 FLASHATTN2_FP32WG_BWD128_L2=1 / _ext.fp32wg_bwd128_l2() (a second load of Q / dO from
 global memory; "fp32wg128l2", code 93).
 """
+import functools
+
 import flashattn2
 import pytest
 import torch
-from flashattn2 import _ext, _launch
-from fp32_checks import GRADS, check_2x, ref_attention
+from flashattn2 import _ext
+from fp32_checks import GRADS, check_2x
 from test_fp32 import _ids, _qkv
-from test_fp32wg import _FakeC, gpu, needs_fp32wg
+from test_fp32wg import gpu, needs_fp32wg
 from test_fp32wg import hopper  # noqa: F401 (the fixture)
-from test_fp32wg_bwd import kernel_backward
+import test_fp32wg_bwd
+from test_fp32wg_bwd import kernel_backward, shape_case, single_step_backward, single_step_expected
 
-
-def _record(monkeypatch, dtype, code=80):
-    fake = _FakeC(_launch._C, code)
-    monkeypatch.setattr(_launch, "_C", fake)
-    monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
-    monkeypatch.setattr(_ext, "FP32_BWD", True)
-    monkeypatch.setattr(_ext, "DQ_CHAINS", 1)  # (16-bit, deterministic: no device query)
-    q, k, v = _qkv(1, 70, 90, 4, 2, 128, dtype=dtype)
-    out = torch.zeros_like(q)
-    lse = torch.zeros(1, 4, 70)
-    _launch._flash_attn_backward(torch.ones_like(q), q, k, v, out, lse, 0.125, -1, 0,
-                                 deterministic=dtype is not torch.float32)
-    (call,) = fake.calls
-    return call
+_record = functools.partial(test_fp32wg_bwd._record, d=128)
 
 
 @pytest.mark.parametrize("switch", ["on", "off", "fp32wg_off", "force_sm80"])
@@ -147,10 +137,7 @@ SHAPES = [
 @both_instances
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
 def test_fp32wg_bwd128_against_float64(hopper, shape, l2):
-    batch, sq, sk, h, hk, d, causal, window = shape
-    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
-    dout = torch.randn(batch, sq, h, d, device="cuda")
-    ref = ref_attention(causal, window)
+    q, k, v, dout, causal, window, ref = shape_case(shape)
     with _ext.fp32wg_bwd128(True), _ext.fp32wg_bwd128_l2(l2):
         ours = kernel_backward(q, k, v, dout, causal, window)
         assert _ext.last_bwd_kernel == _instance(l2)
@@ -178,10 +165,7 @@ FALLBACKS = [
 @both_instances
 @pytest.mark.parametrize("name, shape, kw", FALLBACKS, ids=[f[0] for f in FALLBACKS])
 def test_fp32wg_bwd128_falls_back(hopper, name, shape, kw, l2):
-    batch, sq, sk, h, hk, d, causal, window = shape
-    q, k, v = _qkv(batch, sq, sk, h, hk, d, device="cuda")
-    dout = torch.randn(batch, sq, h, d, device="cuda")
-    ref = ref_attention(causal, window, softcap=kw.get("softcap", 0.0))
+    q, k, v, dout, causal, window, ref = shape_case(shape, kw.get("softcap", 0.0))
     # (d64: the d64 kernel's switch off, so that the mma.sync one is what runs)
     with _ext.fp32wg_bwd128(True), _ext.fp32wg_bwd128_l2(l2), _ext.fp32wg_bwd(False):
         fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window, **kw)
@@ -219,17 +203,9 @@ def test_fp32wg_bwd128_single_step(hopper, piece, l2):
     q, k, v = _qkv(1, sq, 64, 1, 1, 128, device="cuda")
     dout = torch.randn_like(q)
     scale = 1e-6 if piece == "uniform" else 128**-0.5
-    grads64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    s = torch.einsum("bqhd,bkhd->bhqk", grads64[0], grads64[1]) * scale
-    out64 = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), grads64[2])
-    expected = torch.autograd.grad(out64, grads64, dout.double())
+    expected = single_step_expected(q, k, v, dout, scale)
     with _ext.fp32wg_bwd128(True), _ext.fp32wg_bwd128_l2(l2):
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((1, 1, sq), float("nan"), device="cuda")
-        _launch._flash_attn_forward(q, k, v, scale, -1, -1, out=out, lse=lse)
-        ours = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        _launch._flash_attn_backward(dout, q, k, v, out, lse, scale, -1, -1,
-                                     dq=ours[0], dk=ours[1], dv=ours[2])
+        ours = single_step_backward(q, k, v, dout, scale)
         assert _ext.last_bwd_kernel == _instance(l2)
     for name, a, e in zip(GRADS, ours, expected):
         err = (a.double() - e).abs()[0, :, 0]
