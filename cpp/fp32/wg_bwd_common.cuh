@@ -27,21 +27,38 @@ __device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
   return v;
 }
 
-// The CTA's steps: the query tiles [m_block_min, + n_m) that see a key of [n0, n0 + kBlockN)
-// (bottom-right aligned right window; no left one), for each query head of the GQA group.
-struct BwdSteps {
+// The CTA's coordinates: keys [n0, n0 + kBlockN) of K / V head head_k (gK, gV: their first
+// rows), batch; the query tiles [m_block_min, + n_m) that see one of its keys (bottom-right
+// aligned right window; no left one), for each query head of the GQA group: n_steps steps.
+struct BwdCta {
+  int head_k, batch, group, seqlen_q, seqlen_k, n0, offset;
   int m_block_min, n_m, n_steps;
+  const float* gK;
+  const float* gV;
 };
-template <int kBlockM>
-__device__ __forceinline__ BwdSteps bwd_steps(const BwdParams& p, int n0, int offset, int group) {
-  const int m_block_max = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  int m_block_min = 0;
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p) {
+  BwdCta c;
+  c.head_k = blockIdx.y;
+  c.batch = blockIdx.z;
+  c.group = p.nheads / p.nheads_k;
+  c.seqlen_q = p.seqlen_q;
+  c.seqlen_k = p.seqlen_k;
+  c.n0 = blockIdx.x * kBlockN;
+  c.offset = c.seqlen_k - c.seqlen_q;
+  const int m_block_max = (c.seqlen_q + kBlockM - 1) / kBlockM;
+  c.m_block_min = 0;
   if (p.window_right >= 0) {
-    const int i_lo = n0 - offset - p.window_right;
-    m_block_min = i_lo <= 0 ? 0 : min(m_block_max, i_lo / kBlockM);
+    const int i_lo = c.n0 - c.offset - p.window_right;
+    c.m_block_min = i_lo <= 0 ? 0 : min(m_block_max, i_lo / kBlockM);
   }
-  const int n_m = m_block_max - m_block_min;
-  return {m_block_min, n_m, n_m * group};
+  c.n_m = m_block_max - c.m_block_min;
+  c.n_steps = c.n_m * c.group;
+  c.gK = static_cast<const float*>(p.k) + c.batch * p.k_batch_stride + c.head_k * p.k_head_stride +
+         int64_t(c.n0) * p.k_row_stride;
+  c.gV = static_cast<const float*>(p.v) + c.batch * p.v_batch_stride + c.head_k * p.v_head_stride +
+         int64_t(c.n0) * p.v_row_stride;
+  return c;
 }
 
 // The four mbarriers at bars: full_nat, full_tr (the producer's 128 threads), empty_nat (every

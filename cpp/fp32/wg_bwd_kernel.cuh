@@ -119,25 +119,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   const uint32_t bar_full_nat = bars, bar_full_tr = bars + 8;
   const uint32_t bar_empty_nat = bars + 16, bar_empty_tr = bars + 24;
 
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int n_block = blockIdx.x;
-  const int head_k = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int group = p.nheads / p.nheads_k;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
-  const int n0 = n_block * kBlockN;
-  const int offset = seqlen_k - seqlen_q;
-
-  // (the query tiles that see a key of this tile, for each head of the group)
-  const fp32wg::BwdSteps steps = fp32wg::bwd_steps<kBlockM>(p, n0, offset, group);
-  const int m_block_min = steps.m_block_min, n_m = steps.n_m, n_steps = steps.n_steps;
-
-  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
-                    head_k * p.k_head_stride + int64_t(n0) * p.k_row_stride;
-  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
-                    head_k * p.v_head_stride + int64_t(n0) * p.v_row_stride;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN>(p);
+  const int head_k = cta.head_k, batch = cta.batch, group = cta.group, n0 = cta.n0;
+  const int seqlen_q = cta.seqlen_q, seqlen_k = cta.seqlen_k, offset = cta.offset;
+  const int m_block_min = cta.m_block_min, n_m = cta.n_m, n_steps = cta.n_steps;
+  const float* gK = cta.gK;
+  const float* gV = cta.gV;
 
   if (tid == 0) fp32wg::bwd_init_bars(bars, Traits::kConsumers);
   // K lo and K^T hi / lo (threads 0-127), V lo (128-255): a thread per key row, its float4s
