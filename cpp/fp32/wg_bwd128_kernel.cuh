@@ -1,7 +1,8 @@
 // Hopper float32 backward at kernel head dim 128 (issue 21; FLASHATTN2_EXPERIMENTAL=fp32wg
 // builds, taken where BwdParams::fp32wg_bwd128 asks for it): the d64 kernel's GEMMs, 3xTF32
 // scheme, producer and barriers (fp32/wg_bwd_kernel.cuh: read its comment first; the shared
-// pieces are fp32/wg_bwd_common.cuh's), cut so that d128's operands fit. Design count: scripts/fp32wg_bwd128_count.py (design R).
+// pieces are fp32/wg_bwd_common.cuh's), cut so that d128's operands fit. Design count:
+// scripts/fp32wg_bwd128_count.py (design R).
 //
 // Why another cut: at d128 a warpgroup of 64 keys holding dK and dV (128 registers) has no
 // room for both K hi and V hi (64 each), and 128 keys' K lo, V lo, K^T hi / lo take 256 KiB.
@@ -256,9 +257,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
     uint32_t step_base = smem;
     const fp32wg::KDesc kdesc{step_base};
     // (fp32wg::gemm_d: S^T / dP^T, two fresh accumulators alternating)
-    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, 2, fp32wg::KDesc>;
+    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, 2>;
     // (fp32wg::gemm_q, each FADD pinned: sY^T [d x 16], padded rows)
-    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, true, fp32wg::KDesc>;
+    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, true>;
 
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;

@@ -1,7 +1,9 @@
 // The pieces that fp32/wg_bwd_kernel.cuh (kernel head dim 64) and fp32/wg_bwd128_kernel.cuh
-// (128) share: step range, barriers, the producer's natural tiles and read-back transpose,
-// the consumers' GEMMs and hand-offs. Layouts and roles: wg_bwd_kernel.cuh's comment.
-// Everything here is forceinline, so that each kernel compiles as it did with its own copy.
+// (128) share: CTA coordinates and steps, barriers, the producer's natural tiles and read-back
+// transpose, descriptors, the consumers' GEMMs, A fragments, dQ reds and hand-offs. Layouts
+// and roles: wg_bwd_kernel.cuh's comment. Everything is forceinline and each kernel compiles
+// to the SASS of its former own copy (cuobjdump, both units); the folds that changed it stay
+// in the kernels (the masked exp2 of P^T, the dS^T split stores, the epilogues).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,6 +20,7 @@
 namespace flashattn2 {
 namespace fp32wg {
 
+// (a 16-byte shared load; asm volatile: ordered with the producer's other shared accesses)
 __device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
   float4 v;
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
@@ -78,9 +81,8 @@ __device__ __forceinline__ void bwd_init_bars(uint32_t bars, int consumers) {
 template <int kBlockM, int kHeadDim>
 __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, int batch, int head,
                                                   int m0, int rows, int t, int q_row, int q_col,
-                                                  uint32_t sQhi,
-                                                  uint32_t sQlo, uint32_t sdOhi, uint32_t sdOlo,
-                                                  uint32_t sLse, uint32_t sDsum,
+                                                  uint32_t sQhi, uint32_t sQlo, uint32_t sdOhi,
+                                                  uint32_t sdOlo, uint32_t sLse, uint32_t sDsum,
                                                   uint32_t bar_empty_nat, uint32_t bar_full_nat) {
   constexpr int kColStep = 4 * (128 / kBlockM);
   constexpr int kIters = kHeadDim / kColStep;
@@ -94,7 +96,7 @@ __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, i
   for (int i = 0; i < kIters; ++i) {
     x[i] = load4(gQ, 0, q_row, rows, kColStep * i, p.headdim - q_col);
   }
-  sm90::mbar_wait(bar_empty_nat, (t & 1) ^ 1);
+  mbar_wait(bar_empty_nat, (t & 1) ^ 1);
 #pragma unroll
   for (int src = 0; src < 2; ++src) {
     if (src == 1) {
@@ -120,8 +122,8 @@ __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, i
     st_shared(sLse + 4 * tid, lse);
     st_shared(sDsum + 4 * tid, dsum);
   }
-  sm90::fence_proxy_async();
-  sm90::mbar_arrive(bar_full_nat);
+  fence_proxy_async();
+  mbar_arrive(bar_full_nat);
 }
 
 // The producer's transposed tiles (Q^T, dO^T hi / lo, queries at q_pos) from this thread's own
@@ -154,7 +156,8 @@ __device__ __forceinline__ void bwd_transpose_natural(int t, int q_row, int q_co
 // K-major descriptors (sm90/wgmma.cuh desc_k_major) of a step's tiles as one descriptor of
 // the step's base plus the tile offset / 16 in its low word (the address field: 14 bits,
 // smem < 256 KiB, no carry), not each built from its address: ~2 uniform instructions a
-// descriptor instead of ~5. step_base: the kernel's, reset at each step.
+// descriptor instead of ~5. step_base: the kernel's, reset at each step (held by reference:
+// a copy, or a function of it, changed the d64 kernel's SASS).
 struct KDesc {
   const uint32_t& step_base;
   __device__ __forceinline__ uint64_t operator()(uint32_t addr) const {
@@ -167,9 +170,9 @@ struct KDesc {
 // level: per k8 step the three products (Xlo Yhi, Xhi Ylo, Xhi Yhi) into a fresh accumulator t,
 // FADD into acc. kBufs 2: two t alternate, the FADD of one step under the next step's wgmma;
 // 1: the FADD waits for the step's wgmma (16 registers fewer).
-template <int kBlockM, int kBlockN, int kKSteps, int kBufs, typename Desc>
+template <int kBlockM, int kBlockN, int kKSteps, int kBufs>
 __device__ __forceinline__ void gemm_d(float (&acc)[kBlockM / 2],
-                                       const uint32_t (&x_hi)[kKSteps][4], const Desc& kdesc,
+                                       const uint32_t (&x_hi)[kKSteps][4], const KDesc& kdesc,
                                        int x_row0, uint32_t sXlo, uint32_t sYhi, uint32_t sYlo) {
   using namespace sm90;
   constexpr int kS = kBlockM / 2;
@@ -210,10 +213,10 @@ __device__ __forceinline__ void gemm_d(float (&acc)[kBlockM / 2],
 // fresh accumulator, FADD into acc_d (never a tensor-core accumulator across steps).
 // kPinFadd: each FADD pinned there by an empty asm, not sunk under the next columns' wgmma
 // (d128: ptxas kept up to three fresh accumulators live and spilled dK / dV).
-template <int kHeadDim, int kQSteps, int kDkvN, bool kPinFadd, typename Desc>
+template <int kHeadDim, int kQSteps, int kDkvN, bool kPinFadd>
 __device__ __forceinline__ void gemm_q(float (&acc_d)[kHeadDim / 2],
                                        const uint32_t (&a_hi)[kQSteps][4],
-                                       const uint32_t (&a_lo)[kQSteps][4], const Desc& kdesc,
+                                       const uint32_t (&a_lo)[kQSteps][4], const KDesc& kdesc,
                                        uint32_t sYThi, uint32_t sYTlo) {
   using namespace sm90;
 #pragma unroll

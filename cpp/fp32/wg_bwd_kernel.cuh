@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     uint32_t step_base = smem;
     const fp32wg::KDesc kdesc{step_base};
     // (fp32wg::gemm_d over the warpgroup's 64 keys: kGemmDBufs 2, ptxas 0 spills at 232)
-    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, kGemmDBufs, fp32wg::KDesc>;
-    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, false, fp32wg::KDesc>;
+    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, kGemmDBufs>;
+    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, false>;
 
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
