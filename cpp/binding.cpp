@@ -273,8 +273,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
          bool dbias_add, bool bias_staged, bool dq_warp, bool pdl, bool convert_lean,
-         bool dq_first_store, bool fp32wg_bwd, bool sm90_dbias, bool fp32wg_bwd128,
-         bool fp32wg_bwd128_l2) {
+         bool dq_first_store, bool fp32wg_bwd, bool sm90_dbias, bool fp32wg_bwd128) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -338,7 +337,6 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.fp32wg_bwd = fp32wg_bwd;
   params.sm90_dbias = sm90_dbias;
   params.fp32wg_bwd128 = fp32wg_bwd128;
-  params.fp32wg_bwd128_l2 = fp32wg_bwd128_l2;
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
                                 "deterministic mode needs a stored dbias");
@@ -631,15 +629,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("pdl") = true, py::arg("convert_lean") = false,
         py::arg("dq_first_store") = false, py::arg("fp32wg_bwd") = false,
         py::arg("sm90_dbias") = false, py::arg("fp32wg_bwd128") = false,
-        py::arg("fp32wg_bwd128_l2") = false,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80, or 91 (flash_api.h "
         "kBwdKernelFp32Wg: the Hopper float32 backward of builds with "
         "FLASHATTN2_EXPERIMENTAL=fp32wg, for the float32 backwards it supports when "
         "fp32wg_bwd and allow_sm90 are true), or 92 (kBwdKernelFp32Wg128: its kernel head "
-        "dim 128 instance, when fp32wg_bwd128 and allow_sm90 are true), or 93 (its instance "
-        "that loads Q / dO a second time for the transposed tiles: fp32wg_bwd128_l2 too). "
+        "dim 128 instance, when fp32wg_bwd128 and allow_sm90 are true). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(..., dq_chains) floats (no need to zero them). "
@@ -668,9 +664,7 @@ PYBIND11_MODULE(_C, m) {
         "same dq bits). fp32wg_bwd=True: float32 backwards may run the Hopper float32 "
         "backward (dense, full or causal, kernel head dim 64, not deterministic; A/B). "
         "fp32wg_bwd128=True: the same at kernel head dim 128 (cpp/fp32/wg_bwd128_kernel.cuh; "
-        "A/B); fp32wg_bwd128_l2=True: with it, the instance that "
-        "loads Q / dO again (L2) for the transposed tiles instead of reading back shared "
-        "memory (A/B, off by default). "
+        "A/B). "
         "sm90_dbias=True: a dbias may run the Hopper backward (d64 / d128, "
         "the bias's rows 16-byte aligned, no softcap), else the mma.sync backward writes it "
         "(A/B; on by default in Python).");

@@ -379,11 +379,7 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream, bool allow_s
     return kBwdKernelFp32Wg;
   }
   if (fp32wg_bwd128_supports(p, kd, device, allow_sm90)) {
-    if (p.fp32wg_bwd128_l2) {
-      run_bwd_fp32wg128<128, true>(p, s);
-      return kBwdKernelFp32Wg128L2;
-    }
-    run_bwd_fp32wg128<128, false>(p, s);
+    run_bwd_fp32wg128<128>(p, s);
     return kBwdKernelFp32Wg128;
   }
 #else

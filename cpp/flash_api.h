@@ -40,11 +40,9 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 =
 // builds with FLASHATTN2_EXPERIMENTAL=fp32wg run on sm_90 GPUs for the float32 backwards it
 // supports when BwdParams::fp32wg_bwd and allow_sm90 are set; other float32 backwards run
 // the mma.sync float32 kernels (80). kBwdKernelFp32Wg128 = 92: the d128 one
-// (cpp/fp32/wg_bwd128_kernel.cuh), when BwdParams::fp32wg_bwd128 and allow_sm90 are set;
-// kBwdKernelFp32Wg128L2 = 93: its instance of BwdParams::fp32wg_bwd128_l2.
+// (cpp/fp32/wg_bwd128_kernel.cuh), when BwdParams::fp32wg_bwd128 and allow_sm90 are set.
 constexpr int kBwdKernelFp32Wg = 91;
 constexpr int kBwdKernelFp32Wg128 = 92;
-constexpr int kBwdKernelFp32Wg128L2 = 93;
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit = 0,
             bool allow_sm90 = true);
 

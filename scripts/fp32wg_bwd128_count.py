@@ -59,8 +59,6 @@ def designs():
         ("R: one kernel, role split", [r_wg, r_wg], 32 + 32 + 32 + 8 + 8, 1.0,
          "K lo, V lo, K^T lo 96 + Q, dO nat 32 + ^T 32 (64 if padded) + P^T 4 + dS 8 = 172-204",
          "~224: K hi 64 + K^T hi half 32 + dV 64 + 64 peak"),
-        # (built: Fp32WgBwd128Traits kTrFromL2, FLASHATTN2_FP32WG_BWD128_L2=1; a 64-byte
-        # swizzle for Q^T / dO^T changes no byte counted here, it only frees 32 KiB of smem)
         ("R, ^T tiles from a 2nd L2 load", [r_wg, r_wg], 32 + 32 + 8 + 8, 1.0,
          "as R", "as R (producer: 16 float4 in flight)"),
     ]

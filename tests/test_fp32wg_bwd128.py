@@ -12,10 +12,7 @@ reported as last_bwd_kernel "fp32wg128"; the host model of the kernel's index ar
 float64 with the 2x rule of fp32_checks.py into NaN-filled gradients (lengths that are not
 multiples of the 16-query / 64-key tiles, several key blocks per head, causal with seqlen_q
 != seqlen_k, a right window, GQA / MQA, d96), the kernel that ran asserted, and the calls it
-does not take fall back. Each GPU test runs both instances of the kernel: the default one
-(the producer reads its natural tiles back for Q^T / dO^T; "fp32wg128") and the one of
-FLASHATTN2_FP32WG_BWD128_L2=1 / _ext.fp32wg_bwd128_l2() (a second load of Q / dO from
-global memory; "fp32wg128l2", code 93).
+does not take fall back.
 """
 import functools
 
@@ -45,20 +42,9 @@ def test_fp32wg_bwd128_switch_reaches_the_binding(monkeypatch, switch):
     assert call["allow_sm90"] is (switch != "force_sm80")
 
 
-@pytest.mark.parametrize("l2", [False, True])
-def test_fp32wg_bwd128_l2_switch_reaches_the_binding(monkeypatch, l2):
-    monkeypatch.setattr(_ext, "FP32WG_BWD128", True)
-    monkeypatch.setattr(_ext, "FP32WG_BWD128_L2", l2)
-    call = _record(monkeypatch, torch.float32)
-    assert call["fp32wg_bwd128_l2"] is l2
-    assert call["fp32wg_bwd128"] is True
-
-
 def test_fp32wg_bwd128_switch_leaves_16_bit_calls_alone(monkeypatch):
     monkeypatch.setattr(_ext, "FP32WG_BWD128", True)
-    monkeypatch.setattr(_ext, "FP32WG_BWD128_L2", True)
-    call = _record(monkeypatch, torch.bfloat16)
-    assert "fp32wg_bwd128" not in call and "fp32wg_bwd128_l2" not in call
+    assert "fp32wg_bwd128" not in _record(monkeypatch, torch.bfloat16)
 
 
 def test_fp32wg_bwd128_context_manager_restores(monkeypatch):
@@ -69,26 +55,19 @@ def test_fp32wg_bwd128_context_manager_restores(monkeypatch):
             assert _ext.FP32WG_BWD128 is False
         assert _ext.FP32WG_BWD128 is True
     assert _ext.FP32WG_BWD128 is False
-    monkeypatch.setattr(_ext, "FP32WG_BWD128_L2", False)
-    with _ext.fp32wg_bwd128_l2():
-        assert _ext.FP32WG_BWD128_L2 is True
-    assert _ext.FP32WG_BWD128_L2 is False
 
 
-@pytest.mark.parametrize("code, name", [(92, "fp32wg128"), (93, "fp32wg128l2")])
-def test_fp32wg_bwd128_kernel_code(monkeypatch, code, name):
-    _record(monkeypatch, torch.float32, code=code)
-    assert (_ext.last_bwd_arch, _ext.last_bwd_kernel) == (90, name)
+def test_fp32wg_bwd128_kernel_code(monkeypatch):
+    _record(monkeypatch, torch.float32, code=92)
+    assert (_ext.last_bwd_arch, _ext.last_bwd_kernel) == (90, "fp32wg128")
 
 
 # The host model of the kernel's index arithmetic (scripts/fp32wg_bwd128_model.py: every word
 # of each shared-memory tile written once, every wgmma operand element checked against the
 # split it should hold, sPT read back where written, dq / dk / dv against float64), on small
-# cases: several key blocks with a key tail, causal with sq > sk, GQA, d96; both instances
-# (l2: Q^T / dO^T from the producer's second load of Q / dO).
-@pytest.mark.parametrize("l2", [False, True], ids=["readback", "l2"])
+# cases: several key blocks with a key tail, causal with sq > sk, GQA, d96.
 @pytest.mark.parametrize("case", [(1, 33, 70, 1, 1, 128, -1), (1, 70, 33, 2, 1, 96, 0)])
-def test_fp32wg_bwd128_host_model(case, l2):
+def test_fp32wg_bwd128_host_model(case):
     import pathlib
     import sys
     pytest.importorskip("numpy")
@@ -97,20 +76,11 @@ def test_fp32wg_bwd128_host_model(case, l2):
         import fp32wg_bwd128_model
     finally:
         sys.path.pop(0)
-    errors = fp32wg_bwd128_model.check(*case, l2=l2)
+    errors = fp32wg_bwd128_model.check(*case)
     assert max(errors) < 1e-6, errors
 
 
 # ---- GPU: sm_90, fp32wg builds ------------------------------------------------------------
-
-# Both instances: the producer's read-back (the default) and the second load (L2).
-both_instances = pytest.mark.parametrize("l2", [False, True], ids=["readback", "l2"])
-
-
-def _instance(l2):
-    """last_bwd_kernel of the d128 instance that FP32WG_BWD128_L2 = l2 selects."""
-    return "fp32wg128l2" if l2 else "fp32wg128"
-
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): lengths that are not
 # multiples of the 16-query / 64-key tiles (1, 33, 127, 257, 1000), several key blocks per
@@ -134,19 +104,18 @@ SHAPES = [
 
 @gpu
 @needs_fp32wg
-@both_instances
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
-def test_fp32wg_bwd128_against_float64(hopper, shape, l2):
+def test_fp32wg_bwd128_against_float64(hopper, shape):
     q, k, v, dout, causal, window, ref = shape_case(shape)
-    with _ext.fp32wg_bwd128(True), _ext.fp32wg_bwd128_l2(l2):
+    with _ext.fp32wg_bwd128(True):
         ours = kernel_backward(q, k, v, dout, causal, window)
-        assert _ext.last_bwd_kernel == _instance(l2)
+        assert _ext.last_bwd_kernel == "fp32wg128"
         check_2x(GRADS, ours, ref, (q, k, v), dout)
         # The public function runs it too (dq's atomic adds: not bit for bit).
         public = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window)
         check_2x(GRADS, public, ref, (q, k, v), dout)
-        assert _ext.last_bwd_kernel == _instance(l2)
-    with _ext.fp32wg_bwd128(False), _ext.fp32wg_bwd128_l2(l2):
+        assert _ext.last_bwd_kernel == "fp32wg128"
+    with _ext.fp32wg_bwd128(False):
         kernel_backward(q, k, v, dout, causal, window)
         assert _ext.last_bwd_kernel == "sm80"
 
@@ -162,12 +131,11 @@ FALLBACKS = [
 
 @gpu
 @needs_fp32wg
-@both_instances
 @pytest.mark.parametrize("name, shape, kw", FALLBACKS, ids=[f[0] for f in FALLBACKS])
-def test_fp32wg_bwd128_falls_back(hopper, name, shape, kw, l2):
+def test_fp32wg_bwd128_falls_back(hopper, name, shape, kw):
     q, k, v, dout, causal, window, ref = shape_case(shape, kw.get("softcap", 0.0))
     # (d64: the d64 kernel's switch off, so that the mma.sync one is what runs)
-    with _ext.fp32wg_bwd128(True), _ext.fp32wg_bwd128_l2(l2), _ext.fp32wg_bwd(False):
+    with _ext.fp32wg_bwd128(True), _ext.fp32wg_bwd(False):
         fn = lambda *t: flashattn2.flash_attn_func(*t, causal=causal, window_size=window, **kw)
         check_2x(GRADS, fn, ref, (q, k, v), dout)
         assert _ext.last_bwd_kernel == "sm80", name
@@ -191,22 +159,20 @@ def test_fp32wg_bwd128_varlen_falls_back(hopper):
 # dk: warpgroup 1's P^T from sPT, dS^T, Q^T; dq: the sdS stores, K^T hi fragments / K^T lo,
 # the reds, columns 0-63 from warpgroup 0 and 64-127 from warpgroup 1). "uniform": softmax
 # scale 1e-6 (P nearly uniform whatever S^T's layout: dv is dO's column means, the dO^T /
-# P^T path alone). "two_steps": 32 queries (the hand-off barriers' second phase). l2: Q^T
-# (dk) and dO^T (dv) come from the producer's second load of Q / dO.
+# P^T path alone). "two_steps": 32 queries (the hand-off barriers' second phase).
 @gpu
 @needs_fp32wg
-@both_instances
 @pytest.mark.parametrize("piece", ["full", "uniform", "two_steps"])
-def test_fp32wg_bwd128_single_step(hopper, piece, l2):
+def test_fp32wg_bwd128_single_step(hopper, piece):
     from test_fp32wg import _worst
     sq = 32 if piece == "two_steps" else 16
     q, k, v = _qkv(1, sq, 64, 1, 1, 128, device="cuda")
     dout = torch.randn_like(q)
     scale = 1e-6 if piece == "uniform" else 128**-0.5
     expected = single_step_expected(q, k, v, dout, scale)
-    with _ext.fp32wg_bwd128(True), _ext.fp32wg_bwd128_l2(l2):
+    with _ext.fp32wg_bwd128(True):
         ours = single_step_backward(q, k, v, dout, scale)
-        assert _ext.last_bwd_kernel == _instance(l2)
+        assert _ext.last_bwd_kernel == "fp32wg128"
     for name, a, e in zip(GRADS, ours, expected):
         err = (a.double() - e).abs()[0, :, 0]
         tol = 1e-5 + 1e-5 * e.abs().max().item()

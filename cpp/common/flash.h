@@ -240,10 +240,6 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // sm90/bwd_config.h sm90_bwd_takes_bias allows); false: the mma.sync backward writes it (for
   // A/B comparisons). Host only.
   bool sm90_dbias = false;
-  // With fp32wg_bwd128: its instance whose producer loads Q / dO a second time (L2) for the
-  // transposed tiles instead of reading back its shared-memory stores
-  // (FLASHATTN2_FP32WG_BWD128_L2, off by default: an A/B switch). Host only.
-  bool fp32wg_bwd128_l2 = false;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

@@ -9,9 +9,9 @@
 
 namespace flashattn2 {
 
-template <int kHeadDim, bool kTrFromL2>
+template <int kHeadDim>
 void run_bwd_fp32wg128(const BwdParams& params, cudaStream_t stream) {
-  using Traits = Fp32WgBwd128Traits<kHeadDim, kTrFromL2>;
+  using Traits = Fp32WgBwd128Traits<kHeadDim>;
   run_bwd_fp32_preprocess(params, stream);
   const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
                   params.batch);
@@ -22,7 +22,6 @@ void run_bwd_fp32wg128(const BwdParams& params, cudaStream_t stream) {
   run_bwd_fp32_convert(params, stream);
 }
 
-template void run_bwd_fp32wg128<128, false>(const BwdParams&, cudaStream_t);
-template void run_bwd_fp32wg128<128, true>(const BwdParams&, cudaStream_t);
+template void run_bwd_fp32wg128<128>(const BwdParams&, cudaStream_t);
 
 }  // namespace flashattn2

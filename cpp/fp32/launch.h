@@ -22,9 +22,8 @@ void run_fwd_fp32wg(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim>
 void run_bwd_fp32wg(const BwdParams& params, cudaStream_t stream);
 // bwd_fp32wg_hdim128.cu (FLASHATTN2_FP32WG builds, sm_90a): the d128 one
-// (wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128), preprocess and convert included;
-// kTrFromL2: its instance that loads Q / dO again for the transposed tiles (fp32wg_bwd128_l2).
-template <int kHeadDim, bool kTrFromL2>
+// (wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128), preprocess and convert included.
+template <int kHeadDim>
 void run_bwd_fp32wg128(const BwdParams& params, cudaStream_t stream);
 // bwd_prepost.cu: dsum and a zeroed dq_accum; dq from dq_accum (every head dim).
 void run_bwd_fp32_preprocess(const BwdParams& params, cudaStream_t stream);

@@ -26,9 +26,9 @@
 //   kBarDsFull  1 -> 0: sdS written, fenced  kBarDsEmpty 0 -> 1: 0's dQ^T wgmma completed
 //   kBarDsOwn   warpgroup 1's 128 threads: its own sdS stores, before its dQ^T wgmma.
 //
-// Producer: Q, dO natural (hi / lo) from global; Q^T, dO^T from a read-back of its own stores,
-// or (Traits::kTrFromL2, BwdParams::fp32wg_bwd128_l2, an A/B instance) from a second load of
-// Q / dO (L2 hits): 32 KiB a step less shared-memory traffic, two L2 latencies more.
+// Producer: Q, dO natural (hi / lo) from global; Q^T, dO^T from a read-back of its own stores.
+// (Measured and dropped, eleventh session: Q^T / dO^T from a second, L2, load of Q / dO, 32 KiB
+// a step less shared-memory traffic: 0.89-0.99x, the producer's L2 latency on the path.)
 //
 // Layouts: fp32/wg_kernel.cuh's 128-byte swizzled 32-column chunks (fp32wg::swz); Q^T, dO^T
 // [d x 16 queries] each use the first 64 bytes of a chunk's 128-byte rows (the descriptors'
@@ -55,13 +55,9 @@
 
 namespace flashattn2 {
 
-// kTrFromL2: the producer builds Q^T / dO^T from a second (L2) load of Q / dO instead of
-// reading back its own natural stores (BwdParams::fp32wg_bwd128_l2: 32 KiB less shared-memory
-// traffic a step; count: scripts/fp32wg_bwd128_count.py, ratio 1.37 -> 1.23).
-template <int kHeadDim_, bool kTrFromL2_ = false>
+template <int kHeadDim_>
 struct Fp32WgBwd128Traits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kTrFromL2 = kTrFromL2_;
   static constexpr int kBlockN = kFp32WgBwd128BlockN;  // keys per CTA
   static constexpr int kBlockM = kFp32WgBwd128BlockM;  // queries per step
   static constexpr int kConsumers = 2;
@@ -157,8 +153,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
     // (wg_bwd_kernel.cuh's, at 16 rows: a thread per query row and 4 float4 of each source)
     regs_decrease<Traits::kProducerRegs>();
     const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
-    constexpr int kColStep = 4 * (128 / kBlockM);
-    constexpr int kIters = kHeadDim / kColStep;
     const int q_pos0 = fp32wg::key_pos(q_row0);
     for (int t = 0; t < n_steps; ++t) {
       uint32_t base = smem;
@@ -170,53 +164,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       fp32wg::bwd_store_natural<kBlockM, kHeadDim>(
           p, tid, batch, head, m0, seqlen_q - m0, t, q_row, q_col, at(sQhi), at(sQlo), at(sdOhi),
           at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat);
-      if constexpr (Traits::kTrFromL2) {
-        // Transposed tiles from Q / dO again (L2), two column blocks i of both at a time (16
-        // registers in flight, as the natural tiles' loads), the first two issued before the
-        // wait: each of the lane's transposed offsets serves four stores, as in the read-back.
-        // (the step's rows and pointers again, from an opaque copy of t: not kept live across
-        // the waits in the producer's 40 registers)
-        int t_ = t;
-        asm volatile("" : "+r"(t_));
-        float4 x[kIters];
-        const int head_ = head_k * group + t_ / n_m;
-        const int m0_ = (m_block_min + t_ % n_m) * kBlockM;
-        const float* gQ_ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
-                           head_ * p.q_head_stride + int64_t(m0_ + q_row) * p.q_row_stride + q_col;
-        const float* gdO_ = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
-                            head_ * p.do_head_stride + int64_t(m0_ + q_row) * p.do_row_stride +
-                            q_col;
-#pragma unroll
-        for (int i0 = 0; i0 < kIters; i0 += 2) {
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int c = kColStep * (i0 + u);
-            x[u] = fp32wg::load4(gQ_, 0, q_row, seqlen_q - m0_, c, p.headdim - q_col);
-            x[2 + u] = fp32wg::load4(gdO_, 0, q_row, seqlen_q - m0_, c, p.headdim - q_col);
-          }
-          if (i0 == 0) mbar_wait(bar_empty_tr, (t_ & 1) ^ 1);
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const fp32wg::Split4 sq = fp32wg::split4(x[u]), sd = fp32wg::split4(x[2 + u]);
-            const float w[4][4] = {{sq.hi.x, sq.hi.y, sq.hi.z, sq.hi.w},
-                                   {sq.lo.x, sq.lo.y, sq.lo.z, sq.lo.w},
-                                   {sd.hi.x, sd.hi.y, sd.hi.z, sd.hi.w},
-                                   {sd.lo.x, sd.lo.y, sd.lo.z, sd.lo.w}};
-            const uint32_t dst_t[4] = {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const uint32_t off = swz<kHeadDim>(q_col + kColStep * (i0 + u) + e, q_pos);
-#pragma unroll
-              for (int a = 0; a < 4; ++a) st_shared(dst_t[a] + off, w[a][e]);
-            }
-          }
-        }
-      } else {
-        // Transposed tiles, from this thread's own natural stores.
-        fp32wg::bwd_transpose_natural<kBlockM, kHeadDim>(
-            t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},
-            {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)}, bar_empty_tr);
-      }
+      // Transposed tiles, from this thread's own natural stores.
+      fp32wg::bwd_transpose_natural<kBlockM, kHeadDim>(
+          t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},
+          {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)}, bar_empty_tr);
       fence_proxy_async();
       mbar_arrive(bar_full_tr);
     }

@@ -135,12 +135,6 @@ FP32WG_BWD = _env_flag("FLASHATTN2_FP32WG_BWD", "1")
 # FLASHATTN2_FP32WG_BWD128=0 at import, or the fp32wg_bwd128(False) context manager (A/B
 # comparisons); FP32WG / force_sm80() turn it off as well.
 FP32WG_BWD128 = _env_flag("FLASHATTN2_FP32WG_BWD128", "1")
-# With FP32WG_BWD128: True runs the d128 Hopper float32 backward's instance whose producer
-# builds the transposed Q^T / dO^T tiles from a second (L2) load of Q / dO instead of reading
-# back its shared-memory stores (last_bwd_kernel "fp32wg128l2"); False (the default) the
-# read-back one. FLASHATTN2_FP32WG_BWD128_L2=1 at import, or the fp32wg_bwd128_l2() context
-# manager (A/B comparisons).
-FP32WG_BWD128_L2 = _env_flag("FLASHATTN2_FP32WG_BWD128_L2", "0")
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
@@ -201,13 +195,11 @@ BWD_DQ_FIRST_STORE = _env_flag("FLASHATTN2_BWD_DQ_FIRST_STORE", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # Which backward kernel the last launch ran: "sm90", "sm80", "fp32wg" (the Hopper float32
-# backward, whose generation is 90), "fp32wg128" (its d128 one) or "fp32wg128l2" (that one's
-# FP32WG_BWD128_L2 instance); None before any.
+# backward, whose generation is 90) or "fp32wg128" (its d128 one); None before any.
 last_bwd_kernel = None
-# _C.bwd's return code -> (last_bwd_arch, last_bwd_kernel); 91 / 92 / 93 are flash_api.h
-# kBwdKernelFp32Wg / kBwdKernelFp32Wg128 / kBwdKernelFp32Wg128L2.
-BWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 91: (90, "fp32wg"), 92: (90, "fp32wg128"),
-               93: (90, "fp32wg128l2")}
+# _C.bwd's return code -> (last_bwd_arch, last_bwd_kernel); 91 / 92 are flash_api.h
+# kBwdKernelFp32Wg / kBwdKernelFp32Wg128.
+BWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 91: (90, "fp32wg"), 92: (90, "fp32wg128")}
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
 # cpp/common/dq_order.cuh): None (the default) takes _C.bwd_dq_chains's choice; 1, 2 or 4
 # force that many, for A/B comparisons and tests (FLASHATTN2_DQ_CHAINS=1|2|4 at import, or
@@ -268,9 +260,6 @@ fp32wg_bwd = _switch("FP32WG_BWD", "Inside the block, float32 backwards may run 
 fp32wg_bwd128 = _switch("FP32WG_BWD128", "Inside the block, float32 backwards at kernel head "
                         "dim 128 may run the d128 Hopper float32 backward of fp32wg builds "
                         "(enabled, the default) or never do.")
-fp32wg_bwd128_l2 = _switch("FP32WG_BWD128_L2", "Inside the block, the d128 Hopper float32 "
-                           "backward runs its instance that loads Q / dO again for the "
-                           "transposed tiles (enabled) or the read-back one (the default).")
 sm90_stage_o = _switch("SM90_STAGE_O", "Inside the block, Hopper forwards at d192 / d256 stage "
                        "O in a K / V stage for causal, windowed and varlen tiles too "
                        "(enabled), or for dense full attention only (the default).")

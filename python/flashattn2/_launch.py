@@ -324,13 +324,11 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
 
 
 def _fp32wg_bwd_arg(dtype):
-    """The fp32wg_bwd / fp32wg_bwd128(_l2) arguments of ``_C.bwd`` (float32 only: _ext
-    switches)."""
+    """The fp32wg_bwd / fp32wg_bwd128 arguments of ``_C.bwd`` (float32 only: _ext switches)."""
     if dtype is not _FP32:
         return {}
     on = _ext.FP32WG and not _ext.FORCE_SM80
-    return {"fp32wg_bwd": _ext.FP32WG_BWD and on, "fp32wg_bwd128": _ext.FP32WG_BWD128 and on,
-            "fp32wg_bwd128_l2": _ext.FP32WG_BWD128_L2}
+    return {"fp32wg_bwd": _ext.FP32WG_BWD and on, "fp32wg_bwd128": _ext.FP32WG_BWD128 and on}
 
 
 def _allow_sm90_bwd(headdim):
