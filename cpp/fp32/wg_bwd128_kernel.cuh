@@ -1,7 +1,8 @@
 // Hopper float32 backward at kernel head dim 128 (issue 21; FLASHATTN2_EXPERIMENTAL=fp32wg
 // builds, taken where BwdParams::fp32wg_bwd128 asks for it): the d64 kernel's GEMMs, 3xTF32
-// scheme, producer and barriers (fp32/wg_bwd_kernel.cuh: read its comment first), cut so that
-// d128's operands fit. Design count: scripts/fp32wg_bwd128_count.py (design R).
+// scheme, producer and barriers (fp32/wg_bwd_kernel.cuh: read its comment first; the shared
+// pieces are fp32/wg_bwd_common.cuh's), cut so that d128's operands fit. Design count:
+// scripts/fp32wg_bwd128_count.py (design R).
 //
 // Why another cut: at d128 a warpgroup of 64 keys holding dK and dV (128 registers) has no
 // room for both K hi and V hi (64 each), and 128 keys' K lo, V lo, K^T hi / lo take 256 KiB.
@@ -25,6 +26,10 @@
 //   kBarDsFull  1 -> 0: sdS written, fenced  kBarDsEmpty 0 -> 1: 0's dQ^T wgmma completed
 //   kBarDsOwn   warpgroup 1's 128 threads: its own sdS stores, before its dQ^T wgmma.
 //
+// Producer: Q, dO natural (hi / lo) from global; Q^T, dO^T from a read-back of its own stores.
+// (Measured and dropped, eleventh session: Q^T / dO^T from a second, L2, load of Q / dO, 32 KiB
+// a step less shared-memory traffic: 0.89-0.99x, the producer's L2 latency on the path.)
+//
 // Layouts: fp32/wg_kernel.cuh's 128-byte swizzled 32-column chunks (fp32wg::swz); Q^T, dO^T
 // [d x 16 queries] each use the first 64 bytes of a chunk's 128-byte rows (the descriptors'
 // k8 steps 0 and 1), queries permuted in 8-groups as d64's (the accumulators as A).
@@ -40,8 +45,8 @@
 #include "common/ptx.cuh"
 #include "fp32/seq.cuh"
 #include "fp32/tf32.cuh"
+#include "fp32/wg_bwd_common.cuh"
 #include "fp32/wg_bwd_config.h"
-#include "fp32/wg_bwd_kernel.cuh"
 #include "fp32/wg_kernel.cuh"
 #include "sm90/mbarrier.cuh"
 #include "sm90/warpgroup.cuh"
@@ -102,39 +107,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
   const uint32_t bar_full_nat = bars, bar_full_tr = bars + 8;
   const uint32_t bar_empty_nat = bars + 16, bar_empty_tr = bars + 24;
 
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int n_block = blockIdx.x;
-  const int head_k = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int group = p.nheads / p.nheads_k;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
-  const int n0 = n_block * kBlockN;
-  const int offset = seqlen_k - seqlen_q;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN>(p);
+  const int head_k = cta.head_k, batch = cta.batch, group = cta.group, n0 = cta.n0;
+  const int seqlen_q = cta.seqlen_q, seqlen_k = cta.seqlen_k, offset = cta.offset;
+  const int m_block_min = cta.m_block_min, n_m = cta.n_m, n_steps = cta.n_steps;
+  const float* gK = cta.gK;
+  const float* gV = cta.gV;
 
-  // Query tiles that see a key of this tile (bottom-right aligned right window; no left one).
-  const int m_block_max = (seqlen_q + kBlockM - 1) / kBlockM;
-  int m_block_min = 0;
-  if (p.window_right >= 0) {
-    const int i_lo = n0 - offset - p.window_right;
-    m_block_min = i_lo <= 0 ? 0 : min(m_block_max, i_lo / kBlockM);
-  }
-  const int n_m = m_block_max - m_block_min;
-  const int n_steps = n_m * group;
-
-  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
-                    head_k * p.k_head_stride + int64_t(n0) * p.k_row_stride;
-  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
-                    head_k * p.v_head_stride + int64_t(n0) * p.v_row_stride;
-
-  if (tid == 0) {
-    mbar_init(bar_full_nat, 128);
-    mbar_init(bar_full_tr, 128);
-    mbar_init(bar_empty_nat, 128 * Traits::kConsumers);  // (every consumer thread)
-    mbar_init(bar_empty_tr, 4 * Traits::kConsumers);
-    mbar_fence_init();
-  }
+  if (tid == 0) fp32wg::bwd_init_bars(bars, Traits::kConsumers);
   // K lo and K^T lo (threads 0-127), V lo (128-255): a thread per key row and half of d, its
   // float4s split; the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks.
   if (tid < 256) {
@@ -172,8 +153,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
     // (wg_bwd_kernel.cuh's, at 16 rows: a thread per query row and 4 float4 of each source)
     regs_decrease<Traits::kProducerRegs>();
     const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
-    constexpr int kColStep = 4 * (128 / kBlockM);
-    constexpr int kIters = kHeadDim / kColStep;
     const int q_pos0 = fp32wg::key_pos(q_row0);
     for (int t = 0; t < n_steps; ++t) {
       uint32_t base = smem;
@@ -182,61 +161,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       auto at = [&](uint32_t addr) { return base + (addr - smem); };
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
-      const int rows = seqlen_q - m0;
-      const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
-                        head * p.q_head_stride + int64_t(m0 + q_row) * p.q_row_stride + q_col;
-      const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
-                         head * p.do_head_stride + int64_t(m0 + q_row) * p.do_row_stride + q_col;
-      float4 x[kIters];
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        x[i] = fp32wg::load4(gQ, 0, q_row, rows, kColStep * i, p.headdim - q_col);
-      }
-      mbar_wait(bar_empty_nat, (t & 1) ^ 1);
-#pragma unroll
-      for (int src = 0; src < 2; ++src) {
-        if (src == 1) {
-#pragma unroll
-          for (int i = 0; i < kIters; ++i) {
-            x[i] = fp32wg::load4(gdO, 0, q_row, rows, kColStep * i, p.headdim - q_col);
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-          const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
-          const fp32wg::Split4 a = fp32wg::split4(x[i]);
-          st_shared_v4((src ? at(sdOhi) : at(sQhi)) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
-          st_shared_v4((src ? at(sdOlo) : at(sQlo)) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
-        }
-      }
-      if (tid < kBlockM) {
-        float lse = 0.f, dsum = 0.f;
-        if (tid < rows) {
-          lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + m0 + tid];
-          dsum = p.dsum[fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0 + tid];
-        }
-        st_shared(at(sLse) + 4 * tid, lse);
-        st_shared(at(sDsum) + 4 * tid, dsum);
-      }
-      fence_proxy_async();
-      mbar_arrive(bar_full_nat);
+      fp32wg::bwd_store_natural<kBlockM, kHeadDim>(
+          p, tid, batch, head, m0, seqlen_q - m0, t, q_row, q_col, at(sQhi), at(sQlo), at(sdOhi),
+          at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat);
       // Transposed tiles, from this thread's own natural stores.
-      mbar_wait(bar_empty_tr, (t & 1) ^ 1);
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const uint32_t off_n = swz<kBlockM>(q_row, q_col + kColStep * i);
-        const uint32_t src_n[4] = {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)};
-        const uint32_t dst_t[4] = {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)};
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-          const float4 v = ld_shared_float4(src_n[a] + off_n);
-          const float w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            st_shared(dst_t[a] + swz<kHeadDim>(q_col + kColStep * i + e, q_pos), w[e]);
-          }
-        }
-      }
+      fp32wg::bwd_transpose_natural<kBlockM, kHeadDim>(
+          t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},
+          {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)}, bar_empty_tr);
       fence_proxy_async();
       mbar_arrive(bar_full_tr);
     }
@@ -274,76 +205,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
         }
     }
 
-    // (wg_bwd_kernel.cuh's kdesc: the step's base descriptor plus the tile offset / 16)
     uint32_t step_base = smem;
-    auto kdesc = [&](uint32_t addr) {
-      const uint64_t d0 = desc_k_major(step_base);
-      return (d0 & ~uint64_t(0xffffffffu)) | uint32_t(uint32_t(d0) + ((addr - step_base) >> 4));
-    };
-    // acc[64 keys x kBlockM] = X Y^T over d, two-level (wg_bwd_kernel.cuh's gemm_d, two fresh
-    // accumulators alternating).
-    auto gemm_d = [&](float (&acc)[kS], uint32_t sXlo, uint32_t sYhi, uint32_t sYlo) {
-      float t[2][kS];
-      auto step = [&](float (&tk)[kS], int kk) {
-        const uint32_t xa = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-        const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-        const uint64_t b_hi = kdesc(sYhi + yb);
-        wgmma_fence();
-        WgmmaTf32<kBlockM>::ss(tk, kdesc(sXlo + xa), b_hi, 0);
-        WgmmaTf32<kBlockM>::rs(tk, x_hi[kk], kdesc(sYlo + yb), 1);
-        WgmmaTf32<kBlockM>::rs(tk, x_hi[kk], b_hi, 1);
-        wgmma_commit();
-      };
-      step(t[0], 0);
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        if (kk + 1 < kKSteps) {
-          step(t[(kk + 1) % 2], kk + 1);
-          wgmma_wait<1>();
-        } else {
-          wgmma_wait<0>();
-        }
-        float(&tk)[kS] = t[kk % 2];
-        fence_regs(tk);
-#pragma unroll
-        for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? tk[i] : acc[i] + tk[i];
-      }
-    };
-    // acc_d[64 keys x d] += X^T sY^T (wg_bwd_kernel.cuh's gemm_q; sY^T [d x 16], padded rows).
-    auto gemm_q = [&](float (&acc_d)[kHeadDim / 2], const uint32_t (&a_hi)[kQSteps][4],
-                      const uint32_t (&a_lo)[kQSteps][4], uint32_t sYThi, uint32_t sYTlo) {
-#pragma unroll
-      for (int h = 0; h < kHeadDim / kDkvN; ++h) {
-        float t[kDkvN / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kQSteps; ++kk) {
-          const uint32_t yb = h * kDkvN * 128 + kk * 32;
-          const uint64_t b_hi = kdesc(sYThi + yb);
-          WgmmaTf32<kDkvN>::rs(t, a_lo[kk], b_hi, kk > 0 ? 1 : 0);
-          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], kdesc(sYTlo + yb), 1);
-          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], b_hi, 1);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(t);
-#pragma unroll
-        for (int i = 0; i < kDkvN / 2; ++i) {
-          float& a = acc_d[h * (kDkvN / 2) + i];
-          a += t[i];
-          // (the FADD here, not sunk under the next columns' wgmma: ptxas kept up to three
-          // fresh accumulators live and spilled dK / dV)
-          asm volatile("" : "+f"(a)::"memory");
-        }
-      }
-    };
-    auto release = [](uint32_t bar) {
-      __syncwarp();
-      uint32_t elected;
-      asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n"
-                   : "=r"(elected));
-      if (elected) mbar_arrive(bar);
-    };
+    const fp32wg::KDesc kdesc{step_base};
+    // (fp32wg::gemm_d: S^T / dP^T, two fresh accumulators alternating)
+    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, 2>;
+    // (fp32wg::gemm_q, each FADD pinned: sY^T [d x 16], padded rows)
+    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, true>;
 
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
@@ -367,7 +234,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       float acc[kS];
       if (consumer == 0) {
         // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query.
-        gemm_d(acc, at(sKlo), at(sQhi), at(sQlo));
+        gemm_d(acc, x_hi, kdesc, 0, at(sKlo), at(sQhi), at(sQlo));
         const bool edge = m0 + kBlockM > seqlen_q || n0 + kBlockN > seqlen_k ||
                           (p.window_right >= 0 && n0 + kBlockN - 1 > m0 + offset + p.window_right);
 #pragma unroll
@@ -394,7 +261,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
         named_arrive(kBarPtFull, 256);
       } else {
         // dS^T = P^T (dP^T - dsum), split into sdS [q x keys].
-        gemm_d(acc, at(sVlo), at(sdOhi), at(sdOlo));
+        gemm_d(acc, x_hi, kdesc, 0, at(sVlo), at(sdOhi), at(sdOlo));
         float2 dsum[kQSteps];
 #pragma unroll
         for (int nt = 0; nt < kQSteps; ++nt) {
@@ -433,23 +300,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       mbar_wait(bar_full_tr, t & 1);
       {
         uint32_t a_hi[kQSteps][4], a_lo[kQSteps][4];
-#pragma unroll
-        for (int nt = 0; nt < kQSteps; ++nt) {
-          constexpr int kOrder[4] = {0, 2, 1, 3};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const tf32::Split sp = tf32::split(acc[4 * nt + kOrder[i]]);
-            a_hi[nt][i] = sp.hi;
-            a_lo[nt][i] = sp.lo;
-          }
-        }
+        fp32wg::acc_to_frags(acc, a_hi, a_lo);
         if (consumer == 0) {
-          gemm_q(acc_d, a_hi, a_lo, at(sdOThi), at(sdOTlo));
+          gemm_q(acc_d, a_hi, a_lo, kdesc, at(sdOThi), at(sdOTlo));
         } else {
-          gemm_q(acc_d, a_hi, a_lo, at(sQThi), at(sQTlo));
+          gemm_q(acc_d, a_hi, a_lo, kdesc, at(sQThi), at(sQTlo));
         }
       }
-      release(bar_empty_tr);
+      fp32wg::release_elected(bar_empty_tr);
 
       // dQ^T rows [64 consumer, + 64) of d = K^T dS^T over the 64 keys: two 32-key
       // chains of 4 k8 steps x 3 products (K^T lo from smem, K^T hi from registers) into fresh
@@ -480,16 +338,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
         for (int i = 0; i < kS; ++i) q_sum[i] = ch == 0 ? t_q[i] : q_sum[i] + t_q[i];
       }
       if (consumer == 0 && t + 1 < n_steps) named_arrive(kBarDsEmpty, 256);
-      float* dq = p.dq_accum +
-                  (fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0) * p.headdim;
-#pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        const int row = 8 * (i / 4) + 2 * q + (i & 1);  // the query (N)
-        const int d = lane_d + 8 * ((i / 2) & 1);        // M
-        if (m0 + row < seqlen_q && d < p.headdim) {
-          atomicAdd(dq + int64_t(row) * p.headdim + d, q_sum[i]);
-        }
-      }
+      fp32wg::red_dq<kS>(p, batch, head, m0, q, lane_d, seqlen_q,
+                         [&](int i) { return q_sum[i]; });
     }
 
     // Epilogue: dV (consumer 0) or dK times the softmax scale (1), the lane's keys.

@@ -3,7 +3,7 @@
 // fp32/tf32.cuh (x = hi + lo, three products small terms first, two-level accumulation), for
 // dense attention, full or with a right window (causal), GQA, kernel head dim 64. Everything
 // else runs fp32/bwd_kernel.cuh. Preprocess (dsum, zeroed dq_accum) and the dQ convert are
-// fp32/bwd_prepost.cu's.
+// fp32/bwd_prepost.cu's; the pieces shared with the d128 kernel, fp32/wg_bwd_common.cuh's.
 //
 // tf32 wgmma reads both shared-memory operands K-major (the reduced dim contiguous) and an A
 // operand from registers in the m16n8k8 A fragment layout, so (keys as M, as fp32/bwd_kernel):
@@ -58,6 +58,7 @@
 #include "common/ptx.cuh"
 #include "fp32/seq.cuh"
 #include "fp32/tf32.cuh"
+#include "fp32/wg_bwd_common.cuh"
 #include "fp32/wg_bwd_config.h"
 #include "fp32/wg_kernel.cuh"
 #include "sm90/mbarrier.cuh"
@@ -90,22 +91,10 @@ struct Fp32WgBwdTraits {
   static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
 };
 
-namespace fp32wg {
-__device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-}  // namespace fp32wg
-
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const BwdParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
-  using fp32wg::ld_shared_float4;
   using fp32wg::swz;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
@@ -130,39 +119,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   const uint32_t bar_full_nat = bars, bar_full_tr = bars + 8;
   const uint32_t bar_empty_nat = bars + 16, bar_empty_tr = bars + 24;
 
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int n_block = blockIdx.x;
-  const int head_k = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int group = p.nheads / p.nheads_k;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
-  const int n0 = n_block * kBlockN;
-  const int offset = seqlen_k - seqlen_q;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN>(p);
+  const int head_k = cta.head_k, batch = cta.batch, group = cta.group, n0 = cta.n0;
+  const int seqlen_q = cta.seqlen_q, seqlen_k = cta.seqlen_k, offset = cta.offset;
+  const int m_block_min = cta.m_block_min, n_m = cta.n_m, n_steps = cta.n_steps;
+  const float* gK = cta.gK;
+  const float* gV = cta.gV;
 
-  // Query tiles that see a key of this tile (bottom-right aligned right window; no left one).
-  const int m_block_max = (seqlen_q + kBlockM - 1) / kBlockM;
-  int m_block_min = 0;
-  if (p.window_right >= 0) {
-    const int i_lo = n0 - offset - p.window_right;
-    m_block_min = i_lo <= 0 ? 0 : min(m_block_max, i_lo / kBlockM);
-  }
-  const int n_m = m_block_max - m_block_min;
-  const int n_steps = n_m * group;
-
-  const float* gK = static_cast<const float*>(p.k) + batch * p.k_batch_stride +
-                    head_k * p.k_head_stride + int64_t(n0) * p.k_row_stride;
-  const float* gV = static_cast<const float*>(p.v) + batch * p.v_batch_stride +
-                    head_k * p.v_head_stride + int64_t(n0) * p.v_row_stride;
-
-  if (tid == 0) {
-    mbar_init(bar_full_nat, 128);
-    mbar_init(bar_full_tr, 128);
-    mbar_init(bar_empty_nat, 128 * Traits::kConsumers);  // (every consumer thread)
-    mbar_init(bar_empty_tr, 4 * Traits::kConsumers);
-    mbar_fence_init();
-  }
+  if (tid == 0) fp32wg::bwd_init_bars(bars, Traits::kConsumers);
   // K lo and K^T hi / lo (threads 0-127), V lo (128-255): a thread per key row, its float4s
   // split; the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks.
   if (tid < 2 * kBlockN) {
@@ -204,8 +169,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     // column: the transposed stores hit one 128-byte row, the natural 16-byte stores of a
     // quarter warp 8 rows of one unit: conflict-free)
     const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
-    constexpr int kColStep = 4 * (128 / kBlockM);
-    constexpr int kIters = kHeadDim / kColStep;
     const int q_pos0 = fp32wg::key_pos(q_row0);
     for (int t = 0; t < n_steps; ++t) {
       // (addresses and lane offsets recomputed per step, not kept live: 40 registers)
@@ -215,64 +178,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       auto at = [&](uint32_t addr) { return base + (addr - smem); };
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
-      const int rows = seqlen_q - m0;
-      const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
-                        head * p.q_head_stride + int64_t(m0 + q_row) * p.q_row_stride + q_col;
-      const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
-                         head * p.do_head_stride + int64_t(m0 + q_row) * p.do_row_stride + q_col;
-      // Natural tiles (the previous step's S^T and dP^T are done with them): Q's loads issued
-      // before the wait, dO's after Q's stores (16 data registers live, not 32).
-      float4 x[kIters];
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        x[i] = fp32wg::load4(gQ, 0, q_row, rows, kColStep * i, p.headdim - q_col);
-      }
-      mbar_wait(bar_empty_nat, (t & 1) ^ 1);
-#pragma unroll
-      for (int src = 0; src < 2; ++src) {
-        if (src == 1) {
-#pragma unroll
-          for (int i = 0; i < kIters; ++i) {
-            x[i] = fp32wg::load4(gdO, 0, q_row, rows, kColStep * i, p.headdim - q_col);
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-          const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
-          const fp32wg::Split4 a = fp32wg::split4(x[i]);
-          st_shared_v4((src ? at(sdOhi) : at(sQhi)) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
-          st_shared_v4((src ? at(sdOlo) : at(sQlo)) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
-        }
-      }
-      if (tid < kBlockM) {
-        float lse = 0.f, dsum = 0.f;
-        if (tid < rows) {
-          lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + m0 + tid];
-          dsum = p.dsum[fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0 + tid];
-        }
-        st_shared(at(sLse) + 4 * tid, lse);
-        st_shared(at(sDsum) + 4 * tid, dsum);
-      }
-      fence_proxy_async();
-      mbar_arrive(bar_full_nat);
-      // Transposed tiles (the previous step's dV and dK are done with them), from this
-      // thread's own natural stores (only this thread rewrites them, at the next step).
-      mbar_wait(bar_empty_tr, (t & 1) ^ 1);
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const uint32_t off_n = swz<kBlockM>(q_row, q_col + kColStep * i);
-        const uint32_t src_n[4] = {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)};
-        const uint32_t dst_t[4] = {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)};
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-          const float4 v = ld_shared_float4(src_n[a] + off_n);
-          const float w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            st_shared(dst_t[a] + swz<kHeadDim>(q_col + kColStep * i + e, q_pos), w[e]);
-          }
-        }
-      }
+      // Natural tiles (the previous step's S^T and dP^T are done with them), lse, dsum.
+      fp32wg::bwd_store_natural<kBlockM, kHeadDim>(
+          p, tid, batch, head, m0, seqlen_q - m0, t, q_row, q_col, at(sQhi), at(sQlo), at(sdOhi),
+          at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat);
+      // Transposed tiles (the previous step's dV and dK are done with them).
+      fp32wg::bwd_transpose_natural<kBlockM, kHeadDim>(
+          t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},
+          {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)}, bar_empty_tr);
       fence_proxy_async();
       mbar_arrive(bar_full_tr);
     }
@@ -301,99 +214,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
         v_hi[kk][i] = tf32::split(xv).hi;
       }
 
-    // K-major descriptors (sm90/wgmma.cuh desc_k_major) of the step's tiles as one descriptor
-    // of the step's base plus the tile offset / 16 in its low word (the address field: 14
-    // bits, smem < 256 KiB, no carry), not each built from its address: ~2 uniform
-    // instructions a descriptor instead of ~5 (112 descriptors a step).
     uint32_t step_base = smem;
-    auto kdesc = [&](uint32_t addr) {
-      const uint64_t d0 = desc_k_major(step_base);
-      return (d0 & ~uint64_t(0xffffffffu)) | uint32_t(uint32_t(d0) + ((addr - step_base) >> 4));
-    };
-
-    // acc[64 keys x kBlockM] = X Y^T over d, two-level: per k8 step the three products
-    // (Xlo Yhi, Xhi Ylo, Xhi Yhi) into a fresh accumulator t, FADD into acc. kGemmDBufs 2
-    // (ptxas: 0 spills at 232): two t alternate, the FADD of one step under the next step's
-    // wgmma; 1: the FADD waits for the step's wgmma (16 registers fewer).
-    auto gemm_d = [&](float (&acc)[kS], const uint32_t (&x_hi)[kKSteps][4], uint32_t sXlo,
-                      uint32_t sYhi, uint32_t sYlo) {
-      constexpr int kBufs = kGemmDBufs;
-      float t[kBufs][kS];
-      auto step = [&](float (&tt)[kS], int kk) {
-        const uint32_t xa = (kk / 4) * (kBlockN * 128) + wg_key0 * 128 + (kk % 4) * 32;
-        const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-        const uint64_t b_hi = kdesc(sYhi + yb);
-        wgmma_fence();
-        WgmmaTf32<kBlockM>::ss(tt, kdesc(sXlo + xa), b_hi, 0);
-        WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], kdesc(sYlo + yb), 1);
-        WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], b_hi, 1);
-        wgmma_commit();
-      };
-      if constexpr (kBufs == 2) step(t[0], 0);
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        if constexpr (kBufs == 2) {
-          if (kk + 1 < kKSteps) {
-            step(t[(kk + 1) % 2], kk + 1);
-            wgmma_wait<1>();
-          } else {
-            wgmma_wait<0>();
-          }
-        } else {
-          step(t[0], kk);
-          wgmma_wait<0>();
-        }
-        float(&tk)[kS] = t[kk % kBufs];
-        fence_regs(tk);
-#pragma unroll
-        for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? tk[i] : acc[i] + tk[i];
-      }
-    };
-    // acc_d[64 keys x d] += X^T (A fragments a_hi / a_lo, kQSteps k8 steps over the queries)
-    // sY^T ([d x kBlockM], queries permuted): per kDkvN columns, the kQSteps x 3 products into
-    // a fresh accumulator, FADD into acc_d (never a tensor-core accumulator across steps).
-    auto gemm_q = [&](float (&acc_d)[kHeadDim / 2], const uint32_t (&a_hi)[kQSteps][4],
-                      const uint32_t (&a_lo)[kQSteps][4], uint32_t sYThi, uint32_t sYTlo) {
-#pragma unroll
-      for (int h = 0; h < kHeadDim / kDkvN; ++h) {
-        float t[kDkvN / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kQSteps; ++kk) {
-          const uint32_t yb = h * kDkvN * 128 + kk * 32;
-          const uint64_t b_hi = kdesc(sYThi + yb);
-          WgmmaTf32<kDkvN>::rs(t, a_lo[kk], b_hi, kk > 0 ? 1 : 0);
-          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], kdesc(sYTlo + yb), 1);
-          WgmmaTf32<kDkvN>::rs(t, a_hi[kk], b_hi, 1);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(t);
-#pragma unroll
-        for (int i = 0; i < kDkvN / 2; ++i) acc_d[h * (kDkvN / 2) + i] += t[i];
-      }
-    };
-    // An accumulator [64 keys x kBlockM] as A fragments (c0, c2, c1, c3 of each n8 tile), split.
-    auto to_frags = [](const float (&x)[kS], uint32_t (&hi)[kQSteps][4], uint32_t (&lo)[kQSteps][4]) {
-#pragma unroll
-      for (int nt = 0; nt < kQSteps; ++nt) {
-        constexpr int kOrder[4] = {0, 2, 1, 3};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const tf32::Split sp = tf32::split(x[4 * nt + kOrder[i]]);
-          hi[nt][i] = sp.hi;
-          lo[nt][i] = sp.lo;
-        }
-      }
-    };
-    auto release = [](uint32_t bar) {
-      // (elect.sync picks the arriving lane, as in wg_kernel.cuh)
-      __syncwarp();
-      uint32_t elected;
-      asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n"
-                   : "=r"(elected));
-      if (elected) mbar_arrive(bar);
-    };
+    const fp32wg::KDesc kdesc{step_base};
+    // (fp32wg::gemm_d over the warpgroup's 64 keys: kGemmDBufs 2, ptxas 0 spills at 232)
+    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, kGemmDBufs>;
+    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, false>;
 
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
@@ -419,7 +244,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
 
       // P^T = exp2(S^T scale log2e - lse log2e), 0 where the key is hidden from the query.
       float acc_s[kS];
-      gemm_d(acc_s, k_hi, at(sKlo), at(sQhi), at(sQlo));
+      gemm_d(acc_s, k_hi, kdesc, wg_key0, at(sKlo), at(sQhi), at(sQlo));
       const bool edge = m0 + kBlockM > seqlen_q || n0 + kBlockN > seqlen_k ||
                         (p.window_right >= 0 && n0 + kBlockN - 1 > m0 + offset + p.window_right);
 #pragma unroll
@@ -436,7 +261,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
         }
       }
       float acc_dp[kS];
-      gemm_d(acc_dp, v_hi, at(sVlo), at(sdOhi), at(sdOlo));
+      gemm_d(acc_dp, v_hi, kdesc, wg_key0, at(sVlo), at(sdOhi), at(sdOlo));
       // dS^T = P^T (dP^T - dsum); split into sdS [q x keys] (the warpgroup's own key chunks:
       // its dQ^T reads them; the previous step's dQ^T wgmma completed before its red).
 #pragma unroll
@@ -462,12 +287,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       mbar_wait(bar_full_tr, t & 1);
       {
         uint32_t a_hi[kQSteps][4], a_lo[kQSteps][4];
-        to_frags(acc_s, a_hi, a_lo);
-        gemm_q(acc_dv, a_hi, a_lo, at(sdOThi), at(sdOTlo));
-        to_frags(acc_dp, a_hi, a_lo);
-        gemm_q(acc_dk, a_hi, a_lo, at(sQThi), at(sQTlo));
+        fp32wg::acc_to_frags(acc_s, a_hi, a_lo);
+        gemm_q(acc_dv, a_hi, a_lo, kdesc, at(sdOThi), at(sdOTlo));
+        fp32wg::acc_to_frags(acc_dp, a_hi, a_lo);
+        gemm_q(acc_dk, a_hi, a_lo, kdesc, at(sQThi), at(sQTlo));
       }
-      release(bar_empty_tr);
+      fp32wg::release_elected(bar_empty_tr);
 
       // dQ^T [d x kBlockM] = K^T dS^T over the warpgroup's 64 keys: two 32-key chains of 4 k8
       // steps x 3 products into fresh accumulators, summed with FADD.
@@ -491,16 +316,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       wgmma_wait<0>();
       fence_regs(t_q[0]);
       fence_regs(t_q[1]);
-      float* dq = p.dq_accum +
-                  (fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0) * p.headdim;
-#pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        const int row = 8 * (i / 4) + 2 * q + (i & 1);  // the query (N)
-        const int d = lane_d + 8 * ((i / 2) & 1);        // M
-        if (m0 + row < seqlen_q && d < p.headdim) {
-          atomicAdd(dq + int64_t(row) * p.headdim + d, t_q[0][i] + t_q[1][i]);
-        }
-      }
+      fp32wg::red_dq<kS>(p, batch, head, m0, q, lane_d, seqlen_q,
+                         [&](int i) { return t_q[0][i] + t_q[1][i]; });
     }
 
     // Epilogue: dK (times the softmax scale) and dV of the lane's keys.

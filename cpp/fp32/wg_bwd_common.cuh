@@ -1,0 +1,290 @@
+// The pieces that fp32/wg_bwd_kernel.cuh (kernel head dim 64) and fp32/wg_bwd128_kernel.cuh
+// (128) share: CTA coordinates and steps, barriers, the producer's natural tiles and read-back
+// transpose, descriptors, the consumers' GEMMs, A fragments, dQ reds and hand-offs. Layouts
+// and roles: wg_bwd_kernel.cuh's comment. Everything is forceinline and each kernel compiles
+// to the SASS of its former own copy (cuobjdump, both units); the folds that changed it stay
+// in the kernels (the masked exp2 of P^T, the dS^T split stores, the epilogues).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "common/flash.h"
+#include "common/ptx.cuh"
+#include "fp32/seq.cuh"
+#include "fp32/tf32.cuh"
+#include "fp32/wg_kernel.cuh"
+#include "sm90/mbarrier.cuh"
+#include "sm90/warpgroup.cuh"
+#include "sm90/wgmma.cuh"
+#include "sm90/wgmma_tf32.cuh"
+
+namespace flashattn2 {
+namespace fp32wg {
+
+// (a 16-byte shared load; asm volatile: ordered with the producer's other shared accesses)
+__device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// The CTA's coordinates: keys [n0, n0 + kBlockN) of K / V head head_k (gK, gV: their first
+// rows), batch; the query tiles [m_block_min, + n_m) that see one of its keys (bottom-right
+// aligned right window; no left one), for each query head of the GQA group: n_steps steps.
+struct BwdCta {
+  int head_k, batch, group, seqlen_q, seqlen_k, n0, offset;
+  int m_block_min, n_m, n_steps;
+  const float* gK;
+  const float* gV;
+};
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p) {
+  BwdCta c;
+  c.head_k = blockIdx.y;
+  c.batch = blockIdx.z;
+  c.group = p.nheads / p.nheads_k;
+  c.seqlen_q = p.seqlen_q;
+  c.seqlen_k = p.seqlen_k;
+  c.n0 = blockIdx.x * kBlockN;
+  c.offset = c.seqlen_k - c.seqlen_q;
+  const int m_block_max = (c.seqlen_q + kBlockM - 1) / kBlockM;
+  c.m_block_min = 0;
+  if (p.window_right >= 0) {
+    const int i_lo = c.n0 - c.offset - p.window_right;
+    c.m_block_min = i_lo <= 0 ? 0 : min(m_block_max, i_lo / kBlockM);
+  }
+  c.n_m = m_block_max - c.m_block_min;
+  c.n_steps = c.n_m * c.group;
+  c.gK = static_cast<const float*>(p.k) + c.batch * p.k_batch_stride + c.head_k * p.k_head_stride +
+         int64_t(c.n0) * p.k_row_stride;
+  c.gV = static_cast<const float*>(p.v) + c.batch * p.v_batch_stride + c.head_k * p.v_head_stride +
+         int64_t(c.n0) * p.v_row_stride;
+  return c;
+}
+
+// The four mbarriers at bars: full_nat, full_tr (the producer's 128 threads), empty_nat (every
+// consumer thread), empty_tr (a lane per consumer warp).
+__device__ __forceinline__ void bwd_init_bars(uint32_t bars, int consumers) {
+  sm90::mbar_init(bars, 128);
+  sm90::mbar_init(bars + 8, 128);
+  sm90::mbar_init(bars + 16, 128 * consumers);
+  sm90::mbar_init(bars + 24, 4 * consumers);
+  sm90::mbar_fence_init();
+}
+
+// The producer's natural tiles of a step (a thread per query row q_row, columns q_col +
+// kColStep i; rows = seqlen_q - m0, passed so that the kernels compile as with their own
+// copies): Q's loads issued before the wait on empty_nat, dO's after Q's stores (16 data
+// registers live, not 32), split, stored (hi, lo); lse / dsum rows to smem; full_nat arrived.
+template <int kBlockM, int kHeadDim>
+__device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, int batch, int head,
+                                                  int m0, int rows, int t, int q_row, int q_col,
+                                                  uint32_t sQhi, uint32_t sQlo, uint32_t sdOhi,
+                                                  uint32_t sdOlo, uint32_t sLse, uint32_t sDsum,
+                                                  uint32_t bar_empty_nat, uint32_t bar_full_nat) {
+  constexpr int kColStep = 4 * (128 / kBlockM);
+  constexpr int kIters = kHeadDim / kColStep;
+  using namespace sm90;
+  const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
+                    head * p.q_head_stride + int64_t(m0 + q_row) * p.q_row_stride + q_col;
+  const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
+                     head * p.do_head_stride + int64_t(m0 + q_row) * p.do_row_stride + q_col;
+  float4 x[kIters];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    x[i] = load4(gQ, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+  }
+  mbar_wait(bar_empty_nat, (t & 1) ^ 1);
+#pragma unroll
+  for (int src = 0; src < 2; ++src) {
+    if (src == 1) {
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        x[i] = load4(gdO, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
+      const Split4 a = split4(x[i]);
+      st_shared_v4((src ? sdOhi : sQhi) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
+      st_shared_v4((src ? sdOlo : sQlo) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+    }
+  }
+  if (tid < kBlockM) {
+    float lse = 0.f, dsum = 0.f;
+    if (tid < rows) {
+      lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + m0 + tid];
+      dsum = p.dsum[fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0 + tid];
+    }
+    st_shared(sLse + 4 * tid, lse);
+    st_shared(sDsum + 4 * tid, dsum);
+  }
+  fence_proxy_async();
+  mbar_arrive(bar_full_nat);
+}
+
+// The producer's transposed tiles (Q^T, dO^T hi / lo, queries at q_pos) from this thread's own
+// natural stores (only this thread rewrites them, at the next step), after the wait on
+// empty_tr. src: Q hi, Q lo, dO hi, dO lo natural; dst: their transposes.
+template <int kBlockM, int kHeadDim>
+__device__ __forceinline__ void bwd_transpose_natural(int t, int q_row, int q_col, int q_pos,
+                                                      const uint32_t (&src_n)[4],
+                                                      const uint32_t (&dst_t)[4],
+                                                      uint32_t bar_empty_tr) {
+  constexpr int kColStep = 4 * (128 / kBlockM);
+  constexpr int kIters = kHeadDim / kColStep;
+  using namespace sm90;
+  mbar_wait(bar_empty_tr, (t & 1) ^ 1);
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const uint32_t off_n = swz<kBlockM>(q_row, q_col + kColStep * i);
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const float4 v = ld_shared_float4(src_n[a] + off_n);
+      const float w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        st_shared(dst_t[a] + swz<kHeadDim>(q_col + kColStep * i + e, q_pos), w[e]);
+      }
+    }
+  }
+}
+
+// K-major descriptors (sm90/wgmma.cuh desc_k_major) of a step's tiles as one descriptor of
+// the step's base plus the tile offset / 16 in its low word (the address field: 14 bits,
+// smem < 256 KiB, no carry), not each built from its address: ~2 uniform instructions a
+// descriptor instead of ~5. step_base: the kernel's, reset at each step (held by reference:
+// a copy, or a function of it, changed the d64 kernel's SASS).
+struct KDesc {
+  const uint32_t& step_base;
+  __device__ __forceinline__ uint64_t operator()(uint32_t addr) const {
+    const uint64_t d0 = sm90::desc_k_major(step_base);
+    return (d0 & ~uint64_t(0xffffffffu)) | uint32_t(uint32_t(d0) + ((addr - step_base) >> 4));
+  }
+};
+
+// acc[64 keys x kBlockM] = X Y^T over d (X: the 64 rows from x_row0 of sXlo's kBlockN), two-
+// level: per k8 step the three products (Xlo Yhi, Xhi Ylo, Xhi Yhi) into a fresh accumulator t,
+// FADD into acc. kBufs 2: two t alternate, the FADD of one step under the next step's wgmma;
+// 1: the FADD waits for the step's wgmma (16 registers fewer).
+template <int kBlockM, int kBlockN, int kKSteps, int kBufs>
+__device__ __forceinline__ void gemm_d(float (&acc)[kBlockM / 2],
+                                       const uint32_t (&x_hi)[kKSteps][4], const KDesc& kdesc,
+                                       int x_row0, uint32_t sXlo, uint32_t sYhi, uint32_t sYlo) {
+  using namespace sm90;
+  constexpr int kS = kBlockM / 2;
+  float t[kBufs][kS];
+  auto step = [&](float (&tt)[kS], int kk) {
+    const uint32_t xa = (kk / 4) * (kBlockN * 128) + x_row0 * 128 + (kk % 4) * 32;
+    const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+    const uint64_t b_hi = kdesc(sYhi + yb);
+    wgmma_fence();
+    WgmmaTf32<kBlockM>::ss(tt, kdesc(sXlo + xa), b_hi, 0);
+    WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], kdesc(sYlo + yb), 1);
+    WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], b_hi, 1);
+    wgmma_commit();
+  };
+  if constexpr (kBufs == 2) step(t[0], 0);
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    if constexpr (kBufs == 2) {
+      if (kk + 1 < kKSteps) {
+        step(t[(kk + 1) % 2], kk + 1);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+    } else {
+      step(t[0], kk);
+      wgmma_wait<0>();
+    }
+    float(&tk)[kS] = t[kk % kBufs];
+    fence_regs(tk);
+#pragma unroll
+    for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? tk[i] : acc[i] + tk[i];
+  }
+}
+
+// acc_d[64 keys x d] += X^T (A fragments a_hi / a_lo, kQSteps k8 steps over the queries)
+// sY^T ([d x queries], queries permuted): per kDkvN columns, the kQSteps x 3 products into a
+// fresh accumulator, FADD into acc_d (never a tensor-core accumulator across steps).
+// kPinFadd: each FADD pinned there by an empty asm, not sunk under the next columns' wgmma
+// (d128: ptxas kept up to three fresh accumulators live and spilled dK / dV).
+template <int kHeadDim, int kQSteps, int kDkvN, bool kPinFadd>
+__device__ __forceinline__ void gemm_q(float (&acc_d)[kHeadDim / 2],
+                                       const uint32_t (&a_hi)[kQSteps][4],
+                                       const uint32_t (&a_lo)[kQSteps][4], const KDesc& kdesc,
+                                       uint32_t sYThi, uint32_t sYTlo) {
+  using namespace sm90;
+#pragma unroll
+  for (int h = 0; h < kHeadDim / kDkvN; ++h) {
+    float t[kDkvN / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQSteps; ++kk) {
+      const uint32_t yb = h * kDkvN * 128 + kk * 32;
+      const uint64_t b_hi = kdesc(sYThi + yb);
+      WgmmaTf32<kDkvN>::rs(t, a_lo[kk], b_hi, kk > 0 ? 1 : 0);
+      WgmmaTf32<kDkvN>::rs(t, a_hi[kk], kdesc(sYTlo + yb), 1);
+      WgmmaTf32<kDkvN>::rs(t, a_hi[kk], b_hi, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(t);
+#pragma unroll
+    for (int i = 0; i < kDkvN / 2; ++i) {
+      float& a = acc_d[h * (kDkvN / 2) + i];
+      a += t[i];
+      if constexpr (kPinFadd) asm volatile("" : "+f"(a)::"memory");
+    }
+  }
+}
+
+// An accumulator [64 keys x 8 kQSteps] as A fragments (c0, c2, c1, c3 of each n8 tile), split.
+template <int kQSteps>
+__device__ __forceinline__ void acc_to_frags(const float (&x)[4 * kQSteps],
+                                             uint32_t (&hi)[kQSteps][4],
+                                             uint32_t (&lo)[kQSteps][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kQSteps; ++nt) {
+    constexpr int kOrder[4] = {0, 2, 1, 3};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const tf32::Split sp = tf32::split(x[4 * nt + kOrder[i]]);
+      hi[nt][i] = sp.hi;
+      lo[nt][i] = sp.lo;
+    }
+  }
+}
+
+// dQ^T [the lane's rows lane_d + 8 r of d x the step's queries]: value(i) of the accumulator
+// register i, red.global.add into dq_accum (fp32/seq.cuh rows), ragged tails skipped.
+template <int kS, typename Value>
+__device__ __forceinline__ void red_dq(const BwdParams& p, int batch, int head, int m0, int q,
+                                       int lane_d, int seqlen_q, const Value& value) {
+  float* dq =
+      p.dq_accum + (fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0) * p.headdim;
+#pragma unroll
+  for (int i = 0; i < kS; ++i) {
+    const int row = 8 * (i / 4) + 2 * q + (i & 1);  // the query (N)
+    const int d = lane_d + 8 * ((i / 2) & 1);        // M
+    if (m0 + row < seqlen_q && d < p.headdim) {
+      atomicAdd(dq + int64_t(row) * p.headdim + d, value(i));
+    }
+  }
+}
+
+// One arrival a warp on bar (elect.sync picks the arriving lane, as in wg_kernel.cuh).
+__device__ __forceinline__ void release_elected(uint32_t bar) {
+  __syncwarp();
+  uint32_t elected;
+  asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n"
+               : "=r"(elected));
+  if (elected) sm90::mbar_arrive(bar);
+}
+
+}  // namespace fp32wg
+}  // namespace flashattn2
