@@ -6,11 +6,12 @@
 //          equal work (dense, no window), i + grid, i + 2 grid, ...; for causal, windowed or
 //          varlen tiles the next tile of a shared counter (FwdParams::tile_counter), so that
 //          whichever CTA is free takes it. The producer publishes each index to the
-//          consumers through shared memory (tile_full / tile_empty). A tile is (m block,
-//          head, batch * num_splits + split), m blocks fastest and in reverse order: the
-//          longest causal rows come first, and the CTAs running at once share their heads'
-//          K and V in L2. Split-KV: split s of a tile's key blocks writes float32 partial O
-//          and LSE for the combine kernel.
+//          consumers through shared memory (tile_full / tile_empty; side builds with
+//          -DFLASHATTN2_SM90_TILE_PUBLISH, a probe: the decoded work, FwdTileWork). A tile
+//          is (m block, head, batch * num_splits + split), m blocks fastest and in reverse
+//          order: the longest causal rows come first, and the CTAs running at once share
+//          their heads' K and V in L2. Split-KV: split s of a tile's key blocks writes
+//          float32 partial O and LSE for the combine kernel.
 //   block  128 (1 + kConsumers) threads. Warpgroup 0 is the producer: it gives registers
 //          away (setmaxnreg) and one thread issues every TMA load. Consumer warpgroup c
 //          (1 + c) owns query rows [64 c, 64 c + 64) of the tile; its warp w rows 16 w..+15,
