@@ -265,8 +265,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   static_assert(!kNarrowStep || (kBlockN > 64 && !kMods && !kStageO), "narrow step");
   [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
 #ifdef FLASHATTN2_SM90_TILE_PUBLISH
-  // The published work (FwdTileWork::publish): two 32-byte slots after the barriers and
-  // sBias, so that nothing else moves (fwd_config.h budgets them); tile_slots is unused.
+  // The published work (FwdTileWork(args, tile, slot)): two 32-byte slots after the
+  // barriers and sBias, so that nothing else moves (fwd_config.h budgets them); tile_slots
+  // is unused.
   const uint32_t pub_slots = sBias + (kBiasSmem ? Traits::kBiasSmemBytes : 0);
   auto pub_slot = [&](int t) { return pub_slots + 32 * (t & 1); };
   // (bars is 1024-aligned past smem, which is at most 1008 bytes past the 16-byte aligned
