@@ -15,6 +15,7 @@ struct SeqInfo {
   int64_t k_row0;  // first visible K/V row: varlen start + left padding
   int kv_batch;    // K/V batch (cache batch index)
 
+  SeqInfo() = default;  // (fields set by hand: the sm90 forward's published tile work)
   // Every length is clamped so that no kernel reads or writes outside the tensors, whatever
   // the index vectors hold (they cannot be checked on the host without a sync).
   template <typename Params>

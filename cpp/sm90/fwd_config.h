@@ -51,12 +51,19 @@ constexpr bool sm90_fwd_head_dim(int kernel_head_dim) {
 // tile's Q loads a whole tile ahead (fwd_kernel.cuh); 2 x stages (K, V) tiles; then
 // 8 + 4 x stages 8-byte mbarriers and two 4-byte tile slots, plus up to 1 KiB to align the
 // dynamic shared memory to the 128-byte swizzle's 1024-byte period.
+// (FLASHATTN2_SM90_TILE_PUBLISH, a probe: two 32-byte slots of published tile work after the
+// barriers, 128-byte aligned: 192 bytes more.)
 constexpr int kSm90SmemLimit = 227 * 1024;
+#ifdef FLASHATTN2_SM90_TILE_PUBLISH
+constexpr int kSm90FwdPublishBytes = 2 * 32 + 128;
+#else
+constexpr int kSm90FwdPublishBytes = 0;
+#endif
 constexpr int sm90_fwd_smem_bytes(int head_dim, int q_bufs) {
   return 2 * head_dim *
              (q_bufs * sm90_fwd_tile(head_dim).block_m +
               2 * sm90_fwd_tile(head_dim).stages * sm90_fwd_tile(head_dim).block_n) +
-         8 * (9 + 4 * sm90_fwd_tile(head_dim).stages) + 1024;
+         8 * (9 + 4 * sm90_fwd_tile(head_dim).stages) + 1024 + kSm90FwdPublishBytes;
 }
 constexpr int sm90_fwd_q_bufs(int head_dim) {
   return sm90_fwd_smem_bytes(head_dim, 2) <= kSm90SmemLimit ? 2 : 1;

@@ -6,11 +6,12 @@
 //          equal work (dense, no window), i + grid, i + 2 grid, ...; for causal, windowed or
 //          varlen tiles the next tile of a shared counter (FwdParams::tile_counter), so that
 //          whichever CTA is free takes it. The producer publishes each index to the
-//          consumers through shared memory (tile_full / tile_empty). A tile is (m block,
-//          head, batch * num_splits + split), m blocks fastest and in reverse order: the
-//          longest causal rows come first, and the CTAs running at once share their heads'
-//          K and V in L2. Split-KV: split s of a tile's key blocks writes float32 partial O
-//          and LSE for the combine kernel.
+//          consumers through shared memory (tile_full / tile_empty; side builds with
+//          -DFLASHATTN2_SM90_TILE_PUBLISH, a probe: the decoded work, FwdTileWork). A tile
+//          is (m block, head, batch * num_splits + split), m blocks fastest and in reverse
+//          order: the longest causal rows come first, and the CTAs running at once share
+//          their heads' K and V in L2. Split-KV: split s of a tile's key blocks writes
+//          float32 partial O and LSE for the combine kernel.
 //   block  128 (1 + kConsumers) threads. Warpgroup 0 is the producer: it gives registers
 //          away (setmaxnreg) and one thread issues every TMA load. Consumer warpgroup c
 //          (1 + c) owns query rows [64 c, 64 c + 64) of the tile; its warp w rows 16 w..+15,
@@ -149,9 +150,31 @@ struct FwdTileWork {
         batch(tile / a.m_blocks / a.p.nheads / a.p.num_splits),
         split(tile / a.m_blocks / a.p.nheads % a.p.num_splits),
         seq(a.p, tile / a.m_blocks / a.p.nheads / a.p.num_splits) {
-    const FwdParams& p = a.p;
-    // Visible key blocks of the tile's rows (bottom-right aligned window, FwdParams); every
-    // consumer walks all of them, so the MMA turns stay in step.
+    key_blocks(a.p);
+  }
+#ifdef FLASHATTN2_SM90_TILE_PUBLISH
+  // The producer's: the same, published in a tile slot (below), each word as soon as it is
+  // known (the producer runs at 24 registers: holding all eight for the end spilled).
+  __device__ __forceinline__ FwdTileWork(const FwdArgs& a, int tile, uint32_t slot)
+      : m_block(a.m_blocks - 1 - tile % a.m_blocks),
+        head(tile / a.m_blocks % a.p.nheads),
+        batch(tile / a.m_blocks / a.p.nheads / a.p.num_splits),
+        split(tile / a.m_blocks / a.p.nheads % a.p.num_splits),
+        seq(a.p, tile / a.m_blocks / a.p.nheads / a.p.num_splits) {
+    store<0>(slot, m_block);
+    store<1>(slot, head);
+    store<2>(slot, batch | split << 16);
+    store<4>(slot, seq.seqlen_q);
+    store<5>(slot, seq.seqlen_k);
+    store<6>(slot, int(seq.q_row0));
+    key_blocks(a.p);
+    store<3>(slot, n_block_min);
+    store<7>(slot, n_block_max);
+  }
+#endif
+  // Visible key blocks of the tile's rows (bottom-right aligned window, FwdParams); every
+  // consumer walks all of them, so the MMA turns stay in step.
+  __device__ __forceinline__ void key_blocks(const FwdParams& p) {
     const int offset = seq.seqlen_k - seq.seqlen_q;
     const int first = m_block * kBlockM;
     const int last = min(first + kBlockM, seq.seqlen_q) - 1;
@@ -162,6 +185,35 @@ struct FwdTileWork {
   }
   // Varlen: the grid covers the longest sequence; shorter ones skip their extra m blocks.
   __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
+#ifdef FLASHATTN2_SM90_TILE_PUBLISH
+  // A probe (side builds with -DFLASHATTN2_SM90_TILE_PUBLISH): the producer publishes the
+  // work it decoded in the tile's 32-byte slot and the consumers read it back (two LDS.128)
+  // instead of decoding the index again (three runtime divisions, the sequence and key
+  // block arithmetic) between one tile's last P V and the next one's first S. Words:
+  // m_block, head, batch | split << 16 (batch * num_splits <= 65535: flash_api.cpp),
+  // n_block_min, seqlen_q, seqlen_k, q_row0, n_block_max; m_block -1 ends the walk. The
+  // consumers get no seq.k_row0 (0) and kv_batch (batch): the producer's loads use them.
+  template <int kWord>
+  __device__ __forceinline__ static void store(uint32_t slot, int value) {
+    asm volatile("st.shared.b32 [%0 + %1], %2;\n" ::"r"(slot), "n"(4 * kWord), "r"(value)
+                 : "memory");
+  }
+  __device__ __forceinline__ explicit FwdTileWork(uint32_t slot) {
+    int batch_split, q_row0;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(m_block), "=r"(head), "=r"(batch_split), "=r"(n_block_min)
+                 : "r"(slot) : "memory");
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4 + 16];\n"
+                 : "=r"(seq.seqlen_q), "=r"(seq.seqlen_k), "=r"(q_row0), "=r"(n_block_max)
+                 : "r"(slot) : "memory");
+    batch = batch_split & 0xffff;
+    split = unsigned(batch_split) >> 16;
+    seq.q_row0 = q_row0;
+    seq.k_row0 = 0;
+    seq.kv_batch = batch;
+  }
+  __device__ __forceinline__ bool end() const { return m_block < 0; }
+#endif
 };
 
 // kBiasSmem (with kBias): the bias tile of each key step is staged in shared
@@ -212,6 +264,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                              kChunks * 64 * kSwizzleBytes <= Traits::kKVBytes), "O in a stage");
   static_assert(!kNarrowStep || (kBlockN > 64 && !kMods && !kStageO), "narrow step");
   [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
+#ifdef FLASHATTN2_SM90_TILE_PUBLISH
+  // The published work (FwdTileWork(args, tile, slot)): two 32-byte slots after the
+  // barriers and sBias, so that nothing else moves (fwd_config.h budgets them); tile_slots
+  // is unused.
+  const uint32_t pub_slots = sBias + (kBiasSmem ? Traits::kBiasSmemBytes : 0);
+  auto pub_slot = [&](int t) { return pub_slots + 32 * (t & 1); };
+  // (bars is 1024-aligned past smem, which is at most 1008 bytes past the 16-byte aligned
+  // dynamic shared memory.)
+  static_assert(kQBufs * Traits::kQBytes + 2 * kStages * Traits::kKVBytes +
+                        (8 * (9 + 4 * kStages) + 127) / 128 * 128 +
+                        (kBiasSmem ? Traits::kBiasSmemBytes : 0) + 64 + 1008 <=
+                    Traits::smem_bytes(kBiasSmem), "published tile slots");
+#endif
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -251,6 +316,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // long causal tiles better in one run but is not validated yet: benchmarks/NOTES.md).
       for (int walk = 0, tile = blockIdx.x;; ++walk) {
         mbar_wait(bar_tile_empty(walk), ((walk >> 1) & 1) ^ 1);
+#ifdef FLASHATTN2_SM90_TILE_PUBLISH
+        if (tile >= args.tiles) {
+          Work::template store<0>(pub_slot(walk), -1);  // (the end)
+          mbar_arrive(bar_tile_full(walk));
+          break;
+        }
+        const int current = tile;
+        tile = args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
+                                 : tile + int(gridDim.x);
+        const Work w(args, current, pub_slot(walk));
+        mbar_arrive(bar_tile_full(walk));
+#else
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile_slot(walk)), "r"(tile) : "memory");
         mbar_arrive(bar_tile_full(walk));
         if (tile >= args.tiles) break;
@@ -258,6 +335,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         tile = args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
                                  : tile + int(gridDim.x);
         const Work w(args, current);
+#endif
         if (w.empty()) continue;
         // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
         // and the sequence's rows start at its offset (SeqInfo).
@@ -376,11 +454,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
     for (int walk = 0;; ++walk) {
       mbar_wait(bar_tile_full(walk), (walk >> 1) & 1);
+#ifdef FLASHATTN2_SM90_TILE_PUBLISH
+      const Work w(pub_slot(walk));
+      release(bar_tile_empty(walk));
+      if (w.end()) break;
+#else
       int tile;
       asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(tile) : "r"(tile_slot(walk)) : "memory");
       release(bar_tile_empty(walk));
       if (tile >= args.tiles) break;
       const Work w(args, tile);
+#endif
       if (w.empty()) continue;
       // kStageO: this tile's O goes to its last stage (warpgroup 0: K, 1: V), whose release
       // by this warpgroup waits for the store; its Q is released after its last S. Before
