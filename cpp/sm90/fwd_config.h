@@ -49,16 +49,11 @@ constexpr bool sm90_fwd_head_dim(int kernel_head_dim) {
 // Shared memory: Q in a ring of two buffers where they fit, else one (q_bufs); each tile's O
 // is staged in its own Q buffer (its Q is dead after the tile's last S), so with two the next
 // tile's Q loads a whole tile ahead (fwd_kernel.cuh); 2 x stages (K, V) tiles; then
-// 8 + 4 x stages 8-byte mbarriers and two 4-byte tile slots, plus up to 1 KiB to align the
+// 8 + 4 x stages 8-byte mbarriers (and 8 unused bytes), two 32-byte slots of published tile
+// work after them, 128-byte aligned (kSm90FwdPublishBytes), plus up to 1 KiB to align the
 // dynamic shared memory to the 128-byte swizzle's 1024-byte period.
-// (FLASHATTN2_SM90_TILE_PUBLISH, a probe: two 32-byte slots of published tile work after the
-// barriers, 128-byte aligned: 192 bytes more.)
 constexpr int kSm90SmemLimit = 227 * 1024;
-#ifdef FLASHATTN2_SM90_TILE_PUBLISH
 constexpr int kSm90FwdPublishBytes = 2 * 32 + 128;
-#else
-constexpr int kSm90FwdPublishBytes = 0;
-#endif
 constexpr int sm90_fwd_smem_bytes(int head_dim, int q_bufs) {
   return 2 * head_dim *
              (q_bufs * sm90_fwd_tile(head_dim).block_m +

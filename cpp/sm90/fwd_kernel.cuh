@@ -6,8 +6,8 @@
 //          equal work (dense, no window), i + grid, i + 2 grid, ...; for causal, windowed or
 //          varlen tiles the next tile of a shared counter (FwdParams::tile_counter), so that
 //          whichever CTA is free takes it. The producer publishes each index to the
-//          consumers through shared memory (tile_full / tile_empty; side builds with
-//          -DFLASHATTN2_SM90_TILE_PUBLISH, a probe: the decoded work, FwdTileWork). A tile
+//          consumers through shared memory (tile_full / tile_empty) already decoded
+//          (FwdTileWork: coordinates, sequence, key blocks). A tile
 //          is (m block, head, batch * num_splits + split), m blocks fastest and in reverse
 //          order: the longest causal rows come first, and the CTAs running at once share
 //          their heads' K and V in L2. Split-KV: split s of a tile's key blocks writes
@@ -20,9 +20,10 @@
 //          tile t's in buffer t % 2, which also stages its O (its Q is dead after the tile's
 //          last S); kStages x sK, sV [kBlockN x d]; each as d / 64 chunks of 128-byte rows in
 //          TMA's 128-byte swizzle (sm90/wgmma.cuh); then the mbarriers q_full, q_empty (per
-//          Q buffer), per stage k_full, k_empty, v_full, v_empty, and tile_full / tile_empty
-//          with their two tile index slots. K and V land on separate barriers, so S = Q K^T
-//          starts before V is in. Budget: sm90/fwd_config.h.
+//          Q buffer), per stage k_full, k_empty, v_full, v_empty, and tile_full / tile_empty;
+//          after them (and the staged bias) the two 32-byte slots of published tile work. K
+//          and V land on separate barriers, so S = Q K^T starts before V is in. Budget:
+//          sm90/fwd_config.h.
 //   regs   consumer: S [kBlockN / 2] f32, P [kBlockN / 16][4] b32, O [d / 2] f32.
 //   step   (key blocks from the last visible one down to the first; j counts the steps of
 //          all of the CTA's tiles, so stages and phases run on across tiles)
@@ -144,17 +145,9 @@ struct FwdTileWork {
   SeqInfo seq;
   int n_block_min, n_block_max;
 
-  __device__ __forceinline__ FwdTileWork(const FwdArgs& a, int tile)
-      : m_block(a.m_blocks - 1 - tile % a.m_blocks),
-        head(tile / a.m_blocks % a.p.nheads),
-        batch(tile / a.m_blocks / a.p.nheads / a.p.num_splits),
-        split(tile / a.m_blocks / a.p.nheads % a.p.num_splits),
-        seq(a.p, tile / a.m_blocks / a.p.nheads / a.p.num_splits) {
-    key_blocks(a.p);
-  }
-#ifdef FLASHATTN2_SM90_TILE_PUBLISH
-  // The producer's: the same, published in a tile slot (below), each word as soon as it is
-  // known (the producer runs at 24 registers: holding all eight for the end spilled).
+  // The producer's: decodes tile index `tile` and publishes the work in a tile slot (below),
+  // each word as soon as it is known (the producer runs at 24 registers: holding all eight
+  // for the end spilled).
   __device__ __forceinline__ FwdTileWork(const FwdArgs& a, int tile, uint32_t slot)
       : m_block(a.m_blocks - 1 - tile % a.m_blocks),
         head(tile / a.m_blocks % a.p.nheads),
@@ -171,7 +164,6 @@ struct FwdTileWork {
     store<3>(slot, n_block_min);
     store<7>(slot, n_block_max);
   }
-#endif
   // Visible key blocks of the tile's rows (bottom-right aligned window, FwdParams); every
   // consumer walks all of them, so the MMA turns stay in step.
   __device__ __forceinline__ void key_blocks(const FwdParams& p) {
@@ -185,11 +177,11 @@ struct FwdTileWork {
   }
   // Varlen: the grid covers the longest sequence; shorter ones skip their extra m blocks.
   __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
-#ifdef FLASHATTN2_SM90_TILE_PUBLISH
-  // A probe (side builds with -DFLASHATTN2_SM90_TILE_PUBLISH): the producer publishes the
-  // work it decoded in the tile's 32-byte slot and the consumers read it back (two LDS.128)
-  // instead of decoding the index again (three runtime divisions, the sequence and key
-  // block arithmetic) between one tile's last P V and the next one's first S. Words:
+  // The consumers read the work the producer decoded from the tile's 32-byte slot (two
+  // LDS.128) instead of decoding the index again (three runtime divisions, the sequence and
+  // key block arithmetic) between one tile's last P V and the next one's first S: H100 bf16,
+  // +2-6 % at d64 s512-1k, +1.6-3.3 % at d128 s512 and causal 1k (benchmarks/NOTES.md,
+  // twelfth session). Words:
   // m_block, head, batch | split << 16 (batch * num_splits <= 65535: flash_api.cpp),
   // n_block_min, seqlen_q, seqlen_k, q_row0, n_block_max; m_block -1 ends the walk. The
   // consumers get no seq.k_row0 (0) and kv_batch (batch): the producer's loads use them.
@@ -213,7 +205,6 @@ struct FwdTileWork {
     seq.kv_batch = batch;
   }
   __device__ __forceinline__ bool end() const { return m_block < 0; }
-#endif
 };
 
 // kBiasSmem (with kBias): the bias tile of each key step is staged in shared
@@ -252,22 +243,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   auto bar_k_empty = [&](int s) { return bars + 8 * (2 + kStages + s); };
   auto bar_v_full = [&](int s) { return bars + 8 * (2 + 2 * kStages + s); };
   auto bar_v_empty = [&](int s) { return bars + 8 * (2 + 3 * kStages + s); };
-  // The tile walk: the producer writes each tile index to slot t % 2 (tile_full), the
-  // consumers read it (tile_empty).
+  // The tile walk: the producer writes each tile's work to slot t % 2 (pub_slot below;
+  // tile_full), the consumers read it (tile_empty). The 8 bytes at bars + 8 (6 + 4 kStages),
+  // where the tile index went before, are unused: nothing after them moved.
   auto bar_tile_full = [&](int t) { return bars + 8 * (2 + 4 * kStages + (t & 1)); };
   auto bar_tile_empty = [&](int t) { return bars + 8 * (4 + 4 * kStages + (t & 1)); };
-  const uint32_t tile_slots = bars + 8 * (6 + 4 * kStages);
-  auto tile_slot = [&](int t) { return tile_slots + 4 * (t & 1); };
   static_assert(!kBiasSmem || (kBias && Traits::kBiasSmemFits), "staged bias");
   // kStageO: a warpgroup's O (64 rows, chunks of 64 x 128 bytes) fits in one K / V buffer.
   static_assert(!kStageO || (kQBufs == 1 && kConsumers == 2 &&
                              kChunks * 64 * kSwizzleBytes <= Traits::kKVBytes), "O in a stage");
   static_assert(!kNarrowStep || (kBlockN > 64 && !kMods && !kStageO), "narrow step");
   [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
-#ifdef FLASHATTN2_SM90_TILE_PUBLISH
   // The published work (FwdTileWork(args, tile, slot)): two 32-byte slots after the
-  // barriers and sBias, so that nothing else moves (fwd_config.h budgets them); tile_slots
-  // is unused.
+  // barriers and sBias (fwd_config.h budgets them).
   const uint32_t pub_slots = sBias + (kBiasSmem ? Traits::kBiasSmemBytes : 0);
   auto pub_slot = [&](int t) { return pub_slots + 32 * (t & 1); };
   // (bars is 1024-aligned past smem, which is at most 1008 bytes past the 16-byte aligned
@@ -276,7 +264,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                         (8 * (9 + 4 * kStages) + 127) / 128 * 128 +
                         (kBiasSmem ? Traits::kBiasSmemBytes : 0) + 64 + 1008 <=
                     Traits::smem_bytes(kBiasSmem), "published tile slots");
-#endif
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -316,7 +303,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // long causal tiles better in one run but is not validated yet: benchmarks/NOTES.md).
       for (int walk = 0, tile = blockIdx.x;; ++walk) {
         mbar_wait(bar_tile_empty(walk), ((walk >> 1) & 1) ^ 1);
-#ifdef FLASHATTN2_SM90_TILE_PUBLISH
         if (tile >= args.tiles) {
           Work::template store<0>(pub_slot(walk), -1);  // (the end)
           mbar_arrive(bar_tile_full(walk));
@@ -327,15 +313,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
                                  : tile + int(gridDim.x);
         const Work w(args, current, pub_slot(walk));
         mbar_arrive(bar_tile_full(walk));
-#else
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile_slot(walk)), "r"(tile) : "memory");
-        mbar_arrive(bar_tile_full(walk));
-        if (tile >= args.tiles) break;
-        const int current = tile;
-        tile = args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
-                                 : tile + int(gridDim.x);
-        const Work w(args, current);
-#endif
         if (w.empty()) continue;
         // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
         // and the sequence's rows start at its offset (SeqInfo).
@@ -454,17 +431,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
     for (int walk = 0;; ++walk) {
       mbar_wait(bar_tile_full(walk), (walk >> 1) & 1);
-#ifdef FLASHATTN2_SM90_TILE_PUBLISH
       const Work w(pub_slot(walk));
       release(bar_tile_empty(walk));
       if (w.end()) break;
-#else
-      int tile;
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(tile) : "r"(tile_slot(walk)) : "memory");
-      release(bar_tile_empty(walk));
-      if (tile >= args.tiles) break;
-      const Work w(args, tile);
-#endif
       if (w.empty()) continue;
       // kStageO: this tile's O goes to its last stage (warpgroup 0: K, 1: V), whose release
       // by this warpgroup waits for the store; its Q is released after its last S. Before
