@@ -8,6 +8,7 @@ import pytest
 import torch
 from flashattn2 import _ext, flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 from flashattn2 import flash_attn_with_kvcache, force_sm80
+from flashattn2._launch import _flash_attn_forward
 from test_fwd import ATOL, check_kernel, check_output, dtype_id, make_qkv
 
 pytestmark = pytest.mark.gpu
@@ -79,6 +80,22 @@ def test_window(headdim, window_size):
     q, k, v = make_qkv(2, 700, 900, 4, 4, headdim, torch.bfloat16)
     check_kernel(q, k, v, window_size=window_size)
     assert _ext.last_fwd_arch == 90
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_split_kv_with_several_batches(headdim, causal):
+    """Split-KV (3 splits) of a batch of 3: the producer hands each tile's batch and split to
+    the consumers packed in one word (fwd_kernel.cuh FwdTileWork); unpacked wrongly, a split
+    would write another batch's partial rows."""
+    require_sm90(headdim)
+    q, k, v = make_qkv(3, 700, 3000, 4, 2, headdim, torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((3, 4, 700), float("nan"), device="cuda")
+    _ext.last_fwd_arch = None
+    _flash_attn_forward(q, k, v, headdim ** -0.5, -1, 0 if causal else -1, out, lse, num_splits=3)
+    assert _ext.last_fwd_arch == 90
+    check_output(out, lse, q, k, v, causal=causal)
 
 
 @pytest.mark.parametrize("walk", ["counter", "blocks"])
