@@ -208,6 +208,23 @@ if want fncu; then
         python3 scripts/sass_stalls.py "$O/src_fwd_d$1_s$2_c$3.csv" 2>&1 | head -n 40
     done
 fi
+# xncu: ncu.sh per spec of XNCU ("PASS:IMPL:HEAD_DIM:SEQLEN:CAUSAL:BATCH", e.g.
+# "decode:cudnn:128:8192:0:16" or "fwd:ours:128:512:0:32"): sections, then source counters.
+if want xncu && [ -n "${XNCU:-}" ]; then
+    for spec in $XNCU; do
+        IFS=: read -r xp xi xd xs xc xb <<< "$spec"
+        tag="${xp}_${xi}_d${xd}_s${xs}_c${xc}_b${xb}"
+        stamp "xncu $tag"
+        PASS=$xp IMPL=$xi HEAD_DIM=$xd SEQLEN=$xs CAUSAL=$xc BATCH=$xb timeout 300 \
+            bash scripts/ncu.sh > "$O/xncu_$tag.txt" 2>&1
+        grep -E "Duration|Throughput|Issue Slots Busy|Registers Per|Grid Size|Block Size|Shared Memory Config|Dynamic Shared|Achieved Occupancy|stalled" \
+            "$O/xncu_$tag.txt" | head -n 30
+        [ -n "${XNCU_SOURCE:-}" ] || continue
+        SOURCE="$O/xsrc_$tag.csv" PASS=$xp IMPL=$xi HEAD_DIM=$xd SEQLEN=$xs CAUSAL=$xc BATCH=$xb \
+            timeout 300 bash scripts/ncu.sh > /dev/null 2>&1
+        python3 scripts/sass_stalls.py "$O/xsrc_$tag.csv" 2>&1 | head -n 30
+    done
+fi
 if want fp32; then
     stamp "bench float32 (3xTF32) against SDPA's float32 backends"
     python3 benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes fp32 \

@@ -5,6 +5,7 @@
 #   PASS=decode BATCH=16 SEQLEN=8192 ...  (flash_attn_with_kvcache, sq 1, 32 / 8 heads, the
 #                  decode kernel; SPLITS=n forces a split count, 0 = the heuristic)
 #   IMPL=sdpa ...  (the same problem through SDPA's flash backend: FA2's kernel)
+#   IMPL=cudnn ... (the same problem through SDPA's cuDNN backend; decode with enable_gqa)
 #   SOURCE=out.csv ...  (instead: per-SASS-line executed instructions and stall samples,
 #                        SourceCounters + WarpStateStats, as CSV; sum them by opcode)
 # Sections: speed of light, occupancy, launch, warp states, compute, memory, scheduler, and
@@ -26,13 +27,15 @@ if "$PASS" == "decode":
     b = $BATCH
     q = torch.randn(b, 1, 32, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, s, 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+backend = SDPBackend.CUDNN_ATTENTION if "$IMPL" == "cudnn" else SDPBackend.FLASH_ATTENTION
 for _ in range(2):
-    if "$PASS" == "decode":
+    if "$PASS" == "decode" and "$IMPL" == "ours":
         out = flashattn2.flash_attn_with_kvcache(q, k, v, num_splits=$SPLITS)
-    elif "$IMPL" == "sdpa":
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    elif "$IMPL" != "ours":
+        with sdpa_kernel(backend):
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                 v.transpose(1, 2), is_causal=bool($CAUSAL))
+                                                 v.transpose(1, 2), is_causal=bool($CAUSAL),
+                                                 enable_gqa="$PASS" == "decode")
     else:
         out = flashattn2.flash_attn_func(q, k, v, causal=bool($CAUSAL))
     if bwd:
@@ -43,6 +46,8 @@ stalls=barrier,long_scoreboard,short_scoreboard,math_pipe_throttle,lg_throttle,m
 metrics=$(echo "$stalls" | tr ',' '\n' | sed 's/^/smsp__average_warp_latency_issue_stalled_/' | paste -sd,)
 kernel="^${PASS}_kernel"
 [ "$IMPL" = sdpa ] && kernel="flash_${PASS}(_dq_dk_dv|_kernel)"
+[ "$IMPL" = cudnn ] && kernel="cudnn|sdpa"
+[ "$IMPL" = cudnn ] && [ "$PASS" = bwd ] && kernel="cudnn.*(bprop|dgrad|bwd)"
 if [ -n "$SOURCE" ]; then
     rep=$(mktemp -u)
     "$NCU" --clock-control none -k regex:"$kernel" -s 1 -c 1 --section SourceCounters \
