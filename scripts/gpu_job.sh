@@ -38,7 +38,7 @@ ab_bench() {
     shift 3
     for run in "$a" "$b" "${a}2" "${b}2"; do
         pp=""; [[ $run == "$a"* ]] && pp=/tmp/$name
-        PYTHONPATH=$pp python3 benchmarks/bench.py --no-summary --out "$O/${name}_$run" "$@" \
+        PYTHONPATH=$pp python3 "${AB_SCRIPT:-benchmarks/bench.py}" --no-summary --out "$O/${name}_$run" "$@" \
             2> /dev/null | tail -n 16
     done
 }
@@ -151,6 +151,8 @@ if want envsan && [ -n "${ENVSAN:-}" ]; then
     done
 fi
 if want envab; then
+    # (A spec may put the probe build first on PYTHONPATH: it must be there.)
+    [ -n "${PROBE_PID:-}" ] && wait "$PROBE_PID"
     for g in ${ENVAB_GROUPS:-1}; do
         specs_var=ENVAB_$g args_var=ENVAB_${g}_ARGS reps_var=ENVAB_${g}_REPS
         script_var=ENVAB_${g}_SCRIPT
@@ -192,8 +194,16 @@ if want probe && [ -n "${PROBE_FLAGS:-}" ]; then
     stamp "probe: this tree with CMAKE_CUDA_FLAGS=$PROBE_FLAGS vs without"
     wait "$PROBE_PID"
     tail -n 2 "$O/probe_build.txt"
+    # PROBE_TESTS: pytest files run on the probe build first; PROBE_SCRIPT: the benchmark
+    # (default bench.py; also benchmarks/bench_decode.py).
+    if [ -n "${PROBE_TESTS:-}" ]; then
+        # shellcheck disable=SC2086
+        PYTHONPATH=/tmp/probe timeout 600 python3 -m pytest $PROBE_TESTS -q -p no:cacheprovider \
+            2>&1 | tail -n 6
+    fi
     # shellcheck disable=SC2086
-    ab_bench probe probe plain ${PROBE_ARGS:---modes bwd --dtypes bf16 --impls flashattn2,sdpa_cudnn}
+    AB_SCRIPT=${PROBE_SCRIPT:-} \
+        ab_bench probe probe plain ${PROBE_ARGS:---modes bwd --dtypes bf16 --impls flashattn2,sdpa_cudnn}
 fi
 if want fncu; then
     stamp "ncu: the Hopper forward at short lengths (d128 s512 full, d64 s512 causal)"

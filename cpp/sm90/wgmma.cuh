@@ -41,6 +41,13 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_addr, uint32_t c
   return smem_desc(smem_addr, chunk_bytes, 8 * kSwizzleBytes);
 }
 
+// The descriptor of `bytes` (a multiple of 16) past the start of `desc`'s: its start address
+// field plus bytes >> 4, one 32-bit add (smem addresses stay below 2^18, so the 14-bit field
+// never carries into the leading byte offset).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
+}
+
 // wgmma.fence.sync.aligned: orders this warpgroup's earlier register accesses (accumulators,
 // A fragments) before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() {
