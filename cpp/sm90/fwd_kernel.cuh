@@ -248,33 +248,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     auto gemm_s = [&](float (&acc_s)[kBlockN / 2], int stage) {
       const uint32_t q_base = sQt + wg_row0 * kSwizzleBytes;
       const uint32_t k_base = sK + stage * Traits::kKVBytes;
-      [[maybe_unused]] const uint64_t a0 = desc_k_major(q_base), b0 = desc_k_major(k_base);
+      // (Traits::kDescAdvance: each k16 step's descriptors from these two.)
+      [[maybe_unused]] uint64_t a0 = 0, b0 = 0;
+      if constexpr (Traits::kDescAdvance) a0 = desc_k_major(q_base), b0 = desc_k_major(k_base);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;  // the k16 step's 32 bytes of the chunk row
-#ifdef FLASHATTN2_SM90_DESC_ADVANCE
-        const uint64_t a = desc_advance(a0, (kk / 4) * Traits::kQChunkBytes + col);
-        const uint64_t b = desc_advance(b0, (kk / 4) * Traits::kKVChunkBytes + col);
-#else
-        const uint64_t a = desc_k_major(q_base + (kk / 4) * Traits::kQChunkBytes + col);
-        const uint64_t b = desc_k_major(k_base + (kk / 4) * Traits::kKVChunkBytes + col);
-#endif
+        uint64_t a, b;
+        if constexpr (Traits::kDescAdvance) {
+          a = desc_advance(a0, (kk / 4) * Traits::kQChunkBytes + col);
+          b = desc_advance(b0, (kk / 4) * Traits::kKVChunkBytes + col);
+        } else {
+          a = desc_k_major(q_base + (kk / 4) * Traits::kQChunkBytes + col);
+          b = desc_k_major(k_base + (kk / 4) * Traits::kKVChunkBytes + col);
+        }
         Wgmma<kBlockN, Element>::template ss<0>(acc_s, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
     };
     auto gemm_o = [&](int stage) {
       const uint32_t v_base = sV + stage * Traits::kKVBytes;
-      [[maybe_unused]] const uint64_t b0 = desc_mn_major(v_base, Traits::kKVChunkBytes);
+      [[maybe_unused]] uint64_t b0 = 0;
+      if constexpr (Traits::kDescAdvance) b0 = desc_mn_major(v_base, Traits::kKVChunkBytes);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#ifdef FLASHATTN2_SM90_DESC_ADVANCE
-        const uint64_t b = desc_advance(b0, kk * 16 * kSwizzleBytes);
-#else
-        const uint64_t b = desc_mn_major(v_base + kk * 16 * kSwizzleBytes, Traits::kKVChunkBytes);
-#endif
+        uint64_t b;
+        if constexpr (Traits::kDescAdvance)
+          b = desc_advance(b0, kk * 16 * kSwizzleBytes);
+        else
+          b = desc_mn_major(v_base + kk * 16 * kSwizzleBytes, Traits::kKVChunkBytes);
         Wgmma<kHeadDim, Element>::template rs<1>(acc_o, rP[kk], b, 1);
       }
       wgmma_commit();
@@ -285,18 +289,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       constexpr int kW = 2 * int(sizeof(acc) / sizeof(float));
       const uint32_t q_base = sQt + wg_row0 * kSwizzleBytes;
       const uint32_t k_base = sK + stage * Traits::kKVBytes;
-      [[maybe_unused]] const uint64_t a0 = desc_k_major(q_base), b0 = desc_k_major(k_base);
+      // (Traits::kDescAdvance: each k16 step's descriptors from these two.)
+      [[maybe_unused]] uint64_t a0 = 0, b0 = 0;
+      if constexpr (Traits::kDescAdvance) a0 = desc_k_major(q_base), b0 = desc_k_major(k_base);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;
-#ifdef FLASHATTN2_SM90_DESC_ADVANCE
-        const uint64_t a = desc_advance(a0, (kk / 4) * Traits::kQChunkBytes + col);
-        const uint64_t b = desc_advance(b0, (kk / 4) * Traits::kKVChunkBytes + col);
-#else
-        const uint64_t a = desc_k_major(q_base + (kk / 4) * Traits::kQChunkBytes + col);
-        const uint64_t b = desc_k_major(k_base + (kk / 4) * Traits::kKVChunkBytes + col);
-#endif
+        uint64_t a, b;
+        if constexpr (Traits::kDescAdvance) {
+          a = desc_advance(a0, (kk / 4) * Traits::kQChunkBytes + col);
+          b = desc_advance(b0, (kk / 4) * Traits::kKVChunkBytes + col);
+        } else {
+          a = desc_k_major(q_base + (kk / 4) * Traits::kQChunkBytes + col);
+          b = desc_k_major(k_base + (kk / 4) * Traits::kKVChunkBytes + col);
+        }
         Wgmma<kW, Element>::template ss<0>(acc, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
@@ -304,15 +311,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     auto gemm_o_narrow = [&](auto width, int stage) {
       constexpr int kW = decltype(width)::value;
       const uint32_t v_base = sV + stage * Traits::kKVBytes;
-      [[maybe_unused]] const uint64_t b0 = desc_mn_major(v_base, Traits::kKVChunkBytes);
+      [[maybe_unused]] uint64_t b0 = 0;
+      if constexpr (Traits::kDescAdvance) b0 = desc_mn_major(v_base, Traits::kKVChunkBytes);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kW / 16; ++kk) {
-#ifdef FLASHATTN2_SM90_DESC_ADVANCE
-        const uint64_t b = desc_advance(b0, kk * 16 * kSwizzleBytes);
-#else
-        const uint64_t b = desc_mn_major(v_base + kk * 16 * kSwizzleBytes, Traits::kKVChunkBytes);
-#endif
+        uint64_t b;
+        if constexpr (Traits::kDescAdvance)
+          b = desc_advance(b0, kk * 16 * kSwizzleBytes);
+        else
+          b = desc_mn_major(v_base + kk * 16 * kSwizzleBytes, Traits::kKVChunkBytes);
         Wgmma<kHeadDim, Element>::template rs<1>(acc_o, rP[kk], b, 1);
       }
       wgmma_commit();

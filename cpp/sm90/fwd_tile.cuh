@@ -37,6 +37,12 @@ struct FwdTraits {
   static constexpr int kQBytes = kChunks * kQChunkBytes;
   static constexpr int kKVBytes = kChunks * kKVChunkBytes;
   static constexpr int kQBufs = sm90_fwd_q_bufs(kHeadDim);  // the Q ring (fwd_config.h)
+  // The wgmma descriptors of a GEMM as one base descriptor per operand plus a constant
+  // (desc_advance: one 32-bit add each, instead of masking and shifting every address):
+  // H100 bf16, interleaved twice, d256 +1-3 % at 512-8k (geomean +2.3 %), d64 +-1 %, d128
+  // -2 % at full 1k and +1 % at 8k (geomean -0.9 %), so d > 128 only (benchmarks/NOTES.md,
+  // thirteenth session; d192 not measured, same structure as d256).
+  static constexpr bool kDescAdvance = kHeadDim > 128;
   static constexpr int kSmemBytes = sm90_fwd_smem_bytes(kHeadDim);
   static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0 && kBlockN % 16 == 0, "tile");
   static_assert(kConsumers >= 2 && kConsumers <= 3, "ping-pong between 2 or 3 warpgroups");
