@@ -68,6 +68,14 @@ if want probe && [ -n "${PROBE_FLAGS:-}" ]; then
         ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"}
     PROBE_PID=$!
 fi
+# probe2: a second side build (PROBE2_FLAGS, same head dims) into /tmp/probe2, for envab specs
+# that put it on PYTHONPATH (e.g. ENVAB_1="plain= p1=PYTHONPATH:/tmp/probe p2=PYTHONPATH:/tmp/probe2").
+if want probe && [ -n "${PROBE2_FLAGS:-}" ]; then
+    side_build probe2 -C "cmake.define.CMAKE_CUDA_FLAGS=$PROBE2_FLAGS" \
+        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${PROBE_HEAD_DIMS:-${HEAD_DIMS:-64;128;256}}" \
+        ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"}
+    PROBE2_PID=$!
+fi
 # smoke: the test files of what is new (SMOKE_TESTS) first, in their own process with -x, so
 # that a crash there (a CUDA error kills the process's context: every later test errors) is
 # seen at once and does not hide the rest of the suite's results.
@@ -150,9 +158,23 @@ if want envsan && [ -n "${ENVSAN:-}" ]; then
         done
     done
 fi
+# ptests: PROBE_TESTS (pytest files) on each probe build, once it is built.
+if want ptests && [ -n "${PROBE_TESTS:-}" ]; then
+    for b in probe probe2; do
+        pid_var=${b^^}_PID
+        [ -n "${!pid_var:-}" ] || continue
+        wait "${!pid_var}"
+        tail -n 1 "$O/${b}_build.txt"
+        stamp "ptests on /tmp/$b: $PROBE_TESTS"
+        # shellcheck disable=SC2086
+        PYTHONPATH=/tmp/$b timeout 600 python3 -m pytest $PROBE_TESTS -q -p no:cacheprovider \
+            2>&1 | tail -n 6
+    done
+fi
 if want envab; then
-    # (A spec may put the probe build first on PYTHONPATH: it must be there.)
+    # (A spec may put a probe build first on PYTHONPATH: it must be there.)
     [ -n "${PROBE_PID:-}" ] && wait "$PROBE_PID"
+    [ -n "${PROBE2_PID:-}" ] && wait "$PROBE2_PID"
     for g in ${ENVAB_GROUPS:-1}; do
         specs_var=ENVAB_$g args_var=ENVAB_${g}_ARGS reps_var=ENVAB_${g}_REPS
         script_var=ENVAB_${g}_SCRIPT
@@ -187,20 +209,15 @@ if want bncu; then
         timeout 300 bash scripts/ncu.sh > /dev/null 2>&1
     python3 scripts/sass_stalls.py "$O/src_bwd_d${bd}_s${bs}_c$bc.csv" 2>&1 | head -n 40
 fi
-if want probe && [ -n "${PROBE_FLAGS:-}" ]; then
+if want probe && [ -n "${PROBE_FLAGS:-}" ] && [ "${PROBE_AB:-1}" = 1 ]; then
     # A side build of this tree with extra nvcc flags (PROBE_FLAGS, e.g. a -D of a timing probe
     # compiled into a kernel), benchmarked against the default build, A B A B (PROBE_ARGS:
     # bench.py's selection).
     stamp "probe: this tree with CMAKE_CUDA_FLAGS=$PROBE_FLAGS vs without"
     wait "$PROBE_PID"
     tail -n 2 "$O/probe_build.txt"
-    # PROBE_TESTS: pytest files run on the probe build first; PROBE_SCRIPT: the benchmark
-    # (default bench.py; also benchmarks/bench_decode.py).
-    if [ -n "${PROBE_TESTS:-}" ]; then
-        # shellcheck disable=SC2086
-        PYTHONPATH=/tmp/probe timeout 600 python3 -m pytest $PROBE_TESTS -q -p no:cacheprovider \
-            2>&1 | tail -n 6
-    fi
+    # (PROBE_TESTS ran in step ptests.) PROBE_SCRIPT: the benchmark (default bench.py; also
+    # benchmarks/bench_decode.py).
     # shellcheck disable=SC2086
     AB_SCRIPT=${PROBE_SCRIPT:-} \
         ab_bench probe probe plain ${PROBE_ARGS:---modes bwd --dtypes bf16 --impls flashattn2,sdpa_cudnn}
