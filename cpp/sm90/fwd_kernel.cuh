@@ -245,7 +245,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     };
     uint32_t sQt = sQ;  // the current tile's Q buffer (then its O staging)
     bool q_pending = false;  // Q ring: the previous tile's buffer awaits its release
-    auto gemm_s = [&](float (&acc_s)[kBlockN / 2], int stage) {
+    // S = Q K^T of the stage's keys into acc: float[kBlockN / 2], or (kNarrowStep) of the
+    // block's first kW keys into float[kW / 2] (its own array: S into a part of acc_s made
+    // ptxas serialise the wgmmas, C7515).
+    auto gemm_s = [&](auto& acc, int stage) {
+      constexpr int kW = 2 * int(sizeof(acc) / sizeof(float));
       const uint32_t q_base = sQt + wg_row0 * kSwizzleBytes;
       const uint32_t k_base = sK + stage * Traits::kKVBytes;
       // (Traits::kDescAdvance: each k16 step's descriptors from these two.)
@@ -263,52 +267,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           a = desc_k_major(q_base + (kk / 4) * Traits::kQChunkBytes + col);
           b = desc_k_major(k_base + (kk / 4) * Traits::kKVChunkBytes + col);
         }
-        Wgmma<kBlockN, Element>::template ss<0>(acc_s, a, b, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-    };
-    auto gemm_o = [&](int stage) {
-      const uint32_t v_base = sV + stage * Traits::kKVBytes;
-      [[maybe_unused]] uint64_t b0 = 0;
-      if constexpr (Traits::kDescAdvance) b0 = desc_mn_major(v_base, Traits::kKVChunkBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint64_t b;
-        if constexpr (Traits::kDescAdvance)
-          b = desc_advance(b0, kk * 16 * kSwizzleBytes);
-        else
-          b = desc_mn_major(v_base + kk * 16 * kSwizzleBytes, Traits::kKVChunkBytes);
-        Wgmma<kHeadDim, Element>::template rs<1>(acc_o, rP[kk], b, 1);
-      }
-      wgmma_commit();
-    };
-    // kNarrowStep: S of the block's first kW keys into acc (float[kW / 2]; its own array: S
-    // into a part of acc_s made ptxas serialise the wgmmas, C7515), and P V of them.
-    auto gemm_s_narrow = [&](auto& acc, int stage) {
-      constexpr int kW = 2 * int(sizeof(acc) / sizeof(float));
-      const uint32_t q_base = sQt + wg_row0 * kSwizzleBytes;
-      const uint32_t k_base = sK + stage * Traits::kKVBytes;
-      // (Traits::kDescAdvance: each k16 step's descriptors from these two.)
-      [[maybe_unused]] uint64_t a0 = 0, b0 = 0;
-      if constexpr (Traits::kDescAdvance) a0 = desc_k_major(q_base), b0 = desc_k_major(k_base);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint32_t col = (kk % 4) * 32;
-        uint64_t a, b;
-        if constexpr (Traits::kDescAdvance) {
-          a = desc_advance(a0, (kk / 4) * Traits::kQChunkBytes + col);
-          b = desc_advance(b0, (kk / 4) * Traits::kKVChunkBytes + col);
-        } else {
-          a = desc_k_major(q_base + (kk / 4) * Traits::kQChunkBytes + col);
-          b = desc_k_major(k_base + (kk / 4) * Traits::kKVChunkBytes + col);
-        }
         Wgmma<kW, Element>::template ss<0>(acc, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
     };
-    auto gemm_o_narrow = [&](auto width, int stage) {
+    // O += P V over the stage's first kW keys (width: std::integral_constant<int, kW>; kBlockN,
+    // or kNarrowStep's 32 / 64).
+    auto gemm_o_w = [&](auto width, int stage) {
       constexpr int kW = decltype(width)::value;
       const uint32_t v_base = sV + stage * Traits::kKVBytes;
       [[maybe_unused]] uint64_t b0 = 0;
@@ -325,6 +290,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       }
       wgmma_commit();
     };
+    auto gemm_o = [&](int stage) { gemm_o_w(std::integral_constant<int, kBlockN>{}, stage); };
 
     int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
     for (int walk = 0;; ++walk) {
@@ -440,7 +406,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // other columns are wholly masked, so every such step needs the mask.
       auto narrow_first = [&](auto width, int s, int n_block, float (&correction)[2]) {
         float acc_n[decltype(width)::value / 2];
-        gemm_s_narrow(acc_n, s);
+        gemm_s(acc_n, s);
         turn_pass();
         wgmma_wait<0>();
         fence_regs(acc_n);
@@ -519,9 +485,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           if constexpr (Traits::kRescaleFirst) rescale_o(correction);
           mbar_wait(bar_v_full(s_prev), phase_prev);
           if (kNarrowStep && kNarrow32 && narrow == 32)
-            gemm_o_narrow(std::integral_constant<int, 32>{}, s_prev);
+            gemm_o_w(std::integral_constant<int, 32>{}, s_prev);
           else if (kNarrowStep && narrow == 64)
-            gemm_o_narrow(std::integral_constant<int, 64>{}, s_prev);
+            gemm_o_w(std::integral_constant<int, 64>{}, s_prev);
           else
             gemm_o(s_prev);
           narrow = 0;
@@ -541,9 +507,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         if constexpr (Traits::kRescaleFirst) rescale_o(correction);  // (by the last factor)
         mbar_wait(bar_v_full(s), (j / kStages) & 1);
         if (kNarrowStep && kNarrow32 && narrow == 32)
-          gemm_o_narrow(std::integral_constant<int, 32>{}, s);
+          gemm_o_w(std::integral_constant<int, 32>{}, s);
         else if (kNarrowStep && narrow == 64)
-          gemm_o_narrow(std::integral_constant<int, 64>{}, s);
+          gemm_o_w(std::integral_constant<int, 64>{}, s);
         else
           gemm_o(s);
         wgmma_wait<0>();
