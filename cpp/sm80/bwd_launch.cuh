@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "sm80/bwd_kernel.cuh"
+#include "sm80/bwd_prepost.cuh"
 #include "common/launch.h"
 
 namespace flashattn2 {
