@@ -5,7 +5,8 @@
 #   PASS=decode BATCH=16 SEQLEN=8192 ...  (flash_attn_with_kvcache, sq 1, 32 / 8 heads, the
 #                  decode kernel; SPLITS=n forces a split count, 0 = the heuristic)
 #   IMPL=sdpa ...  (the same problem through SDPA's flash backend: FA2's kernel)
-#   IMPL=cudnn ... (the same problem through SDPA's cuDNN backend; decode with enable_gqa)
+#   IMPL=cudnn ... (PASS=fwd or decode: the same problem through SDPA's cuDNN backend; decode
+#                  with enable_gqa)
 #   SOURCE=out.csv ...  (instead: per-SASS-line executed instructions and stall samples,
 #                        SourceCounters + WarpStateStats, as CSV; sum them by opcode)
 # Sections: speed of light, occupancy, launch, warp states, compute, memory, scheduler, and
@@ -46,8 +47,10 @@ stalls=barrier,long_scoreboard,short_scoreboard,math_pipe_throttle,lg_throttle,m
 metrics=$(echo "$stalls" | tr ',' '\n' | sed 's/^/smsp__average_warp_latency_issue_stalled_/' | paste -sd,)
 kernel="^${PASS}_kernel"
 [ "$IMPL" = sdpa ] && kernel="flash_${PASS}(_dq_dk_dv|_kernel)"
-[ "$IMPL" = cudnn ] && kernel="cudnn|sdpa"
-[ "$IMPL" = cudnn ] && [ "$PASS" = bwd ] && kernel="cudnn.*(bprop|dgrad|bwd)"
+if [ "$IMPL" = cudnn ]; then
+    [ "$PASS" = bwd ] && { echo "ncu.sh: IMPL=cudnn profiles the forward and decode only" >&2; exit 2; }
+    kernel="cudnn|sdpa"
+fi
 if [ -n "$SOURCE" ]; then
     rep=$(mktemp -u)
     "$NCU" --clock-control none -k regex:"$kernel" -s 1 -c 1 --section SourceCounters \

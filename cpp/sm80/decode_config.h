@@ -23,12 +23,7 @@ constexpr bool decode_head_dim(int kernel_head_dim) {
 
 // Ring depth per warp: d128 3 stages (8 KiB each: 16 keys of K and V), so that 2 CTAs fit an
 // SM; d64 4 stages (4 KiB each), 3 CTAs per SM. Either way 96-144 KiB of K/V per SM in flight.
-constexpr int decode_stages(int head_dim) {
-#ifdef FLASHATTN2_DECODE_STAGES_D128  // (a probe build's override: K/V stages at d128)
-  if (head_dim > 64) return FLASHATTN2_DECODE_STAGES_D128;
-#endif
-  return head_dim <= 64 ? 4 : 3;
-}
+constexpr int decode_stages(int head_dim) { return head_dim <= 64 ? 4 : 3; }
 
 // sQ [16 x d] + kDecodeWarps rings of kStages x (K, V) [16 x d], 2-byte elements
 // (d128: 100 KiB, d64: 66 KiB). The epilogue reuses the rings (decode_kernel.cuh).
