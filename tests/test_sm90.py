@@ -116,6 +116,45 @@ def test_tile_walks(monkeypatch, headdim, case, walk):
     assert _ext.last_fwd_arch == 90
 
 
+def test_tile_counter_is_kept_per_stream_and_left_zeroed(monkeypatch):
+    """One tile counter per (device, stream), zeroed again by each launch's last claim: calls
+    after the first (which would otherwise start past the last tile and leave rows unwritten),
+    a second stream with its own counter, and a CUDA graph (a counter of its own, which every
+    replay leaves zeroed) all give the reference's result."""
+    require_sm90(128)
+    from flashattn2 import _launch
+
+    monkeypatch.setattr(_ext, "SM90_TILE_WALK", "counter")
+    monkeypatch.setattr(_launch, "_TILE_COUNTERS", {})
+    q, k, v = make_qkv(2, 1000, 1100, 12, 4, 128, torch.bfloat16)  # 192 tiles, > the SMs
+    for _ in range(3):
+        out, _ = check_kernel(q, k, v, causal=True)
+    counters = list(_launch._TILE_COUNTERS.values())
+    assert len(counters) == 1 and counters[0].item() == 0
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            on_side = flash_attn_func(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(on_side, out)  # (each tile's result is the same whichever CTA ran it)
+    assert len(_launch._TILE_COUNTERS) == 2
+    assert all(c.item() == 0 for c in _launch._TILE_COUNTERS.values())
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flash_attn_func(q, k, v, causal=True)
+    assert len(_launch._TILE_COUNTERS) == 2  # (the graph's counter is its own)
+    for _ in range(3):
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, out)
+    assert all(c.item() == 0 for c in _launch._TILE_COUNTERS.values())
+
+
 def test_matches_the_sm80_kernels():
     """Both paths compute the same function: their difference is within the sum of the
     errors each is allowed."""

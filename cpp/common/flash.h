@@ -118,7 +118,7 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   uint32_t dropout_threshold;  // drop iff the element's Philox word < this; 0: no dropout
   float dropout_scale;         // 1 / (1 - dropout_p)
   // Hopper forward (cpp/sm90): a zeroed int32 the persistent CTAs take causal / windowed /
-  // varlen tiles from (null: one CTA per such tile).
+  // varlen tiles from (null: one CTA per such tile); the launch leaves it zeroed again.
   int* tile_counter = nullptr;
   // Decode kernel: its K / V copies ask L2 to fetch each head's whole row segment (128 or
   // 256 bytes) at once (ptx.cuh cp_async_16_prefetch); false: plain 16-byte copies.

@@ -177,8 +177,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           break;
         }
         const int current = tile;
-        tile = args.tile_counter ? int(gridDim.x) + atomicAdd(args.tile_counter, 1)
-                                 : tile + int(gridDim.x);
+        if (args.tile_counter) {
+          // One claim per tile the grid runs, so the claim of value tiles - 1 is the launch's
+          // last: it sets the counter back to 0 for the next launch (the host keeps one per
+          // stream instead of zeroing a fresh one before every launch).
+          const int claim = atomicAdd(args.tile_counter, 1);
+          if (claim == args.tiles - 1) atomicExch(args.tile_counter, 0);
+          tile = int(gridDim.x) + claim;
+        } else {
+          tile += int(gridDim.x);
+        }
         const Work w(args, current, pub_slot(walk));
         mbar_arrive(bar_tile_full(walk));
         if (w.empty()) continue;

@@ -135,7 +135,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         walk = _ext.SM90_TILE_WALK
         if walk == "counter" or (walk == "auto" and _C.sm90_fwd_tile_counter(
                 headdim, seqlen_k, _ext.SM90_STAGE_O)):
-            tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+            tile_counter = _tile_counter(q.device)
     if num_splits == 0:
         # The split count for the kernel that will run: the Hopper forward's tile (no GQA
         # packing) where it applies, else the KV kernel's (decode: the decode kernel's count
@@ -175,6 +175,26 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         _ext.SM90_FA3_ORDER,
     )  # fmt: skip
     _ext.last_fwd_arch, _ext.last_fwd_kernel = _ext.FWD_KERNELS[code]
+
+
+_TILE_COUNTERS = {}  # (device index, raw stream) -> the Hopper forward's tile counter
+
+
+def _tile_counter(device):
+    """The zeroed int32 the Hopper forward's persistent CTAs take tiles from. The kernel's last
+    claim zeroes it again (cpp/sm90/fwd_kernel.cuh), so one counter per (device, stream)
+    serves every launch on that stream, in stream order, instead of a fresh ``torch.zeros``
+    (an allocation and a fill kernel) before each launch. While a CUDA graph is captured, a
+    fresh one: the graph owns it and zeroes it at each replay."""
+    with torch.cuda.device(device):  # (capture is a property of this device's stream)
+        capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    key = (device.index, _ext.current_stream(device.index))
+    counter = _TILE_COUNTERS.get(key)
+    if counter is None:
+        counter = _TILE_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
 
 
 def _kv_cache(layout):
