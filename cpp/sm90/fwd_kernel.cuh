@@ -587,6 +587,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           named_sync(kBarStageO + 1, 256);
         }
       }
+#ifndef FLASHATTN2_SM90_EPILOGUE_STS
+      // One stmatrix.x4 per pair of 8-column blocks (dt, dt + 1): matrix m is rows 8 (m % 2)
+      // ..+7 of the warp's 16, block dt + m / 2, so lane l gives the address of row l % 8 of
+      // matrix l / 8 (in the swizzle, its 16-byte unit is (dt % 8) ^ (l % 8), dt even).
+      {
+        const int row = wg_row0 + 16 * warp_in_wg + 8 * ((lane / 8) % 2) + lane % 8;
+        const uint32_t row_addr = o_base + row * kSwizzleBytes;
+        const int unit = (lane / 16) ^ (lane % 8);
+#pragma unroll
+        for (int dt = 0; dt < kHeadDim / 8; dt += 2) {
+          uint32_t v[4];
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int i = 4 * (dt + m / 2) + 2 * (m % 2);
+            v[m] = ptx::pack2<Element>(acc_o[i] * inv[m % 2], acc_o[i + 1] * inv[m % 2]);
+          }
+          ptx::stmatrix_x4(row_addr + (dt / 8) * o_chunk + (((dt % 8) ^ unit) * 16), v);
+        }
+      }
+#else
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = lane_row + 8 * r;
@@ -599,6 +619,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
         }
       }
+#endif
       fence_proxy_async();
       named_sync(kBarEpilogue + consumer, 128);
       if (!p.cu_seqlens_q) {
