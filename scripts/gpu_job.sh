@@ -175,6 +175,7 @@ if want envab; then
     # (A spec may put a probe build first on PYTHONPATH: it must be there.)
     [ -n "${PROBE_PID:-}" ] && wait "$PROBE_PID"
     [ -n "${PROBE2_PID:-}" ] && wait "$PROBE2_PID"
+    [ -n "${BASE_PID:-}" ] && wait "$BASE_PID"  # (and the base build: PYTHONPATH:/tmp/base)
     for g in ${ENVAB_GROUPS:-1}; do
         specs_var=ENVAB_$g args_var=ENVAB_${g}_ARGS reps_var=ENVAB_${g}_REPS
         script_var=ENVAB_${g}_SCRIPT
