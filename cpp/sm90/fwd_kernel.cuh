@@ -36,12 +36,13 @@
 //                      O *= correction; P_j = S_j as 16-bit A fragments. (FwdTraits kOrder_
 //                      3, FA3's d > 128 order: no turn; O *= the last step's correction right
 //                      after the S issue, before P V.)
-//   epilogue  O / sum -> the consumer's rows of the tile's Q buffer -> TMA store (dense) or
-//          16-byte stores (varlen: a box would cross into the next sequence); LSE = max *
-//          scale + ln(sum), +inf for rows that see no key. The buffer is released (q_empty)
-//          once the store has read it: with two, at the next tile's start, so that the
-//          producer loads the next-but-one tile's Q a whole tile ahead (the next one's is in
-//          by then); with one, at once (the next tile's Q then waits for the epilogue).
+//   epilogue  O / sum -> the consumer's rows of the tile's Q buffer (stmatrix) -> TMA store
+//          (dense) or 16-byte stores (varlen: a box would cross into the next sequence);
+//          LSE = max * scale + ln(sum), +inf for rows that see no key. The buffer is
+//          released (q_empty) once the store has read it: with two, at the next tile's start,
+//          so that the producer loads the next-but-one tile's Q a whole tile ahead (the next
+//          one's is in by then); with one, at once (the next tile's Q then waits for the
+//          epilogue).
 //          kStageO (one Q buffer: d192, d256; a prototype, FwdParams::sm90_stage_o): a tile
 //          with key steps (no split) stages warpgroup 0's O in the K buffer and warpgroup 1's
 //          in the V buffer of its last stage instead, each held back from the producer until
@@ -587,7 +588,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           named_sync(kBarStageO + 1, 256);
         }
       }
-#ifndef FLASHATTN2_SM90_EPILOGUE_STS
       // One stmatrix.x4 per pair of 8-column blocks (dt, dt + 1): matrix m is rows 8 (m % 2)
       // ..+7 of the warp's 16, block dt + m / 2, so lane l gives the address of row l % 8 of
       // matrix l / 8 (in the swizzle, its 16-byte unit is (dt % 8) ^ (l % 8), dt even).
@@ -606,20 +606,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           ptx::stmatrix_x4(row_addr + (dt / 8) * o_chunk + (((dt % 8) ^ unit) * 16), v);
         }
       }
-#else
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = lane_row + 8 * r;
-#pragma unroll
-        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-          const uint32_t addr = o_base + (dt / 8) * o_chunk + row * kSwizzleBytes +
-                                (((dt % 8) ^ (row % 8)) * 16) + 4 * q;
-          const uint32_t v = ptx::pack2<Element>(acc_o[4 * dt + 2 * r] * inv[r],
-                                                 acc_o[4 * dt + 2 * r + 1] * inv[r]);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-        }
-      }
-#endif
       fence_proxy_async();
       named_sync(kBarEpilogue + consumer, 128);
       if (!p.cu_seqlens_q) {

@@ -42,11 +42,7 @@ struct FwdTraits {
   // H100 bf16, interleaved twice, d256 +1-3 % at 512-8k (geomean +2.3 %), d64 +-1 %, d128
   // -2 % at full 1k and +1 % at 8k (geomean -0.9 %), so d > 128 only (benchmarks/NOTES.md,
   // thirteenth session; d192 not measured, same structure as d256).
-#ifdef FLASHATTN2_SM90_DESC_ADVANCE_MIN  // (an A/B probe: descriptors advanced above this d)
-  static constexpr bool kDescAdvance = kHeadDim > FLASHATTN2_SM90_DESC_ADVANCE_MIN;
-#else
   static constexpr bool kDescAdvance = kHeadDim > 128;
-#endif
   static constexpr int kSmemBytes = sm90_fwd_smem_bytes(kHeadDim);
   static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0 && kBlockN % 16 == 0, "tile");
   static_assert(kConsumers >= 2 && kConsumers <= 3, "ping-pong between 2 or 3 warpgroups");
