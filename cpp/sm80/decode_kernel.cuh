@@ -32,8 +32,7 @@
 //            p.kv_issue_early that issue comes first (after a __syncwarp: the stage is free),
 //            then the wait, so kStages - 1 tiles (not kStages - 2) are in flight during it
 //            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
-//            online softmax in base 2 ; acc_o = acc_o * correction (skipped where the
-//            warp's 16 rows all keep their max) + P V_j (d/8 HMMA)
+//            online softmax in base 2 ; acc_o = acc_o * correction + P V_j (d/8 HMMA)
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
 //          barrier, acc_o * exp2(m_w - M) / L to sO [4][16][d + 8] f32 (reusing the rings;
 //          M = max_w m_w, L = sum_w l_w exp2(m_w - M): lse_merge.cuh's math in base 2); the
@@ -231,6 +230,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  // A row that has seen only masked scores keeps max -inf: 0 then, so -inf - -inf never
+  // happens (its p and correction are exp2(-inf) = 0).
+  auto scaled = [&](float m) { return m == -INFINITY ? 0.f : m * scale_log2; };
 
   auto step = [&](auto mask_tag, int n_block, int stage) {
     constexpr bool kMask = decltype(mask_tag)::value;
@@ -279,11 +281,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       }
     }
 
-    // Online softmax (base 2) per row: max over the quad, O and the sum rescaled to it. The
-    // correction from the difference of the maxima, so that an unchanged max gives exp2(0) =
-    // 1 exactly; O's rescale (d / 2 FMUL) is skipped where it is 1 for each of the warp's 16
-    // rows, as it is for most tiles once a row has seen a few.
-    float correction[2];
+    // Online softmax (base 2) per row: max over the quad, O and the sum rescaled to it.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float m = fmaxf(fmaxf(acc_s[0][0][2 * r], acc_s[0][0][2 * r + 1]),
@@ -291,11 +289,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       m = fmaxf(m, row_max[r]);
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-      // (A row that has seen only masked scores keeps max -inf: 0 then, so -inf - -inf never
-      // happens: its p and correction are exp2(-inf) = 0.)
-      const float m0 = m == -INFINITY ? 0.f : m;
-      const float max_scaled = m0 * scale_log2;
-      correction[r] = ptx::exp2_approx((row_max[r] - m0) * scale_log2);
+      const float max_scaled = scaled(m);
+      const float correction = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
       row_max[r] = m;
       float sum = 0.f;
 #pragma unroll
@@ -305,13 +300,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
           acc_s[0][nt][e] = ptx::exp2_approx(fmaf(acc_s[0][nt][e], scale_log2, -max_scaled));
           sum += acc_s[0][nt][e];
         }
-      row_sum[r] = row_sum[r] * correction[r] + sum;
-    }
-    if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
+      row_sum[r] = row_sum[r] * correction + sum;
 #pragma unroll
-      for (int dt = 0; dt < kNTilesD; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] *= correction[e >> 1];
+      for (int dt = 0; dt < kNTilesD; ++dt) {
+        acc_o[0][dt][2 * r] *= correction;
+        acc_o[0][dt][2 * r + 1] *= correction;
+      }
     }
 
     // acc_o += P V: P from the S accumulators (n8 tiles 0, 1 = one k16 step).
