@@ -13,17 +13,18 @@
 //          their heads' K and V in L2. Split-KV: split s of a tile's key blocks writes
 //          float32 partial O and LSE for the combine kernel.
 //   block  128 (1 + kConsumers) threads. Warpgroup 0 is the producer: it gives registers
-//          away (setmaxnreg) and one thread issues every TMA load. Consumer warpgroup c
-//          (1 + c) owns query rows [64 c, 64 c + 64) of the tile; its warp w rows 16 w..+15,
-//          so the S / O accumulators have the mma.sync C layout (sm90/fwd_softmax.cuh).
-//   smem   sQ: a ring of two [kBlockM x d] buffers (d64, d128; one where two do not fit),
-//          tile t's in buffer t % 2, which also stages its O (its Q is dead after the tile's
-//          last S); kStages x sK, sV [kBlockN x d]; each as d / 64 chunks of 128-byte rows in
-//          TMA's 128-byte swizzle (sm90/wgmma.cuh); then the mbarriers q_full, q_empty (per
-//          Q buffer), per stage k_full, k_empty, v_full, v_empty, and tile_full / tile_empty;
-//          after them (and the staged bias) the two 32-byte slots of published tile work. K
-//          and V land on separate barriers, so S = Q K^T starts before V is in. Budget:
-//          sm90/fwd_config.h.
+//          away (setmaxnreg) and one thread issues every TMA load (sm90/fwd_producer.cuh).
+//          Consumer warpgroup c (1 + c) owns query rows [64 c, 64 c + 64) of the tile; its
+//          warp w rows 16 w..+15, so the S / O accumulators have the mma.sync C layout
+//          (sm90/fwd_softmax.cuh).
+//   smem   (FwdSmem, sm90/fwd_tile.cuh) sQ: a ring of two [kBlockM x d] buffers (d64, d128;
+//          one where two do not fit), tile t's in buffer t % 2, which also stages its O (its Q
+//          is dead after the tile's last S); kStages x sK, sV [kBlockN x d]; each as d / 64
+//          chunks of 128-byte rows in TMA's 128-byte swizzle (sm90/wgmma.cuh); then the
+//          mbarriers q_full, q_empty (per Q buffer), per stage k_full, k_empty, v_full,
+//          v_empty, and tile_full / tile_empty; after them (and the staged bias) the two
+//          32-byte slots of published tile work. K and V land on separate barriers, so
+//          S = Q K^T starts before V is in. Budget: sm90/fwd_config.h.
 //   regs   consumer: S [kBlockN / 2] f32, P [kBlockN / 16][4] b32, O [d / 2] f32.
 //   step   (key blocks from the last visible one down to the first; j counts the steps of
 //          all of the CTA's tiles, so stages and phases run on across tiles)
@@ -66,6 +67,7 @@
 #include "common/ptx.cuh"
 #include "common/seqlen.cuh"
 #include "sm90/fwd_config.h"
+#include "sm90/fwd_producer.cuh"
 #include "sm90/fwd_softmax.cuh"
 #include "sm90/fwd_tile.cuh"
 #include "sm90/mbarrier.cuh"
@@ -99,128 +101,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const FwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
   constexpr int kQBufs = Traits::kQBufs;
-  const uint32_t sQ = smem;  // buffer b: + b kQBytes
-  const uint32_t sK = sQ + kQBufs * Traits::kQBytes;  // stage s: + s kKVBytes
-  const uint32_t sV = sK + kStages * Traits::kKVBytes;
-  const uint32_t bars = sV + kStages * Traits::kKVBytes;
-  // Q buffer b's barriers: b = 0 first, b = 1 after the tile slots.
-  auto bar_q_full = [&](int b) { return b ? bars + 8 * (7 + 4 * kStages) : bars; };
-  auto bar_q_empty = [&](int b) { return b ? bars + 8 * (8 + 4 * kStages) : bars + 8; };
-  auto bar_k_full = [&](int s) { return bars + 8 * (2 + s); };
-  auto bar_k_empty = [&](int s) { return bars + 8 * (2 + kStages + s); };
-  auto bar_v_full = [&](int s) { return bars + 8 * (2 + 2 * kStages + s); };
-  auto bar_v_empty = [&](int s) { return bars + 8 * (2 + 3 * kStages + s); };
-  // The tile walk: the producer writes each tile's work to slot t % 2 (pub_slot below;
-  // tile_full), the consumers read it (tile_empty). The 8 bytes at bars + 8 (6 + 4 kStages),
-  // where the tile index went before, are unused: nothing after them moved.
-  auto bar_tile_full = [&](int t) { return bars + 8 * (2 + 4 * kStages + (t & 1)); };
-  auto bar_tile_empty = [&](int t) { return bars + 8 * (4 + 4 * kStages + (t & 1)); };
+  // (The 128-byte swizzle's period: FwdSmem's base 1024-aligned.)
+  const FwdSmem<Traits, kBiasSmem> sm((ptx::smem_addr(smem_raw) + 1023) & ~1023u);
+  const uint32_t sQ = sm.q, sK = sm.k, sV = sm.v;
   static_assert(!kBiasSmem || (kBias && Traits::kBiasSmemFits), "staged bias");
   // kStageO: a warpgroup's O (64 rows, chunks of 64 x 128 bytes) fits in one K / V buffer.
   static_assert(!kStageO || (kQBufs == 1 && kConsumers == 2 &&
                              kChunks * 64 * kSwizzleBytes <= Traits::kKVBytes), "O in a stage");
   static_assert(!kNarrowStep || (kBlockN > 64 && !kMods && !kStageO), "narrow step");
-  [[maybe_unused]] const uint32_t sBias = (bars + 8 * (9 + 4 * kStages) + 127) & ~127u;  // kBiasSmem
-  // The published work (FwdTileWork(args, tile, slot)): two 32-byte slots after the
-  // barriers and sBias (fwd_config.h budgets them).
-  const uint32_t pub_slots = sBias + (kBiasSmem ? Traits::kBiasSmemBytes : 0);
-  auto pub_slot = [&](int t) { return pub_slots + 32 * (t & 1); };
-  // (bars is 1024-aligned past smem, which is at most 1008 bytes past the 16-byte aligned
-  // dynamic shared memory.)
-  static_assert(kQBufs * Traits::kQBytes + 2 * kStages * Traits::kKVBytes +
-                        (8 * (9 + 4 * kStages) + 127) / 128 * 128 +
-                        (kBiasSmem ? Traits::kBiasSmemBytes : 0) + 64 + 1008 <=
-                    Traits::smem_bytes(kBiasSmem), "published tile slots");
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  if (tid == 0) {
-    for (int b = 0; b < kQBufs; ++b) {
-      mbar_init(bar_q_full(b), 1);
-      mbar_init(bar_q_empty(b), 4 * kConsumers);  // one arrival per consumer warp
-    }
-    for (int t = 0; t < 2; ++t) {
-      mbar_init(bar_tile_full(t), 1);
-      mbar_init(bar_tile_empty(t), 4 * kConsumers);
-    }
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_k_full(s), 1);
-      mbar_init(bar_v_full(s), 1);
-      mbar_init(bar_k_empty(s), 4 * kConsumers);
-      mbar_init(bar_v_empty(s), 4 * kConsumers);
-    }
-    mbar_fence_init();
-  }
+  if (tid == 0) sm.init();
   __syncthreads();
 
   if (warp < 4) {
-    // ---- producer ----
+    // ---- producer (fwd_producer.cuh) ----
     regs_decrease<Traits::kTile.producer_regs>();
-    if (warp == 0 && lane == 0) {
-      tma_prefetch(&args.q);
-      tma_prefetch(&args.k);
-      tma_prefetch(&args.v);
-      const int group = p.nheads / p.nheads_k;
-      int j = 0, t = 0;  // key steps and tiles of this CTA so far
-      // The walk: tile blockIdx.x first, then the next of a static stride (grid) or of the
-      // shared counter (dynamic: whichever CTA is free takes it); each index is published
-      // to the consumers, the past-the-end one too (they stop on it). The next tile is
-      // claimed as this one starts (claiming it once this one's loads are issued balanced
-      // long causal tiles better in one run but is not validated yet: benchmarks/NOTES.md).
-      for (int walk = 0, tile = blockIdx.x;; ++walk) {
-        mbar_wait(bar_tile_empty(walk), ((walk >> 1) & 1) ^ 1);
-        if (tile >= args.tiles) {
-          Work::template store<0>(pub_slot(walk), -1);  // (the end)
-          mbar_arrive(bar_tile_full(walk));
-          break;
-        }
-        const int current = tile;
-        if (args.tile_counter) {
-          // One claim per tile the grid runs, so the claim of value tiles - 1 is the launch's
-          // last: it sets the counter back to 0 for the next launch (the host keeps one per
-          // stream instead of zeroing a fresh one before every launch).
-          const int claim = atomicAdd(args.tile_counter, 1);
-          if (claim == args.tiles - 1) atomicExch(args.tile_counter, 0);
-          tile = int(gridDim.x) + claim;
-        } else {
-          tile += int(gridDim.x);
-        }
-        const Work w(args, current, pub_slot(walk));
-        mbar_arrive(bar_tile_full(walk));
-        if (w.empty()) continue;
-        // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
-        // and the sequence's rows start at its offset (SeqInfo).
-        const int q_batch = p.cu_seqlens_q ? 0 : w.batch;
-        const int k_batch = p.cu_seqlens_k ? 0 : w.seq.kv_batch;
-        const int qb = t % kQBufs;
-        mbar_wait(bar_q_empty(qb), ((t++ / kQBufs) & 1) ^ 1);
-        mbar_arrive_expect_tx(bar_q_full(qb), Traits::kQBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load(sQ + qb * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
-                   int(w.seq.q_row0) + w.m_block * kBlockM, w.head, q_batch, bar_q_full(qb));
-        for (int n_block = w.n_block_max - 1; n_block >= w.n_block_min; --n_block, ++j) {
-          const int s = j % kStages;
-          const uint32_t phase = (j / kStages) & 1;
-          const int row = int(w.seq.k_row0) + n_block * kBlockN;
-          mbar_wait(bar_k_empty(s), phase ^ 1);
-          mbar_arrive_expect_tx(bar_k_full(s), Traits::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c)
-            tma_load(sK + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, &args.k,
-                     c * kChunkCols, row, w.head / group, k_batch, bar_k_full(s));
-          mbar_wait(bar_v_empty(s), phase ^ 1);
-          mbar_arrive_expect_tx(bar_v_full(s), Traits::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c)
-            tma_load(sV + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, &args.v,
-                     c * kChunkCols, row, w.head / group, k_batch, bar_v_full(s));
-        }
-      }
-    }
+    if (warp == 0 && lane == 0) produce_tiles<Traits>(args, sm);
   } else {
     // ---- consumers ----
     regs_increase<Traits::kTile.consumer_regs>();
@@ -303,9 +203,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
     int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
     for (int walk = 0;; ++walk) {
-      mbar_wait(bar_tile_full(walk), (walk >> 1) & 1);
-      const Work w(pub_slot(walk));
-      release(bar_tile_empty(walk));
+      mbar_wait(sm.tile_full(walk), (walk >> 1) & 1);
+      const Work w(sm.pub_slot(walk));
+      release(sm.tile_empty(walk));
       if (w.end()) break;
       if (w.empty()) continue;
       // kStageO: this tile's O goes to its last stage (warpgroup 0: K, 1: V), whose release
@@ -353,7 +253,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // into its tile of sBias, 8 16-byte cp.async per thread (consecutive threads take a
       // row's consecutive chunks), chunk c of row r at (c ^ r % 8) 16 bytes; rows past
       // seqlen_q and keys past seqlen_k are zero-filled (the global path's 0 there).
-      const uint32_t sBias_wg = sBias + consumer * 64 * 256;
+      const uint32_t sBias_wg = sm.bias + consumer * 64 * 256;
       auto bias_issue = [&](int n_block) {
         if constexpr (kBiasSmem) {
           const int tid_wg = tid % 128;
@@ -419,7 +319,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         turn_pass();
         wgmma_wait<0>();
         fence_regs(acc_n);
-        release(bar_k_empty(s));  // (kStageO's hold never comes with kNarrowStep)
+        release(sm.k_empty(s));  // (kStageO's hold never comes with kNarrowStep)
         mask_step(acc_n, n_block * kBlockN);
         softmax.online(acc_n, correction);
         FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_n, rP);
@@ -434,12 +334,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       auto skip_step = [&](bool last) {
         const int s = j % kStages;
         const uint32_t phase = (j / kStages) & 1;
-        mbar_wait(bar_k_full(s), phase);  // the stage holds this step's tiles: its release
-        if (!(hold && last && consumer == 0)) release(bar_k_empty(s));  // counts toward this
+        mbar_wait(sm.k_full(s), phase);  // the stage holds this step's tiles: its release
+        if (!(hold && last && consumer == 0)) release(sm.k_empty(s));  // counts toward this
         turn_wait();                                                     // step's phase
         turn_pass();
-        mbar_wait(bar_v_full(s), phase);
-        if (!(hold && last && consumer == 1)) release(bar_v_empty(s));
+        mbar_wait(sm.v_full(s), phase);
+        if (!(hold && last && consumer == 1)) release(sm.v_empty(s));
         ++j;
       };
 
@@ -452,12 +352,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         if (kQBufs == 2 && q_pending) {
           if (store_thread) tma_store_wait_read();
           named_sync(kBarEpilogue + consumer, 128);
-          release(bar_q_empty(qb ^ 1));
+          release(sm.q_empty(qb ^ 1));
           q_pending = false;
         }
       };
       sQt = sQ + qb * Traits::kQBytes;
-      mbar_wait(bar_q_full(qb), (t++ / kQBufs) & 1);
+      mbar_wait(sm.q_full(qb), (t++ / kQBufs) & 1);
       int n_block = w.n_block_max - 1;
       for (; n_block >= max(wg_hi, w.n_block_min); --n_block) skip_step(n_block == w.n_block_min);
       if (kBiasSmem && n_block >= w.n_block_min) bias_issue(n_block);
@@ -465,7 +365,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         float acc_s[kBlockN / 2];
         float correction[2];
         int s = j % kStages;
-        mbar_wait(bar_k_full(s), (j / kStages) & 1);
+        mbar_wait(sm.k_full(s), (j / kStages) & 1);
         turn_wait();
         if (kNarrowStep && kNarrow32 && narrow == 32) {
           narrow_first(std::integral_constant<int, 32>{}, s, n_block, correction);
@@ -476,8 +376,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           turn_pass();
           wgmma_wait<0>();
           fence_regs(acc_s);
-          if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
-          if (hold && n_block == w.n_block_min) release(bar_q_empty(0));  // (its last S is done)
+          if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(sm.k_empty(s));
+          if (hold && n_block == w.n_block_min) release(sm.q_empty(0));  // (its last S is done)
           step_softmax(acc_s, n_block, correction);
           FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
@@ -486,13 +386,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           const int s_prev = s;
           const uint32_t phase_prev = (j / kStages) & 1;
           s = ++j % kStages;
-          mbar_wait(bar_k_full(s), (j / kStages) & 1);
+          mbar_wait(sm.k_full(s), (j / kStages) & 1);
           turn_wait();
           gemm_s(acc_s, s);
           // (Traits::kRescaleFirst: O, complete since the last step's wait, by the last
           // step's factor, under this S; then P V adds P_{j-1} V_{j-1} at the same scale.)
           if constexpr (Traits::kRescaleFirst) rescale_o(correction);
-          mbar_wait(bar_v_full(s_prev), phase_prev);
+          mbar_wait(sm.v_full(s_prev), phase_prev);
           if (kNarrowStep && kNarrow32 && narrow == 32)
             gemm_o_w(std::integral_constant<int, 32>{}, s_prev);
           else if (kNarrowStep && narrow == 64)
@@ -503,18 +403,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           turn_pass();
           wgmma_wait<1>();
           fence_regs(acc_s);
-          if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(bar_k_empty(s));
-          if (hold && n_block == w.n_block_min) release(bar_q_empty(0));
+          if (!(hold && consumer == 0 && n_block == w.n_block_min)) release(sm.k_empty(s));
+          if (hold && n_block == w.n_block_min) release(sm.q_empty(0));
           step_softmax(acc_s, n_block, correction);
           wgmma_wait<0>();
           fence_regs(acc_o);
-          release(bar_v_empty(s_prev));
+          release(sm.v_empty(s_prev));
           if constexpr (!Traits::kRescaleFirst) rescale_o(correction);
           FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
         if (hold && consumer == 1) named_arrive(kBarStageO, 256);  // (its last S is done)
         if constexpr (Traits::kRescaleFirst) rescale_o(correction);  // (by the last factor)
-        mbar_wait(bar_v_full(s), (j / kStages) & 1);
+        mbar_wait(sm.v_full(s), (j / kStages) & 1);
         if (kNarrowStep && kNarrow32 && narrow == 32)
           gemm_o_w(std::integral_constant<int, 32>{}, s);
         else if (kNarrowStep && narrow == 64)
@@ -523,12 +423,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           gemm_o(s);
         wgmma_wait<0>();
         fence_regs(acc_o);
-        if (!(hold && consumer == 1)) release(bar_v_empty(s));
+        if (!(hold && consumer == 1)) release(sm.v_empty(s));
         ++j;
       } else {
         release_prev_q();
         if (hold) {
-          release(bar_q_empty(0));
+          release(sm.q_empty(0));
           if (consumer == 1) named_arrive(kBarStageO, 256);
         }
       }
@@ -557,7 +457,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
             if (q == 0) p.lse_accum[row_base + pos] = lse[r];
           }
         }
-        release(bar_q_empty(qb));  // (O not staged)
+        release(sm.q_empty(qb));  // (O not staged)
         continue;
       }
 #pragma unroll
@@ -643,7 +543,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         // store (varlen: every thread's loads) read it.
         if (store_thread) tma_store_wait_read();
         named_sync(kBarEpilogue + consumer, 128);
-        release(hold ? (consumer == 0 ? bar_k_empty(s_last) : bar_v_empty(s_last)) : bar_q_empty(0));
+        release(hold ? (consumer == 0 ? sm.k_empty(s_last) : sm.v_empty(s_last)) : sm.q_empty(0));
       }
     }
     if (Traits::kTurns && consumer == 0) turn_wait();  // the turn the last consumer opened

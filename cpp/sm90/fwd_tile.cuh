@@ -1,6 +1,7 @@
 // The Hopper forward's types (fwd_kernel.cuh has the tiling block): the tile traits per head
-// dim and step order, the kernel's arguments, the named barriers, and one tile's work as the
-// producer decodes it and publishes it to the consumers.
+// dim and step order, the kernel's arguments, the named barriers, the shared memory layout and
+// its mbarriers, and one tile's work as the producer decodes it and publishes it to the
+// consumers.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include "common/flash.h"
 #include "common/seqlen.cuh"
 #include "sm90/fwd_config.h"
+#include "sm90/mbarrier.cuh"
 #include "sm90/warpgroup.cuh"
 #include "sm90/wgmma.cuh"
 
@@ -85,6 +87,74 @@ constexpr int kBarTurn = 1;
 constexpr int kBarEpilogue = 1 + kMaxConsumers;
 constexpr int kBarBias = 1 + 2 * kMaxConsumers;
 constexpr int kBarStageO = 1 + 3 * kMaxConsumers;  // and kBarStageO + 1 (<= 15)
+
+// The shared memory (fwd_kernel.cuh's tiling block), from a 1024-aligned base: sQ (Q buffer
+// b at q + b kQBytes), sK / sV (stage s at k / v + s kKVBytes), the mbarriers, the staged bias
+// tiles (kBiasSmem, 128-aligned), then the two 32-byte slots of published tile work.
+template <typename Traits, bool kBiasSmem>
+struct FwdSmem {
+  static constexpr int kStages = Traits::kStages;
+  static constexpr int kBarBytes = 8 * (9 + 4 * kStages);
+  uint32_t q, k, v, bars, bias, pub;
+  __device__ __forceinline__ explicit FwdSmem(uint32_t base)
+      : q(base),
+        k(q + Traits::kQBufs * Traits::kQBytes),
+        v(k + kStages * Traits::kKVBytes),
+        bars(v + kStages * Traits::kKVBytes),
+        bias((bars + kBarBytes + 127) & ~127u),
+        pub(bias + (kBiasSmem ? Traits::kBiasSmemBytes : 0)) {}
+  // (The base is at most 1008 bytes past the 16-byte aligned dynamic shared memory.)
+  static_assert(Traits::kQBufs * Traits::kQBytes + 2 * kStages * Traits::kKVBytes +
+                        (kBarBytes + 127) / 128 * 128 + (kBiasSmem ? Traits::kBiasSmemBytes : 0) +
+                        64 + 1008 <= Traits::smem_bytes(kBiasSmem), "published tile slots");
+
+  // Q buffer b's barriers: b = 0 first, b = 1 after the tile slots.
+  __device__ __forceinline__ uint32_t q_full(int b) const {
+    return b ? bars + 8 * (7 + 4 * kStages) : bars;
+  }
+  __device__ __forceinline__ uint32_t q_empty(int b) const {
+    return b ? bars + 8 * (8 + 4 * kStages) : bars + 8;
+  }
+  __device__ __forceinline__ uint32_t k_full(int s) const { return bars + 8 * (2 + s); }
+  __device__ __forceinline__ uint32_t k_empty(int s) const { return bars + 8 * (2 + kStages + s); }
+  __device__ __forceinline__ uint32_t v_full(int s) const {
+    return bars + 8 * (2 + 2 * kStages + s);
+  }
+  __device__ __forceinline__ uint32_t v_empty(int s) const {
+    return bars + 8 * (2 + 3 * kStages + s);
+  }
+  // The tile walk: the producer writes each tile's work to slot t % 2 (tile_full), the
+  // consumers read it (tile_empty). The 8 bytes at bars + 8 (6 + 4 kStages), where the tile
+  // index went before, are unused: nothing after them moved.
+  __device__ __forceinline__ uint32_t tile_full(int t) const {
+    return bars + 8 * (2 + 4 * kStages + (t & 1));
+  }
+  __device__ __forceinline__ uint32_t tile_empty(int t) const {
+    return bars + 8 * (4 + 4 * kStages + (t & 1));
+  }
+  __device__ __forceinline__ uint32_t pub_slot(int t) const { return pub + 32 * (t & 1); }
+
+  // The arrival counts: one TMA arrival (with its bytes) for a full barrier, one per consumer
+  // warp for an empty one.
+  __device__ __forceinline__ void init() const {
+    constexpr int kConsumerWarps = 4 * Traits::kConsumers;
+    for (int b = 0; b < Traits::kQBufs; ++b) {
+      mbar_init(q_full(b), 1);
+      mbar_init(q_empty(b), kConsumerWarps);
+    }
+    for (int t = 0; t < 2; ++t) {
+      mbar_init(tile_full(t), 1);
+      mbar_init(tile_empty(t), kConsumerWarps);
+    }
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), kConsumerWarps);
+      mbar_init(v_empty(s), kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+};
 
 // One tile of the persistent loop: its coordinates, sequence and visible key blocks.
 template <int kBlockM, int kBlockN>
