@@ -71,18 +71,17 @@ __device__ __forceinline__ void produce_tiles(const FwdArgs& args, const Smem& s
       const int s = j % kStages;
       const uint32_t phase = (j / kStages) & 1;
       const int row = int(w.seq.k_row0) + n_block * kBlockN;
-      mbar_wait(sm.k_empty(s), phase ^ 1);
-      mbar_arrive_expect_tx(sm.k_full(s), Traits::kKVBytes);
+      // K, then V, each into stage s of its buffers once the consumers freed it.
+      auto load = [&](const CUtensorMap* map, uint32_t buffers, uint32_t empty, uint32_t full) {
+        mbar_wait(empty, phase ^ 1);
+        mbar_arrive_expect_tx(full, Traits::kKVBytes);
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-        tma_load(sm.k + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, &args.k,
-                 c * kChunkCols, row, w.head / group, k_batch, sm.k_full(s));
-      mbar_wait(sm.v_empty(s), phase ^ 1);
-      mbar_arrive_expect_tx(sm.v_full(s), Traits::kKVBytes);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-        tma_load(sm.v + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, &args.v,
-                 c * kChunkCols, row, w.head / group, k_batch, sm.v_full(s));
+        for (int c = 0; c < kChunks; ++c)
+          tma_load(buffers + s * Traits::kKVBytes + c * Traits::kKVChunkBytes, map,
+                   c * kChunkCols, row, w.head / group, k_batch, full);
+      };
+      load(&args.k, sm.k, sm.k_empty(s), sm.k_full(s));
+      load(&args.v, sm.v, sm.v_empty(s), sm.v_full(s));
     }
   }
 }
