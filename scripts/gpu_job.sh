@@ -189,6 +189,15 @@ if want envab; then
                     --out "$O/envab${g}_${spec%%=*}_$r" ${!args_var:-} 2> /dev/null | tail -n 20
             done
         done
+        # The A/B's summary: each spec's best round against the first spec's, per config and
+        # geomean (scripts/ab_compare.py), into the console and $O/envab<g>_summary.txt.
+        names=$(for spec in ${!specs_var}; do printf '%s,' "${spec%%=*}"; done)
+        if [[ ${names%,} == *,* ]]; then
+            stamp "envab $g summary"
+            python3 scripts/ab_compare.py "$O" --group "$g" --specs "${names%,}" \
+                > "$O/envab${g}_summary.txt" 2>&1
+            sed -n '/^geomean/,$p' "$O/envab${g}_summary.txt"
+        fi
     done
 fi
 # bwdprof: CUDA time per kernel of one backward (preprocess, main, dQ convert) next to

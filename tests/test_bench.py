@@ -153,3 +153,30 @@ def test_decode_ab_of_the_decode_kernel(capsys):
     assert bd.parse_args(["--bhsd"]).bhsd and not bd.parse_args([]).bhsd
     bd.print_summary(rows[:1] + [bhsd], {"timer": "t", "skipped": []})
     assert "bhsd cache vs bshd (contiguous time / bhsd time): min 1.33x" in capsys.readouterr().out
+
+
+def test_ab_compare_takes_each_specs_best_round_and_the_geomean(tmp_path, capsys):
+    """scripts/ab_compare.py (gpu_job.sh's envab summary) on made-up rounds: a spec's best
+    round against the baseline's, cuDNN's best over every run."""
+    import json
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import ab_compare
+
+    def row(impl, seqlen, tflops):
+        return dict(impl=impl, mode="fwd", dtype="bf16", headdim=128, causal=True,
+                    seqlen_q=seqlen, variant="plain", tflops=tflops)
+
+    speeds = {("base", 1): (100, 200), ("base", 2): (110, 190), ("new", 1): (121, 180),
+              ("new", 2): (99, 209)}
+    for (spec, rnd), (a, b) in speeds.items():
+        folder = tmp_path / f"envab1_{spec}_{rnd}"
+        folder.mkdir()
+        rows = [row("flashattn2", 512, a), row("flashattn2", 1024, b),
+                row("sdpa_cudnn", 512, 100 + rnd), row("sdpa_cudnn", 1024, 200)]
+        (folder / "results.json").write_text(json.dumps({"rows": rows}))
+    ab_compare.main([str(tmp_path), "--specs", "base,new"])
+    out = capsys.readouterr().out
+    assert "(1.100)" in out and "(1.045)" in out  # 121 / 110 and 209 / 200
+    assert "/cudnn 1.19" in out  # 121 / 102
+    assert f"bf16 128 True: new {(1.1 * 1.045) ** 0.5:.4f}" in out
