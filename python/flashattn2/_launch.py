@@ -182,7 +182,7 @@ _TILE_COUNTERS = {}  # (device index, raw stream) -> the Hopper forward's tile c
 
 def _tile_counter(device):
     """The zeroed int32 the Hopper forward's persistent CTAs take tiles from. The kernel's last
-    claim zeroes it again (cpp/sm90/fwd_kernel.cuh), so one counter per (device, stream)
+    claim zeroes it again (cpp/sm90/fwd_producer.cuh), so one counter per (device, stream)
     serves every launch on that stream, in stream order, instead of a fresh ``torch.zeros``
     (an allocation and a fill kernel) before each launch. While a CUDA graph is captured, a
     fresh one: the graph owns it and zeroes it at each replay."""
