@@ -87,6 +87,7 @@ def main(argv=None):
     refs = ["sdpa_cudnn", "read_floor"] if decode_rows else ["sdpa_cudnn"]
     ratios = collections.defaultdict(list)  # (summary group, spec) -> ratios to specs[0]
     unit = "us" if decode_rows else "TFLOP/s"
+    shown = (lambda s: 1.0 / s) if decode_rows else (lambda s: s)  # speed -> the unit
     print(f"flashattn2, best round per spec ({unit}); (x.xxx) = / {specs[0]}; "
           + ", ".join(f"/{LABEL[r]} = the speed ratio to {r}" for r in refs))
     for key in sorted(best, key=order):
@@ -94,7 +95,6 @@ def main(argv=None):
         base = v.get((specs[0], "flashattn2"))
         if base is None:
             continue
-        shown = (lambda s: 1.0 / s) if decode_rows else (lambda s: s)
         line = " ".join(str(k) for k in key[1:]) + " |"
         for spec in specs:
             s = v.get((spec, "flashattn2"))

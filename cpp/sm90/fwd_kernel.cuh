@@ -102,9 +102,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
   extern __shared__ unsigned char smem_raw[];
   constexpr int kQBufs = Traits::kQBufs;
-  // (The 128-byte swizzle's period: FwdSmem's base 1024-aligned.)
+  // (FwdSmem's base 1024-aligned: the 128-byte swizzle's period.)
   const FwdSmem<Traits, kBiasSmem> sm((ptx::smem_addr(smem_raw) + 1023) & ~1023u);
-  const uint32_t sQ = sm.q, sK = sm.k, sV = sm.v;
   static_assert(!kBiasSmem || (kBias && Traits::kBiasSmemFits), "staged bias");
   // kStageO: a warpgroup's O (64 rows, chunks of 64 x 128 bytes) fits in one K / V buffer.
   static_assert(!kStageO || (kQBufs == 1 && kConsumers == 2 &&
@@ -152,7 +151,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       __syncwarp();
       if (lane == 0) mbar_arrive(bar);
     };
-    uint32_t sQt = sQ;  // the current tile's Q buffer (then its O staging)
+    uint32_t sQt = sm.q;  // the current tile's Q buffer (then its O staging)
     bool q_pending = false;  // Q ring: the previous tile's buffer awaits its release
     // S = Q K^T of the stage's keys into acc: float[kBlockN / 2], or (kNarrowStep) of the
     // block's first kW keys into float[kW / 2] (its own array: S into a part of acc_s made
@@ -160,7 +159,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     auto gemm_s = [&](auto& acc, int stage) {
       constexpr int kW = 2 * int(sizeof(acc) / sizeof(float));
       const uint32_t q_base = sQt + wg_row0 * kSwizzleBytes;
-      const uint32_t k_base = sK + stage * Traits::kKVBytes;
+      const uint32_t k_base = sm.k + stage * Traits::kKVBytes;
       // (Traits::kDescAdvance: each k16 step's descriptors from these two.)
       [[maybe_unused]] uint64_t a0 = 0, b0 = 0;
       if constexpr (Traits::kDescAdvance) a0 = desc_k_major(q_base), b0 = desc_k_major(k_base);
@@ -184,7 +183,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // or kNarrowStep's 32 / 64).
     auto gemm_o_w = [&](auto width, int stage) {
       constexpr int kW = decltype(width)::value;
-      const uint32_t v_base = sV + stage * Traits::kKVBytes;
+      const uint32_t v_base = sm.v + stage * Traits::kKVBytes;
       [[maybe_unused]] uint64_t b0 = 0;
       if constexpr (Traits::kDescAdvance) b0 = desc_mn_major(v_base, Traits::kKVChunkBytes);
       wgmma_fence();
@@ -356,7 +355,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           q_pending = false;
         }
       };
-      sQt = sQ + qb * Traits::kQBytes;
+      sQt = sm.q + qb * Traits::kQBytes;
       mbar_wait(sm.q_full(qb), (t++ / kQBufs) & 1);
       int n_block = w.n_block_max - 1;
       for (; n_block >= max(wg_hi, w.n_block_min); --n_block) skip_step(n_block == w.n_block_min);
@@ -475,7 +474,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // tile row wg_row0 lands on its first row).
       const int s_last = (j + kStages - 1) % kStages;  // (hold: the tile has steps)
       const uint32_t o_base =
-          hold ? (consumer == 0 ? sK : sV) + s_last * Traits::kKVBytes - wg_row0 * kSwizzleBytes
+          hold ? (consumer == 0 ? sm.k : sm.v) + s_last * Traits::kKVBytes - wg_row0 * kSwizzleBytes
                : sQt;
       const uint32_t o_chunk = hold ? 64 * kSwizzleBytes : Traits::kQChunkBytes;
       // (Warpgroup 0's K buffer: warpgroup 1's S reads are done at kBarStageO; warpgroup 1's

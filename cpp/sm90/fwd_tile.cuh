@@ -39,6 +39,7 @@ struct FwdTraits {
   static constexpr int kQBytes = kChunks * kQChunkBytes;
   static constexpr int kKVBytes = kChunks * kKVChunkBytes;
   static constexpr int kQBufs = sm90_fwd_q_bufs(kHeadDim);  // the Q ring (fwd_config.h)
+  static constexpr int kBarBytes = 8 * (9 + 4 * kStages);  // the mbarriers (FwdSmem)
   // The wgmma descriptors of a GEMM as one base descriptor per operand plus a constant
   // (desc_advance: one 32-bit add each, instead of masking and shifting every address):
   // H100 bf16, interleaved twice, d256 +1-3 % at 512-8k (geomean +2.3 %), d64 +-1 %, d128
@@ -48,7 +49,7 @@ struct FwdTraits {
   static constexpr int kSmemBytes = sm90_fwd_smem_bytes(kHeadDim);
   static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0 && kBlockN % 16 == 0, "tile");
   static_assert(kConsumers >= 2 && kConsumers <= 3, "ping-pong between 2 or 3 warpgroups");
-  static_assert(kQBufs * kQBytes + 2 * kStages * kKVBytes + 8 * (9 + 4 * kStages) +
+  static_assert(kQBufs * kQBytes + 2 * kStages * kKVBytes + kBarBytes +
                         1024 <= kSmemBytes, "smem budget");
   static_assert(setmaxnreg_fits(kConsumers, kTile.producer_regs, kTile.consumer_regs),
                 "register budget: setmaxnreg.inc would hang");
@@ -94,7 +95,7 @@ constexpr int kBarStageO = 1 + 3 * kMaxConsumers;  // and kBarStageO + 1 (<= 15)
 template <typename Traits, bool kBiasSmem>
 struct FwdSmem {
   static constexpr int kStages = Traits::kStages;
-  static constexpr int kBarBytes = 8 * (9 + 4 * kStages);
+  static constexpr int kBarBytes = Traits::kBarBytes;
   uint32_t q, k, v, bars, bias, pub;
   __device__ __forceinline__ explicit FwdSmem(uint32_t base)
       : q(base),
