@@ -180,3 +180,15 @@ def test_ab_compare_takes_each_specs_best_round_and_the_geomean(tmp_path, capsys
     assert "(1.100)" in out and "(1.045)" in out  # 121 / 110 and 209 / 200
     assert "/cudnn 1.19" in out  # 121 / 102
     assert f"bf16 128 True: new {(1.1 * 1.045) ** 0.5:.4f}" in out
+
+
+def test_plot_only_takes_each_impls_best_round():
+    """A merged file with two rounds: one row per (config, impl), the faster."""
+    def row(impl, tflops, run):
+        return dict(impl=impl, mode="fwd", dtype="bf16", headdim=64, causal=False,
+                    seqlen_q=512, deterministic=False, variant="plain", tflops=tflops, run=run)
+
+    rows = [row("flashattn2", 300, "a"), row("flashattn2", 310, "b"),
+            row("sdpa_cudnn", 320, "a"), row("sdpa_cudnn", 305, "b")]
+    best = {r["impl"]: r["tflops"] for r in bench.best_rows(rows)}
+    assert best == {"flashattn2": 310, "sdpa_cudnn": 320} and len(bench.best_rows(rows)) == 2
