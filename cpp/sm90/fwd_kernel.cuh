@@ -34,10 +34,9 @@
 //                      wait v_full[j-1]; O += P_{j-1} V_{j-1} (RS wgmma, P in registers);
 //                      pass the turn; wait S_j -> release K_j; mods, mask, softmax of S_j
 //                      (under the other warpgroups' MMAs); wait P V -> release V_{j-1};
-//                      O *= correction (skipped where a warp's rows all keep their max);
-//                      P_j = S_j as 16-bit A fragments. (FwdTraits kOrder_ 3, FA3's
-//                      d > 128 order: no turn; O *= the last step's correction right after
-//                      the S issue, before P V.)
+//                      O *= correction; P_j = S_j as 16-bit A fragments. (FwdTraits kOrder_
+//                      3, FA3's d > 128 order: no turn; O *= the last step's correction right
+//                      after the S issue, before P V.)
 //   epilogue  O / sum -> the consumer's rows of the tile's Q buffer (stmatrix) -> TMA store
 //          (dense) or 16-byte stores (varlen: a box would cross into the next sequence);
 //          LSE = max * scale + ln(sum), +inf for rows that see no key. The buffer is
@@ -324,15 +323,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         softmax.online(acc_n, correction);
         FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_n, rP);
       };
-      // O *= the step's correction, skipped where it is 1 for each of the warp's 16 rows (no
-      // row's max changed: the usual case once a row has seen a few key blocks).
       auto rescale_o = [&](const float (&correction)[2]) {
-        if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
 #pragma unroll
-          for (int dt = 0; dt < kHeadDim / 8; ++dt)
+        for (int dt = 0; dt < kHeadDim / 8; ++dt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[4 * dt + e] *= correction[e >> 1];
-        }
+          for (int e = 0; e < 4; ++e) acc_o[4 * dt + e] *= correction[e >> 1];
       };
 
       auto skip_step = [&](bool last) {
@@ -413,10 +408,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
           wgmma_wait<0>();
           fence_regs(acc_o);
           release(sm.v_empty(s_prev));
-          // P first: the rescale's vote is a branch, and P's conversions ahead of it stay
-          // interleaved with the softmax's exponentials.
-          FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
           if constexpr (!Traits::kRescaleFirst) rescale_o(correction);
+          FwdSoftmax<kBlockN, kMods, kBias>::template to_p<Element>(acc_s, rP);
         }
         if (hold && consumer == 1) named_arrive(kBarStageO, 256);  // (its last S is done)
         if constexpr (Traits::kRescaleFirst) rescale_o(correction);  // (by the last factor)

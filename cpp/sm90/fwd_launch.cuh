@@ -57,8 +57,9 @@ bool run_fwd_sm90_order(const FwdParams& p, int num_sms, cudaStream_t stream) {
   };
   constexpr std::false_type no{};
   if constexpr (kOrder != 0) {
-    // (One Q buffer, dense: O staged, as the default order's dense instance; two: as is.)
-    launch(no, no, no, std::bool_constant<Traits::kQBufs == 1>{}, no);
+    // (One Q buffer, dense: O staged, as the default order's dense instance.)
+    static_assert(Traits::kQBufs == 1, "the d > 128 step order stages O");
+    launch(no, no, no, std::true_type{}, no);
   } else if (has_bias(p)) {  // (FLASHATTN2_BIAS builds only)
     if constexpr (FLASHATTN2_BIAS) {
       // The staged bias (d64, d128: where the tile fits) copies 16-byte chunks of 8 keys:
@@ -105,13 +106,6 @@ bool run_fwd_sm90(const FwdParams& p, int num_sms, cudaStream_t stream) {
         !has_bias(p) && !has_score_mods(p))
       return run_fwd_sm90_order<Element, kHeadDim, 3>(p, num_sms, stream);
   }
-#ifdef FLASHATTN2_SM90_D128_ORDER  // (a probe: another step order for d128 dense full attention)
-  if constexpr (kHeadDim == 128) {
-    if (p.window_left < 0 && p.window_right < 0 && !p.cu_seqlens_q && !p.cu_seqlens_k &&
-        p.num_splits == 1 && !has_bias(p) && !has_score_mods(p))
-      return run_fwd_sm90_order<Element, kHeadDim, FLASHATTN2_SM90_D128_ORDER>(p, num_sms, stream);
-  }
-#endif
   return run_fwd_sm90_order<Element, kHeadDim, 0>(p, num_sms, stream);
 }
 

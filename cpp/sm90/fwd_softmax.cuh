@@ -142,12 +142,9 @@ struct FwdSoftmax {
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       // A row that has seen only masked scores keeps max -inf: use 0 so that -inf - -inf
-      // never happens (its p and correction are then exp2(-inf) = 0). The correction from
-      // the difference of the maxima, so that an unchanged max gives exp2(0) = 1 exactly
-      // (fwd_kernel.cuh then skips O's rescale where a whole warp's are 1).
-      const float m0 = m == -INFINITY ? 0.f : m;
-      const float max_scaled = m0 * scale_log2;
-      correction[r] = ptx::exp2_approx((row_max[r] - m0) * scale_log2);
+      // never happens (its p and correction are then exp2(-inf) = 0).
+      const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      correction[r] = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
       row_max[r] = m;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
