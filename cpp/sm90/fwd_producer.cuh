@@ -32,28 +32,30 @@ __device__ __forceinline__ void produce_tiles(const FwdArgs& args, const Smem& s
   int j = 0, t = 0;  // key steps and tiles of this CTA so far
   // The walk: tile blockIdx.x first, then the next of a static stride (grid) or of the
   // shared counter (dynamic: whichever CTA is free takes it); each index is published
-  // to the consumers, the past-the-end one too (they stop on it). The next tile is
-  // claimed as this one starts (claiming it once this one's loads are issued balanced
-  // long causal tiles better in one run but is not validated yet: benchmarks/NOTES.md).
+  // to the consumers, the past-the-end one too (they stop on it). The next tile is claimed
+  // once this one's loads are issued (kStages steps before its end: the next Q still loads
+  // under this tile), not as this one starts: a CTA then never holds a claimed tile for a
+  // whole long tile while others run dry at the tail.
   for (int walk = 0, tile = blockIdx.x;; ++walk) {
+    if (walk > 0) {
+      if (args.tile_counter) {
+        // One claim per tile the grid runs, so the claim of value tiles - 1 is the
+        // launch's last: it sets the counter back to 0 for the next launch (the host keeps
+        // one per stream instead of zeroing a fresh one before every launch).
+        const int claim = atomicAdd(args.tile_counter, 1);
+        if (claim == args.tiles - 1) atomicExch(args.tile_counter, 0);
+        tile = int(gridDim.x) + claim;
+      } else {
+        tile += int(gridDim.x);
+      }
+    }
     mbar_wait(sm.tile_empty(walk), ((walk >> 1) & 1) ^ 1);
     if (tile >= args.tiles) {
       Work::template store<0>(sm.pub_slot(walk), -1);  // (the end)
       mbar_arrive(sm.tile_full(walk));
       break;
     }
-    const int current = tile;
-    if (args.tile_counter) {
-      // One claim per tile the grid runs, so the claim of value tiles - 1 is the launch's
-      // last: it sets the counter back to 0 for the next launch (the host keeps one per
-      // stream instead of zeroing a fresh one before every launch).
-      const int claim = atomicAdd(args.tile_counter, 1);
-      if (claim == args.tiles - 1) atomicExch(args.tile_counter, 0);
-      tile = int(gridDim.x) + claim;
-    } else {
-      tile += int(gridDim.x);
-    }
-    const Work w(args, current, sm.pub_slot(walk));
+    const Work w(args, tile, sm.pub_slot(walk));
     mbar_arrive(sm.tile_full(walk));
     if (w.empty()) continue;
     // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry
