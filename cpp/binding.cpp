@@ -745,11 +745,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("seqlen_q"), py::arg("dropout"), py::arg("kv_cache_layout"),
         "Whether fwd runs the Hopper kernels for such a forward on `device` (unless "
         "allow_sm90 is false).");
-  m.def("sm90_fwd_tile_counter", &flashattn2::sm90_fwd_tile_counter, py::arg("headdim"),
-        py::arg("seqlen_k"), py::arg("stage_o") = false,
-        "Whether the Hopper forward's causal / windowed / varlen tiles of this head dim and "
-        "(maximum) seqlen_k run faster from a tile counter (fwd's tile_counter) than one CTA "
-        "per tile (stage_o: with fwd's sm90_stage_o).");
   m.attr("MAX_SPLITS") = flashattn2::kMaxSplits;
 
   m.def("bwd_max_head_dim", &flashattn2::bwd_max_head_dim,

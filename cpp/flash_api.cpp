@@ -399,10 +399,6 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream, bool allow_s
 
 }  // namespace
 
-bool sm90_fwd_tile_counter(int headdim, int seqlen_k, bool stage_o) {
-  return sm90_fwd_dynamic_walk(kernel_head_dim(headdim), seqlen_k, stage_o);
-}
-
 namespace {
 
 // Whether mha_fwd runs the decode kernel (sm80/decode_kernel.cuh) for `p` (checked, kernel

@@ -101,12 +101,6 @@ int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int 
 // (seqused_k, left padding, cache batch index, pages or appended keys).
 bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool kv_cache_layout);
 
-// Whether the Hopper forward should take causal / windowed / varlen tiles of this head dim
-// and (maximum) seqlen_k from a tile counter (FwdParams::tile_counter) on a persistent grid
-// rather than run one CTA per tile (sm90/fwd_config.h sm90_fwd_dynamic_walk; stage_o: with
-// FwdParams::sm90_stage_o).
-bool sm90_fwd_tile_counter(int headdim, int seqlen_k, bool stage_o = false);
-
 // Largest head dim the backward supports in this build (0 if none).
 int bwd_max_head_dim();
 

@@ -2,7 +2,7 @@
 buffer) the plain instance stages each warpgroup's O in the K or V buffer of the tile's last
 stage and frees the Q buffer after the tile's last S. Dense full attention always does;
 FLASHATTN2_SM90_STAGE_O=1 (or ``_ext.sm90_stage_o()``) has causal, windowed and varlen tiles
-do it too, which then take the tile counter up to 1k keys. (Its sibling prototype, the
+do it too. (Its sibling prototype, the
 overlapped epilogue at d64 / d128, measured 0.95-0.98x and was removed.)
 
 The GPU tests turn the switch on and cover every head dim (d64 / d128 run their default
@@ -28,20 +28,6 @@ def test_switch_reaches_the_binding(monkeypatch, stage_o):
     with _ext.sm90_stage_o(stage_o):
         (_, _), (_, fwd) = fake_launch(monkeypatch, code=80)
     assert fwd["sm90_stage_o"] is stage_o
-
-
-def test_tile_counter_rule():
-    """d <= 128 take the counter up to 2k keys either way; d192 / d256 only with staged O, up
-    to 1k."""
-    rule = _ext._C.sm90_fwd_tile_counter
-    built = set(_ext.build_info()["head_dims"])  # (the rule takes the kernel head dim)
-    if {64, 128} <= built:
-        assert rule(128, 2048) and rule(64, 2048, True) and not rule(128, 2049)
-    if {192, 256} <= built:
-        assert not rule(256, 512) and not rule(192, 1024)
-        assert rule(256, 1024, True) and rule(192, 512, True) and not rule(256, 1025, True)
-    if not ({64, 128} <= built or {192, 256} <= built):
-        pytest.skip("needs kernel head dims 64 and 128, or 192 and 256")
 
 
 class _Recorder:
@@ -90,12 +76,12 @@ def test_tile_boundaries(protos, dtype, headdim, causal, seqlens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("walk", ["auto", "counter", "blocks"])
+@pytest.mark.parametrize("walk", ["counter", "blocks"])
 @pytest.mark.parametrize("case", ["full", "causal", "window", "causal_sq_gt_sk"])
 @pytest.mark.parametrize("headdim", [64, 128, 192, 256])
 def test_tile_walks(protos, monkeypatch, headdim, case, walk):
     """More tiles than SMs: each persistent CTA stages O in both stages over many tiles. The
-    auto walk takes the counter at 1k keys (d192 / d256: with staged O)."""
+    default walk takes them from the tile counter."""
     require_sm90(headdim)
     monkeypatch.setattr(_ext, "SM90_TILE_WALK", walk)
     if case == "causal_sq_gt_sk":
@@ -109,7 +95,7 @@ def test_tile_walks(protos, monkeypatch, headdim, case, walk):
     (stage_o, counter), = protos.calls
     assert stage_o
     if case != "full":
-        assert bool(counter) == (walk in ("auto", "counter"))
+        assert bool(counter) == (walk == "counter")
 
 
 @pytest.mark.gpu

@@ -67,18 +67,14 @@ constexpr int sm90_fwd_smem_bytes(int head_dim) {
   return sm90_fwd_smem_bytes(head_dim, sm90_fwd_q_bufs(head_dim));
 }
 
-// Causal, windowed and varlen tiles differ in work. A persistent grid taking them from a
-// shared counter (FwdParams::tile_counter) hides each tile's start (Q load, first K) behind
-// the previous tile: it pays where tiles are short. Where they are long, one CTA per tile
-// (the block scheduler balances them) measured faster. H100, bf16, causal, TFLOP/s counter
-// vs one CTA per tile (benchmarks/NOTES.md): d64 s512 192 vs 156, s2k 359 vs 339, s16k 457
-// vs 463; d128 s512 284 vs 245, s1k 399 vs 362, s16k 570 vs 624; d256 s512 254 vs 259,
-// s8k 562 vs 616. d192 / d256 lost there because their next tile's Q waited for the epilogue
-// (one Q buffer); with O staged in a K / V stage (FwdParams::sm90_stage_o, a prototype) it
-// loads under the tile's last P V, so they take the counter up to 1k keys (not yet measured).
-constexpr bool sm90_fwd_dynamic_walk(int head_dim, int seqlen_k, bool stage_o = false) {
-  return head_dim <= 128 ? seqlen_k <= 2048 : stage_o && seqlen_k <= 1024;
-}
+// Causal, windowed and varlen tiles differ in work: the persistent grid takes them from a
+// shared counter (FwdParams::tile_counter, the caller's) at every length and head dim, each
+// CTA claiming its next tile once the current one's loads are issued (sm90/fwd_producer.cuh).
+// H100 bf16 causal 512-16k, three rounds, geomean against one CTA per tile with a counter up
+// to 2k keys at d <= 128 only (the rule before): d64 1.016, d128 1.024, d256 1.018; counter
+// against one CTA per tile, d256: 1.01-1.05 at every length (benchmarks/NOTES.md, fifteenth
+// session). With the claim at the tile's start instead, the counter had lost 5-15 % on long
+// causal tiles (d128 s16k 570 vs 624 TFLOP/s). d192 is not measured (d256's structure).
 
 // FA3's step order for d > 128 (fwd_kernel.cuh FwdTraits kOrder_ 3: the consumers issue their
 // MMAs without the ping-pong turn, and a step rescales O right after issuing its S, before its

@@ -33,8 +33,8 @@ bool run_fwd_sm90_order(const FwdParams& p, int num_sms, cudaStream_t stream) {
   // A persistent grid, one CTA per SM (or per tile if fewer) walking the tiles
   // (fwd_kernel.cuh), so that each tile's loads overlap the previous one's epilogue.
   // Tiles of equal work (dense, no window) take a static stride; causal, windowed and
-  // varlen tiles are taken from a shared counter where the caller passes one (where it pays:
-  // sm90_fwd_dynamic_walk), which balances their work (a static walk gave d64 causal s2k
+  // varlen tiles are taken from a shared counter where the caller passes one (it does unless
+  // told not to: fwd_config.h), which balances their work (a static walk gave d64 causal s2k
   // 236 instead of 348 TFLOP/s, benchmarks/NOTES.md). Without a counter, one CTA per tile:
   // the block scheduler balances them instead.
   args.m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
@@ -77,8 +77,8 @@ bool run_fwd_sm90_order(const FwdParams& p, int num_sms, cudaStream_t stream) {
     // One Q buffer (d192, d256): O staged in the tile's last K / V stage, so that the next
     // tile's Q loads under this one's last P V and epilogue (fwd_kernel.cuh kStageO; H100:
     // d256 full s512 / 1k +5-6 %, 2k-4k +1-3 %). Causal, windowed and varlen tiles only with
-    // FLASHATTN2_SM90_STAGE_O=1 (with the tile counter up to 1k keys: causal s512 measured
-    // 0.96x, s4k 1.02x; benchmarks/NOTES.md, ninth session).
+    // FLASHATTN2_SM90_STAGE_O=1 (causal s512 measured 0.96x, s4k 1.02x, with the tile
+    // counter's claim at each tile's start; benchmarks/NOTES.md, ninth session).
     if constexpr (Traits::kQBufs == 1)
       launch(no, no, no, std::true_type{}, no);
   } else if (p.sm90_narrow_step && !equal_tiles && kHeadDim != 128) {

@@ -59,19 +59,19 @@ FP32_BWD = bool(_BUILD.get("fp32_bwd", False))
 # what they support; True sends every call to the mma.sync kernels of cpp/sm80 instead (set by
 # FLASHATTN2_FORCE_SM80=1 at import, or by the force_sm80() context manager).
 FORCE_SM80 = _env_flag("FLASHATTN2_FORCE_SM80", "0")
-# How the Hopper forward walks causal / windowed / varlen tiles: "auto" (a tile counter where
-# tiles are short, sm90/fwd_config.h), "counter" or "blocks" (one CTA per tile); for tuning.
-SM90_TILE_WALK = os.environ.get("FLASHATTN2_SM90_TILE_WALK", "auto") or "auto"
-if SM90_TILE_WALK not in ("auto", "counter", "blocks"):
-    raise ValueError("FLASHATTN2_SM90_TILE_WALK must be auto, counter or blocks, got "
+# How the Hopper forward walks causal / windowed / varlen tiles: "counter" (persistent CTAs
+# take them from a tile counter, sm90/fwd_config.h) or "blocks" (one CTA per tile); for A/B.
+SM90_TILE_WALK = os.environ.get("FLASHATTN2_SM90_TILE_WALK", "counter") or "counter"
+if SM90_TILE_WALK not in ("counter", "blocks"):
+    raise ValueError("FLASHATTN2_SM90_TILE_WALK must be counter or blocks, got "
                      f"{SM90_TILE_WALK!r}")
 # The Hopper forward at d192 / d256 (one Q buffer) stages each warpgroup's O in the K or V
 # buffer of the tile's last stage instead of the Q buffer, which is then free after the
 # tile's last S (the next tile's Q loads under the last P V and the epilogue): always for
 # dense full attention (measured faster); FLASHATTN2_SM90_STAGE_O=1 at import, or the
-# sm90_stage_o() context manager, for causal / windowed / varlen tiles too, which then take
-# tiles from a counter up to 1k keys (sm90/fwd_config.h; measured 0.96-1.02x: an A/B
-# switch, off by default). Plain attention only (softcap, ALiBi and a bias keep theirs).
+# sm90_stage_o() context manager, for causal / windowed / varlen tiles too (measured
+# 0.96-1.02x with the tile counter's earlier claim at each tile's start: an A/B switch, off
+# by default). Plain attention only (softcap, ALiBi and a bias keep theirs).
 SM90_STAGE_O = _env_flag("FLASHATTN2_SM90_STAGE_O", "0")
 # The Hopper forward, plain attention: a warpgroup that sees only the first 32 or 64 keys of
 # its first key block (the causal diagonal: warpgroup 0 of every d128 tile, half the d64

@@ -128,14 +128,12 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
     sm90 = (seqlen_q > 64 and not _ext.FORCE_SM80 and not fp32
             and _C.sm90_fwd_applies(device, headdim, seqlen_q, dropout, _kv_cache(layout)))
     # The Hopper forward's persistent CTAs take causal, windowed and varlen tiles (unequal
-    # work) from a shared counter that starts at 0 where that pays (short tiles), else it
-    # runs one CTA per tile; FLASHATTN2_SM90_TILE_WALK=counter / blocks forces either.
+    # work) from a shared counter that starts at 0 (FLASHATTN2_SM90_TILE_WALK=blocks: one CTA
+    # per tile instead).
     tile_counter = None
-    if sm90 and (window_left >= 0 or window_right >= 0 or varlen_q):
-        walk = _ext.SM90_TILE_WALK
-        if walk == "counter" or (walk == "auto" and _C.sm90_fwd_tile_counter(
-                headdim, seqlen_k, _ext.SM90_STAGE_O)):
-            tile_counter = _tile_counter(q.device)
+    if sm90 and (window_left >= 0 or window_right >= 0 or varlen_q) and (
+            _ext.SM90_TILE_WALK == "counter"):
+        tile_counter = _tile_counter(q.device)
     if num_splits == 0:
         # The split count for the kernel that will run: the Hopper forward's tile (no GQA
         # packing) where it applies, else the KV kernel's (decode: the decode kernel's count
