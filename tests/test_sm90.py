@@ -4,6 +4,8 @@ boundaries (192 / 128 query rows, 128 / 112 / 80 keys per step).
 Every other forward test runs on it too on an sm_90 GPU; scripts/gpu_check.sh runs the
 forward test files a second time with FLASHATTN2_FORCE_SM80=1 for the mma.sync kernels.
 """
+import os
+
 import pytest
 import torch
 from flashattn2 import _ext, flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
@@ -114,6 +116,30 @@ def test_tile_walks(monkeypatch, headdim, case, walk):
         check_kernel(q, k, v, causal=case == "causal",
                      window_size=(200, 50) if case == "window" else (-1, -1))
     assert _ext.last_fwd_arch == 90
+
+
+@pytest.mark.parametrize("case", ["causal", "window", "varlen"])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_default_walk_takes_the_counter_at_every_length(monkeypatch, headdim, case):
+    """By default, causal, windowed and varlen tiles come from the tile counter at any number
+    of keys and any head dim (with the next tile claimed late, the faster walk everywhere:
+    benchmarks/NOTES.md, fifteenth session), here 3000 keys, past the old rule's 2k."""
+    require_sm90(headdim)
+    if "FLASHATTN2_SM90_TILE_WALK" in os.environ:
+        pytest.skip("FLASHATTN2_SM90_TILE_WALK is set")
+    from flashattn2 import _launch
+    from test_sm90_fwd_protos import _Recorder
+
+    recorder = _Recorder(_launch._C)
+    monkeypatch.setattr(_launch, "_C", recorder)
+    if case == "varlen":
+        check_varlen([1000, 3000], [1200, 3000], headdim, causal=True)
+    else:
+        q, k, v = make_qkv(1, 3000, 3000, 4, 2, headdim, torch.bfloat16)
+        check_kernel(q, k, v, causal=case == "causal",
+                     window_size=(500, 0) if case == "window" else (-1, -1))
+    assert _ext.last_fwd_arch == 90
+    assert [bool(counter) for _, counter in recorder.calls] == [True]
 
 
 def test_tile_counter_is_kept_per_stream_and_left_zeroed(monkeypatch):
