@@ -19,6 +19,7 @@
 
 #include "common/flash.h"
 #include "flash_api.h"
+#include "sm90/fwd_config.h"
 
 namespace py = pybind11;
 
@@ -578,7 +579,9 @@ PYBIND11_MODULE(_C, m) {
         "forwards it supports unless allow_sm90 is false; flash_api.h kFwdKernelFp32Wg); "
         "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "
         "causal / windowed / varlen tiles (0: one CTA per such tile), zeroed again by the "
-        "launch's last claim, so one counter serves every launch of a stream; sm90_stage_o: the "
+        "launch's last claim, so one counter serves every launch of a stream (for a dense "
+        "forward with a stream-K workspace in o_accum, sm90_fwd_stream_k_floats, "
+        "SM90_FWD_COUNTER_INTS of them: its flags follow the counter); sm90_stage_o: the "
         "Hopper forward at d192 / d256 stages O in the last K / V stage (freeing the Q "
         "buffer after the tile's last S) for causal, windowed and varlen tiles too, not only "
         "for dense full attention (an A/B switch); sm90_narrow_step: the Hopper forward runs a "
@@ -745,6 +748,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("seqlen_q"), py::arg("dropout"), py::arg("kv_cache_layout"),
         "Whether fwd runs the Hopper kernels for such a forward on `device` (unless "
         "allow_sm90 is false).");
+  m.def("sm90_fwd_stream_k_floats", &flashattn2::sm90_fwd_stream_k_floats, py::arg("device"),
+        py::arg("batch"), py::arg("nheads"), py::arg("seqlen_q"), py::arg("seqlen_k"),
+        py::arg("headdim"),
+        "Floats of the float32 workspace a Hopper dense forward (no window, one split) of these "
+        "sizes takes for its stream-K tail, passed as o_accum with num_splits 1 and a "
+        "tile_counter of SM90_FWD_COUNTER_INTS zeroed int32; 0: it takes none.");
+  m.attr("SM90_FWD_COUNTER_INTS") = flashattn2::kSm90FwdCounterInts;
   m.attr("MAX_SPLITS") = flashattn2::kMaxSplits;
 
   m.def("bwd_max_head_dim", &flashattn2::bwd_max_head_dim,

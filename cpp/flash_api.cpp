@@ -269,6 +269,18 @@ bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool 
          sm90_fwd_supports(seqlen_q, dropout, kv_cache_layout);
 }
 
+int64_t sm90_fwd_stream_k_floats(int device, int batch, int nheads, int seqlen_q, int seqlen_k,
+                                 int headdim) {
+  if (!sm90_fwd_applies(device, headdim, seqlen_q, false, false)) return 0;
+  const int kd = kernel_head_dim(headdim);
+  const Sm90FwdTile tile = sm90_fwd_tile(kd);
+  const int64_t tiles = int64_t((seqlen_q + tile.block_m - 1) / tile.block_m) * nheads * batch;
+  const int grid = sm_count(device);
+  const int key_blocks = (seqlen_k + tile.block_n - 1) / tile.block_n;
+  return sm90_fwd_stream_k(tiles, grid, key_blocks).units ? sm90_fwd_stream_k_workspace(kd, grid)
+                                                          : 0;
+}
+
 namespace {
 
 // The float32 forward / backward (cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds): dense or

@@ -101,6 +101,13 @@ int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int 
 // (seqused_k, left padding, cache batch index, pages or appended keys).
 bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool kv_cache_layout);
 
+// The float32 workspace (in floats) of a Hopper forward's stream-K tail (sm90/fwd_config.h
+// sm90_fwd_stream_k): dense attention, no window, one split, on `device`; 0 where it takes
+// none. Passed as FwdParams::o_accum (num_splits 1) with tile_counter (kSm90FwdCounterInts
+// zeroed int32), the launch splits its last tiles' key blocks between CTAs.
+int64_t sm90_fwd_stream_k_floats(int device, int batch, int nheads, int seqlen_q, int seqlen_k,
+                                 int headdim);
+
 // Largest head dim the backward supports in this build (0 if none).
 int bwd_max_head_dim();
 

@@ -11,7 +11,8 @@ sq = 1, strided q/k/v views of one packed qkv tensor, softcap alone at d64 (its 
 kernel instance), head dims 192 and 256 (on sm_90: the Hopper kernels, as is every case of
 more than 64 query rows there; d256 dense in one split (forced: the heuristic splits these
 small grids): the staged-O instance and its barriers, with FA3's step order from 2048 keys,
-also with a warpgroup past seqlen_q); dense backwards of head
+also with a warpgroup past seqlen_q; grids a part of a wave past the SMs: the stream-K
+tail); dense backwards of head
 dims 128, 64 and 40 (on sm_90 the Hopper backward where built); then varlen (empty and
 single-token sequences) forward + backward, and KV-cache calls (contiguous and paged with
 16-row pages, appended tokens, split-KV merged in the decode kernel and by the combine
@@ -58,6 +59,11 @@ CASES = [
     (1, 130, 2049, 4, 1, 256, False, torch.float16, False, 0.0, 1),
     (1, 200, 1500, 8, 2, 256, False, torch.bfloat16, False, 0.0, 1),
     (1, 130, 1500, 4, 1, 256, False, torch.float16, False, 0.0, 1),
+    # Dense grids of more tiles than an H100's 132 SMs by part of a wave: the stream-K tail
+    # (fwd_config.h sm90_fwd_stream_k: split tiles merged through the float32 workspace and
+    # its flags): d128 201 tiles of 3 key blocks; d256 134 tiles of 26 (FA3's order).
+    (1, 300, 300, 67, 67, 128, False, torch.bfloat16, False, 0.0, 1),
+    (1, 130, 2049, 67, 67, 256, False, torch.float16, False, 0.0, 1),
     # Head dims 1-16: the d16 kernels where built (FLASHATTN2_HEAD_DIMS with 16), else d32.
     (2, 113, 17, 6, 2, 16, True, torch.float16, False),
     (1, 200, 333, 4, 1, 8, False, torch.bfloat16, False),

@@ -100,7 +100,9 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // num_splits + split). Each writes its normalised partial O and LSE, float32, to
   //   o_accum  [num_splits, batch, nheads, seqlen_q, headdim]
   //   lse_accum[num_splits, batch, nheads, seqlen_q]          (-inf: the split saw no key)
-  // and combine_kernel (combine_kernel.cuh) merges them into o and lse.
+  // and combine_kernel (combine_kernel.cuh) merges them into o and lse. With num_splits 1,
+  // o_accum may hold the Hopper dense forward's stream-K workspace instead
+  // (sm90_fwd_stream_k_floats in flash_api.h; null: none).
   int num_splits;
   float* o_accum;
   float* lse_accum;
@@ -118,7 +120,9 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   uint32_t dropout_threshold;  // drop iff the element's Philox word < this; 0: no dropout
   float dropout_scale;         // 1 / (1 - dropout_p)
   // Hopper forward (cpp/sm90): a zeroed int32 the persistent CTAs take causal / windowed /
-  // varlen tiles from (null: one CTA per such tile); the launch leaves it zeroed again.
+  // varlen tiles from (null: one CTA per such tile); the launch leaves it zeroed again. With a
+  // stream-K workspace (o_accum, num_splits 1), kSm90FwdCounterInts of them: the stream-K
+  // flags follow the counter, also left zeroed.
   int* tile_counter = nullptr;
   // Decode kernel: its K / V copies ask L2 to fetch each head's whole row segment (128 or
   // 256 bytes) at once (ptx.cuh cp_async_16_prefetch); false: plain 16-byte copies.

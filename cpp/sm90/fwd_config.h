@@ -76,6 +76,38 @@ constexpr int sm90_fwd_smem_bytes(int head_dim) {
 // session). With the claim at the tile's start instead, the counter had lost 5-15 % on long
 // causal tiles (d128 s16k 570 vs 624 TFLOP/s). d192 is not measured (d256's structure).
 
+// Stream-K for tiles of equal work (dense attention without a window, one split): with a
+// static stride the last wave keeps only tiles % grid of the grid's CTAs busy (2048 d128 tiles
+// on 132 SMs: 15.5 waves of work in the time of 16; H100 bf16 d128 full 512, 2112 tiles = 16
+// whole waves measured 1.8 % more TFLOP/s than 2048, cuDNN's unchanged). So the last
+// grid + tiles % grid tiles are cut into their key blocks (units) and shared out evenly: CTA c
+// takes units [c U / grid, (c + 1) U / grid) of the U from tile `first` on, at least a whole
+// tile's worth each, so a tile is split between at most two CTAs, at boundary c (its slot,
+// 1..grid - 1). Its two pieces meet in a float32 workspace (fwd_kernel.cuh): the first to
+// finish leaves its O accumulators and softmax state there, the second merges them and
+// stores the tile. `units` 0: the static stride throughout.
+struct Sm90StreamK {
+  int first;  // the region's first tile (the tiles before it take the static stride)
+  int units;  // its key blocks: (tiles - first) x key blocks per tile
+};
+constexpr int kSm90StreamKMaxGrid = 1024;  // slots of the flags (kSm90FwdCounterInts)
+constexpr Sm90StreamK sm90_fwd_stream_k(int64_t tiles, int grid, int key_blocks) {
+  if (tiles <= grid || tiles % grid == 0 || key_blocks < 2 || grid > kSm90StreamKMaxGrid)
+    return {0, 0};
+  const int64_t first = (tiles / grid - 1) * grid;
+  const int64_t units = (tiles - first) * key_blocks;
+  return units * grid < (int64_t(1) << 31) ? Sm90StreamK{int(first), int(units)}
+                                           : Sm90StreamK{0, 0};
+}
+// The workspace: per slot and consumer warpgroup, 128 threads x (d / 8 + 1) float4 (O's
+// accumulators, then row max and sum); and the int32 the host keeps per stream (the tile
+// counter, then one flag per slot and consumer warpgroup, zero between launches).
+constexpr int64_t sm90_fwd_stream_k_workspace(int kernel_head_dim, int grid) {
+  return int64_t(grid) * (sm90_fwd_tile(kernel_head_dim).block_m / 64) * 128 * 4 *
+         (kernel_head_dim / 8 + 1);
+}
+constexpr int kSm90FwdCounterInts = 1 + 3 * kSm90StreamKMaxGrid;
+
 // FA3's step order for d > 128 (fwd_kernel.cuh FwdTraits kOrder_ 3: the consumers issue their
 // MMAs without the ping-pong turn, and a step rescales O right after issuing its S, before its
 // P V), taken for plain dense full attention in one split (fwd_launch.cuh) at kernel head dim

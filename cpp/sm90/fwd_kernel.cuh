@@ -213,7 +213,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // warpgroup 1 arrives at kBarStageO after its last S, warpgroup 0 waits there in the
       // epilogue, then arrives at kBarStageO + 1, where warpgroup 1 waits (after its last
       // P V). In that order a warpgroup never arrives twice before the other's wait.
-      const bool hold = kStageO && p.num_splits == 1 && w.n_block_max > w.n_block_min;
+      // Stream-K (FwdArgs::sk_units): a piece of a tile split between two CTAs, at CTA
+      // boundary `piece` (0: the whole tile; the epilogue merges the pieces).
+      const int piece = p.num_splits == 1 ? w.split : 0;
+      const bool hold = kStageO && p.num_splits == 1 && !piece && w.n_block_max > w.n_block_min;
       const int seqlen_q = w.seq.seqlen_q, seqlen_k = w.seq.seqlen_k;
       const int offset = seqlen_k - seqlen_q;
       const int row0_pos = w.m_block * kBlockM + lane_row;  // query position of row r = 0
@@ -433,8 +436,61 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       }
 
       // ---- epilogue ----
+      // Stream-K: the first of a split tile's two pieces (per warpgroup, by a ticket) leaves
+      // its O accumulators and softmax state in the tile's slot of the workspace and is done;
+      // the second waits until they are in (they are: the first took its ticket after its
+      // last step), folds them into its own and stores the tile. Neither ever waits for a
+      // CTA that has not run: the waiter holds the second ticket. The flag goes back to 0.
+      constexpr int kVecs = kHeadDim / 8;  // (stream-K: float4 of O per thread, then the state)
+      const int tid_wg = tid % 128;
+      int* const flag = args.sk_flags + piece * kMaxConsumers + consumer;
+      float4* const part = reinterpret_cast<float4*>(args.sk_partial) +
+                           (int64_t(piece) * kConsumers + consumer) * 128 * (kVecs + 1) + tid_wg;
+      bool leave = false;  // (the first piece: its state goes to the workspace, below)
+      if (piece) {
+        int ticket = 0;
+        if (tid_wg == 0) ticket = atomicAdd(flag, 1);
+        // (Broadcast from lane 0 so that ptxas sees `leave` warp-uniform: a branch it must
+        // treat as divergent moved the loop's uniform registers into ordinary ones, which
+        // spilled at d64 / d256.)
+        leave = __shfl_sync(0xffffffffu, int(!named_sync_or(kBarEpilogue + consumer, 128,
+                                                             ticket != 0)), 0) != 0;
+        if (!leave) {
+          if (tid_wg == 0) {
+            while (!(ptx::ld_acquire(flag) & 4)) __nanosleep(32);
+            *flag = 0;  // (both tickets and the release are in)
+          }
+          named_sync(kBarEpilogue + consumer, 128);
+          const float4 state = __ldcg(part + 128 * kVecs);
+          float scale_a[2], scale_b[2];
+          const bool tail = int(blockIdx.x) == piece;  // (the head piece is CTA piece - 1's)
+          softmax.merge({state.x, state.y}, {state.z, state.w}, tail, scale_a, scale_b);
+#pragma unroll
+          for (int i = 0; i < kVecs; ++i) {
+            const float4 o = __ldcg(part + 128 * i);
+            const float other[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              acc_o[4 * i + e] = FwdSoftmax<kBlockN, kMods, kBias>::combine(
+                  acc_o[4 * i + e], scale_a[e >> 1], other[e], scale_b[e >> 1], tail);
+          }
+        }
+      }
       float inv[2], lse[2];
       softmax.finish(inv, lse, p.num_splits > 1 ? -INFINITY : INFINITY);
+      if (leave) {
+#pragma unroll
+        for (int i = 0; i < kVecs; ++i)
+          part[128 * i] = make_float4(acc_o[4 * i], acc_o[4 * i + 1], acc_o[4 * i + 2],
+                                      acc_o[4 * i + 3]);
+        part[128 * kVecs] = make_float4(softmax.row_max[0], softmax.row_max[1],
+                                        softmax.row_sum[0], softmax.row_sum[1]);
+        __threadfence();
+        named_sync(kBarEpilogue + consumer, 128);
+        if (tid_wg == 0) ptx::red_release_add(flag, 4);
+        release(sm.q_empty(qb));  // (O not staged)
+        continue;
+      }
       if (p.num_splits > 1) {
         // Split-KV: this split's O (normalised by its own sum) and LSE, float32, straight
         // from the accumulators into o_accum / lse_accum [split, batch, head, row].

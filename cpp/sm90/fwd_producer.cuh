@@ -30,7 +30,18 @@ __device__ __forceinline__ void produce_tiles(const FwdArgs& args, const Smem& s
   tma_prefetch(&args.v);
   const int group = p.nheads / p.nheads_k;
   int j = 0, t = 0;  // key steps and tiles of this CTA so far
-  // The walk: tile blockIdx.x first, then the next of a static stride (grid) or of the
+  // Stream-K (args.sk_units > 0, a static walk): from tile sk_first on, this CTA's share of
+  // the units [u, u_end), whole tiles and at most a piece at each end (fwd_config.h), kept in
+  // shared memory (sm.sk_cursor()) rather than in two of the producer's 24 registers.
+  if (args.sk_units > 0) {
+    // (units x grid < 2^31: fwd_config.h)
+    const int u = int(blockIdx.x) * args.sk_units / int(gridDim.x);
+    const int u_end = (int(blockIdx.x) + 1) * args.sk_units / int(gridDim.x);
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(sm.sk_cursor()), "r"(u), "r"(u_end)
+                 : "memory");
+  }
+  // The walk: tile blockIdx.x first, then the next of a static stride (grid; with a stream-K
+  // tail, this CTA's pieces from sk_first on) or of the
   // shared counter (dynamic: whichever CTA is free takes it); each index is published
   // to the consumers, the past-the-end one too (they stop on it). The next tile is claimed
   // once this one's loads are issued (kStages steps before its end: the next Q still loads
@@ -49,13 +60,31 @@ __device__ __forceinline__ void produce_tiles(const FwdArgs& args, const Smem& s
         tile += int(gridDim.x);
       }
     }
+    const bool stream_k = args.sk_units > 0 && tile >= args.sk_first;
+    if (stream_k) {  // (the tile of this CTA's next unit, or the end)
+      int u, u_end;
+      asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(u), "=r"(u_end)
+                   : "r"(sm.sk_cursor()) : "memory");
+      tile = u < u_end ? args.sk_first + u / args.sk_blocks : args.tiles;
+    }
     mbar_wait(sm.tile_empty(walk), ((walk >> 1) & 1) ^ 1);
     if (tile >= args.tiles) {
       Work::template store<0>(sm.pub_slot(walk), -1);  // (the end)
       mbar_arrive(sm.tile_full(walk));
       break;
     }
-    const Work w(args, tile, sm.pub_slot(walk));
+    Work w(args, tile, sm.pub_slot(walk));
+    if (stream_k) {  // (its units of the tile, from the cursor again: fewer live registers)
+      int u, u_end;
+      asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(u), "=r"(u_end)
+                   : "r"(sm.sk_cursor()) : "memory");
+      const int blocks = args.sk_blocks;
+      const int k_lo = u - (tile - args.sk_first) * blocks;
+      const int k_hi = min(blocks, k_lo + u_end - u);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.sk_cursor()), "r"(u + k_hi - k_lo)
+                   : "memory");
+      w.take_units(k_lo, k_hi, blocks, sm.pub_slot(walk));
+    }
     mbar_arrive(sm.tile_full(walk));
     if (w.empty()) continue;
     // Dense tensors are 4-D (d, rows, heads, batch); varlen ones have one batch entry

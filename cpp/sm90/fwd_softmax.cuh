@@ -173,6 +173,28 @@ struct FwdSoftmax {
       for (int i = 0; i < 4; ++i) p[kk][i] = ptx::pack2<Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
   }
 
+  // Stream-K: folds another piece's state of the same rows (its row max and this thread's
+  // partial sums) into this one; returns the factors of this piece's O and of the other's.
+  // `tail`: this piece holds the tile's first key blocks (the other its last ones); each
+  // sum is head x its factor + tail x its factor in one order (combine()), so the result is
+  // the same whichever piece merges.
+  __device__ __forceinline__ void merge(const float (&max_b)[2], const float (&sum_b)[2],
+                                        bool tail, float (&scale_a)[2], float (&scale_b)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m = fmaxf(row_max[r], max_b[r]);
+      const float max_scaled = m == -INFINITY ? 0.f : m * scale_log2;  // (as online())
+      scale_a[r] = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
+      scale_b[r] = ptx::exp2_approx(max_b[r] * scale_log2 - max_scaled);
+      row_sum[r] = combine(row_sum[r], scale_a[r], sum_b[r], scale_b[r], tail);
+      row_max[r] = m;
+    }
+  }
+  // a x + b y, as fma(head, its factor, tail x its factor): (a, x) is the tail's if `tail`.
+  __device__ __forceinline__ static float combine(float a, float x, float b, float y, bool tail) {
+    return tail ? fmaf(b, y, a * x) : fmaf(a, x, b * y);
+  }
+
   // Row sums over the quad; 1 / sum (0 for a row that saw no key) and the LSE (+inf for
   // such a row, or `empty_lse` for a split that saw none of its keys).
   __device__ __forceinline__ void finish(float (&inv)[2], float (&lse)[2], float empty_lse) {

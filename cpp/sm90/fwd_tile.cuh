@@ -65,14 +65,18 @@ struct FwdTraits {
 };
 
 // The kernel's arguments: TMA maps of q, k, v, o (tma_map.h), the forward params, and the
-// tiles: m_blocks per (head, batch, split), their count, and the counter of a dynamic walk
-// (null: static).
+// tiles: m_blocks per (head, batch, split), their count, the counter of a dynamic walk
+// (null: static), and a static walk's stream-K tail (fwd_config.h sm90_fwd_stream_k; units 0:
+// none): its first tile, units, key blocks per tile, workspace and flags.
 struct FwdArgs {
   CUtensorMap q, k, v, o;
   FwdParams p;
   int m_blocks;
   int tiles;
   int* tile_counter;
+  int sk_first, sk_units, sk_blocks;
+  float* sk_partial;
+  int* sk_flags;
 };
 
 // Named barriers (0 is __syncthreads): the consumers' MMA turn (1 + c), each consumer's
@@ -126,7 +130,8 @@ struct FwdSmem {
   }
   // The tile walk: the producer writes each tile's work to slot t % 2 (tile_full), the
   // consumers read it (tile_empty). The 8 bytes at bars + 8 (6 + 4 kStages), where the tile
-  // index went before, are unused: nothing after them moved.
+  // index went before, hold the producer's stream-K cursor (its next unit and its end:
+  // fwd_producer.cuh), off its 24 registers.
   __device__ __forceinline__ uint32_t tile_full(int t) const {
     return bars + 8 * (2 + 4 * kStages + (t & 1));
   }
@@ -134,6 +139,7 @@ struct FwdSmem {
     return bars + 8 * (4 + 4 * kStages + (t & 1));
   }
   __device__ __forceinline__ uint32_t pub_slot(int t) const { return pub + 32 * (t & 1); }
+  __device__ __forceinline__ uint32_t sk_cursor() const { return bars + 8 * (6 + 4 * kStages); }
 
   // The arrival counts: one TMA arrival (with its bytes) for a full barrier, one per consumer
   // warp for an empty one.
@@ -194,6 +200,19 @@ struct FwdTileWork {
     n_block_min = blocks.min;
     n_block_max = blocks.max;
   }
+  // Stream-K (the producer's): only units [k_lo, k_hi) of the tile's key blocks, in the walk's
+  // order (unit 0 is the last block), republished with the piece's slot in the split word
+  // (num_splits is 1): 0 for the whole tile, else the CTA boundary that splits it (the
+  // consumers' `piece`, fwd_kernel.cuh).
+  __device__ __forceinline__ void take_units(int k_lo, int k_hi, int blocks, uint32_t slot) {
+    const int piece = k_lo > 0 ? int(blockIdx.x) : k_hi < blocks ? int(blockIdx.x) + 1 : 0;
+    split = piece;
+    n_block_min = n_block_max - k_hi;
+    n_block_max -= k_lo;
+    store<2>(slot, batch | piece << 16);
+    store<3>(slot, n_block_min);
+    store<7>(slot, n_block_max);
+  }
   // Varlen: the grid covers the longest sequence; shorter ones skip their extra m blocks.
   __device__ __forceinline__ bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
   // The consumers read the work the producer decoded from the tile's 32-byte slot (two
@@ -201,7 +220,8 @@ struct FwdTileWork {
   // key block arithmetic) between one tile's last P V and the next one's first S: H100 bf16,
   // +2-6 % at d64 s512-1k, +1.6-3.3 % at d128 s512 and causal 1k (benchmarks/NOTES.md,
   // twelfth session). Words:
-  // m_block, head, batch | split << 16 (batch * num_splits <= 65535: flash_api.cpp),
+  // m_block, head, batch | split << 16 (batch * num_splits <= 65535: flash_api.cpp; with one
+  // split, the stream-K piece instead: take_units),
   // n_block_min, seqlen_q, seqlen_k, q_row0, n_block_max; m_block -1 ends the walk. The
   // consumers get no seq.k_row0 (0) and kv_batch (batch): the producer's loads use them.
   template <int kWord>

@@ -34,6 +34,16 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// bar.red.or.pred id, n: bar.sync that also returns whether `cond` held in any of the n
+// threads.
+__device__ __forceinline__ bool named_sync_or(int id, int threads, bool cond) {
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred c, a;\n setp.ne.u32 c, %1, 0;\n"
+      " bar.red.or.pred a, %2, %3, c;\n selp.u32 %0, 1, 0, a;\n}\n"
+      : "=r"(any) : "r"(uint32_t(cond)), "r"(id), "r"(threads) : "memory");
+  return any != 0;
+}
 
 // fence.proxy.async.shared::cta: this thread's ordinary shared-memory stores become visible
 // to the async proxy (TMA, wgmma) after the next barrier.

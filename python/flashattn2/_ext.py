@@ -90,6 +90,12 @@ SM90_NARROW_STEP = _env_flag("FLASHATTN2_SM90_NARROW_STEP", "1")
 # keys 1.02x, so shorter keys keep the old order). FLASHATTN2_SM90_FA3_ORDER=0 at import, or
 # the sm90_fa3_order(False) context manager, never takes it (for A/B comparisons).
 SM90_FA3_ORDER = _env_flag("FLASHATTN2_SM90_FA3_ORDER", "1")
+# The Hopper forward of dense attention without a window, in one split, whose tiles overrun
+# the SMs by part of a wave: the last waves' key blocks are shared out evenly between the
+# persistent CTAs (stream-K; a tile split between two CTAs is merged through a float32
+# workspace: cpp/sm90/fwd_config.h sm90_fwd_stream_k). FLASHATTN2_SM90_STREAM_K=0 at import,
+# or the sm90_stream_k(False) context manager, keeps the static walk (for A/B comparisons).
+SM90_STREAM_K = _env_flag("FLASHATTN2_SM90_STREAM_K", "1")
 # The generation of the kernel the last forward launch ran: 90 or 80 (None before any).
 last_fwd_arch = None
 # Which forward kernel the last launch ran: "sm90" (cpp/sm90), "sm80" (the mma.sync kernels)
@@ -270,6 +276,9 @@ sm90_narrow_step = _switch("SM90_NARROW_STEP", "Inside the block, Hopper forward
 sm90_fa3_order = _switch("SM90_FA3_ORDER", "Inside the block, Hopper forwards of plain dense "
                         "full attention at kernel head dim 256 from 2048 keys take FA3's step "
                         "order (enabled, the default), or never do.")
+sm90_stream_k = _switch("SM90_STREAM_K", "Inside the block, Hopper dense forwards (no window, "
+                        "one split) share their last waves' key blocks between the CTAs "
+                        "(enabled, the default), or walk whole tiles only.")
 sm90_dbias = _switch("SM90_DBIAS", "Inside the block, a bias's gradient may run the Hopper "
                      "backward where it supports it (enabled, the default), or always the "
                      "mma.sync one.")

@@ -147,6 +147,15 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
                                                  seqlen_k, headdim, device, False,
                                                  _ext.DECODE_KERNEL and not varlen_q)
     o_accum = lse_accum = 0
+    if sm90 and num_splits == 1 and not layout and window_left < 0 and window_right < 0 and (
+            _ext.SM90_STREAM_K):
+        # A dense forward whose tiles overrun the SMs by part of a wave: its stream-K tail's
+        # float32 workspace (no need to zero it), and the flags after the tile counter.
+        floats = _C.sm90_fwd_stream_k_floats(device, batch, nheads, seqlen_q, seqlen_k, headdim)
+        if floats:
+            workspace = torch.empty(floats, dtype=_FP32, device=q.device)
+            o_accum = workspace.data_ptr()
+            tile_counter = _tile_counter(q.device)
     if num_splits > 1:
         # o_accum (rows x headdim) then lse_accum (rows) in one float32 buffer; lse_accum
         # stays 16-byte aligned (headdim is a multiple of 8 here).
@@ -179,19 +188,21 @@ _TILE_COUNTERS = {}  # (device index, raw stream) -> the Hopper forward's tile c
 
 
 def _tile_counter(device):
-    """The zeroed int32 the Hopper forward's persistent CTAs take tiles from. The kernel's last
-    claim zeroes it again (cpp/sm90/fwd_producer.cuh), so one counter per (device, stream)
+    """The zeroed int32 the Hopper forward's persistent CTAs take tiles from, followed by its
+    stream-K flags. The kernel's last claim zeroes it again (cpp/sm90/fwd_producer.cuh), and
+    the second piece of each split tile its flag, so one counter per (device, stream)
     serves every launch on that stream, in stream order, instead of a fresh ``torch.zeros``
     (an allocation and a fill kernel) before each launch. While a CUDA graph is captured, a
     fresh one: the graph owns it and zeroes it at each replay."""
     with torch.cuda.device(device):  # (capture is a property of this device's stream)
         capturing = torch.cuda.is_current_stream_capturing()
+    ints = _C.SM90_FWD_COUNTER_INTS  # (the counter, then the stream-K flags, also left zero)
     if capturing:
-        return torch.zeros(1, dtype=torch.int32, device=device)
+        return torch.zeros(ints, dtype=torch.int32, device=device)
     key = (device.index, _ext.current_stream(device.index))
     counter = _TILE_COUNTERS.get(key)
     if counter is None:
-        counter = _TILE_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+        counter = _TILE_COUNTERS[key] = torch.zeros(ints, dtype=torch.int32, device=device)
     return counter
 
 
