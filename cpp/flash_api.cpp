@@ -277,7 +277,7 @@ int64_t sm90_fwd_stream_k_floats(int device, int batch, int nheads, int seqlen_q
   const int64_t tiles = int64_t((seqlen_q + tile.block_m - 1) / tile.block_m) * nheads * batch;
   const int grid = sm_count(device);
   const int key_blocks = (seqlen_k + tile.block_n - 1) / tile.block_n;
-  return sm90_fwd_stream_k(tiles, grid, key_blocks).units ? sm90_fwd_stream_k_workspace(kd, grid)
+  return sm90_fwd_stream_k(kd, tiles, grid, key_blocks).units ? sm90_fwd_stream_k_workspace(kd, grid)
                                                           : 0;
 }
 

@@ -61,9 +61,9 @@ CASES = [
     (1, 130, 1500, 4, 1, 256, False, torch.float16, False, 0.0, 1),
     # Dense grids of more tiles than an H100's 132 SMs by part of a wave: the stream-K tail
     # (fwd_config.h sm90_fwd_stream_k: split tiles merged through the float32 workspace and
-    # its flags): d128 201 tiles of 3 key blocks; d256 134 tiles of 26 (FA3's order).
-    (1, 300, 300, 67, 67, 128, False, torch.bfloat16, False, 0.0, 1),
-    (1, 130, 2049, 67, 67, 256, False, torch.float16, False, 0.0, 1),
+    # its flags): d128 201 tiles of 17 key blocks (a key tail); d64 134 tiles of 16.
+    (1, 300, 2049, 67, 67, 128, False, torch.bfloat16, False, 0.0, 1),
+    (1, 200, 2048, 67, 67, 64, False, torch.float16, False, 0.0, 1),
     # Head dims 1-16: the d16 kernels where built (FLASHATTN2_HEAD_DIMS with 16), else d32.
     (2, 113, 17, 6, 2, 16, True, torch.float16, False),
     (1, 200, 333, 4, 1, 8, False, torch.bfloat16, False),

@@ -5,12 +5,12 @@ through a float32 workspace: the first of its pieces to finish leaves its O accu
 softmax state there, the second folds them in and stores the tile (cpp/sm90/fwd_kernel.cuh).
 
 GPU tests, on shapes sized to this GPU's SM count (one wave and a bit, two and a half): results
-against the float32 reference under test_fwd.py's rule (out and lse NaN-poisoned) at every
-kernel head dim (d256 in both step orders; a padded head dim), with query tails (a warpgroup
-with no row), key tails, two key blocks (the fewest it splits), cross attention, GQA, softcap
-and ALiBi; the same bits on every run and with the pieces' roles swapped by timing; the flags
+against the float32 reference under test_fwd.py's rule (out and lse NaN-poisoned) at kernel head
+dims 64 and 128 (a padded head dim too), with query tails (a warpgroup with no row), key tails,
+16 key blocks (the fewest it takes), cross attention, GQA, softcap and ALiBi; the same bits on every run and with the pieces' roles swapped by timing; the flags
 left zero for the next launch; a CUDA graph replayed; and the switch, which keeps the static
-walk. Without the tail, or for causal / windowed / split forwards, no workspace is asked for.
+walk. Without a part-wave tail, under 16 key blocks, or at d192 / d256, no workspace is asked
+for.
 """
 import math
 
@@ -19,7 +19,7 @@ import torch
 from flashattn2 import _ext, _launch, flash_attn_func
 from reference import attention_ref
 from test_fwd import ATOL, check_output, dtype_id, make_qkv, run_kernel
-from test_sm90 import require_sm90
+from test_sm90 import SM90_HEAD_DIMS, require_sm90
 
 pytestmark = pytest.mark.gpu
 _C = _ext._C
@@ -64,12 +64,12 @@ def _flags_zero():
     return all(not counter.any() for counter in _launch._TILE_COUNTERS.values())
 
 
-# (seqlen_q, seqlen_k, nheads, nheads_k, headdim): every kernel head dim; d256 from 2048 keys
-# takes FA3's step order, below it the staged O; 320 rows leave warpgroup 1 of the last 128-row
-# tile without a row; 200 keys are two 128-key blocks; d80 is padded to the d128 kernel.
-CASES = [(1000, 1000, 6, 2, 128), (320, 777, 4, 4, 128), (1000, 200, 4, 1, 128),
-         (500, 700, 8, 8, 64), (257, 500, 4, 2, 192), (300, 1000, 4, 1, 256),
-         (300, 2049, 4, 2, 256), (1000, 333, 4, 4, 80)]  # fmt: skip
+# (seqlen_q, seqlen_k, nheads, nheads_k, headdim): kernel head dims 64 and 128 (d192 / d256 take
+# no tail: sm90_fwd_stream_k), from 16 key blocks of 128 (2048 keys) on; 320 rows leave
+# warpgroup 1 of the last 128-row tile without a row; key tails; d80 is padded to the d128
+# kernel.
+CASES = [(1000, 2048, 6, 2, 128), (320, 2100, 4, 4, 128), (500, 2048, 8, 8, 64),
+         (300, 2500, 4, 1, 80)]  # fmt: skip
 
 
 @pytest.mark.parametrize("waves", [1.3, 2.5])
@@ -87,7 +87,7 @@ def test_matches_reference(dtype, case, waves):
 
 @pytest.mark.parametrize("mods", ["softcap", "alibi"])
 def test_score_mods(mods):
-    q, k, v = _make(1.5, 600, 900, 8, 2, 128, torch.bfloat16)
+    q, k, v = _make(1.5, 600, 2048, 8, 2, 128, torch.bfloat16)
     kwargs = {"softcap": 15.0} if mods == "softcap" else {
         "alibi_slopes": torch.rand(q.shape[2], device="cuda") * 0.3}
     out = flash_attn_func(q, k, v, **kwargs)
@@ -102,7 +102,7 @@ def test_score_mods(mods):
 def test_same_bits_whichever_piece_merges():
     """The pieces' merge is symmetric (both products rounded, then one add), so the result does
     not depend on which piece finishes first; a busy stream beside it shifts the timing."""
-    q, k, v = _make(1.3, 1000, 1000, 4, 4, 128, torch.bfloat16)
+    q, k, v = _make(1.3, 1000, 2048, 4, 4, 128, torch.bfloat16)
     first = run_kernel(q, k, v)
     side = torch.cuda.Stream()
     big = torch.randn(4096, 4096, device="cuda")
@@ -115,7 +115,7 @@ def test_same_bits_whichever_piece_merges():
 
 
 def test_cuda_graph():
-    q, k, v = _make(2.5, 1000, 1000, 4, 2, 128, torch.float16)
+    q, k, v = _make(2.5, 1000, 2048, 4, 2, 128, torch.float16)
     eager = flash_attn_func(q, k, v)
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
@@ -134,7 +134,7 @@ def test_cuda_graph():
 
 
 def test_switch_keeps_the_static_walk():
-    q, k, v = _make(1.3, 1000, 1000, 4, 4, 128, torch.bfloat16)
+    q, k, v = _make(1.3, 1000, 2048, 4, 4, 128, torch.bfloat16)
     calls = []
     real = _launch._C
 
@@ -163,12 +163,15 @@ def test_workspace_only_for_the_tail():
     require_sm90(128)
     sms = _sms()
     dev = torch.cuda.current_device()
-    # (batch, nheads, seqlen_q, seqlen_k): tiles of 128 rows at d128
-    assert _C.sm90_fwd_stream_k_floats(dev, 1, sms, 128, 1024, 128) == 0  # one whole wave
-    assert _C.sm90_fwd_stream_k_floats(dev, 1, sms - 1, 128, 1024, 128) == 0  # under one
-    assert _C.sm90_fwd_stream_k_floats(dev, 2, sms, 128, 1024, 128) == 0  # two whole waves
-    assert _C.sm90_fwd_stream_k_floats(dev, 1, sms + 1, 128, 128, 128) == 0  # one key block
-    assert _C.sm90_fwd_stream_k_floats(dev, 1, sms + 1, 64, 64, 128) == 0  # decoding-sized
-    floats = _C.sm90_fwd_stream_k_floats(dev, 1, sms + 1, 128, 1024, 128)
+    # (batch, nheads, seqlen_q, seqlen_k, headdim): tiles of 128 rows at d128
+    assert _C.sm90_fwd_stream_k_floats(dev, 1, sms, 128, 4096, 128) == 0  # one whole wave
+    assert _C.sm90_fwd_stream_k_floats(dev, 1, sms - 1, 128, 4096, 128) == 0  # under one
+    assert _C.sm90_fwd_stream_k_floats(dev, 2, sms, 128, 4096, 128) == 0  # two whole waves
+    assert _C.sm90_fwd_stream_k_floats(dev, 1, sms + 1, 128, 1920, 128) == 0  # 15 key blocks
+    assert _C.sm90_fwd_stream_k_floats(dev, 1, sms + 1, 64, 4096, 128) == 0  # decoding-sized
+    for headdim in (192, 256):  # (one Q buffer: pieces cost more than they win)
+        if _ext.KERNEL_HEAD_DIM[headdim] in SM90_HEAD_DIMS:
+            assert _C.sm90_fwd_stream_k_floats(dev, 1, sms + 1, 128, 16384, headdim) == 0
+    floats = _C.sm90_fwd_stream_k_floats(dev, 1, sms + 1, 128, 2048, 128)
     # per slot (one per SM) and consumer warpgroup: 128 threads x (d / 8 + 1) float4
     assert floats == sms * 2 * 128 * 4 * (128 // 8 + 1)

@@ -86,13 +86,24 @@ constexpr int sm90_fwd_smem_bytes(int head_dim) {
 // 1..grid - 1). Its two pieces meet in a float32 workspace (fwd_kernel.cuh): the first to
 // finish leaves its O accumulators and softmax state there, the second merges them and
 // stores the tile. `units` 0: the static stride throughout.
+// Each piece costs what a tile start and end cost (the first S and softmax with nothing under
+// them, the last P V, the epilogue) plus the hand-over (a ticket, 64-128 KiB written or read
+// per warpgroup), and a CTA of the region runs 2-3 pieces where it ran 1-2 tiles, so the tail
+// pays only with long tiles and cheap tile starts. H100, bf16 / fp16, full attention, stream-K
+// over the static stride, best of two rounds (benchmarks/NOTES.md, sixteenth session): d64
+// 512-1k +-1 %, 2k-16k +0.3 to +3.1 %; d128 512 -2 to -3 %, 1k -1 to 0 %, 2k-16k -0.3 to
+// +2.2 %; d256 (one Q buffer: a piece loses the staged O, its next Q waits for its epilogue)
+// 512 -11 %, 1k -6 %, 2k-4k -3 %, 8k-16k 0 to +1.4 %. So kernel head dims up to 128, from 16
+// key blocks (2048 keys).
 struct Sm90StreamK {
   int first;  // the region's first tile (the tiles before it take the static stride)
   int units;  // its key blocks: (tiles - first) x key blocks per tile
 };
 constexpr int kSm90StreamKMaxGrid = 1024;  // slots of the flags (kSm90FwdCounterInts)
-constexpr Sm90StreamK sm90_fwd_stream_k(int64_t tiles, int grid, int key_blocks) {
-  if (tiles <= grid || tiles % grid == 0 || key_blocks < 2 || grid > kSm90StreamKMaxGrid)
+constexpr Sm90StreamK sm90_fwd_stream_k(int kernel_head_dim, int64_t tiles, int grid,
+                                        int key_blocks) {
+  if (kernel_head_dim > 128 || key_blocks < 16 || tiles <= grid || tiles % grid == 0 ||
+      grid > kSm90StreamKMaxGrid)
     return {0, 0};
   const int64_t first = (tiles / grid - 1) * grid;
   const int64_t units = (tiles - first) * key_blocks;

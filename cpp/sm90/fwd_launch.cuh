@@ -48,13 +48,13 @@ bool run_fwd_sm90_order(const FwdParams& p, int num_sms, cudaStream_t stream) {
   const dim3 grid(unsigned(persistent ? std::min<int64_t>(tiles, num_sms) : tiles));
   // Equal tiles in one split with a workspace (o_accum) and flags (after tile_counter): the
   // last waves' key blocks shared out evenly (fwd_config.h sm90_fwd_stream_k).
+  args.sk_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   const Sm90StreamK stream_k =
       equal_tiles && p.num_splits == 1 && p.o_accum && p.tile_counter
-          ? sm90_fwd_stream_k(tiles, num_sms, (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN)
+          ? sm90_fwd_stream_k(kHeadDim, tiles, num_sms, args.sk_blocks)
           : Sm90StreamK{0, 0};
   args.sk_first = stream_k.first;
   args.sk_units = stream_k.units;
-  args.sk_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   args.sk_partial = stream_k.units ? p.o_accum : nullptr;
   args.sk_flags = stream_k.units ? p.tile_counter + 1 : nullptr;
   auto launch = [&](auto mods, auto bias, auto bias_smem, auto stage_o, auto narrow_step) {
