@@ -151,7 +151,8 @@ for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
         skip_step "$tool" "compute-sanitizer not found"
     else
         # shellcheck disable=SC2086
-        run_step "$tool" 2 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" --tool "$tool" \
+        run_step "$tool" 2 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 FLASHATTN2_SANITIZE_TOOL="$tool" \
+            "$SANITIZER" --tool "$tool" \
             --error-exitcode 1 ${SANITIZER_ARGS:-} "$PYTHON" scripts/sanitize_subset.py
     fi
 done

@@ -28,12 +28,24 @@ allocator hands out pieces of big segments and a read past a tensor's end stays 
 a valid allocation, invisible to memcheck (scripts/gpu_check.sh sets it).
 """
 import math
+import os
 import sys
 
 import torch
 
 import flashattn2
 from flashattn2 import _launch
+
+# Cases whose persistent CTAs walk two or more tiles, so that the producer rewrites a slot of
+# published tile work (fwd_tile.cuh, a ring of two) once the consumers' tile_empty arrivals say
+# they read it. racecheck does not see mbarrier ordering and reports each rewrite as a
+# shared-memory hazard, so under racecheck (FLASHATTN2_SANITIZE_TOOL, set by gpu_check.sh) these
+# run under memcheck and synccheck only; test_sm90_stream_k.py and test_sm90.py's tile counter
+# tests check their results on the GPU (benchmarks/NOTES.md, sixteenth session).
+MULTI_TILE = [
+    (1, 300, 2049, 67, 67, 128, False, torch.bfloat16, False, 0.0, 1),
+    (1, 200, 2048, 67, 67, 64, False, torch.float16, False, 0.0, 1),
+]
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, dtype, packed_qkv[, softcap[,
 # num_splits]]) (num_splits: forced through _launch._flash_attn_forward; else the heuristic's)
@@ -61,9 +73,9 @@ CASES = [
     (1, 130, 1500, 4, 1, 256, False, torch.float16, False, 0.0, 1),
     # Dense grids of more tiles than an H100's 132 SMs by part of a wave: the stream-K tail
     # (fwd_config.h sm90_fwd_stream_k: split tiles merged through the float32 workspace and
-    # its flags): d128 201 tiles of 17 key blocks (a key tail); d64 134 tiles of 16.
-    (1, 300, 2049, 67, 67, 128, False, torch.bfloat16, False, 0.0, 1),
-    (1, 200, 2048, 67, 67, 64, False, torch.float16, False, 0.0, 1),
+    # its flags): d128 201 tiles of 17 key blocks (a key tail); d64 134 tiles of 16
+    # (MULTI_TILE: not under racecheck).
+    *MULTI_TILE,
     # Head dims 1-16: the d16 kernels where built (FLASHATTN2_HEAD_DIMS with 16), else d32.
     (2, 113, 17, 6, 2, 16, True, torch.float16, False),
     (1, 200, 333, 4, 1, 8, False, torch.bfloat16, False),
@@ -305,7 +317,10 @@ def main():
         sys.exit("sanitize_subset.py: no CUDA device")
     gen = torch.Generator().manual_seed(0)
     failures = 0
+    racecheck = os.environ.get("FLASHATTN2_SANITIZE_TOOL") == "racecheck"
     for case in CASES:
+        if racecheck and case in MULTI_TILE:
+            continue
         b, sq, sk, h, hk, d, causal, dtype, packed, *mods = case
         name = (f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {'causal' if causal else 'full'} "
                 f"{str(dtype).removeprefix('torch.')}{' packed' if packed else ''}"
@@ -327,7 +342,7 @@ def main():
     for name, ok, detail in layout:
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
-    total = len(CASES) + len(layout)
+    total = len(CASES) - (len(MULTI_TILE) if racecheck else 0) + len(layout)
     print(f"{total - failures}/{total} cases ok")
     sys.exit(1 if failures else 0)
 
