@@ -7,9 +7,10 @@ softmax state there, the second folds them in and stores the tile (cpp/sm90/fwd_
 GPU tests, on shapes sized to this GPU's SM count (one wave and a bit, two and a half): results
 against the float32 reference under test_fwd.py's rule (out and lse NaN-poisoned) at kernel head
 dims 64 and 128 (a padded head dim too), with query tails (a warpgroup with no row), key tails,
-16 key blocks (the fewest it takes), cross attention, GQA, softcap and ALiBi; the same bits on every run and with the pieces' roles swapped by timing; the flags
-left zero for the next launch; a CUDA graph replayed; and the switch, which keeps the static
-walk. Without a part-wave tail, under 16 key blocks, or at d192 / d256, no workspace is asked
+16 key blocks (the fewest it takes), cross attention, GQA, softcap, ALiBi and an attention bias
+(full and broadcast); the same bits on every run and with the pieces' roles swapped by timing;
+the flags left zero for the next launch; a CUDA graph replayed; and the switch, which keeps the
+static walk. Without a part-wave tail, under 16 key blocks, or at d192 / d256, no workspace is asked
 for.
 """
 import math
@@ -96,6 +97,25 @@ def test_score_mods(mods):
     err = (out.float() - out_ref.float()).abs().max().item()
     err_pt = (out_pt.float() - out_ref.float()).abs().max().item()
     assert err <= 2 * err_pt + ATOL[q.dtype], (err, err_pt)
+    assert _flags_zero()
+
+
+@pytest.mark.parametrize("kind", ["full", "keys"])
+def test_attention_bias(kind):
+    """The bias instances (a full bias staged in shared memory; a broadcast one read per
+    score) through the tail, forward, under test_bias.py's rule."""
+    from flashattn2 import bias as bias_mod
+    from test_bias import _check, _make_bias, _reference
+
+    if not bias_mod.bias_built():
+        pytest.skip("build without FLASHATTN2_EXPERIMENTAL=bias")
+    q, k, v = _make(1.3, 600, 2048, 8, 2, 128, torch.bfloat16)
+    batch, seqlen_q, nheads, _ = q.shape
+    bias = _make_bias(kind, batch, nheads, seqlen_q, k.shape[1], torch.bfloat16)
+    out = flash_attn_func(q, k, v, attn_bias=bias)
+    assert _ext.last_fwd_kernel == "sm90"
+    full = bias.expand(batch, nheads, seqlen_q, k.shape[1])
+    _check(out, _reference(q, k, v, full, True), _reference(q, k, v, full, False), "out", 4e-3)
     assert _flags_zero()
 
 
