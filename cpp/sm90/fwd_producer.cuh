@@ -33,6 +33,10 @@ __device__ __forceinline__ void produce_tiles(const FwdArgs& args, const Smem& s
   // Stream-K (args.sk_units > 0, a static walk): from tile sk_first on, this CTA's share of
   // the units [u, u_end), whole tiles and at most a piece at each end (fwd_config.h), kept in
   // shared memory (sm.sk_cursor()) rather than in two of the producer's 24 registers.
+  auto cursor = [&](int& u, int& u_end) {
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(u), "=r"(u_end)
+                 : "r"(sm.sk_cursor()) : "memory");
+  };
   if (args.sk_units > 0) {
     // (units x grid < 2^31: fwd_config.h)
     const int u = int(blockIdx.x) * args.sk_units / int(gridDim.x);
@@ -63,8 +67,7 @@ __device__ __forceinline__ void produce_tiles(const FwdArgs& args, const Smem& s
     const bool stream_k = args.sk_units > 0 && tile >= args.sk_first;
     if (stream_k) {  // (the tile of this CTA's next unit, or the end)
       int u, u_end;
-      asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(u), "=r"(u_end)
-                   : "r"(sm.sk_cursor()) : "memory");
+      cursor(u, u_end);
       tile = u < u_end ? args.sk_first + u / args.sk_blocks : args.tiles;
     }
     mbar_wait(sm.tile_empty(walk), ((walk >> 1) & 1) ^ 1);
@@ -76,8 +79,7 @@ __device__ __forceinline__ void produce_tiles(const FwdArgs& args, const Smem& s
     Work w(args, tile, sm.pub_slot(walk));
     if (stream_k) {  // (its units of the tile, from the cursor again: fewer live registers)
       int u, u_end;
-      asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(u), "=r"(u_end)
-                   : "r"(sm.sk_cursor()) : "memory");
+      cursor(u, u_end);
       const int blocks = args.sk_blocks;
       const int k_lo = u - (tile - args.sk_first) * blocks;
       const int k_hi = min(blocks, k_lo + u_end - u);
