@@ -10,7 +10,7 @@
 #   SOURCE=out.csv ...  (instead: per-SASS-line executed instructions and stall samples,
 #                        SourceCounters + WarpStateStats, as CSV; sum them by opcode)
 # Sections: speed of light, occupancy, launch, warp states, compute, memory, scheduler, and
-# the average stall cycles per instruction by reason.
+# the average stall cycles per instruction by reason, and the tensor pipe's active share.
 set -euo pipefail
 PASS=${PASS:-fwd} HEAD_DIM=${HEAD_DIM:-128} SEQLEN=${SEQLEN:-4096} CAUSAL=${CAUSAL:-0}
 IMPL=${IMPL:-ours} SOURCE=${SOURCE:-} BATCH=${BATCH:-16} SPLITS=${SPLITS:-0}
@@ -45,6 +45,8 @@ torch.cuda.synchronize()
 PY
 stalls=barrier,long_scoreboard,short_scoreboard,math_pipe_throttle,lg_throttle,mio_throttle,wait
 metrics=$(echo "$stalls" | tr ',' '\n' | sed 's/^/smsp__average_warp_latency_issue_stalled_/' | paste -sd,)
+# (and the tensor pipe's busy share: HGMMA counts there too)
+metrics=$metrics,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
 kernel="^${PASS}_kernel"
 [ "$IMPL" = sdpa ] && kernel="flash_${PASS}(_dq_dk_dv|_kernel)"
 if [ "$IMPL" = cudnn ]; then
