@@ -254,7 +254,7 @@ if want xncu && [ -n "${XNCU:-}" ]; then
         stamp "xncu $tag"
         PASS=$xp IMPL=$xi HEAD_DIM=$xd SEQLEN=$xs CAUSAL=$xc BATCH=$xb timeout 300 \
             bash scripts/ncu.sh > "$O/xncu_$tag.txt" 2>&1
-        grep -E "Duration|Throughput|Issue Slots Busy|Registers Per|Grid Size|Block Size|Shared Memory Config|Dynamic Shared|Achieved Occupancy|stalled" \
+        grep -E "Duration|Throughput|Issue Slots Busy|Registers Per|Grid Size|Block Size|Shared Memory Config|Dynamic Shared|Achieved Occupancy|stalled|pipe_tensor" \
             "$O/xncu_$tag.txt" | head -n 30
         [ -n "${XNCU_SOURCE:-}" ] || continue
         SOURCE="$O/xsrc_$tag.csv" PASS=$xp IMPL=$xi HEAD_DIM=$xd SEQLEN=$xs CAUSAL=$xc BATCH=$xb \
