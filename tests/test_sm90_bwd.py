@@ -163,6 +163,28 @@ def test_sm90_backward_strided_inputs(sm90_bwd):
     assert _ext.last_bwd_arch == 90
 
 
+@pytest.mark.parametrize("headdim", [64, 128, 256], ids=["d64", "d128", "d256"])
+def test_sm90_backward_strided_grad_outputs(sm90_bwd, headdim):
+    """dk / dv given as column slices of wider tensors (the epilogue stages each warp's key
+    rows in shared memory, then writes 16-byte row segments at dk / dv's own strides): the
+    values written into contiguous tensors, every element written, nothing around them."""
+    require_sm90_bwd(headdim)
+    torch.manual_seed(0)
+    q, k, v, dout = make_inputs(2, 150, 200, 8, 2, headdim, torch.bfloat16)
+    scale = headdim**-0.5
+    out, lse = _launch._flash_attn_forward(q, k, v, scale, -1, 0)
+    _, dk, dv = _launch._flash_attn_backward(dout, q, k, v, out, lse, scale, -1, 0)
+    wide = [torch.full((*k.shape[:3], headdim + 16), 7.0, device="cuda", dtype=k.dtype)
+            for _ in range(2)]
+    dk_s, dv_s = (w[..., 8:8 + headdim].fill_(float("nan")) for w in wide)
+    _ext.last_bwd_arch = None
+    _launch._flash_attn_backward(dout, q, k, v, out, lse, scale, -1, 0, dk=dk_s, dv=dv_s)
+    assert _ext.last_bwd_arch == 90
+    assert torch.equal(dk_s, dk) and torch.equal(dv_s, dv)
+    for w in wide:
+        assert (w[..., :8] == 7).all() and (w[..., 8 + headdim:] == 7).all()
+
+
 def test_sm90_backward_falls_back_out_of_scope_and_when_off(sm90_bwd, monkeypatch):
     require_sm90_bwd(128)
     torch.manual_seed(0)

@@ -375,9 +375,13 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       range.next(head, m_block);
     }
 
-    // ---- epilogue: dK * scale, dV in the input dtype, columns 128 c.., from registers ----
-    store_dk_dv<Element, Traits::kWgCols>(p, seq, batch, head_k, n0 + lane_key,
-                                          Traits::kWgCols * consumer, q, acc_dk, acc_dv);
+    // ---- epilogue: dK * scale, dV in the input dtype, columns 128 c.., staged in the warp's
+    // 16 rows of this warpgroup's chunks of sV (the partner's dP^T read them before the last
+    // step's kBarDS, which this warpgroup passed) ----
+    store_dk_dv<Element, Traits::kWgCols>(
+        p, seq, batch, head_k, n0 + 16 * warp_in_wg, Traits::kWgCols * consumer,
+        sV + 2 * consumer * Traits::kKChunkBytes + 16 * warp_in_wg * kSwizzleBytes,
+        Traits::kKChunkBytes, lane, acc_dk, acc_dv);
   }
 #endif
 }

@@ -52,7 +52,8 @@
 //          visitor of its chain); a second named barrier passes it on. dq_warp builds
 //          (kDqWarp instances, no mods / bias): producer warp 2 does the waits, the reduces
 //          and 1 add per visitor (dq_order_warp); the consumers only stage dQ.
-//   epilogue  dK * scale and dV converted to the input dtype, 4-byte stores from registers.
+//   epilogue  dK * scale and dV converted to the input dtype, each warp's 16 key rows staged
+//          by stmatrix in its own rows of sV, then 16-byte stores (bwd_consumer.cuh store_dk_dv).
 //   dbias  kDbias instances (BwdParams::sm90_dbias): dS into dbias as the mma.sync backward
 //          writes it; in q's dtype through the warpgroup's staged bias tile (stmatrix .trans
 //          of the dK GEMM's A fragments, then 16-byte stores while that GEMM runs), float32
@@ -609,8 +610,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       else tma_store_wait();
     }
 
-    // ---- epilogue: dK * scale, dV in the input dtype, from registers ----
-    store_dk_dv<Element, kHeadDim>(p, seq, batch, head_k, n0 + lane_key, 0, q, acc_dk, acc_dv);
+    // ---- epilogue: dK * scale, dV in the input dtype, staged in the warp's own 16 rows of sV
+    // (the warpgroup's V rows: only its own dP^T GEMMs read them, all complete) ----
+    store_dk_dv<Element, kHeadDim>(p, seq, batch, head_k, n0 + key0 + 16 * warp_in_wg, 0,
+                                   sV + (key0 + 16 * warp_in_wg) * kSwizzleBytes,
+                                   Traits::kKChunkBytes, lane, acc_dk, acc_dv);
   }
 #endif
 }
