@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       wgmma_commit();
     };
 
-    if (range.steps > 0) mbar_wait(st.k_full(), 0);  // (V: with step 0's dO)
+    if (range.steps > 0) mbar_wait(st.kv_full(), 0);
     int head = head_k * group, m_block = range.m_start;
     for (int t = 0; t < range.steps; ++t) {
       const int s = t % kStages;

@@ -12,9 +12,8 @@
 //          it walks every query block (kBlockM rows: d128 64, d64 128; sm90_bwd_tile) that
 //          sees the keys, for each query head of the GQA group (head-major), and keeps dK / dV
 //          in f32 registers over all of them.
-//   block  384 threads. Warpgroup 0 is the producer (setmaxnreg down): thread 0 loads K
-//          (k_full) and V once, Q, dO of each step into stage t % 2 (q_full, do_full; V
-//          lands with step 0's dO, so that the first S^T waits for K and Q only);
+//   block  384 threads. Warpgroup 0 is the producer (setmaxnreg down): thread 0 loads K, V
+//          once (TMA, kv_full) and Q, dO of each step into stage t % 2 (q_full, do_full);
 //          warp 1 copies the step's LSE (+inf past seqlen_q: P = 0 there) and dsum into the
 //          stage (lse_full, 32 arrivals). Consumer warpgroup c (1 + c) owns keys
 //          [64 c, 64 c + 64) of the block; its warp w keys 16 w..+15, so the S^T / dP^T / dK /
@@ -287,7 +286,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     };
 
-    if (range.steps > 0) mbar_wait(st.k_full(), 0);  // (V: with step 0's dO)
+    if (range.steps > 0) mbar_wait(st.kv_full(), 0);
     int head = head_k * group, m_block = range.m_start;
     if (kBias && range.steps > 0) bias_issue(head, m_block);
     for (int t = 0; t < range.steps; ++t) {

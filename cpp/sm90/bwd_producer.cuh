@@ -25,10 +25,9 @@ namespace sm90 {
 // The stages in shared memory (base 1024-aligned): sK, sV [kBlockN x d], then per stage s
 // sQ, sdO [kBlockM x d] at q + s kQBytes, dout + s kQBytes (each Traits::kChunks column chunks
 // of TMA's 128-byte swizzle), then `own_bytes` of the kernel's own (its dS^T, ...: at own),
-// then LSE, dsum [kBlockM] f32 of stage s at lse(s), dsum(s), then the mbarriers: k_full
-// (K landed), per stage q_full, do_full (TMA bytes; step 0's do_full counts V's too),
-// lse_full (warp 1's 32 lanes) and empty (the stage read by the consumers); the kernel's own
-// from end() on.
+// then LSE, dsum [kBlockM] f32 of stage s at lse(s), dsum(s), then the mbarriers: kv_full
+// (K, V landed), per stage q_full, do_full (TMA bytes), lse_full (warp 1's 32 lanes) and empty
+// (the stage read by the consumers); the kernel's own from end() on.
 template <typename Traits>
 struct BwdStages {
   uint32_t k, v, q, dout, own, rows, bars;
@@ -44,7 +43,7 @@ struct BwdStages {
   __device__ __forceinline__ uint32_t dsum(int s) const {
     return rows + (2 * s + 1) * Traits::kRowBytes;
   }
-  __device__ __forceinline__ uint32_t k_full() const { return bars; }
+  __device__ __forceinline__ uint32_t kv_full() const { return bars; }
   __device__ __forceinline__ uint32_t q_full(int s) const { return bars + 8 * (1 + s); }
   __device__ __forceinline__ uint32_t do_full(int s) const {
     return bars + 8 * (1 + Traits::kStages + s);
@@ -59,7 +58,7 @@ struct BwdStages {
   // Thread 0, before mbar_fence_init and the block's first barrier: `empty_arrivals` per
   // phase of a stage's empty barrier.
   __device__ __forceinline__ void init(int empty_arrivals) const {
-    mbar_init(k_full(), 1);
+    mbar_init(kv_full(), 1);
     for (int s = 0; s < Traits::kStages; ++s) {
       mbar_init(q_full(s), 1);
       mbar_init(do_full(s), 1);
@@ -69,20 +68,23 @@ struct BwdStages {
   }
 };
 
-// Warp 0, lane 0 (a CTA with steps): K of the key block (first row n0) once, then Q and dO
+// Warp 0, lane 0 (a CTA with steps): K, V of the key block (first row n0) once, then Q and dO
 // of each step (the query heads of K/V head head_k, group each) into its stage once the
-// consumers have released it; V of the key block once, between step 0's Q and dO.
+// consumers have released it.
 template <typename Traits, bool kVarlen>
 __device__ __forceinline__ void load_tiles(const BwdArgs& args, const BwdSeq<kVarlen>& seq,
                                            const BwdRange& range, const BwdStages<Traits>& st,
                                            int n0, int head_k, int group) {
   tma_prefetch(&args.q);
   tma_prefetch(&args.dout);
-  mbar_arrive_expect_tx(st.k_full(), Traits::kKBytes);
+  mbar_arrive_expect_tx(st.kv_full(), 2 * Traits::kKBytes);
 #pragma unroll
-  for (int c = 0; c < Traits::kChunks; ++c)
+  for (int c = 0; c < Traits::kChunks; ++c) {
     tma_load(st.k + c * Traits::kKChunkBytes, &args.k, c * kChunkCols, seq.k_row0() + n0, head_k,
-             seq.tma_batch_k(), st.k_full());
+             seq.tma_batch_k(), st.kv_full());
+    tma_load(st.v + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, seq.k_row0() + n0, head_k,
+             seq.tma_batch_k(), st.kv_full());
+  }
   int head = head_k * group, m_block = range.m_start;
   for (int t = 0; t < range.steps; ++t) {
     const int s = t % Traits::kStages;
@@ -92,15 +94,7 @@ __device__ __forceinline__ void load_tiles(const BwdArgs& args, const BwdSeq<kVa
     for (int c = 0; c < Traits::kChunks; ++c)
       tma_load(st.q + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.q, c * kChunkCols,
                seq.q_row0() + m_block * Traits::kBlockM, head, seq.tma_batch_q(), st.q_full(s));
-    // Step 0: V after Q and on dO's barrier (which the consumers wait for before dP^T = V dO^T,
-    // the first GEMM to read V), so that the first S^T = K Q^T waits for K and Q only.
-    mbar_arrive_expect_tx(st.do_full(s), Traits::kQBytes + (t == 0 ? Traits::kKBytes : 0));
-    if (t == 0) {
-#pragma unroll
-      for (int c = 0; c < Traits::kChunks; ++c)
-        tma_load(st.v + c * Traits::kKChunkBytes, &args.v, c * kChunkCols, seq.k_row0() + n0,
-                 head_k, seq.tma_batch_k(), st.do_full(0));
-    }
+    mbar_arrive_expect_tx(st.do_full(s), Traits::kQBytes);
 #pragma unroll
     for (int c = 0; c < Traits::kChunks; ++c)
       tma_load(st.dout + s * Traits::kQBytes + c * Traits::kQChunkBytes, &args.dout,
