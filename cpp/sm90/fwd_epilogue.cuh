@@ -26,8 +26,7 @@ namespace sm90 {
 // kernel's variables come as they are there: piece, hold (kStageO), qb / sQt (the tile's Q
 // buffer), release (the warp's arrival on an mbarrier). A tile done here (stream-K's first
 // piece, split-KV) releases its Q buffer itself; with two Q buffers the dense / varlen store
-// leaves q_pending set (released at the next tile's start). The arrays from scale_a on are
-// the kernel's locals, declared last (fwd_kernel.cuh says why); only this function uses them.
+// leaves q_pending set (released at the next tile's start).
 template <typename Traits, typename Element, bool kMods, bool kBias, bool kBiasSmem,
           typename Release>
 __device__ __forceinline__ void tile_epilogue(
@@ -36,9 +35,7 @@ __device__ __forceinline__ void tile_epilogue(
     FwdSoftmax<Traits::kBlockN, kMods, kBias>& softmax, float (&acc_o)[Traits::kHeadDim / 2],
     const Release& release, bool& q_pending, int piece, bool hold, int consumer, int tid,
     int lane, int warp_in_wg, int wg_row0, int row0_pos, int wg_first, int qb, uint32_t sQt,
-    int j, bool store_thread, float (&scale_a)[2], float (&scale_b)[2], float (&other)[4],
-    float (&max_b)[2], float (&sum_b)[2], float (&inv)[2], float (&lse)[2],
-    uint32_t (&frag)[4]) {
+    int j, bool store_thread) {
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
@@ -76,18 +73,12 @@ __device__ __forceinline__ void tile_epilogue(
       named_sync(kBarEpilogue + consumer, 128);
       const float4 state = __ldcg(part + 128 * kVecs);
       const bool tail = int(blockIdx.x) == piece;  // (the head piece is CTA piece - 1's)
-      max_b[0] = state.x;
-      max_b[1] = state.y;
-      sum_b[0] = state.z;
-      sum_b[1] = state.w;
-      softmax.merge(max_b, sum_b, tail, scale_a, scale_b);
+      float scale_a[2], scale_b[2];
+      softmax.merge({state.x, state.y}, {state.z, state.w}, tail, scale_a, scale_b);
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
         const float4 o = __ldcg(part + 128 * i);
-        other[0] = o.x;
-        other[1] = o.y;
-        other[2] = o.z;
-        other[3] = o.w;
+        const float other[4] = {o.x, o.y, o.z, o.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           acc_o[4 * i + e] = FwdSoftmax<kBlockN, kMods, kBias>::combine(
@@ -95,6 +86,7 @@ __device__ __forceinline__ void tile_epilogue(
       }
     }
   }
+  float inv[2], lse[2];
   softmax.finish(inv, lse, p.num_splits > 1 ? -INFINITY : INFINITY);
   if (leave) {
 #pragma unroll
@@ -170,12 +162,13 @@ __device__ __forceinline__ void tile_epilogue(
     const int unit = (lane / 16) ^ (lane % 8);
 #pragma unroll
     for (int dt = 0; dt < kHeadDim / 8; dt += 2) {
+      uint32_t v[4];
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         const int i = 4 * (dt + m / 2) + 2 * (m % 2);
-        frag[m] = ptx::pack2<Element>(acc_o[i] * inv[m % 2], acc_o[i + 1] * inv[m % 2]);
+        v[m] = ptx::pack2<Element>(acc_o[i] * inv[m % 2], acc_o[i + 1] * inv[m % 2]);
       }
-      ptx::stmatrix_x4(row_addr + (dt / 8) * o_chunk + (((dt % 8) ^ unit) * 16), frag);
+      ptx::stmatrix_x4(row_addr + (dt / 8) * o_chunk + (((dt % 8) ^ unit) * 16), v);
     }
   }
   fence_proxy_async();
@@ -196,9 +189,7 @@ __device__ __forceinline__ void tile_epilogue(
     const int rows = min(64, seqlen_q - wg_first);
     for (int idx = tid % 128; idx < 64 * kUnits; idx += 128) {
       const int row = idx / kUnits, unit = idx % kUnits;
-      // (`&`, not `&&`: both tests are cheap. Here, where args is a reference, `&&` kept the
-      // headdim load behind a branch of its own, as the kernel's parameter load was not.)
-      if ((row < rows) & (unit * 8 < p.headdim)) {
+      if (row < rows && unit * 8 < p.headdim) {
         const int trow = wg_row0 + row;
         const uint32_t addr = o_base + (unit / 8) * o_chunk + trow * kSwizzleBytes +
                               (((unit % 8) ^ (trow % 8)) * 16);

@@ -201,11 +201,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     };
     auto gemm_o = [&](int stage) { gemm_o_w(std::integral_constant<int, kBlockN>{}, stage); };
 
-    // Key steps (j) and tiles (t) of this CTA so far, as the producer counts. (t after walk:
-    // with t declared first, walk's and t's registers came out swapped, other SASS, once the
-    // epilogue moved to fwd_epilogue.cuh.)
-    int j = 0;
-    for (int walk = 0, t = 0;; ++walk) {
+    int j = 0, t = 0;  // key steps and tiles of this CTA so far (as the producer counts)
+    for (int walk = 0;; ++walk) {
       mbar_wait(sm.tile_full(walk), (walk >> 1) & 1);
       const Work w(sm.pub_slot(walk));
       release(sm.tile_empty(walk));
@@ -440,16 +437,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       }
 
       // ---- epilogue (fwd_epilogue.cuh) ----
-      // Its arrays (stream-K's merge, 1 / sum and LSE, the stmatrix fragment) are the kernel's
-      // last locals, where they were when its code stood here: as the function's own, inlining
-      // moved them to the front of the kernel's allocas, SROA promoted in another order, and
-      // the reordered PTX gave other SASS.
-      float scale_a[2], scale_b[2], other[4], max_b[2], sum_b[2], inv[2], lse[2];
-      uint32_t frag[4];
-      tile_epilogue<Traits, Element, kMods, kBias>(
-          args, sm, w, softmax, acc_o, release, q_pending, piece, hold, consumer, tid, lane,
-          warp_in_wg, wg_row0, row0_pos, wg_first, qb, sQt, j, store_thread, scale_a, scale_b,
-          other, max_b, sum_b, inv, lse, frag);
+      tile_epilogue<Traits, Element, kMods, kBias>(args, sm, w, softmax, acc_o, release,
+                                                   q_pending, piece, hold, consumer, tid, lane,
+                                                   warp_in_wg, wg_row0, row0_pos, wg_first, qb,
+                                                   sQt, j, store_thread);
     }
     if (Traits::kTurns && consumer == 0) turn_wait();  // the turn the last consumer opened
     if (store_thread) tma_store_wait();
