@@ -2,7 +2,7 @@
 without a window, in one split, whose tiles overrun the SMs by part of a wave shares its last
 waves' key blocks evenly between the persistent CTAs. A tile split between two CTAs is merged
 through a float32 workspace: the first of its pieces to finish leaves its O accumulators and
-softmax state there, the second folds them in and stores the tile (cpp/sm90/fwd_kernel.cuh).
+softmax state there, the second folds them in and stores the tile (cpp/sm90/fwd_epilogue.cuh).
 
 GPU tests, on shapes sized to this GPU's SM count (one wave and a bit, two and a half): results
 against the float32 reference under test_fwd.py's rule (out and lse NaN-poisoned) at kernel head

@@ -83,7 +83,7 @@ constexpr int sm90_fwd_smem_bytes(int head_dim) {
 // grid + tiles % grid tiles are cut into their key blocks (units) and shared out evenly: CTA c
 // takes units [c U / grid, (c + 1) U / grid) of the U from tile `first` on, at least a whole
 // tile's worth each, so a tile is split between at most two CTAs, at boundary c (its slot,
-// 1..grid - 1). Its two pieces meet in a float32 workspace (fwd_kernel.cuh): the first to
+// 1..grid - 1). Its two pieces meet in a float32 workspace (fwd_epilogue.cuh): the first to
 // finish leaves its O accumulators and softmax state there, the second merges them and
 // stores the tile. `units` 0: the static stride throughout.
 // Each piece costs what a tile start and end cost (the first S and softmax with nothing under
