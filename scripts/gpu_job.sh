@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU session as one detached job (scripts/gpu_detach.sh start bash scripts/gpu_job.sh):
 # build, self-check, the suite (less the CPU-only test_distributed.py, which CI runs), the
-# mma.sync backward tests again under FLASHATTN2_FORCE_SM80, compute-sanitizer, then the
+# forward and backward test files again under FLASHATTN2_FORCE_SM80 (the mma.sync kernels;
+# gpu_check.sh's list, SM80_TESTS narrows it), compute-sanitizer, then the
 # benchmarks in priority order (cp: the context-parallel one, on a 2-GPU kind), each into its
 # own folder of $JOB_OUT (probe: a side build with PROBE_FLAGS against this one). Steps to skip: SKIP
 # (space-separated names of the steps below). Meanwhile a second build (base: a base commit's
@@ -88,7 +89,7 @@ if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
         PYTEST_ARGS=--ignore=tests/test_distributed.py TESTS="${TEST_FILES:-tests}" \
-        SM80_TESTS=${SM80_TESTS:-tests/test_bwd.py} bash scripts/gpu_check.sh
+        SM80_TESTS=${SM80_TESTS:-} bash scripts/gpu_check.sh
 fi
 if want fwdab && [ -n "${BASE_PID:-}" ]; then
     stamp "forward A/B: base (.base/cpp) vs this tree, interleaved, SDPA in each run"
