@@ -1,8 +1,9 @@
 // Pieces of the Hopper backward's consumer warpgroups that bwd_kernel (d64 / d128,
 // bwd_kernel.cuh) and bwd_kernel_d256 (bwd_d256.cuh) share: the mask of a warpgroup's S^T
-// tile (mask_tile) and the epilogue's dK / dV stores (store_dk_dv, staged in shared memory). Both work on accumulators
-// in the mma.sync C layout (a warp's 16 keys x n8 tiles: lane (g, q) holds keys g, g + 8 and
-// columns 2 q, 2 q + 1 of each tile), inlined into the consumers' 240 registers.
+// tile (mask_tile) and the epilogue's dK / dV stores (store_dk_dv, staged in shared memory).
+// Both work on accumulators in the mma.sync C layout (a warp's 16 keys x n8 tiles: lane
+// (g, q) holds keys g, g + 8 and columns 2 q, 2 q + 1 of each tile), inlined into the
+// consumers' 240 registers.
 #pragma once
 #include <cuda.h>
 
