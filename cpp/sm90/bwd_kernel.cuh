@@ -5,7 +5,8 @@
 // This file: the kernel (bwd_kernel) and its tiling. Its parts in headers of their own: the
 // producer warps (stages, TMA loads, LSE / dsum, the dQ order: sm90/bwd_producer.cuh, shared
 // with the d256 kernel), the mask and the dK / dV stores (sm90/bwd_consumer.cuh, shared too);
-// tile constants and the walk: bwd_traits.cuh.
+// the step's dQ (the dQ GEMM, the deterministic turn, the adds into dq_accum, warp 2's reduces
+// of the staging: sm90/bwd_dq.cuh); tile constants and the walk: bwd_traits.cuh.
 //
 // Tiling
 //   grid   (ceil(seqlen_k / 128), nheads_k, batch): one CTA per 128-key block of a KV head;
@@ -34,7 +35,7 @@
 //            M-major, K MN-major): d128 dQ[:, 64 c..+64] = dS K[:, 64 c..+64]; d64
 //            dQ[64 c..+64, :] = dS[64 c..+64, :] K: no dQ element from two warpgroups
 //            wait all; release stage s; dQ into dq_accum (dq_bulk: staged, one bulk
-//            reduce-add per warp; else red.add.v4)
+//            reduce-add per warp; else red.add.v4; bwd_dq.cuh)
 //          d64 issues dV in the dS^T pass (P^T packed there; kMods: its logits too, after
 //          dP^T), so that S^T, dP^T (64 f32 each at n128) and in-flight P^T fragments are not
 //          live together with dK / dV (kDvAfterDs: registers): dV and dK of the first 64
@@ -77,6 +78,7 @@
 #include "common/workspace.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_consumer.cuh"
+#include "sm90/bwd_dq.cuh"
 #include "sm90/bwd_producer.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/mbarrier.cuh"
@@ -181,22 +183,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     } else if (warp == 2 && dq_warp) {
       ptx::griddep_wait();  // PDL: before its first counter load and reduce (zeroed by the
                             // preprocess)
-      // The consumer warps' staged 16 x 64 blocks, one bulk reduce each.
+      // The consumer warps' staged dQ, one bulk reduce each (bwd_dq.cuh).
       auto issue = [&](float* dq_tile, int rows, int, bool store = false) {
-#pragma unroll
-        for (int i = 0; i < 4 * Traits::kConsumers; ++i) {  // consumer warp i: 4 c + w
-          const int c = i / 4, w = i % 4;
-          const int dq_chunk = Traits::kDqSplitsRows ? 0 : c;
-          const int row = (Traits::kDqSplitsRows ? 64 * c : 0) + 16 * w;
-          const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-          if (row < rows && tiles > 0) {
-            float* const dst = dq_tile + row * p.headdim + 16 * 64 * dq_chunk;
-            if (kFirstStore && store)
-              bulk_store_f32(dst, sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
-            else
-              bulk_reduce_add_f32(dst, sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
-          }
-        }
+        dq_reduce_staged<Traits, kFirstStore>(p, sDq, dq_tile, rows, store);
       };
       dq_order_warp<kBlockM, kBlockN, kVarlen, kFirstStore>(p, seq, head_k * group, n_block,
                                                             range, lane, issue, [](int) {});
@@ -511,35 +500,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
 
-      // dQ (query rows dq_q0..+64 x columns 64 dq_chunk..+64) = dS K over the block's 128
-      // keys: A = dS^T's query chunk read M-major (k16 step kk: keys 16 kk..+15), B = K's
-      // column chunk (MN-major).
+      // The warpgroup's dQ tile (bwd_dq.cuh): query rows dq_q0..+64, columns
+      // 64 dq_chunk..+64; deterministic: thread 128 waits for the tile's turn meanwhile.
       const int dq_chunk = Traits::kDqSplitsRows ? 0 : consumer;
       const int dq_q0 = Traits::kDqSplitsRows ? 64 * consumer : 0;
       float acc_dq[32];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const int key = 16 * kk;
-        const uint64_t a = desc_mn_major(sdS_t + (dq_q0 / 64) * Traits::kDSChunkBytes +
-                                         key * kSwizzleBytes, Traits::kDSChunkBytes);
-        const uint64_t b = desc_mn_major(sK + dq_chunk * Traits::kKChunkBytes +
-                                         key * kSwizzleBytes, Traits::kKChunkBytes);
-        Wgmma<64, Element>::template ss<1, 1>(acc_dq, a, b, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      // Deterministic (while the dQ GEMM runs): thread 128 waits for this query tile's
-      // turn in the CTA's chain (every warp of the chain's visitors before this CTA has
-      // released) and leaves the counter's address for the releases (dq_release); the
-      // second barrier passes both on.
-      if (p.deterministic && !dq_warp && tid == 128) {
-        // (the order rebuilt here from the params rather than kept live across the loop)
-        const DqOrder<kBlockM, kBlockN> order_t(p, seq.seqlen_q(), seq.seqlen_k(),
-                                                (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
-        int* const counter = seq.dq_counter0(head, n_block) + m_block;
-        st_shared_u64(sDqCounter, reinterpret_cast<uint64_t>(counter));
-        dq_order_step(nullptr, counter, 4 * Traits::kConsumers * order_t.turn(n_block, m_block));
-      }
+      dq_gemm<Traits, Element>(acc_dq, sdS_t, sK, dq_q0, dq_chunk);
+      if (p.deterministic && !dq_warp && tid == 128)
+        dq_wait_turn<Traits>(p, seq, sDqCounter, head, n_block, m_block);
       // dV and dK done (all but the dQ group): sQ, sdO, LSE, dsum of stage s are read, so
       // the stage goes back to the producer while the dQ GEMM still runs.
       wgmma_wait<1>();
@@ -553,53 +521,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       if (p.deterministic && !dq_warp) named_sync(kBarDqTurn, 256);
 
-      // dq_accum: 16 x 8 blocks in accumulator order (ws_dq_index): the warp's 16 rows x 64
-      // columns are 8 n8 tiles of 128 floats, contiguous, the lane's 4 floats of a tile at
-      // 4 lane. Rows past seqlen_q in a 16-row block add zeros (P = 0) to the padding; blocks
-      // past it and columns past a padded head dim are skipped.
-      const int dq_row = m0 + dq_q0 + 16 * warp_in_wg;
-      if constexpr (Traits::kDqBulk) {
-        // Stage the 4 KiB in shared memory (each store: the warp's 512 contiguous bytes) and
-        // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
-        // the previous step's reduce has read the staging buffer.
-        const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
-        if (dq_warp) {
-          if (t > 0) named_sync(kBarDqEmpty, 256 + 32);  // warp 2's reduces read step t - 1's
-        } else {
-          if (lane == 0) tma_store_wait_read();
-          __syncwarp();
-        }
-        if (dq_row < seq.seqlen_q()) {
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            st_shared_v4(sdq + 4 * (128 * nt + 4 * lane), acc_dq[4 * nt], acc_dq[4 * nt + 1],
-                         acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
-          fence_proxy_async();  // the generic-proxy stores, before the async-proxy read
-          __syncwarp();
-          const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-          if (!dq_warp && lane == 0 && tiles > 0) {
-            float* dq =
-                p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim + 16 * 64 * dq_chunk;
-            if (p.deterministic) {
-              fence_proxy_async_global();  // after the turn's acquire
-              dq += (n_block & (p.dq_chains - 1)) * ws_rows(p) * p.headdim;  // dq_chain's
-            }
-            bulk_reduce_add_f32(dq, sdq, tiles * 128 * 4);
-            tma_store_commit();
-          }
-        }
-        if (dq_warp) named_arrive(kBarDqFull, 256 + 32);  // staged (and fenced) for warp 2
-      } else if (dq_row < seq.seqlen_q()) {
-        float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
-                          16 * 64 * dq_chunk + 4 * lane;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          if (64 * dq_chunk + 8 * nt < p.headdim) {
-            ptx::red_add_v4(dq + 128 * nt, acc_dq[4 * nt], acc_dq[4 * nt + 1],
-                            acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
-          }
-        }
-      }
+      // dQ into dq_accum (bwd_dq.cuh).
+      dq_accumulate<Traits, kDqWarp>(p, seq, acc_dq, sDq, m0, dq_q0, dq_chunk, consumer,
+                                     warp_in_wg, lane, head, n_block, t);
       range.next(head, m_block);
     }
 
