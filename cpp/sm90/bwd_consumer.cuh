@@ -13,6 +13,7 @@
 #include "common/flash.h"
 #include "common/ptx.cuh"
 #include "sm90/bwd_traits.cuh"
+#include "sm90/wgmma.cuh"
 
 namespace flashattn2 {
 namespace sm90 {
@@ -125,25 +126,10 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const BwdSeq<kVa
                                             uint32_t stage, uint32_t chunk_bytes, int lane,
                                             const float (&acc_dk)[kCols / 2],
                                             const float (&acc_dv)[kCols / 2]) {
-  static_assert(kCols % 16 == 0 && kCols <= 256, "whole stmatrix.x4 column pairs");
-  // One stmatrix.x4 per pair of 8-column blocks (dt, dt + 1): matrix m is rows 8 (m % 2)..+7,
-  // block dt + m / 2, so lane l gives the address of row l % 8 of matrix l / 8 (in the
-  // swizzle, its 16-byte unit is (dt % 8) ^ (l / 16) ^ (l % 8), dt even).
-  const int st_row = 8 * ((lane / 8) % 2) + lane % 8;
-  const int st_unit = (lane / 16) ^ (lane % 8);
+  static_assert(kCols <= 256, "at most 16 units a row");
   auto stage_rows = [&](const float (&acc)[kCols / 2], float scale) {
-#pragma unroll
-    for (int dt = 0; dt < kCols / 8; dt += 2) {
-      uint32_t v[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int i = 4 * (dt + m / 2) + 2 * (m % 2);
-        v[m] = ptx::pack2<Element>(acc[i] * scale, acc[i + 1] * scale);
-      }
-      ptx::stmatrix_x4(stage + (dt / 8) * chunk_bytes + st_row * kSwizzleBytes +
-                           (((dt % 8) ^ st_unit) * 16),
-                       v);
-    }
+    const float scales[2] = {scale, scale};
+    stmatrix_acc_rows<Element, kCols>(stage, chunk_bytes, lane, acc, scales);
   };
   // Read back: lane l takes 16-byte unit l % kUnits of row l / kUnits (+ kRowsPerPass per
   // pass); 8 lanes read one 128-byte chunk row (distinct banks).

@@ -134,10 +134,9 @@ __device__ __forceinline__ void tile_epilogue(
     }
   }
   // O / sum into this warpgroup's rows of its Q buffer (its Q reads are done: the
-  // warpgroup's last wgmma completed), in the layout TMA reads; 4-byte stores hit 32
-  // distinct banks: the 8 rows of a quad column differ in the swizzled unit. kStageO
-  // (hold): into the last stage's K / V buffer as 64-row chunks (o_base is offset so that
-  // tile row wg_row0 lands on its first row).
+  // warpgroup's last wgmma completed), in the layout TMA reads, by stmatrix
+  // (wgmma.cuh stmatrix_acc_rows). kStageO (hold): into the last stage's K / V buffer as
+  // 64-row chunks (o_base is offset so that tile row wg_row0 lands on its first row).
   const int s_last = (j + kStages - 1) % kStages;  // (hold: the tile has steps)
   const uint32_t o_base =
       hold ? (consumer == 0 ? sm.k : sm.v) + s_last * Traits::kKVBytes - wg_row0 * kSwizzleBytes
@@ -153,24 +152,8 @@ __device__ __forceinline__ void tile_epilogue(
       named_sync(kBarStageO + 1, 256);
     }
   }
-  // One stmatrix.x4 per pair of 8-column blocks (dt, dt + 1): matrix m is rows 8 (m % 2)
-  // ..+7 of the warp's 16, block dt + m / 2, so lane l gives the address of row l % 8 of
-  // matrix l / 8 (in the swizzle, its 16-byte unit is (dt % 8) ^ (l % 8), dt even).
-  {
-    const int row = wg_row0 + 16 * warp_in_wg + 8 * ((lane / 8) % 2) + lane % 8;
-    const uint32_t row_addr = o_base + row * kSwizzleBytes;
-    const int unit = (lane / 16) ^ (lane % 8);
-#pragma unroll
-    for (int dt = 0; dt < kHeadDim / 8; dt += 2) {
-      uint32_t v[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int i = 4 * (dt + m / 2) + 2 * (m % 2);
-        v[m] = ptx::pack2<Element>(acc_o[i] * inv[m % 2], acc_o[i + 1] * inv[m % 2]);
-      }
-      ptx::stmatrix_x4(row_addr + (dt / 8) * o_chunk + (((dt % 8) ^ unit) * 16), v);
-    }
-  }
+  stmatrix_acc_rows<Element, kHeadDim>(o_base + (wg_row0 + 16 * warp_in_wg) * kSwizzleBytes,
+                                        o_chunk, lane, acc_o, inv);
   fence_proxy_async();
   named_sync(kBarEpilogue + consumer, 128);
   if (!p.cu_seqlens_q) {

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/ptx.cuh"
 #include "sm90/wgmma_ops.cuh"
 
 namespace flashattn2 {
@@ -46,6 +47,33 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_addr, uint32_t c
 // never carries into the leading byte offset).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
   return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
+}
+
+// A warp's 16 rows of an accumulator in the mma.sync C layout (element [4 dt + 2 r + e] of
+// lane (g, q): row g + 8 r, column 8 dt + 2 q + e; kCols columns), times scale[r], as 2-byte
+// Element into shared memory in the layout above: the warp's row i at rows + i kSwizzleBytes
+// (rows: a whole 8-row group of its chunk), its columns in chunks `chunk_bytes` apart (the
+// epilogues' staging: O for its TMA store, dK / dV for 16-byte row stores). One stmatrix.x4
+// per pair of 8-column blocks (dt, dt + 1): matrix m is rows 8 (m % 2)..+7, block dt + m / 2,
+// so lane l gives the address of row l % 8 of matrix l / 8 (its 16-byte unit in the swizzle:
+// (dt % 8) ^ (l / 16) ^ (l % 8), dt even).
+template <typename Element, int kCols>
+__device__ __forceinline__ void stmatrix_acc_rows(uint32_t rows, uint32_t chunk_bytes, int lane,
+                                                  const float (&acc)[kCols / 2],
+                                                  const float (&scale)[2]) {
+  static_assert(kCols % 16 == 0, "whole stmatrix.x4 column pairs");
+  const uint32_t row_addr = rows + (8 * ((lane / 8) % 2) + lane % 8) * kSwizzleBytes;
+  const int unit = (lane / 16) ^ (lane % 8);
+#pragma unroll
+  for (int dt = 0; dt < kCols / 8; dt += 2) {
+    uint32_t v[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int i = 4 * (dt + m / 2) + 2 * (m % 2);
+      v[m] = ptx::pack2<Element>(acc[i] * scale[m % 2], acc[i + 1] * scale[m % 2]);
+    }
+    ptx::stmatrix_x4(row_addr + (dt / 8) * chunk_bytes + (((dt % 8) ^ unit) * 16), v);
+  }
 }
 
 // wgmma.fence.sync.aligned: orders this warpgroup's earlier register accesses (accumulators,
