@@ -64,7 +64,7 @@ import sys
 
 COLUMNS = ["gpu", "impl", "mode", "dtype", "batch", "nheads", "nheads_k", "headdim",
            "seqlen_q", "seqlen_k", "causal", "ms", "tflops", "gbps", "deterministic", "variant",
-           "bias_read_ms"]
+           "bias_read_ms", "finished"]
 # flashattn2_det: flashattn2 with deterministic=True (rows: impl flashattn2, deterministic).
 # flashattn2_sm80: flashattn2 on its mma.sync kernels (force_sm80), beside the Hopper ones.
 # sdpa_efficient: SDPA's memory-efficient backend; torch_eager: softmax(q k^T) v in plain
@@ -621,7 +621,8 @@ def run_sweep(args):
                     headdim=d, seqlen_q=s, seqlen_k=s, causal=causal, ms=ms,
                     tflops=attn_flops(b, s, s, h, d, causal, mode, variant) / (ms * 1e-3) / 1e12,
                     gbps=None, deterministic=impl == "flashattn2_det", variant=variant,
-                    bias_read_ms=bias_read_ms if variant.startswith("bias") else None))
+                    bias_read_ms=bias_read_ms if variant.startswith("bias") else None,
+                    finished=datetime.datetime.now().isoformat(timespec="milliseconds")))
             for var in variants(args):
                 var_rows = [r for r in cfg_rows if r["variant"] == var]
                 if var_rows:

@@ -15,6 +15,17 @@ SKIP=" ${SKIP:-} "
 want() { [[ "$SKIP" != *" $1 "* ]]; }
 stamp() { echo "=== $(date -Is) $*"; }
 mkdir -p "$O"
+# SMI_MS: nvidia-smi logs the clocks, power, temperatures and clock-event reasons every SMI_MS
+# ms for the whole job into $O/smi.csv (bench.py rows carry the time they finished, to match
+# a slow row to the GPU's state).
+if [ -n "${SMI_MS:-}" ]; then
+    reasons=clocks_event_reasons.active
+    nvidia-smi --query-gpu=$reasons --format=csv > /dev/null 2>&1 || reasons=clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory,$reasons \
+        --format=csv -lms "$SMI_MS" > "$O/smi.csv" 2>&1 &
+    SMI_PID=$!
+    trap 'kill $SMI_PID 2> /dev/null' EXIT
+fi
 
 if want check; then
     stamp build

@@ -28,17 +28,19 @@
 //              bandwidth)
 //          sP / sdS are double-buffered by stage: the reuse argument of bwd_kernel.cuh (one
 //          named barrier per step) holds unchanged.
-//   determ deterministic=True (kDet, an instance of its own: the default one's code is
-//          unchanged; dq_bulk + dq_warp builds): the dQ of a query tile is added in the fixed
-//          order of common/dq_order.cuh (DqOrder<64, 64>: the counters' 64-row tiles; chains
-//          p.dq_chains) by producer warp 2 (bwd_producer.cuh dq_order_warp). Once dV / dK are
+//   staged kStaged slices of the two (dq_bulk + dq_warp builds; the default instance stages
+//          none, its code unchanged): producer warp 2 (bwd_producer.cuh dq_order_warp) adds
+//          them by bulk reduces instead of the consumers' red.global.add. Once dV / dK are
 //          done, the warpgroup's own column chunks 2 c, 2 c + 1 of sQ[s] and sdO[s] are read
 //          by nobody any more (both warpgroups' S^T / dP^T ended before the named barrier;
-//          the partner's dV / dK read its own chunks), so they stage its dQ (16 KiB; the
-//          staging of branch bwd256-bulk, 38ac281, whose consumer-issued reduces ran at 0.92x
-//          the red.global path); the consumers arrive on the stage's empty barrier after
-//          staging, and warp 2 once its reduces have read the stage (one more arrival), so the
-//          stage goes back to the producer only then.
+//          the partner's dV / dK read its own chunks), so they stage its dQ (16 KiB a slice;
+//          the staging of branch bwd256-bulk, 38ac281, whose consumer-issued reduces ran at
+//          0.92x the red.global path); the consumers arrive on the stage's empty barrier
+//          after staging, and warp 2 once its reduces have read the stage (one more arrival),
+//          so the stage goes back to the producer only then.
+//   determ deterministic=True stages both slices: warp 2 adds a query tile's dQ in the fixed
+//          order of common/dq_order.cuh (DqOrder<64, 64>: the counters' 64-row tiles; chains
+//          p.dq_chains).
 // Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
 // no dropout: everything else runs the mma.sync backward.
 #pragma once
@@ -46,6 +48,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "common/flash.h"
 #include "common/launch.h"
@@ -95,8 +98,10 @@ struct BwdTraitsD256 {
                 "register budget: setmaxnreg.inc would hang");
 };
 
-// kDet: deterministic mode (dq_order_warp, the dQ staged in the stage's dead chunks).
-template <typename Element, bool kDet>
+// kStaged: the dQ slices (of 2) staged in the stage's dead chunks and added by warp 2
+// (dq_order_warp) instead of the consumers' red.global.add; the rest by red.global.add.
+// Deterministic mode needs 2 (warp 2 adds in the fixed order).
+template <typename Element, int kStaged>
 __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
     bwd_kernel_d256(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -122,18 +127,21 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
   const int head_k = blockIdx.y, batch = blockIdx.z;
   const int group = p.nheads / p.nheads_k;
   const BwdSeq<false> seq(p, batch);
-  // kDet: the dQ order's K/V tile (launched last first when descending) and rotated walk.
+  static_assert(kStaged >= 0 && kStaged <= 2, "dQ slices staged");
+  // Deterministic (kStaged 2): the dQ order's K/V tile (launched last first when descending)
+  // and rotated walk.
   const DqOrder<kBlockM, kBlockN> order(p, seq.seqlen_q(), seq.seqlen_k(),
                                         (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
-  const int n_block = kDet ? order.n_block() : int(blockIdx.x);
+  const int n_block = kStaged == 2 ? order.n_block() : int(blockIdx.x);
   const int n0 = n_block * kBlockN;
-  const BwdRange range(p, seq, n0, kBlockM, group, kDet && order.rotate, n_block, kBlockN);
+  const BwdRange range(p, seq, n0, kBlockM, group,
+                       kStaged == 2 && p.deterministic && order.rotate, n_block, kBlockN);
   // Programmatic dependent launch (BwdParams::pdl, bwd_launch.cuh): the dQ convert may be
   // scheduled now (it waits for this grid's end); this grid itself may have started before
   // the preprocess ended, so warp 1 waits for it (griddep_wait) before its first dsum load.
   ptx::griddep_launch_dependents();
   if (tid == 0) {
-    st.init(128 * Traits::kConsumers + (kDet ? 1 : 0));  // kDet: + warp 2
+    st.init(128 * Traits::kConsumers + (kStaged ? 1 : 0));  // staged: + warp 2
     mbar_fence_init();
   }
   __syncthreads();
@@ -145,7 +153,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       load_tiles(args, seq, range, st, n0, head_k, group);
     } else if (warp == 1) {
       load_rows(p, seq, range, st, batch, head_k * group, lane);
-    } else if (kDet && warp == 2) {
+    } else if (kStaged > 0 && warp == 2) {
       // The consumers' staged 16 x 64 blocks (warp 4 c + w, slice j: column chunk 2 c + j of
       // rows 16 w..+16, staged at 4096 j of its 8 KiB, chunk 2 c + w % 2 of sQ[s] (w < 2) or
       // sdO[s]); columns past a padded head dim skipped; then stage s goes back.
@@ -156,7 +164,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
           const int c = i / 4, w = i % 4;
           const uint32_t src = (w < 2 ? sQ : sdO) + stage + (2 * c + w % 2) * Traits::kQChunkBytes;
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
+          for (int j = 0; j < kStaged; ++j) {
             const int tiles = min(8, (p.headdim - 64 * (2 * c + j)) / 8);
             if (16 * w < rows && tiles > 0)
               bulk_reduce_add_f32(dq_tile + 16 * w * p.headdim + 16 * 64 * (2 * c + j),
@@ -318,13 +326,13 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       float acc_dq0[32], acc_dq1[32];
       gemm_dq(acc_dq0, sdS_t, 0);
       // dV and dK done: sQ, sdO, LSE, dsum of stage s are read (dQ reads sK and sdS only);
-      // kDet: released after staging dQ into the stage (below).
+      // Staged: released after staging dQ into the stage (below).
       wgmma_wait<1>();
       fence_regs(acc_dk);
       fence_regs(acc_dv);
       fence_regs(rP);
       fence_regs(rdS);
-      if constexpr (!kDet) mbar_arrive(st.empty(s));
+      if constexpr (kStaged == 0) mbar_arrive(st.empty(s));
       gemm_dq(acc_dq1, sdS_t, 1);
 
       // dq_accum (ws_dq_index, as bwd_kernel.cuh's non-bulk path): the warp's 16 rows x 64
@@ -341,7 +349,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
                               acc[4 * nt + 2], acc[4 * nt + 3]);
         }
       };
-      // kDet: slice j of the warp staged (in accumulator order, each store the warp's 512
+      // Slice j < kStaged of the warp staged (in accumulator order, each store the warp's 512
       // contiguous bytes) at 4096 j of its 8 KiB: chunk 2 c + w % 2 of sQ[s] (warps 0, 1) or
       // sdO[s] (2, 3), dead since dV / dK (the header); warp 2 adds them.
       const uint32_t sdq = (warp_in_wg < 2 ? sQ : sdO) + s * Traits::kQBytes +
@@ -354,21 +362,26 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
                          acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
         }
       };
-      wgmma_wait<1>();
-      fence_regs(acc_dq0);
-      if constexpr (kDet) stage_dq(acc_dq0, 0);
-      else add_dq(acc_dq0, 0);
-      wgmma_wait<0>();
-      fence_regs(acc_dq1);
-      if constexpr (kDet) {
-        stage_dq(acc_dq1, 1);
-        fence_proxy_async();  // the generic-proxy stores, before warp 2's async-proxy reads
-        // This thread's reads of the stage (LSE, dsum) and staging stores are done; the stage
-        // goes back once warp 2 arrives too, after its reduces read the staging.
+      // The staged slices go to warp 2: after the generic-proxy stores, before its async-proxy
+      // reads. This thread's reads of the stage (LSE, dsum) and staging stores are done; the
+      // stage goes back once warp 2 arrives too, after its reduces read the staging. Warp 2
+      // has taken step t - 1's staging first (so that the arrivals below are step t's).
+      auto hand_over = [&]() {
+        fence_proxy_async();
         mbar_arrive(st.empty(s));
-        // Warp 2 has taken step t - 1's staging (so that the arrivals below are step t's).
         if (t > 0) named_sync(kBarDqEmpty, 256 + 32);
         named_arrive(kBarDqFull, 256 + 32);
+      };
+      wgmma_wait<1>();
+      fence_regs(acc_dq0);
+      if constexpr (kStaged > 0) stage_dq(acc_dq0, 0);
+      else add_dq(acc_dq0, 0);
+      if constexpr (kStaged == 1) hand_over();
+      wgmma_wait<0>();
+      fence_regs(acc_dq1);
+      if constexpr (kStaged == 2) {
+        stage_dq(acc_dq1, 1);
+        hand_over();
       } else {
         add_dq(acc_dq1, 1);
       }
@@ -386,15 +399,25 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
 #endif
 }
 
-template <typename Element, bool kDet>
+template <typename Element, int kStaged>
 void launch_bwd_d256(const BwdArgs& args, cudaStream_t stream) {
   using Traits = BwdTraitsD256;
-  constexpr auto kernel = bwd_kernel_d256<Element, kDet>;
+  constexpr auto kernel = bwd_kernel_d256<Element, kStaged>;
   raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(sm90 bwd_kernel_d256, smem)");
   const BwdParams& p = args.p;
   const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
   launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream, p.pdl,
                 "sm90 bwd_kernel_d256 launch", args);
+}
+
+// EXPERIMENT (eighteenth session): FLASHATTN2_SM90_BWD_D256_STAGED=0 / 1 / 2, read once, the
+// dQ slices staged for warp 2 in non-deterministic calls (default 0: red.global.add only).
+inline int sm90_bwd_d256_staged() {
+  static const int staged = [] {
+    const char* e = std::getenv("FLASHATTN2_SM90_BWD_D256_STAGED");
+    return e ? std::atoi(e) : 0;
+  }();
+  return staged;
 }
 
 // Host: TMA maps (64-row boxes for all four), preprocess, the kernel, dQ convert (the last two
@@ -416,12 +439,16 @@ bool run_bwd_sm90_d256(const BwdParams& p, cudaStream_t stream) {
                    p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
   if (!mapped) return false;
   run_bwd_preprocess<Element, Traits::kHeadDim>(p, stream);
-  // Deterministic mode (sm90_bwd_d256_supports: dq_bulk + dq_warp builds): its own instance.
-  constexpr bool kDetBuilt = FLASHATTN2_SM90_BWD_DQ_BULK && FLASHATTN2_SM90_BWD_DQ_WARP;
-  if (kDetBuilt && p.deterministic)
-    launch_bwd_d256<Element, kDetBuilt>(args, stream);
+  // Deterministic mode (sm90_bwd_d256_supports: dq_bulk + dq_warp builds): both slices
+  // staged, warp 2 adds them in order.
+  constexpr bool kStagedBuilt = FLASHATTN2_SM90_BWD_DQ_BULK && FLASHATTN2_SM90_BWD_DQ_WARP;
+  const int staged = p.deterministic ? 2 : sm90_bwd_d256_staged();
+  if (kStagedBuilt && staged == 2)
+    launch_bwd_d256<Element, kStagedBuilt ? 2 : 0>(args, stream);
+  else if (kStagedBuilt && staged == 1)
+    launch_bwd_d256<Element, kStagedBuilt ? 1 : 0>(args, stream);
   else
-    launch_bwd_d256<Element, false>(args, stream);
+    launch_bwd_d256<Element, 0>(args, stream);
   run_bwd_convert_dq<Element, Traits::kHeadDim>(p, p.pdl, stream);
   return true;
 }
