@@ -29,7 +29,9 @@ start)
             "$JOB" "$@" < /dev/null &
     )
     ;;
-wait) ;;
+wait)
+    # A fresh machine (the last one went back) has no job: say so at once, not after WAIT.
+    [ -d "$JOB" ] || { echo "no job at $JOB (a fresh machine?)" | tee "$OUT/state.txt"; exit 3; } ;;
 *) echo "usage: $0 start CMD... | wait" >&2; exit 2 ;;
 esac
 

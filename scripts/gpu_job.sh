@@ -56,7 +56,8 @@ ab_bench() {
 }
 # base: the same build of a base commit's cpp/ and python/ (`.base`, made here by
 # `rm -rf .base && mkdir .base && git archive REV cpp python | tar -x -C .base`, carried to the
-# device: `.base` is git-ignored), for A/B runs against it in one job (fwdab, bwdab).
+# device: `.base` is git-ignored), for A/B runs against it in one job (fwdab, bwdab); its head
+# dims BASE_HEAD_DIMS (default HEAD_DIMS or 64;128;256).
 if want base && [ -d .base/cpp ]; then
     stamp "base build (.base/cpp), in the background"
     rm -rf /tmp/base_src && mkdir -p /tmp/base_src
@@ -66,7 +67,7 @@ if want base && [ -d .base/cpp ]; then
     done
     ( cd /tmp/base_src && python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/base_whl . \
         -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real \
-        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${HEAD_DIMS:-64;128;256}" -C build-dir=/tmp/build-base \
+        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${BASE_HEAD_DIMS:-${HEAD_DIMS:-64;128;256}}" -C build-dir=/tmp/build-base \
         ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"} \
       && rm -rf /tmp/base && python3 -m zipfile -e /tmp/base_whl/*.whl /tmp/base ) \
         > "$O/base_build.txt" 2>&1 &

@@ -22,24 +22,23 @@
 //              queries: the own half's two k16 steps from registers (RS), the partner's from
 //              sP / sdS (SS, K-major))
 //            dQ[:, 128 c + 64 j..+64] = dS K[:, ...] for j = 0, 1 (SS m64 n64, A = sdS read
-//              M-major, as bwd_kernel.cuh's dQ); stage released once dV / dK are done;
-//              red.global.add.v4 of each slice into dq_accum (no room for dq_bulk staging;
-//              staging in the stage's dead sQ / sdO chunks measured 0.92x: shared memory
-//              bandwidth)
+//              M-major, as bwd_kernel.cuh's dQ), staged (below) for producer warp 2's bulk
+//              reduce-adds into dq_accum
 //          sP / sdS are double-buffered by stage: the reuse argument of bwd_kernel.cuh (one
 //          named barrier per step) holds unchanged.
-//   staged kStaged slices of the two (dq_bulk + dq_warp builds; the default instance stages
-//          none, its code unchanged): producer warp 2 (bwd_producer.cuh dq_order_warp) adds
-//          them by bulk reduces instead of the consumers' red.global.add. Once dV / dK are
-//          done, the warpgroup's own column chunks 2 c, 2 c + 1 of sQ[s] and sdO[s] are read
-//          by nobody any more (both warpgroups' S^T / dP^T ended before the named barrier;
-//          the partner's dV / dK read its own chunks), so they stage its dQ (16 KiB a slice;
-//          the staging of branch bwd256-bulk, 38ac281, whose consumer-issued reduces ran at
-//          0.92x the red.global path); the consumers arrive on the stage's empty barrier
-//          after staging, and warp 2 once its reduces have read the stage (one more arrival),
-//          so the stage goes back to the producer only then.
-//   determ deterministic=True stages both slices: warp 2 adds a query tile's dQ in the fixed
-//          order of common/dq_order.cuh (DqOrder<64, 64>: the counters' 64-row tiles; chains
+//   dQ     staged (kStaged: dq_bulk + dq_warp builds; else each slice goes out by
+//          red.global.add.v4 from the consumers and the stage is released once dV / dK are
+//          done). Once dV / dK are done, the warpgroup's own column chunks 2 c, 2 c + 1 of
+//          sQ[s] and sdO[s] are read by nobody any more (both warpgroups' S^T / dP^T ended
+//          before the named barrier; the partner's dV / dK read its own chunks), so they
+//          stage its dQ (16 KiB a slice). The consumers arrive on the stage's empty barrier
+//          after staging, and warp 2 (bwd_producer.cuh dq_order_warp) once its bulk reduces
+//          have read the stage (one more arrival), so the stage goes back to the producer
+//          only then. Measured against red.global.add (eighteenth session): +3 to +11 %
+//          (bf16, 1k-8k); the L2 was the busy unit (ncu). The same staging with the
+//          consumers issuing the reduces ran at 0.92x (branch bwd256-bulk, 38ac281).
+//   determ deterministic=True: warp 2 adds a query tile's dQ in the fixed order of
+//          common/dq_order.cuh (DqOrder<64, 64>: the counters' 64-row tiles; chains
 //          p.dq_chains).
 // Limits (sm90_bwd_supports at 256): dense, full / causal / window, no softcap / ALiBi / bias,
 // no dropout: everything else runs the mma.sync backward.
@@ -48,7 +47,6 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
 
 #include "common/flash.h"
 #include "common/launch.h"
@@ -98,10 +96,9 @@ struct BwdTraitsD256 {
                 "register budget: setmaxnreg.inc would hang");
 };
 
-// kStaged: the dQ slices (of 2) staged in the stage's dead chunks and added by warp 2
-// (dq_order_warp) instead of the consumers' red.global.add; the rest by red.global.add.
-// Deterministic mode needs 2 (warp 2 adds in the fixed order).
-template <typename Element, int kStaged>
+// kStaged: the dQ staged in the stage's dead chunks and added by warp 2 (dq_order_warp, also
+// deterministic mode's order) instead of by the consumers' red.global.add.
+template <typename Element, bool kStaged>
 __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
     bwd_kernel_d256(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -127,15 +124,14 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
   const int head_k = blockIdx.y, batch = blockIdx.z;
   const int group = p.nheads / p.nheads_k;
   const BwdSeq<false> seq(p, batch);
-  static_assert(kStaged >= 0 && kStaged <= 2, "dQ slices staged");
-  // Deterministic (kStaged 2): the dQ order's K/V tile (launched last first when descending)
+  // Deterministic: the dQ order's K/V tile (launched last first when descending)
   // and rotated walk.
   const DqOrder<kBlockM, kBlockN> order(p, seq.seqlen_q(), seq.seqlen_k(),
                                         (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
-  const int n_block = kStaged == 2 ? order.n_block() : int(blockIdx.x);
+  const int n_block = kStaged ? order.n_block() : int(blockIdx.x);
   const int n0 = n_block * kBlockN;
   const BwdRange range(p, seq, n0, kBlockM, group,
-                       kStaged == 2 && p.deterministic && order.rotate, n_block, kBlockN);
+                       kStaged && p.deterministic && order.rotate, n_block, kBlockN);
   // Programmatic dependent launch (BwdParams::pdl, bwd_launch.cuh): the dQ convert may be
   // scheduled now (it waits for this grid's end); this grid itself may have started before
   // the preprocess ended, so warp 1 waits for it (griddep_wait) before its first dsum load.
@@ -153,7 +149,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       load_tiles(args, seq, range, st, n0, head_k, group);
     } else if (warp == 1) {
       load_rows(p, seq, range, st, batch, head_k * group, lane);
-    } else if (kStaged > 0 && warp == 2) {
+    } else if (kStaged && warp == 2) {
       // The consumers' staged 16 x 64 blocks (warp 4 c + w, slice j: column chunk 2 c + j of
       // rows 16 w..+16, staged at 4096 j of its 8 KiB, chunk 2 c + w % 2 of sQ[s] (w < 2) or
       // sdO[s]); columns past a padded head dim skipped; then stage s goes back.
@@ -164,7 +160,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
           const int c = i / 4, w = i % 4;
           const uint32_t src = (w < 2 ? sQ : sdO) + stage + (2 * c + w % 2) * Traits::kQChunkBytes;
 #pragma unroll
-          for (int j = 0; j < kStaged; ++j) {
+          for (int j = 0; j < 2; ++j) {
             const int tiles = min(8, (p.headdim - 64 * (2 * c + j)) / 8);
             if (16 * w < rows && tiles > 0)
               bulk_reduce_add_f32(dq_tile + 16 * w * p.headdim + 16 * 64 * (2 * c + j),
@@ -332,7 +328,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
       fence_regs(acc_dv);
       fence_regs(rP);
       fence_regs(rdS);
-      if constexpr (kStaged == 0) mbar_arrive(st.empty(s));
+      if constexpr (!kStaged) mbar_arrive(st.empty(s));
       gemm_dq(acc_dq1, sdS_t, 1);
 
       // dq_accum (ws_dq_index, as bwd_kernel.cuh's non-bulk path): the warp's 16 rows x 64
@@ -349,7 +345,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
                               acc[4 * nt + 2], acc[4 * nt + 3]);
         }
       };
-      // Slice j < kStaged of the warp staged (in accumulator order, each store the warp's 512
+      // Slice j of the warp staged (in accumulator order, each store the warp's 512
       // contiguous bytes) at 4096 j of its 8 KiB: chunk 2 c + w % 2 of sQ[s] (warps 0, 1) or
       // sdO[s] (2, 3), dead since dV / dK (the header); warp 2 adds them.
       const uint32_t sdq = (warp_in_wg < 2 ? sQ : sdO) + s * Traits::kQBytes +
@@ -362,26 +358,21 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
                          acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]);
         }
       };
-      // The staged slices go to warp 2: after the generic-proxy stores, before its async-proxy
-      // reads. This thread's reads of the stage (LSE, dsum) and staging stores are done; the
-      // stage goes back once warp 2 arrives too, after its reduces read the staging. Warp 2
-      // has taken step t - 1's staging first (so that the arrivals below are step t's).
-      auto hand_over = [&]() {
-        fence_proxy_async();
-        mbar_arrive(st.empty(s));
-        if (t > 0) named_sync(kBarDqEmpty, 256 + 32);
-        named_arrive(kBarDqFull, 256 + 32);
-      };
       wgmma_wait<1>();
       fence_regs(acc_dq0);
-      if constexpr (kStaged > 0) stage_dq(acc_dq0, 0);
+      if constexpr (kStaged) stage_dq(acc_dq0, 0);
       else add_dq(acc_dq0, 0);
-      if constexpr (kStaged == 1) hand_over();
       wgmma_wait<0>();
       fence_regs(acc_dq1);
-      if constexpr (kStaged == 2) {
+      if constexpr (kStaged) {
         stage_dq(acc_dq1, 1);
-        hand_over();
+        fence_proxy_async();  // the generic-proxy stores, before warp 2's async-proxy reads
+        // This thread's reads of the stage (LSE, dsum) and staging stores are done; the stage
+        // goes back once warp 2 arrives too, after its reduces read the staging.
+        mbar_arrive(st.empty(s));
+        // Warp 2 has taken step t - 1's staging (so that the arrivals below are step t's).
+        if (t > 0) named_sync(kBarDqEmpty, 256 + 32);
+        named_arrive(kBarDqFull, 256 + 32);
       } else {
         add_dq(acc_dq1, 1);
       }
@@ -399,7 +390,7 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
 #endif
 }
 
-template <typename Element, int kStaged>
+template <typename Element, bool kStaged>
 void launch_bwd_d256(const BwdArgs& args, cudaStream_t stream) {
   using Traits = BwdTraitsD256;
   constexpr auto kernel = bwd_kernel_d256<Element, kStaged>;
@@ -408,16 +399,6 @@ void launch_bwd_d256(const BwdArgs& args, cudaStream_t stream) {
   const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.nheads_k, p.batch);
   launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream, p.pdl,
                 "sm90 bwd_kernel_d256 launch", args);
-}
-
-// EXPERIMENT (eighteenth session): FLASHATTN2_SM90_BWD_D256_STAGED=0 / 1 / 2, read once, the
-// dQ slices staged for warp 2 in non-deterministic calls (default 0: red.global.add only).
-inline int sm90_bwd_d256_staged() {
-  static const int staged = [] {
-    const char* e = std::getenv("FLASHATTN2_SM90_BWD_D256_STAGED");
-    return e ? std::atoi(e) : 0;
-  }();
-  return staged;
 }
 
 // Host: TMA maps (64-row boxes for all four), preprocess, the kernel, dQ convert (the last two
@@ -439,16 +420,10 @@ bool run_bwd_sm90_d256(const BwdParams& p, cudaStream_t stream) {
                    p.v_head_stride, p.v_batch_stride, Traits::kBlockN);
   if (!mapped) return false;
   run_bwd_preprocess<Element, Traits::kHeadDim>(p, stream);
-  // Deterministic mode (sm90_bwd_d256_supports: dq_bulk + dq_warp builds): both slices
-  // staged, warp 2 adds them in order.
-  constexpr bool kStagedBuilt = FLASHATTN2_SM90_BWD_DQ_BULK && FLASHATTN2_SM90_BWD_DQ_WARP;
-  const int staged = p.deterministic ? 2 : sm90_bwd_d256_staged();
-  if (kStagedBuilt && staged == 2)
-    launch_bwd_d256<Element, kStagedBuilt ? 2 : 0>(args, stream);
-  else if (kStagedBuilt && staged == 1)
-    launch_bwd_d256<Element, kStagedBuilt ? 1 : 0>(args, stream);
-  else
-    launch_bwd_d256<Element, 0>(args, stream);
+  // The dQ staged for warp 2 where built (dq_bulk + dq_warp; deterministic mode needs it:
+  // sm90_bwd_d256_supports), by red.global.add otherwise.
+  launch_bwd_d256<Element, FLASHATTN2_SM90_BWD_DQ_BULK && FLASHATTN2_SM90_BWD_DQ_WARP>(args,
+                                                                                    stream);
   run_bwd_convert_dq<Element, Traits::kHeadDim>(p, p.pdl, stream);
   return true;
 }
