@@ -175,8 +175,8 @@ SM90_DBIAS = _env_flag("FLASHATTN2_SM90_DBIAS", "1")
 # a bias on its kernel instances (a producer warp issues the dQ reduces and, deterministic,
 # waits for the dQ turns); FLASHATTN2_SM90_DQ_WARP=0 at import, or the sm90_dq_warp(False)
 # context manager, keeps them on the consumer warps (for A/B comparisons; deterministic: the
-# same dq bits). The d256 Hopper backward's deterministic instance always runs the order on
-# its producer warp (it has no other; the switch does not apply there).
+# same dq bits). The d256 Hopper backward always adds its dQ from its producer warp where
+# built (it has no other instance then; the switch does not apply there).
 # Without the build item it does nothing.
 SM90_DQ_WARP = _env_flag("FLASHATTN2_SM90_DQ_WARP", "1")
 # True (the default): the Hopper backward launches its main kernel and its dQ convert as
