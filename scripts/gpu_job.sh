@@ -258,6 +258,13 @@ if want fncu; then
         python3 scripts/sass_stalls.py "$O/src_fwd_d$1_s$2_c$3.csv" 2>&1 | head -n 40
     done
 fi
+# power: benchmarks/bench_power.py (sustained runs on a warm GPU: TFLOP/s, SM clock, power,
+# pJ per FLOP) with POWER_ARGS (e.g. "--headdims 64,128 --seconds 10"), only where it is set.
+if want power && [ -n "${POWER_ARGS+x}" ]; then
+    stamp "bench_power $POWER_ARGS"
+    # shellcheck disable=SC2086
+    python3 benchmarks/bench_power.py --out "$O/power" $POWER_ARGS 2> /dev/null | tail -n 30
+fi
 # xncu: ncu.sh per spec of XNCU ("PASS:IMPL:HEAD_DIM:SEQLEN:CAUSAL:BATCH", e.g.
 # "decode:cudnn:128:8192:0:16" or "fwd:ours:128:512:0:32"): sections, then source counters.
 if want xncu && [ -n "${XNCU:-}" ]; then

@@ -192,3 +192,33 @@ def test_plot_only_takes_each_impls_best_round():
             row("sdpa_cudnn", 320, "a"), row("sdpa_cudnn", 305, "b")]
     best = {r["impl"]: r["tflops"] for r in bench.best_rows(rows)}
     assert best == {"flashattn2": 310, "sdpa_cudnn": 320} and len(bench.best_rows(rows)) == 2
+
+
+def test_bench_power_reads_nvidia_smi_lines_and_takes_the_steady_half():
+    """benchmarks/bench_power.py without a GPU: its nvidia-smi parsing and its steady-state
+    summary (the last half of a run: throughput from the chunks, median clock / power from the
+    samples, pJ per FLOP = W / (TFLOP/s))."""
+    import datetime
+
+    import bench_power as bp
+    s = bp.parse_smi_line("2026/11/27 07:21:57.766, 1980 MHz, 134.56 W, 48, 0x0000000000000004")
+    assert s["clock"] == 1980 and s["power"] == 134.56 and s["temp"] == 48
+    assert s["reasons"] == "0x0000000000000004" and s["time"].microsecond == 766000
+    assert bp.parse_smi_line("timestamp, clocks.current.sm [MHz], power.draw [W]") is None
+    assert bp.parse_smi_line("2026/11/27 07:21:57.766, [N/A], 1 W, 48, 0x0") is None
+    t0 = datetime.datetime(2026, 11, 27, 7, 0, 0)
+    at = lambda sec: t0 + datetime.timedelta(seconds=sec)  # noqa: E731
+    # 10 chunks of 1 s: 100 TFLOP each in the first half, 50 in the second (the GPU warmed).
+    chunks = [(at(i + 1), 1.0, (100 if i < 5 else 50) * 1e12) for i in range(10)]
+    samples = [dict(time=at(i + 0.5), clock=1980 if i < 5 else 1600 + i, power=700.0,
+                    temp=60 + i, reasons="0x4") for i in range(10)]
+    st = bp.steady(chunks, samples, t0, at(10))
+    assert st["tflops"] == pytest.approx(50.0)
+    assert st["clock_mhz"] == 1607 and st["power_w"] == 700 and st["temp_max"] == 69
+    assert st["pj_per_flop"] == pytest.approx(14.0) and st["reasons"] == ["0x4"]
+    assert bp.steady([], [], t0, at(1))["tflops"] is None
+    a = bp.parse_args([])
+    assert (a.modes, a.impls, a.seqlens) == (["bwd"], ["flashattn2", "sdpa_cudnn"], [8192])
+    for bad in (["--modes", "fwdd"], ["--seconds", "0"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            bp.parse_args(bad)
