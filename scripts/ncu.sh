@@ -9,11 +9,17 @@
 #                  with enable_gqa)
 #   SOURCE=out.csv ...  (instead: per-SASS-line executed instructions and stall samples,
 #                        SourceCounters + WarpStateStats, as CSV; sum them by opcode)
+#   TOTALS=1 ...   (instead: every kernel of the last call's pass, between cudaProfilerStart /
+#                  Stop, summed: DRAM, L2 and L2-reduction bytes, LSU shared-memory wavefronts
+#                  (ld / st / ldmatrix / stmatrix; not wgmma's operand reads), instructions,
+#                  tensor-pipe cycles, each also per GFLOP. Any IMPL and PASS, cuDNN's
+#                  backward included: the eighteenth session's power question, where do our
+#                  backward's extra joules go)
 # Sections: speed of light, occupancy, launch, warp states, compute, memory, scheduler, and
 # the average stall cycles per instruction by reason, and the tensor pipe's active share.
 set -euo pipefail
 PASS=${PASS:-fwd} HEAD_DIM=${HEAD_DIM:-128} SEQLEN=${SEQLEN:-4096} CAUSAL=${CAUSAL:-0}
-IMPL=${IMPL:-ours} SOURCE=${SOURCE:-} BATCH=${BATCH:-16} SPLITS=${SPLITS:-0}
+IMPL=${IMPL:-ours} SOURCE=${SOURCE:-} BATCH=${BATCH:-16} SPLITS=${SPLITS:-0} TOTALS=${TOTALS:-0}
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 script=$(mktemp --suffix=.py)
 cat > "$script" <<PY
@@ -29,7 +35,11 @@ if "$PASS" == "decode":
     q = torch.randn(b, 1, 32, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, s, 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 backend = SDPBackend.CUDNN_ATTENTION if "$IMPL" == "cudnn" else SDPBackend.FLASH_ATTENTION
-for _ in range(2):
+profiler = torch.cuda.cudart()
+for i in range(2):
+    mark = $TOTALS and i == 1  # TOTALS: the range of the last call's pass
+    if mark and not bwd:
+        profiler.cudaProfilerStart()
     if "$PASS" == "decode" and "$IMPL" == "ours":
         out = flashattn2.flash_attn_with_kvcache(q, k, v, num_splits=$SPLITS)
     elif "$IMPL" != "ours":
@@ -40,9 +50,44 @@ for _ in range(2):
     else:
         out = flashattn2.flash_attn_func(q, k, v, causal=bool($CAUSAL))
     if bwd:
-        out.backward(torch.randn_like(out))
-torch.cuda.synchronize()
+        dout = torch.randn_like(out)
+        torch.cuda.synchronize()
+        if mark:
+            profiler.cudaProfilerStart()
+        out.backward(dout)
+    torch.cuda.synchronize()
+    if mark:
+        profiler.cudaProfilerStop()
+if "$PASS" != "decode":
+    print(f"FLOP {4 * b * s * s * h * d * (0.5 if $CAUSAL else 1) * (2.5 if bwd else 1):.6e}")
 PY
+if [ "$TOTALS" = 1 ]; then
+    m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
+    m=$m,lts__t_sectors_op_red.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum
+    m=$m,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.sum
+    csv=$(mktemp --suffix=.csv)
+    "$NCU" --profile-from-start off --clock-control none --metrics "$m" --csv --page raw \
+        --print-units base python3 "$script" > "$csv"
+    python3 - "$csv" <<'SUM'
+import csv, re, sys
+text = open(sys.argv[1]).read()
+found = re.search(r"^FLOP (\S+)", text, re.M)
+gflop = float(found.group(1)) / 1e9 if found else None
+rows = [r for r in csv.DictReader(l for l in text.splitlines() if l.startswith('"'))
+        if r.get("Kernel Name") and r.get("ID", "").isdigit()]
+keys = [k for k in rows[0] if "__" in k] if rows else []
+num = lambda x: float(x.replace(",", "")) if x not in ("", "n/a") else 0.0
+for r in rows:
+    print(f"{r['Kernel Name'][:90]}: " + ", ".join(f"{k} {r[k]}" for k in keys))
+print(f"\n{len(rows)} kernels" + (f", {gflop:.1f} GFLOP; totals (per GFLOP):" if gflop else
+                                  "; totals:"))
+for k in keys:
+    tot = sum(num(r[k]) for r in rows)
+    print(f"  {k:55s} {tot:.4e}" + (f"  ({tot / gflop:.4e})" if gflop else ""))
+SUM
+    rm -f "$csv" "$script"
+    exit
+fi
 stalls=barrier,long_scoreboard,short_scoreboard,math_pipe_throttle,lg_throttle,mio_throttle,wait
 metrics=$(echo "$stalls" | tr ',' '\n' | sed 's/^/smsp__average_warp_latency_issue_stalled_/' | paste -sd,)
 # (and the tensor pipe's busy share: HGMMA counts there too)
