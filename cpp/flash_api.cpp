@@ -1,10 +1,10 @@
-// Host API: argument checks, device guard, arch check and dispatch from runtime values
-// (dtype, head dim) to the compiled template instances.
+// Host API: argument checks, arch check and dispatch from runtime values (dtype, head dim)
+// to the compiled template instances; the backward is in flash_api_bwd.cpp, the split-KV
+// heuristics in flash_api_splits.cpp, what they share in flash_api_internal.h.
 #include "flash_api.h"
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -13,41 +13,19 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
-#include <utility>
 
 #include "built_config.h"
-#include "sm80/bwd_config.h"
+#include "flash_api_internal.h"
 #include "sm80/decode_config.h"
 #include "sm80/fwd_config.h"
-#include "sm90/bwd_config.h"
 #include "sm90/fwd_config.h"
 #include "common/launch.h"
 #include "fp32/fwd_config.h"
 #include "fp32/launch.h"
-#include "fp32/wg_bwd_config.h"
 #include "fp32/wg_config.h"
 
 namespace flashattn2 {
 namespace {
-
-template <int... Ds>
-struct IntList {
-  static std::vector<int> vec() { return {Ds...}; }
-  // Calls f(std::integral_constant<int, D>{}) for the D equal to `value`; false if none.
-  template <typename F>
-  static bool dispatch(int value, F&& f) {
-    return ((value == Ds ? (f(std::integral_constant<int, Ds>{}), true) : false) || ...);
-  }
-};
-
-using HeadDims = IntList<FLASHATTN2_HEAD_DIMS>;
-using BwdHeadDims = IntList<FLASHATTN2_BWD_HEAD_DIMS>;
-using Sm90HeadDims = IntList<FLASHATTN2_SM90_HEAD_DIMS>;
-using Sm90BwdHeadDims = IntList<FLASHATTN2_SM90_BWD_HEAD_DIMS>;
-using DecodeHeadDims = IntList<FLASHATTN2_DECODE_HEAD_DIMS>;
-using SassArchs = IntList<FLASHATTN2_SASS_ARCHS>;
-using PtxArchs = IntList<FLASHATTN2_PTX_ARCHS>;
 
 std::string join_archs(const std::vector<int>& archs, const char* prefix) {
   std::string out;
@@ -64,35 +42,11 @@ std::string built_archs_text() {
   return text;
 }
 
-// Restores the caller's current device when it goes out of scope.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
-void require(bool ok, const std::string& message) {
-  if (!ok) throw std::invalid_argument("flashattn2: " + message);
-}
-
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
 
-namespace {
 std::atomic<bool> g_native_d16{true};  // set_native_d16
-}  // namespace
 
 void set_native_d16(bool enabled) { g_native_d16.store(enabled, std::memory_order_relaxed); }
 
@@ -205,6 +159,8 @@ Params checked(const Params& params, std::initializer_list<const void*> pointers
   return p;
 }
 
+}  // namespace
+
 // The forward's and the backward's tensors: every pointer and stride they read or write.
 FwdParams checked(const FwdParams& p) {
   return checked(p, {p.q, p.k, p.v, p.o, p.lse},
@@ -236,19 +192,6 @@ void require_supported_device(int device) {
   }
 }
 
-template <typename F>
-void dispatch_dtype(DType dtype, F&& f) {
-  if (dtype == DType::kFloat16) {
-    f(__half{});
-  } else {
-    f(__nv_bfloat16{});
-  }
-}
-
-}  // namespace
-
-namespace {
-
 int sm_count(int device) {
   static std::array<std::atomic<int>, kMaxDevices> counts{};
   int n = counts[device].load(std::memory_order_relaxed);
@@ -259,8 +202,6 @@ int sm_count(int device) {
   }
   return n;
 }
-
-}  // namespace
 
 bool sm90_fwd_applies(int device, int headdim, int seqlen_q, bool dropout, bool kv_cache_layout) {
   require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
@@ -282,24 +223,6 @@ int64_t sm90_fwd_stream_k_floats(int device, int batch, int nheads, int seqlen_q
 }
 
 namespace {
-
-// The float32 forward / backward (cpp/fp32, FLASHATTN2_EXPERIMENTAL=fp32 builds): dense or
-// varlen (cu_seqlens_q and cu_seqlens_k) attention with causal / window, GQA, ragged tails,
-// softcap and ALiBi; nothing else.
-template <typename Params>
-void require_fp32_supported(const Params& p) {
-  require(FLASHATTN2_FP32,
-          "float32 inputs need a build with fp32 in FLASHATTN2_EXPERIMENTAL (the default)");
-  require(fp32_kernel_head_dim(p.headdim) > 0,
-          "float32 supports head dims up to 128, got " + std::to_string(p.headdim));
-  require(!p.seqused_k && !p.leftpad_k && !p.kv_batch_idx && !p.block_table &&
-              p.seqlen_k_new == 0,
-          "float32 runs dense or varlen attention only: no KV cache");
-  require(!p.cu_seqlens_q == !p.cu_seqlens_k,
-          "float32 varlen takes both cu_seqlens_q and cu_seqlens_k");
-  require(p.dropout_threshold == 0 && !has_bias(p),
-          "float32 supports no dropout or attention bias");
-}
 
 #if FLASHATTN2_FP32WG
 // Whether the Hopper float32 forward (fp32/wg_kernel.cuh) takes `p` (checked, float32): built
@@ -344,64 +267,6 @@ int mha_fwd_fp32(const FwdParams& params, int device, void* stream, bool allow_s
     case 32: run_fwd_fp32<32>(p, s); break;
     case 64: run_fwd_fp32<64>(p, s); break;
     default: run_fwd_fp32<128>(p, s); break;
-  }
-#else
-  (void)s;
-#endif
-  return 80;
-}
-
-#if FLASHATTN2_FP32WG
-// Whether the Hopper float32 backward (fp32/wg_bwd_kernel.cuh) takes `p` (checked, float32):
-// built, asked for (BwdParams::fp32wg_bwd) and allowed, an sm_90 GPU with the shared memory,
-// kernel head dim 64, dense, full or a right window only (causal), no softcap / ALiBi, not
-// deterministic (require_fp32_supported has refused dropout and a bias).
-bool fp32wg_bwd_supports(const BwdParams& p, int kd, int device, bool allow) {
-  return FLASHATTN2_FP32WG && allow && p.fp32wg_bwd && fp32wg_bwd_head_dim(kd) &&
-         !p.cu_seqlens_q && !p.cu_seqlens_k && p.window_left < 0 && p.softcap <= 0.f &&
-         !p.alibi_slopes && !p.deterministic && compute_capability(device) == 90 &&
-         fp32wg_bwd_smem_bytes(kd) <= max_smem_per_block(device);
-}
-// The same for the d128 one (fp32/wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128): the same
-// cases at kernel head dim 128.
-bool fp32wg_bwd128_supports(const BwdParams& p, int kd, int device, bool allow) {
-  return FLASHATTN2_FP32WG && allow && p.fp32wg_bwd128 && kd == 128 && !p.cu_seqlens_q &&
-         !p.cu_seqlens_k && p.window_left < 0 && p.softcap <= 0.f && !p.alibi_slopes &&
-         !p.deterministic && compute_capability(device) == 90 &&
-         fp32wg_bwd128_smem_bytes(kd) <= max_smem_per_block(device);
-}
-#endif
-
-int mha_bwd_fp32(const BwdParams& params, int device, void* stream, bool allow_sm90) {
-  require_fp32_supported(params);
-  require(params.dq_chains == 1, "float32 runs one dq accumulator (dq_chains 1)");
-  const BwdParams p = checked(params);
-  DeviceGuard guard(device);
-  require_supported_device(device);
-  const int kd = fp32_kernel_head_dim(p.headdim);
-  const int smem = fp32_bwd_smem_bytes(kd);
-  require(smem <= max_smem_per_block(device),
-          "the float32 backward for head dim " + std::to_string(p.headdim) + " needs " +
-              std::to_string(smem) + " bytes of shared memory per block; GPU " +
-              std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
-  auto s = static_cast<cudaStream_t>(stream);
-#if FLASHATTN2_FP32WG
-  if (fp32wg_bwd_supports(p, kd, device, allow_sm90)) {
-    run_bwd_fp32wg<64>(p, s);
-    return kBwdKernelFp32Wg;
-  }
-  if (fp32wg_bwd128_supports(p, kd, device, allow_sm90)) {
-    run_bwd_fp32wg128<128>(p, s);
-    return kBwdKernelFp32Wg128;
-  }
-#else
-  (void)allow_sm90;
-#endif
-#if FLASHATTN2_FP32
-  switch (kd) {  // (workspaces: seqlen.cuh's layouts, as bwd_workspace_floats sizes them)
-    case 32: run_bwd_fp32<32>(p, s); break;
-    case 64: run_bwd_fp32<64>(p, s); break;
-    default: run_bwd_fp32<128>(p, s); break;
   }
 #else
   (void)s;
@@ -552,102 +417,6 @@ void rotary(const RotaryParams& params, int device, void* stream) {
   run_rotary_any(p, static_cast<cudaStream_t>(stream));
 }
 
-
-namespace {
-
-// Shared memory per SM of `device` in bytes (cached).
-int smem_per_sm(int device) {
-  static std::array<std::atomic<int>, kMaxDevices> bytes{};
-  int n = bytes[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
-               "cudaDeviceGetAttribute(maxSharedMemoryPerMultiprocessor)");
-    bytes[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-// Split count of the decode kernel for `groups` CTAs per split (batch x KV-head groups), by
-// the bytes each SM reads: the fewest splits whose CTAs fill the SMs' resident slots (CTAs
-// per SM from this GPU's shared memory, 1 KiB reserved per CTA, at most decode_ctas_per_sm:
-// H100 2 at d128, 3 at d64; A100 1 / 2) in whole waves within 95 % of the best -- each
-// resident CTA keeps 4 warps x (kStages - 1) K/V tiles in flight, so an SM with fewer CTAs
-// reads at a fraction of its bandwidth -- with at least one 16-key tile per warp per split.
-// But no split where the unsplit grid already gives 90 % of the SMs a CTA (b16 x 8 KV heads
-// = 128 CTAs on 132 SMs): one CTA keeps 4 warps x ~2 tiles x 8 KiB = 64 KiB in flight, ~3x
-// what Little's law asks of an SM's share of 3 TB/s at ~0.8 us, and no split means no
-// partials and no merge (b16 1k: 2 splits + merge took 35.2 us, cuDNN 28.8; a prediction,
-// bench_decode.py --splits 1,2 compares).
-int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device) {
-  if (groups * 10 >= int64_t(sm_count(device)) * 9) return 1;
-  const int per_sm = std::max(1, std::min(decode_ctas_per_sm(kd),
-                                          smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
-  const int64_t slots = int64_t(sm_count(device)) * per_sm;
-  const int n_tiles = (seqlen_k + kDecodeBlockN - 1) / kDecodeBlockN;
-  const int max_splits =
-      std::max(1, std::min({kMaxSplits, n_tiles / kDecodeMinTilesPerSplit, 65535 / batch}));
-  auto efficiency = [&](int s) {
-    const double waves = double(groups * s) / double(slots);
-    return waves / std::ceil(waves);
-  };
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
-  for (int s = 1; s <= max_splits; ++s) {
-    if (efficiency(s) >= 0.95 * best) return s;
-  }
-  return 1;
-}
-
-}  // namespace
-
-int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
-                         int device, bool sm90, bool decode) {
-  const int kd = kernel_head_dim(headdim);
-  require(kd > 0, "no kernel for head dim " + std::to_string(headdim));
-  require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
-  require(batch > 0 && nheads > 0 && seqlen_q > 0 && seqlen_k > 0, "sizes must be positive");
-  if (decode && !sm90 && seqlen_q <= kDecodeRows && DecodeHeadDims::dispatch(kd, [](auto) {}) &&
-      max_smem_per_block(device) >= decode_smem_bytes(kd)) {
-    return decode_num_splits(int64_t(batch) * nheads, batch, seqlen_k, kd, device);
-  }
-  // The tile of the kernel that runs (the sm90 forward's, one CTA per SM; or the KV
-  // kernel's) and its CTAs resident per SM from the register and shared-memory budget.
-  int block_m = 0, block_n = 0, per_sm = 1;
-  if (sm90) {
-    block_m = sm90_fwd_tile(kd).block_m;
-    block_n = sm90_fwd_tile(kd).block_n;
-  } else {
-    const FwdTile tile = fwd_tile(kd, true);
-    block_m = tile.block_m;
-    block_n = tile.block_n;
-    per_sm = std::max(1, std::min(tile.min_blocks, (227 * 1024) / fwd_smem_bytes(kd, true)));
-  }
-  const int64_t slots = int64_t(sm_count(device)) * per_sm;
-  const int64_t ctas = int64_t(batch) * nheads * ((seqlen_q + block_m - 1) / block_m);
-  const int n_blocks = (seqlen_k + block_n - 1) / block_n;
-  if (ctas * 5 >= slots * 4) return 1;  // >= 80 % of the resident slots filled already
-  // Wave efficiency of s splits: CTAs / (waves * slots). Take the fewest splits within 85 %
-  // of the best (each extra split costs partial-result traffic and combine work); a split
-  // count that leaves some split without a tile is not a candidate.
-  const int max_splits = std::min({kMaxSplits, n_blocks, 65535 / batch});
-  auto efficiency = [&](int s) {
-    const double waves = double(ctas * s) / double(slots);
-    return waves / std::ceil(waves);
-  };
-  auto usable = [&](int s) {
-    const int per_split = (n_blocks + s - 1) / s;
-    return s == 1 || (s - 1) * per_split < n_blocks;
-  };
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) {
-    if (usable(s)) best = std::max(best, efficiency(s));
-  }
-  for (int s = 1; s <= max_splits; ++s) {
-    if (usable(s) && efficiency(s) >= 0.85 * best) return s;
-  }
-  return 1;
-}
-
 void dropout_mask(const DropoutMaskParams& params, int device, void* stream) {
   const DropoutMaskParams& p = params;
   require(p.batch > 0 && p.nheads > 0 && p.seqlen_q > 0 && p.seqlen_k > 0,
@@ -677,29 +446,6 @@ void mha_merge(const MergeParams& params, int device, void* stream) {
   run_merge(p, static_cast<cudaStream_t>(stream));
 }
 
-int bwd_max_head_dim() {
-  const std::vector<int> dims = BwdHeadDims::vec();
-  return dims.empty() ? 0 : dims.back();
-}
-
-namespace {
-
-// Smallest backward kernel head dim >= headdim, or -1 if none.
-int bwd_kernel_head_dim(int headdim) {
-  const bool d16 = g_native_d16.load(std::memory_order_relaxed);
-  for (int d : BwdHeadDims::vec()) {
-    if (d >= headdim && (d != 16 || d16)) return d;
-  }
-  return -1;
-}
-
-}  // namespace
-
-int bwd_smem_per_block(int headdim) {
-  const int kd = bwd_kernel_head_dim(headdim);
-  return kd > 0 ? std::min(bwd_smem_bytes(kd, false), bwd_smem_bytes(kd, true)) : 0;
-}
-
 int max_smem_per_block(int device) {
   require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
   static std::array<std::atomic<int>, kMaxDevices> bytes{};
@@ -710,108 +456,6 @@ int max_smem_per_block(int device) {
     bytes[device].store(n, std::memory_order_relaxed);
   }
   return n;
-}
-
-namespace {
-bool valid_dq_chains(int chains) {
-  return chains >= 1 && chains <= kBwdMaxDqChains && (chains & (chains - 1)) == 0;
-}
-}  // namespace
-
-std::pair<int64_t, int64_t> bwd_workspace_floats(int batch, int nheads, int seqlen_q,
-                                                 int headdim, int total_q, int dq_chains) {
-  // The layouts of seqlen.cuh (ws_rows, ws_tiles): dense, or varlen when total_q >= 0.
-  if (!valid_dq_chains(dq_chains)) {
-    throw std::invalid_argument("dq_chains must be a power of two in [1, " +
-                                std::to_string(kBwdMaxDqChains) + "], got " +
-                                std::to_string(dq_chains));
-  }
-  const int64_t rows = bwd_ws_rows(batch, nheads, seqlen_q, total_q);
-  const int64_t query_tiles = total_q >= 0 ? int64_t(nheads) * (total_q / 64 + batch)
-                                           : int64_t(batch) * nheads * ((seqlen_q + 63) / 64);
-  return {dq_chains * rows * headdim, rows + dq_chains * query_tiles};
-}
-
-int bwd_dq_chains(int seqlen_q, int seqlen_k, int headdim, bool deterministic, int window_left,
-                  int window_right, int num_sms) {
-  // The one choice for both backwards (their d64 / d128 tiles are the same: 128 keys x 128 /
-  // 64 queries). A chain beyond the first costs its accumulator's traffic, ~16 bytes per dQ
-  // element (zeroed, read into L2 by the first reduce, written back, read by the convert
-  // kernel) against a backward of 10 seqlen_k d FLOPs per element: on an H100 (3 TB/s, the
-  // Hopper backward ~450 TFLOP/s) 16 / 3e12 / (10 seqlen_k / 450e12) = 240 / seqlen_k of its
-  // time, 1.5 % at 16k keys, 6 % at 4k.
-  // Descending (a right window bound): each visitor's predecessor reached the query tile a
-  // step before it (d128: two), so one accumulator.
-  if (!deterministic || window_right >= 0) return 1;
-  // Full attention in the rotated walk (at most as many K/V tiles as query tiles and no
-  // more than the SMs, dq_order.cuh): with one chain each head's n_tiles CTAs form a ring in
-  // which every CTA waits for the next one's previous step, so one late CTA stalls them
-  // all; the Hopper backward measured 1.2-1.3x the default time up to 32 K/V tiles (4k
-  // keys), 1.33x at 64, 1.80x at 128 (H100, d128, benchmarks/NOTES.md). With c chains a
-  // CTA waits for its chain's previous visitor, which came c steps before it (c - 1 steps
-  // of slack): 2 chains from 8k keys (3 % cost), 4 from 16k (3 x 1.5 %); below 8k keys the
-  // ring costs less than a chain would.
-  const int kd = bwd_kernel_head_dim(headdim);
-  if (window_left < 0 && kd > 0) {
-    const BwdTile tile = bwd_tile(kd);
-    const int n_tiles = (seqlen_k + tile.block_n - 1) / tile.block_n;
-    if (n_tiles <= (seqlen_q + tile.block_m - 1) / tile.block_m && n_tiles <= num_sms) {
-      return seqlen_k >= 16384 ? 4 : seqlen_k >= 8192 ? 2 : 1;
-    }
-  }
-  // The ascending order, where every K/V tile starts at the same query tile and each CTA
-  // runs a step behind its predecessor: chains divide that stagger, and pay from 1024 keys
-  // (at 512, 8 tiles, the extra accumulators cost as much memory traffic as the stagger
-  // they save: H100, mma.sync backward, benchmarks/NOTES.md).
-  return seqlen_k < 1024 ? 1 : kBwdMaxDqChains;
-}
-
-int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit, bool allow_sm90) {
-  if (params.dtype == DType::kFloat32) return mha_bwd_fp32(params, device, stream, allow_sm90);
-  require(!params.seqused_k && !params.leftpad_k && !params.kv_batch_idx && !params.block_table,
-          "the backward takes no KV-cache layout (seqused_k, leftpad, cache batch index, pages)");
-  require(!has_bias(params) || (!params.cu_seqlens_q && !params.cu_seqlens_k),
-          "an attention bias runs dense attention only: no varlen");
-
-  BwdParams p = checked(params);
-  const int kd = bwd_kernel_head_dim(p.headdim);
-  require(kd > 0, "the backward supports head dims up to " + std::to_string(bwd_max_head_dim()) +
-                      " in this build; got " + std::to_string(p.headdim));
-  DeviceGuard guard(device);
-  require_supported_device(device);
-  require(valid_dq_chains(p.dq_chains),
-          "dq_chains must be a power of two in [1, " + std::to_string(kBwdMaxDqChains) + "]");
-  p.dq_rotate_tiles = sm_count(device);
-  const int smem = bwd_smem_per_block(kd);
-  const int smem_max = smem_limit > 0 ? std::min(smem_limit, max_smem_per_block(device))
-                                      : max_smem_per_block(device);
-  require(smem <= smem_max,
-          "the backward for head dim " + std::to_string(p.headdim) + " needs " +
-              std::to_string(smem) + " bytes of shared memory per block; GPU " +
-              std::to_string(device) + " allows " + std::to_string(smem_max) +
-              " (head dims above 128 need an sm_80 or sm_90 class GPU, e.g. A100 or H100)");
-  auto s = static_cast<cudaStream_t>(stream);
-  // The Hopper backward (unless !allow_sm90) for what it supports
-  // (sm90/bwd_config.h) on an sm_90 GPU; the mma.sync backward for everything else, and
-  // whatever TMA cannot describe.
-  if (allow_sm90 && Sm90BwdHeadDims::dispatch(kd, [](auto) {}) && sm90_bwd_head_dim(kd) &&
-      compute_capability(device) == 90 && sm90_bwd_supports(p, kd) &&
-      sm90_bwd_smem_bytes(kd) <= smem_max) {
-    bool ran = false;
-    Sm90BwdHeadDims::dispatch(kd, [&](auto head_dim) {
-      dispatch_dtype(p.dtype, [&](auto element) {
-        ran = run_bwd_sm90<decltype(element), decltype(head_dim)::value>(p, s);
-      });
-    });
-    if (ran) return 90;
-  }
-  const bool found = BwdHeadDims::dispatch(kd, [&](auto head_dim) {
-    dispatch_dtype(p.dtype, [&](auto element) {
-      run_bwd<decltype(element), decltype(head_dim)::value>(p, smem_max, s);
-    });
-  });
-  if (!found) throw std::logic_error("flashattn2: no backward kernel for head dim " + std::to_string(kd));
-  return 80;
 }
 
 }  // namespace flashattn2

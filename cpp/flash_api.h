@@ -92,7 +92,7 @@ constexpr int combine_warps_per_row(int num_splits) {
 // and seqlen_q * g. sm90: the tile of the Hopper forward instead (sm90_fwd_applies; it
 // packs no heads). decode: the decode kernel's count instead where mha_fwd would run it
 // (built, the GPU's shared memory, seqlen_q rows <= 16; the caller knows the call is one
-// decode_supports takes), by bytes per SM (flash_api.cpp decode_num_splits).
+// decode_supports takes), by bytes per SM (flash_api_splits.cpp decode_num_splits).
 int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
                          int device, bool sm90 = false, bool decode = false);
 

@@ -232,11 +232,11 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // reads a chain's tile only where its counter shows a visitor (else it adds 0).
   int dq_first_store_rows = 0;
   // Builds with fp32wg: float32 backwards that the Hopper float32 backward supports
-  // (fp32/wg_bwd_kernel.cuh; flash_api.cpp fp32wg_bwd_supports) run it on sm_90 GPUs
+  // (fp32/wg_bwd_kernel.cuh; flash_api_bwd.cpp fp32wg_bwd_supports) run it on sm_90 GPUs
   // (FLASHATTN2_FP32WG_BWD, on by default in Python: an A/B switch). Host only.
   bool fp32wg_bwd = false;
   // Builds with fp32wg: float32 backwards at kernel head dim 128 that the d128 Hopper float32
-  // backward supports (fp32/wg_bwd128_kernel.cuh; flash_api.cpp fp32wg_bwd128_supports) run
+  // backward supports (fp32/wg_bwd128_kernel.cuh; flash_api_bwd.cpp fp32wg_bwd128_supports) run
   // it on sm_90 GPUs (FLASHATTN2_FP32WG_BWD128, on by default in Python: an A/B switch).
   // Host only.
   bool fp32wg_bwd128 = false;

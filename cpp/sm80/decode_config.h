@@ -1,5 +1,5 @@
 // The decode kernel's tile (sm80/decode_kernel.cuh) and when it runs: host-safe, read by the
-// launcher, the kernel and the host API (flash_api.cpp), so they can never disagree.
+// launcher, the kernel and the host API (flash_api*.cpp), so they can never disagree.
 // Built only with FLASHATTN2_EXPERIMENTAL containing decode (FLASHATTN2_DECODE).
 #pragma once
 #include <cstdint>

@@ -1,0 +1,116 @@
+// Host API, the split-KV heuristics: num_splits_heuristic, for the KV kernel, the Hopper
+// forward and (decode_num_splits) the decode kernel.
+#include "flash_api.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "flash_api_internal.h"
+#include "sm80/decode_config.h"
+#include "sm80/fwd_config.h"
+#include "sm90/fwd_config.h"
+#include "common/launch.h"
+
+namespace flashattn2 {
+namespace {
+
+// Shared memory per SM of `device` in bytes (cached).
+int smem_per_sm(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> bytes{};
+  int n = bytes[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+               "cudaDeviceGetAttribute(maxSharedMemoryPerMultiprocessor)");
+    bytes[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Split count of the decode kernel for `groups` CTAs per split (batch x KV-head groups), by
+// the bytes each SM reads: the fewest splits whose CTAs fill the SMs' resident slots (CTAs
+// per SM from this GPU's shared memory, 1 KiB reserved per CTA, at most decode_ctas_per_sm:
+// H100 2 at d128, 3 at d64; A100 1 / 2) in whole waves within 95 % of the best -- each
+// resident CTA keeps 4 warps x (kStages - 1) K/V tiles in flight, so an SM with fewer CTAs
+// reads at a fraction of its bandwidth -- with at least one 16-key tile per warp per split.
+// But no split where the unsplit grid already gives 90 % of the SMs a CTA (b16 x 8 KV heads
+// = 128 CTAs on 132 SMs): one CTA keeps 4 warps x ~2 tiles x 8 KiB = 64 KiB in flight, ~3x
+// what Little's law asks of an SM's share of 3 TB/s at ~0.8 us, and no split means no
+// partials and no merge (b16 1k: 2 splits + merge took 35.2 us, cuDNN 28.8; a prediction,
+// bench_decode.py --splits 1,2 compares).
+int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device) {
+  if (groups * 10 >= int64_t(sm_count(device)) * 9) return 1;
+  const int per_sm = std::max(1, std::min(decode_ctas_per_sm(kd),
+                                          smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
+  const int64_t slots = int64_t(sm_count(device)) * per_sm;
+  const int n_tiles = (seqlen_k + kDecodeBlockN - 1) / kDecodeBlockN;
+  const int max_splits =
+      std::max(1, std::min({kMaxSplits, n_tiles / kDecodeMinTilesPerSplit, 65535 / batch}));
+  auto efficiency = [&](int s) {
+    const double waves = double(groups * s) / double(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= max_splits; ++s) {
+    if (efficiency(s) >= 0.95 * best) return s;
+  }
+  return 1;
+}
+
+}  // namespace
+
+int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int headdim,
+                         int device, bool sm90, bool decode) {
+  const int kd = kernel_head_dim(headdim);
+  require(kd > 0, "no kernel for head dim " + std::to_string(headdim));
+  require(device >= 0 && device < kMaxDevices, "bad device index " + std::to_string(device));
+  require(batch > 0 && nheads > 0 && seqlen_q > 0 && seqlen_k > 0, "sizes must be positive");
+  if (decode && !sm90 && seqlen_q <= kDecodeRows && DecodeHeadDims::dispatch(kd, [](auto) {}) &&
+      max_smem_per_block(device) >= decode_smem_bytes(kd)) {
+    return decode_num_splits(int64_t(batch) * nheads, batch, seqlen_k, kd, device);
+  }
+  // The tile of the kernel that runs (the sm90 forward's, one CTA per SM; or the KV
+  // kernel's) and its CTAs resident per SM from the register and shared-memory budget.
+  int block_m = 0, block_n = 0, per_sm = 1;
+  if (sm90) {
+    block_m = sm90_fwd_tile(kd).block_m;
+    block_n = sm90_fwd_tile(kd).block_n;
+  } else {
+    const FwdTile tile = fwd_tile(kd, true);
+    block_m = tile.block_m;
+    block_n = tile.block_n;
+    per_sm = std::max(1, std::min(tile.min_blocks, (227 * 1024) / fwd_smem_bytes(kd, true)));
+  }
+  const int64_t slots = int64_t(sm_count(device)) * per_sm;
+  const int64_t ctas = int64_t(batch) * nheads * ((seqlen_q + block_m - 1) / block_m);
+  const int n_blocks = (seqlen_k + block_n - 1) / block_n;
+  if (ctas * 5 >= slots * 4) return 1;  // >= 80 % of the resident slots filled already
+  // Wave efficiency of s splits: CTAs / (waves * slots). Take the fewest splits within 85 %
+  // of the best (each extra split costs partial-result traffic and combine work); a split
+  // count that leaves some split without a tile is not a candidate.
+  const int max_splits = std::min({kMaxSplits, n_blocks, 65535 / batch});
+  auto efficiency = [&](int s) {
+    const double waves = double(ctas * s) / double(slots);
+    return waves / std::ceil(waves);
+  };
+  auto usable = [&](int s) {
+    const int per_split = (n_blocks + s - 1) / s;
+    return s == 1 || (s - 1) * per_split < n_blocks;
+  };
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) {
+    if (usable(s)) best = std::max(best, efficiency(s));
+  }
+  for (int s = 1; s <= max_splits; ++s) {
+    if (usable(s) && efficiency(s) >= 0.85 * best) return s;
+  }
+  return 1;
+}
+
+}  // namespace flashattn2
