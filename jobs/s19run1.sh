@@ -7,7 +7,7 @@
 #   the d128 forward too) -> the full suite + the FORCE_SM80 backward / kvcache files (the
 #   moved host code: mha_bwd, the split heuristics) -> one d256 bwd / fwd_bwd sweep.
 set -u
-O=${OUT:-gpu_logs}; mkdir -p "$O"
+O=${JOB_OUT:-gpu_logs}; mkdir -p "$O"  # (not $OUT: the device call empties it between calls)
 stamp() { echo "=== $(date -Is) $*"; }
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
     --format=csv -lms 200 > "$O/smi.csv" 2>&1 &

@@ -68,14 +68,15 @@ if [ "$TOTALS" = 1 ]; then
     csv=$(mktemp --suffix=.csv)
     "$NCU" --profile-from-start off --clock-control none --metrics "$m" --csv --page raw \
         --print-units base python3 "$script" > "$csv"
-    python3 - "$csv" <<'SUM'
+    python3 - "$csv" "$m" <<'SUM'
 import csv, re, sys
 text = open(sys.argv[1]).read()
+wanted = sys.argv[2].split(",")
 found = re.search(r"^FLOP (\S+)", text, re.M)
 gflop = float(found.group(1)) / 1e9 if found else None
 rows = [r for r in csv.DictReader(l for l in text.splitlines() if l.startswith('"'))
         if r.get("Kernel Name") and r.get("ID", "").isdigit()]
-keys = [k for k in rows[0] if "__" in k] if rows else []
+keys = [k for k in wanted if rows and k in rows[0]]  # (the raw page has device__* too)
 num = lambda x: float(x.replace(",", "")) if x not in ("", "n/a") else 0.0
 for r in rows:
     print(f"{r['Kernel Name'][:90]}: " + ", ".join(f"{k} {r[k]}" for k in keys))
