@@ -170,13 +170,22 @@ __device__ __forceinline__ int64_t ws_tile0(const Params& p, const SeqInfo& seq,
              : (int64_t(batch) * p.nheads + head) * ((p.seqlen_q + tile_rows - 1) / tile_rows);
 }
 
+// a / b for 0 <= a < 2^20 and b >= 1, by a float reciprocal (I2F, MUFU.RCP, FMUL, F2I: ~6
+// instructions against ~20 for an int division, on a kernel's first-load path). Exact:
+// (a + 0.5) / b lies at least 0.5 / b from an integer, and __fdividef's error (2 ulp, at most
+// 2^-22 (a + 0.5) / b < 0.25 / b) stays below that.
+__device__ __forceinline__ int small_div(int a, int b) {
+  return __float2int_rz(__fdividef(float(a) + 0.5f, float(b)));
+}
+
 // Key blocks of kBlockN keys that query positions i_first .. i_last see (the bottom-right
 // aligned window of FwdParams; offset = seqlen_k - seqlen_q): [min, max).
 struct KeyBlocks {
   int min, max;
   // This split's share (split-KV): consecutive equal parts of the visible blocks.
   __device__ __forceinline__ void take_split(int split, int num_splits) {
-    const int per_split = (max - min + num_splits - 1) / num_splits;
+    const int blocks = max - min + num_splits - 1;
+    const int per_split = blocks < (1 << 20) ? small_div(blocks, num_splits) : blocks / num_splits;
     min = ::min(max, min + split * per_split);
     max = ::min(max, min + per_split);
   }

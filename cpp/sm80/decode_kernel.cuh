@@ -105,7 +105,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const int split = blockIdx.x;
   const int head0 = blockIdx.y * pack;
   const int batch = blockIdx.z;
-  const int head_k = head0 / (p.nheads / p.nheads_k);
+  // q_pack is 1 or the group size (flash_api.cpp): a packed CTA serves its KV head's group;
+  // unpacked, nheads = gridDim.y <= 65535 (small_div's range).
+  const int head_k =
+      pack > 1 ? int(blockIdx.y) : small_div(blockIdx.y, small_div(p.nheads, p.nheads_k));
   const SeqInfo seq(p, batch);
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int rows_q = seqlen_q * pack;  // <= kRows (decode_supports)
@@ -164,34 +167,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       }
     }
   };
-  // Tile j into `stage`, or nothing past the warp's last tile; one cp.async group either way
-  // (the waits count groups).
-  auto load_kv = [&](int j, int stage, const int (&page)[WarpRows::kSlots]) {
+  // Tile j into `stage`, or nothing past the warp's last tile; load_kv then closes one
+  // cp.async group either way (the waits count groups).
+  auto copy_kv = [&](int j, int stage, const int (&page)[WarpRows::kSlots]) {
     if (j < n_mine) {
       const int n0 = tile_of(j) * kBlockN;
       Element* const sK = sRing + stage * 2 * kTile;
       copy_rows(sK, gK, p.k_batch_stride, p.k_row_stride, n0, page);
       copy_rows(sK + kTile, gV, p.v_batch_stride, p.v_row_stride, n0, page);
     }
+  };
+  auto load_kv = [&](int j, int stage, const int (&page)[WarpRows::kSlots]) {
+    copy_kv(j, stage, page);
     ptx::cp_async_commit();
   };
 
-  // Prologue: Q (one group, all threads), then each warp's first kStages - 1 tiles, their
-  // pages read all at once first so that the copies wait for one block-table round trip.
-  load_tile_rows<kRows, kHeadDim, kNThreads>(
-      sQ,
-      [&](int r, int) {
-        const int i = r / pack;
-        return gQ + i * p.q_row_stride + (r - i * pack) * p.q_head_stride;
-      },
-      rows_q, p.headdim, tid);
-  ptx::cp_async_commit();
+  // Prologue: each warp's first kStages - 1 tiles, their pages read all at once first so that
+  // the copies wait for one block-table round trip, then Q (all threads) in the first tile's
+  // group: the K/V bytes, the kernel's critical path, are requested before Q's address math.
   {
     int pages[kStages - 1][WarpRows::kSlots] = {};
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) fetch_pages(s, pages[s]);
+    copy_kv(0, 0, pages[0]);
+    load_tile_rows<kRows, kHeadDim, kNThreads>(
+        sQ,
+        [&](int r, int) {
+          const int i = small_div(r, pack);
+          return gQ + i * p.q_row_stride + (r - i * pack) * p.q_head_stride;
+        },
+        rows_q, p.headdim, tid);
+    ptx::cp_async_commit();
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) load_kv(s, s, pages[s]);
+    for (int s = 1; s < kStages - 1; ++s) load_kv(s, s, pages[s]);
   }
   int kv_page[WarpRows::kSlots] = {};
   fetch_pages(kStages - 1, kv_page);
@@ -210,8 +218,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     scale_log2 = mod.slope_log2 != 0.f ? 1.f : mod.mult();
   }
 
-  // Q fragments once the Q group has landed (the oldest of the 1 + kStages - 1 groups).
-  ptx::cp_async_wait<kStages - 1>();
+  // Q fragments once the first group (Q and tile 0) has landed, the oldest of kStages - 1.
+  ptx::cp_async_wait<kStages - 2>();
   __syncthreads();
   uint32_t rQ[1][kKStepsD][4];
   {
