@@ -12,21 +12,33 @@ in the input dtype: the larger of its SDPA math backend's run in that dtype (``t
 and plain PyTorch attention's (``plain_attention``, what the rest of the suite calls
 PyTorch's error). ATOL as in test_fwd.py / test_bwd.py. References for GQA expand the key /
 value heads with ``repeat_interleave`` (SDPA's ``enable_gqa`` needs torch >= 2.5).
+
+float32 (the float32 kernels, build item fp32): CPU, its refusals (attn_mask, dropout, head
+dims above 128, builds without the kernels) before the device check, its head dims padded to
+multiples of 8 on the way to the operator, and the semantics test with float32 inputs. GPU:
+out, dq, dk, dv against torch's SDPA math backend in float64 with the 2x rule of
+fp32_checks.py (at most twice the error of the same backend in float32, + 1e-5).
 """
 import inspect
 import math
+import re
 
 import flashattn2
 import pytest
 import torch
 import torch.nn.functional as F
 from flashattn2 import _checks, _ext, _launch, interface
+from flashattn2 import bias as bias_mod
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from fp32_checks import GRADS, check_2x
 from reference import attention_ref
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 gpu = pytest.mark.gpu
+needs_fp32 = pytest.mark.skipif("fp32" not in _ext.EXPERIMENTAL,
+                                reason="build without FLASHATTN2_EXPERIMENTAL=fp32")
+needs_fp32_bwd = pytest.mark.skipif(not _ext.FP32_BWD, reason="build without the float32 backward")
 sdpa = flashattn2.scaled_dot_product_attention
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -74,11 +86,53 @@ def test_any_attn_mask_raises_without_the_bias_kernels(mask):
         sdpa(*cpu_qkv(), mask, is_causal=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_float32_and_float64_raise_not_implemented(dtype):
-    message = f"supports float16 and bfloat16; got {dtype}. " + r"Cast the inputs \(e.g. .to\("
+def test_float64_raises_not_implemented():
+    message = (r"supports float16, bfloat16 and float32; got torch.float64. Cast the inputs "
+               r"\(e.g. .to\(torch.float32\)\) or use torch.nn.functional")
     with pytest.raises(NotImplementedError, match=message):
-        sdpa(*cpu_qkv(dtype=dtype))
+        sdpa(*cpu_qkv(dtype=torch.float64))
+
+
+# case: (q, k, v shapes, keyword arguments, message): what the float32 kernels do not run.
+FP32_FEATURE = (r"float32 inputs do not support {} \(float16 / bfloat16 do; "
+                r"torch.nn.functional.scaled_dot_product_attention does in float32\)")
+FP32_HEADDIM = (r"supports float32 head dims up to 128 \(the float32 kernels'\); got {}. Cast the "
+                r"inputs to float16 / bfloat16 \(head dims up to 256\) or use "
+                r"torch.nn.functional.scaled_dot_product_attention")
+FP32_REFUSALS = {
+    "bool attn_mask": (((2, 4, 5, 16), (2, 4, 7, 16), None),
+                       dict(attn_mask=torch.ones(5, 7, dtype=torch.bool)),
+                       FP32_FEATURE.format("attn_bias / attn_mask")),
+    "float attn_mask": (((2, 4, 5, 16), (2, 4, 7, 16), None), dict(attn_mask=torch.zeros(5, 7)),
+                        FP32_FEATURE.format("attn_bias / attn_mask")),
+    "dropout": (((2, 4, 5, 16), (2, 4, 7, 16), None), dict(dropout_p=0.1),
+                FP32_FEATURE.format("dropout_p > 0")),
+    "E 136": (((2, 4, 5, 136), (2, 4, 7, 136), None), {},
+              FP32_HEADDIM.format("E = 136, Ev = 136")),
+    "Ev 132": (((2, 4, 5, 64), (2, 4, 7, 64), (2, 4, 7, 132)), {},
+               FP32_HEADDIM.format("E = 64, Ev = 132")),
+}
+
+
+@needs_fp32
+@pytest.mark.parametrize("case", FP32_REFUSALS)
+def test_float32_refusals_are_named_before_the_device_check(case):
+    """NotImplementedError naming what float32 lacks and what runs it instead (CPU tensors:
+    before the device check)."""
+    shapes, kwargs, message = FP32_REFUSALS[case]
+    if "attn_mask" in kwargs and not bias_mod.bias_built():
+        pytest.skip("build without the bias kernels: test_any_attn_mask_raises_...")
+    with pytest.raises(NotImplementedError, match=message):
+        sdpa(*cpu_qkv(*shapes, dtype=torch.float32), **kwargs)
+
+
+def test_float32_without_the_float32_kernels_names_the_build(monkeypatch):
+    """A build without them (simulated in builds that have them): before the device check,
+    a NotImplementedError that is a ValueError too (as flash_attn_func's)."""
+    monkeypatch.setattr(_ext, "EXPERIMENTAL", _ext.EXPERIMENTAL - {"fp32"})
+    with pytest.raises(NotImplementedError, match="FLASHATTN2_EXPERIMENTAL including fp32") as info:
+        sdpa(*cpu_qkv(dtype=torch.float32))
+    assert isinstance(info.value, ValueError) and "got query torch.float32" in str(info.value)
 
 
 def same(q, k, v):
@@ -88,7 +142,7 @@ def same(q, k, v):
 # case: (transform of (q (2, 4, 5, 16), k / v (2, 4, 7, 16)), keyword arguments, message)
 BAD_INPUTS = {
     "int dtype": (lambda q, k, v: (q.long(), k.long(), v.long()), {},
-                  "supports float16 and bfloat16; got torch.int64"),
+                  "supports float16, bfloat16 and float32; got torch.int64"),
     "mixed dtypes": (lambda q, k, v: (q, k.bfloat16(), v), {},
                      "same dtype; got query torch.float16, key torch.bfloat16"),
     "not a tensor": (lambda q, k, v: (q, k.tolist(), v), {}, "key must be a tensor; got list"),
@@ -149,18 +203,22 @@ GOOD_SHAPES = {
 }
 
 
+FLOAT_DTYPES = [torch.float16, pytest.param(torch.float32, marks=needs_fp32)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", GOOD_SHAPES)
-def test_good_inputs_reach_the_device_check(case):
+def test_good_inputs_reach_the_device_check(case, dtype):
     q_shape, k_shape, v_shape, kwargs = GOOD_SHAPES[case]
     with pytest.raises(ValueError, match="flashattn2 needs CUDA tensors; got query on cpu"):
-        sdpa(*cpu_qkv(q_shape, k_shape, v_shape), **kwargs)
+        sdpa(*cpu_qkv(q_shape, k_shape, v_shape, dtype=dtype), **kwargs)
 
 
 # ---- CPU: shapes and operator arguments, traced with fake CUDA tensors -------------------------
 
 
-def fake_cuda(*shapes):
-    return tuple(torch.empty(s, device="cuda", dtype=torch.float16) for s in shapes)
+def fake_cuda(*shapes, dtype=torch.float16):
+    return tuple(torch.empty(s, device="cuda", dtype=dtype) for s in shapes)
 
 
 @pytest.mark.parametrize("case", GOOD_SHAPES)
@@ -177,12 +235,12 @@ def test_output_shape_is_torchs(case):
     assert out.shape == expected.shape and out.dtype == torch.float16 and out.device.type == "cuda"
 
 
-def operator_call(q_shape, k_shape, v_shape=None, **kwargs):
-    """The make_fx graph of one call on fake CUDA tensors and the arguments of its one
-    ``flashattn2.fwd`` call (as a string)."""
+def operator_call(q_shape, k_shape, v_shape=None, dtype=torch.float16, **kwargs):
+    """The make_fx graph of one call on fake CUDA tensors of ``dtype`` and the arguments of
+    its one ``flashattn2.fwd`` call (as a string)."""
     with FakeTensorMode():
         graph = make_fx(lambda q, k, v: sdpa(q, k, v, **kwargs))(
-            *fake_cuda(q_shape, k_shape, v_shape or k_shape)).code
+            *fake_cuda(q_shape, k_shape, v_shape or k_shape, dtype=dtype)).code
     calls = [line for line in graph.splitlines() if "torch.ops.flashattn2.fwd.default(" in line]
     assert len(calls) == 1, graph
     return graph, calls[0].split("fwd.default(")[1].split(")")[0]
@@ -210,6 +268,26 @@ def test_default_scale_is_that_of_the_query_head_dim():
     assert call.endswith(f", {20 ** -0.5}, -1, -1"), call
     _, call = operator_call((2, 4, 5, 20), (2, 4, 7, 20), scale=0.3)
     assert call.endswith(", 0.3, -1, -1"), call
+
+
+@needs_fp32
+@pytest.mark.parametrize(
+    "headdims,pads", [((20, 20), [4, 4, 4]), ((12, 20), [12, 12, 4]), ((4, 4), [4, 4, 4]),
+                      ((64, 64), []), ((16, 40), [24, 24])],
+    ids=str,
+)  # fmt: skip
+def test_float32_head_dims_reach_the_operator_as_multiples_of_8(headdims, pads):
+    """The float32 kernels take head dims that are multiples of 8 only: q, k and v are
+    zero-padded to one here (float16 is not: test_default_scale_is_that_of_the_query_head_dim),
+    the scale stays that of E and the output is sliced back to Ev."""
+    headdim, headdim_v = headdims
+    shapes = (2, 4, 5, headdim), (2, 4, 7, headdim), (2, 4, 7, headdim_v)
+    graph, call = operator_call(*shapes, dtype=torch.float32, is_causal=True)
+    assert sorted(map(int, re.findall(r", \[0, (\d+)\], 0\.0\)", graph))) == sorted(pads), graph
+    assert call.endswith(f", {headdim ** -0.5}, -1, 0"), call
+    with FakeTensorMode():
+        out = sdpa(*fake_cuda(*shapes, dtype=torch.float32), is_causal=True)
+    assert out.shape == (2, 4, 5, headdim_v) and out.dtype == torch.float32
 
 
 def test_dropout_reaches_the_operator_with_an_rng_state():
@@ -243,22 +321,28 @@ def reference_kernels(monkeypatch):
     monkeypatch.setattr(_checks, "_check_devices", lambda *named: None)
 
 
+SEMANTICS_TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 1e-5}
+
+
 @pytest.mark.parametrize("case", GOOD_SHAPES)
 @pytest.mark.parametrize("seqlens", [(6, 6), (4, 9), (9, 4), (13, 3), (1, 5), (5, 1)], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_semantics_are_torchs(reference_kernels, case, seqlens, is_causal):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=needs_fp32)],
+                         ids=dtype_id)  # fmt: skip
+def test_semantics_are_torchs(reference_kernels, dtype, case, seqlens, is_causal):
     """Layouts, broadcasting, GQA, top-left causal (Lq >= 2 Lk included), E != Ev, the
     default scale, and gradients back to the inputs' shapes: torch's SDPA in float32 against
     this function with the kernels replaced by the float32 reference (bf16 rounding of out
-    and of the inputs' gradients only)."""
+    and of the inputs' gradients only). float32 inputs also take the padding of head dims
+    that are not multiples of 8 (d4, E != Ev 20 / 40) and its checks."""
     q_shape, k_shape, v_shape, kwargs = GOOD_SHAPES[case]
     seqlen_q, seqlen_k = seqlens
     q_shape = (*q_shape[:-2], seqlen_q, q_shape[-1])
     k_shape, v_shape = ((*s[:-2], seqlen_k, s[-1]) for s in (k_shape, v_shape or k_shape))
     kwargs = dict(kwargs, is_causal=is_causal)
-    tensors = [torch.randn(s).bfloat16().requires_grad_() for s in (q_shape, k_shape, v_shape)]
+    tensors = [torch.randn(s).to(dtype).requires_grad_() for s in (q_shape, k_shape, v_shape)]
     out = sdpa(*tensors, **kwargs)
-    dout = torch.randn(out.shape).bfloat16()
+    dout = torch.randn(out.shape).to(dtype)
     grads = torch.autograd.grad(out, tensors, dout)
     upcast = [t.detach().float().requires_grad_() for t in tensors]
     key, value = upcast[1:]
@@ -267,9 +351,10 @@ def test_semantics_are_torchs(reference_kernels, case, seqlens, is_causal):
         key, value = key.repeat_interleave(group, -3), value.repeat_interleave(group, -3)
     expected = F.scaled_dot_product_attention(upcast[0], key, value, is_causal=is_causal)
     expected_grads = torch.autograd.grad(expected, upcast, dout.float())
+    tolerance = SEMANTICS_TOLERANCE[dtype]
     for x, t in zip((out, *grads), (expected, *expected_grads)):
-        assert x.shape == t.shape and x.dtype == torch.bfloat16
-        torch.testing.assert_close(x.float(), t, atol=2e-2, rtol=2e-2)
+        assert x.shape == t.shape and x.dtype == dtype
+        torch.testing.assert_close(x.float(), t, atol=tolerance, rtol=tolerance)
 
 
 # ---- GPU: against torch's SDPA -----------------------------------------------------------------
@@ -419,6 +504,41 @@ def test_value_head_dim_differs(headdims, is_causal):
     query, key = randn(2, 4, 113, headdim), randn(2, 4, 71, headdim)
     value, dout = randn(2, 4, 71, headdim_v), randn(2, 4, 113, headdim_v)
     check(query, key, value, dout, is_causal=is_causal)
+
+
+# float32 layouts (the sequence dims are set per case): GQA, 3-D, E != Ev, a head dim that
+# is not a multiple of 8, the float32 kernels' largest head dim with MQA.
+FP32_CASES = {
+    "4-D gqa d64": ((2, 6, 0, 64), (2, 2, 0, 64), None, dict(enable_gqa=True)),
+    "3-D d32": ((4, 0, 32), (4, 0, 32), None, {}),
+    "E != Ev": ((2, 4, 0, 20), (2, 4, 0, 20), (2, 4, 0, 40), {}),
+    "d60": ((2, 4, 0, 60), (2, 4, 0, 60), None, {}),
+    "d128 mqa": ((1, 4, 0, 128), (1, 1, 0, 128), None, {}),
+}
+
+
+@gpu
+@needs_fp32
+@needs_fp32_bwd
+@pytest.mark.parametrize("case", FP32_CASES)
+@pytest.mark.parametrize("seqlens", [(128, 128), (77, 191), (191, 77)], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_float32_against_float64(case, seqlens, is_causal):
+    """float32 out, dq, dk, dv: max |ours - float64| <= 2 * max |torch float32 - float64| +
+    1e-5 (fp32_checks.py), float64 and float32 both torch's SDPA math backend (TF32 off)."""
+    q_shape, k_shape, v_shape, kwargs = FP32_CASES[case]
+    seqlen_q, seqlen_k = seqlens
+    q_shape = (*q_shape[:-2], seqlen_q, q_shape[-1])
+    k_shape, v_shape = ((*s[:-2], seqlen_k, s[-1]) for s in (k_shape, v_shape or k_shape))
+    inputs = tuple(randn(*s, dtype=torch.float32) for s in (q_shape, k_shape, v_shape))
+    kwargs = dict(kwargs, is_causal=is_causal)
+    ours = lambda *t: sdpa(*t, **kwargs)
+    ref = lambda *t: torch_sdpa(*t, **kwargs)
+    out = ours(*inputs)
+    expected = ref(*(t.double() for t in inputs))
+    assert out.shape == expected.shape and out.dtype == torch.float32
+    check_2x(("out",), (out,), ref, inputs)
+    check_2x(GRADS, ours, ref, inputs, torch.randn_like(out))
 
 
 @gpu

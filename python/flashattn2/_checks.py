@@ -39,16 +39,26 @@ def _check_fp32_backward():
                                   f"with {_FP32_BUILD}; the float32 forward runs)")
 
 
-def _check_fp32(q, softcap=0.0, alibi_slopes=None, dropout_p=0.0, attn_bias=None):
+def _check_fp32_built(name="q"):
+    """Float32NotBuilt, naming the build option, in a build without the float32 kernels
+    (``name``: the argument that is float32)."""
+    if "fp32" not in _ext.EXPERIMENTAL:
+        raise Float32NotBuilt(
+            f"FlashAttention only supports fp16 and bf16 data type; got {name} {_FP32} (float32 "
+            f"needs the float32 kernels: build with {_FP32_BUILD})")
+
+
+def _check_fp32(q, softcap=0.0, alibi_slopes=None, dropout_p=0.0, attn_bias=None, also=""):
     """NotImplementedError for what the float32 kernels do not run (a no-op for other
-    dtypes): dropout and attention biases / masks (softcap and ALiBi run)."""
+    dtypes): dropout and attention biases / masks (softcap and ALiBi run). ``also``: what
+    else runs them, added to the message after float16 / bfloat16."""
     if q.dtype is not _FP32:
         return
     unsupported = [name for name, on in (("dropout_p > 0", dropout_p > 0),
                                          ("attn_bias / attn_mask", attn_bias is not None)) if on]
     if unsupported:
         raise NotImplementedError(f"flashattn2: float32 inputs do not support "
-                                  f"{', '.join(unsupported)} (float16 / bfloat16 do)")
+                                  f"{', '.join(unsupported)} (float16 / bfloat16 do{also})")
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -205,10 +215,7 @@ def _check_dtypes(q, k, v):
     kernels take); shared by the dense and the varlen functions."""
     dtype = q.dtype
     if dtype is _FP32:
-        if "fp32" not in _ext.EXPERIMENTAL:
-            raise Float32NotBuilt(
-                f"FlashAttention only supports fp16 and bf16 data type; got q {dtype} (float32 "
-                f"needs the float32 kernels: build with {_FP32_BUILD})")
+        _check_fp32_built()
     elif dtype is not _HALF and dtype is not _BF16:
         raise ValueError(f"FlashAttention only supports fp16 and bf16 data type; got q {dtype}")
     if k.dtype is not dtype:

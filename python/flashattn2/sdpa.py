@@ -19,6 +19,13 @@ place. How torch's semantics map onto the kernels':
 - ``scale`` None is ``1 / sqrt(E)`` of the query's head dim ``E``, also when it is padded;
 - head dims ``E != Ev``: q, k and v are zero-padded (a copy) to the larger one, rounded up
   to a multiple of 8, and the output sliced back (zeros change neither q.k nor the output);
+- float16 and bfloat16 inputs, and float32 where the float32 kernels (3xTF32, ``cpp/fp32``,
+  build item ``fp32``) serve the call as they serve ``flash_attn_func``: head dims up to 128,
+  every mapping above (their causal, windows and GQA), deterministic backward. Their head
+  dim must be a multiple of 8, so float32 q, k and v with another ``E`` (or ``Ev``) are
+  zero-padded as for ``E != Ev``. float32 with dropout or an ``attn_mask`` raises
+  NotImplementedError (the float32 kernels have neither, as in ``flash_attn_func``), and
+  float64 always does;
 - ``dropout_p`` as in torch (applied to the attention weights, kept weights scaled by
   ``1 / (1 - dropout_p)``), drawn from torch's CUDA generator;
 - deterministic backward when ``torch.are_deterministic_algorithms_enabled()``;
@@ -32,10 +39,11 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks, interface
-from ._checks import _BF16, _HALF, _MAX_HEADDIM
+from ._checks import _BF16, _FP32, _FP32_MAX_HEADDIM, _HALF, _MAX_HEADDIM
 from .bias import bias_built, check_bias, run_with_bias
 
 _NAMES = ("query", "key", "value")
+_TORCH_SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -44,15 +52,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Args:
         query: ``(..., Hq, L, E)``; key: ``(..., Hk, S, E)``; value: ``(..., Hk, S, Ev)``:
-            float16 or bfloat16 CUDA tensors of one dtype and device, at least 2-D, leading
-            dims broadcastable as in torch, ``E, Ev <= 256``.
+            float16, bfloat16 or float32 CUDA tensors of one dtype and device, at least 2-D,
+            leading dims broadcastable as in torch, ``E, Ev <= 256`` (float32: ``<= 128``).
+            float32 runs the float32 kernels (3xTF32, as ``flash_attn_func``; build item
+            ``fp32``, the default), with q, k and v zero-padded to a head dim that is a
+            multiple of 8 where ``E`` or ``Ev`` is not one.
         attn_mask: None, or broadcastable to ``(..., Hq, L, S)``: bool (True = attend) or
             float16 / bfloat16 / float32 (added to the scaled scores), as torch; not with
-            ``is_causal``. A float mask that requires grad gets its gradient. Needs the bias
-            kernels (``FLASHATTN2_EXPERIMENTAL=bias``, the default; ``bias.py``): builds
-            without them raise NotImplementedError. A row whose keys are all masked gives 0
-            (as torch >= 2.5).
-        dropout_p: in [0, 1) (torch also takes 1.0).
+            ``is_causal``, nor with float32 inputs. A float mask that requires grad gets its
+            gradient. Needs the bias kernels (``FLASHATTN2_EXPERIMENTAL=bias``, the default;
+            ``bias.py``): builds without them raise NotImplementedError. A row whose keys are
+            all masked gives 0 (as torch >= 2.5).
+        dropout_p: in [0, 1) (torch also takes 1.0); 0 with float32 inputs.
         is_causal: top-left aligned causal mask, as torch: key j visible to query i iff j <= i.
         scale: positive and finite (torch also takes 0 and negative values); default
             ``1 / sqrt(E)``.
@@ -65,8 +76,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Raises:
         NotImplementedError for what torch computes and this function does not: an
-        ``attn_mask`` in builds without the bias kernels, float32 / float64 inputs, a head
-        dim above 256, ``scale <= 0``.
+        ``attn_mask`` in builds without the bias kernels, float64 inputs, float32 inputs
+        with an ``attn_mask``, with ``dropout_p > 0`` or with a head dim above 128, float32
+        in builds without the float32 kernels (``_checks.Float32NotBuilt``, a ValueError
+        too), a head dim above 256, ``scale <= 0``.
         ValueError for what torch rejects too (shapes, dtypes, heads), for ``dropout_p = 1``,
         for key and value with different head counts, and for CPU tensors or tensors on
         different devices.
@@ -93,6 +106,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 f"{scale!r} (torch.nn.functional.scaled_dot_product_attention takes any float)"
             )
     batch_shape, heads = _check_shapes(query, key, value, enable_gqa)
+    _checks._check_fp32(query, dropout_p=dropout_p, attn_bias=attn_mask,
+                        also=f"; {_TORCH_SDPA} does in float32")  # fmt: skip
     named = list(zip(_NAMES, (query, key, value)))
     if attn_mask is not None:
         mask = _mask_as_bias(attn_mask, batch_shape, heads, query.shape[-2], key.shape[-2])
@@ -104,9 +119,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = (_to_bshd(t, batch_shape) for t in (query, key, value))
     if q.shape[2] == 1 < heads:  # query heads broadcast against key/value heads
         q = q.expand(-1, -1, heads, -1)
-    if headdim != headdim_v:
-        padded = max(headdim, headdim_v)
-        padded += -padded % 8
+    padded = max(headdim, headdim_v)
+    padded += -padded % 8
+    # One head dim for q, k and v. float32 is padded to a multiple of 8 here, as the float32
+    # checks take no other (float16 / bfloat16 are padded later, by _launch._kernel_ready).
+    if headdim != headdim_v or (q.dtype is _FP32 and headdim != padded):
         q, k, v = (t if t.shape[3] == padded else F.pad(t, (0, padded - t.shape[3]))
                    for t in (q, k, v))  # fmt: skip
     window_right = -1
@@ -174,13 +191,14 @@ def _check_shapes(query, key, value, enable_gqa):
             "query, key and value must have the same dtype; got "
             f"query {dtype}, key {key.dtype}, value {value.dtype}"
         )
-    if dtype is not _HALF and dtype is not _BF16:
-        message = (f"flashattn2.scaled_dot_product_attention supports float16 and bfloat16; "
-                   f"got {dtype}")  # fmt: skip
+    if dtype is _FP32:
+        _checks._check_fp32_built("query")
+    elif dtype is not _HALF and dtype is not _BF16:
+        message = (f"flashattn2.scaled_dot_product_attention supports float16, bfloat16 and "
+                   f"float32; got {dtype}")  # fmt: skip
         if dtype.is_floating_point:
             raise NotImplementedError(
-                message + ". Cast the inputs (e.g. .to(torch.bfloat16)) or use "
-                "torch.nn.functional.scaled_dot_product_attention"
+                message + f". Cast the inputs (e.g. .to(torch.float32)) or use {_TORCH_SDPA}"
             )
         raise ValueError(message)
 
@@ -201,6 +219,13 @@ def _check_shapes(query, key, value, enable_gqa):
         raise NotImplementedError(
             f"flashattn2.scaled_dot_product_attention supports head dims up to {_MAX_HEADDIM};"
             f" got E = {headdim}, Ev = {headdim_v}"
+        )
+    if dtype is _FP32 and max(headdim, headdim_v) > _FP32_MAX_HEADDIM:
+        raise NotImplementedError(
+            f"flashattn2.scaled_dot_product_attention supports float32 head dims up to "
+            f"{_FP32_MAX_HEADDIM} (the float32 kernels'); got E = {headdim}, Ev = {headdim_v}. "
+            f"Cast the inputs to float16 / bfloat16 (head dims up to {_MAX_HEADDIM}) or use "
+            f"{_TORCH_SDPA}"
         )
 
     heads_q, heads_k, heads_v = _heads(query), _heads(key), _heads(value)
