@@ -8,7 +8,8 @@ Low-level entry points without autograd, for code that runs the backward itself:
 ``forward``, ``forward_with_stats`` (out and the softmax log-sum-exp) and ``backward``.
 
 ``scaled_dot_product_attention`` takes torch's SDPA arguments instead (BHSD layout, top-left
-aligned ``is_causal``, ``enable_gqa``; no ``attn_mask`` yet).
+aligned ``is_causal``, ``enable_gqa``, a bool or float ``attn_mask``; float16, bfloat16 and
+float32).
 
 On Hopper GPUs the forward runs wgmma / TMA kernels (cpp/sm90) where they apply;
 ``with flashattn2.force_sm80():`` (or FLASHATTN2_FORCE_SM80=1) selects the mma.sync kernels.
