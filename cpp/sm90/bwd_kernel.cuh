@@ -275,6 +275,41 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     };
 
+    // The warpgroup's dQ tile of step t (bwd_dq.cuh): query rows dq_q0..+64, columns
+    // 64 dq_chunk..+64, from sdS[t % 2]; deterministic: thread 128 waits for the tile's turn
+    // while the GEMM runs (dq_issue), the reduce waits for every thread's (dq_finish).
+    const int dq_chunk = Traits::kDqSplitsRows ? 0 : consumer;
+    const int dq_q0 = Traits::kDqSplitsRows ? 64 * consumer : 0;
+    auto dq_issue = [&](float (&acc_dq)[32], int t_dq, int head_dq, int m_block_dq) {
+      const uint32_t sdS_dq = sdS + (kDsBuffers == 2 ? (t_dq + kStages) % kStages : 0) *
+                                        Traits::kDSBytes;
+      dq_gemm<Traits, Element>(acc_dq, sdS_dq, sK, dq_q0, dq_chunk);
+      if (p.deterministic && !dq_warp && tid == 128 && t_dq >= 0)
+        dq_wait_turn<Traits>(p, seq, sDqCounter, head_dq, n_block, m_block_dq);
+    };
+    auto dq_finish = [&](float (&acc_dq)[32], int t_dq, int head_dq, int m_block_dq) {
+      if constexpr (kDsBuffers == 1) {
+        if (t_dq + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
+      }
+      if (p.deterministic && !dq_warp) named_sync(kBarDqTurn, 256);
+      dq_accumulate<Traits, kDqWarp>(p, seq, acc_dq, sDq, m_block_dq * kBlockM, dq_q0, dq_chunk,
+                                     consumer, warp_in_wg, lane, head_dq, n_block, t_dq);
+    };
+    // kRotate: step t - 1's dQ GEMM is issued at the top of step t, just before step t's S^T
+    // GEMM, and its staging runs while S^T does, so that the tensor pipe has work there (ncu,
+    // d128 8k: the wait for the dQ GEMM and its staging were 17 % of the consumers' stall
+    // samples, in both warpgroups at once, as the sdS barrier keeps them in step). Each step
+    // ends with every GEMM waited for, so no wgmma is in flight across the loop's back edge
+    // (an S^T prefetched there, ptxas serialised every wgmma: C7514 / C7515), and every
+    // GEMM is issued unconditionally (under a branch: C7518): step 0 issues a dQ GEMM on the
+    // idle sdS buffer whose result is dropped (1 / (5 steps) of the CTA's tensor work), and
+    // the last step's dQ follows the loop. Registers while dQ is staged: dK, dV, dQ and the
+    // in-flight S^T (d128 192 f32, d64 160). Not with kBias (its tile copies and, at d64,
+    // one sdS buffer follow the old order).
+    constexpr bool kRotate = !kBias;
+    float acc_dq[32];
+    int dq_head = 0, dq_m_block = 0;  // step t - 1's (kRotate)
+
     if (range.steps > 0) mbar_wait(st.kv_full(), 0);
     int head = head_k * group, m_block = range.m_start;
     if (kBias && range.steps > 0) bias_issue(head, m_block);
@@ -285,8 +320,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
       uint32_t rP[kBlockM / 16][4], rdS[kBlockM / 16][4];
 
+      if constexpr (kRotate) dq_issue(acc_dq, t - 1, dq_head, dq_m_block);
       mbar_wait(st.q_full(s), phase);
       gemm_t(acc_s, sK, sQ + s * Traits::kQBytes);
+      if constexpr (kRotate) {
+        wgmma_wait<1>();  // step t - 1's dQ (S^T runs on)
+        fence_regs(acc_dq);
+        if (t > 0) dq_finish(acc_dq, t - 1, dq_head, dq_m_block);
+      }
       mbar_wait(st.do_full(s), phase);
       gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
       mbar_wait(st.lse_full(s), phase);
@@ -500,31 +541,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
 
-      // The warpgroup's dQ tile (bwd_dq.cuh): query rows dq_q0..+64, columns
-      // 64 dq_chunk..+64; deterministic: thread 128 waits for the tile's turn meanwhile.
-      const int dq_chunk = Traits::kDqSplitsRows ? 0 : consumer;
-      const int dq_q0 = Traits::kDqSplitsRows ? 64 * consumer : 0;
-      float acc_dq[32];
-      dq_gemm<Traits, Element>(acc_dq, sdS_t, sK, dq_q0, dq_chunk);
-      if (p.deterministic && !dq_warp && tid == 128)
-        dq_wait_turn<Traits>(p, seq, sDqCounter, head, n_block, m_block);
-      // dV and dK done (all but the dQ group): sQ, sdO, LSE, dsum of stage s are read, so
-      // the stage goes back to the producer while the dQ GEMM still runs.
-      wgmma_wait<1>();
-      fence_regs(acc_dk);
-      fence_regs(acc_dv);
-      mbar_arrive(st.empty(s));
+      if constexpr (kRotate) {
+        // dV and dK done: sQ, sdO, LSE, dsum of stage s are read; the stage goes back.
+        wgmma_wait<0>();
+        fence_regs(acc_dk);
+        fence_regs(acc_dv);
+        mbar_arrive(st.empty(s));
+        dq_head = head;
+        dq_m_block = m_block;
+      } else {
+        dq_issue(acc_dq, t, head, m_block);
+        // dV and dK done (all but the dQ group): sQ, sdO, LSE, dsum of stage s are read, so
+        // the stage goes back to the producer while the dQ GEMM still runs.
+        wgmma_wait<1>();
+        fence_regs(acc_dk);
+        fence_regs(acc_dv);
+        mbar_arrive(st.empty(s));
+        wgmma_wait<0>();
+        fence_regs(acc_dq);
+        dq_finish(acc_dq, t, head, m_block);
+      }
+      range.next(head, m_block);
+    }
+    if constexpr (kRotate) {  // the last step's dQ (none without steps: dropped)
+      dq_issue(acc_dq, range.steps - 1, dq_head, dq_m_block);
       wgmma_wait<0>();
       fence_regs(acc_dq);
-      if constexpr (kDsBuffers == 1) {
-        if (t + 1 < range.steps) named_arrive(kBarDsFree + consumer, 256);
-      }
-      if (p.deterministic && !dq_warp) named_sync(kBarDqTurn, 256);
-
-      // dQ into dq_accum (bwd_dq.cuh).
-      dq_accumulate<Traits, kDqWarp>(p, seq, acc_dq, sDq, m0, dq_q0, dq_chunk, consumer,
-                                     warp_in_wg, lane, head, n_block, t);
-      range.next(head, m_block);
+      if (range.steps > 0) dq_finish(acc_dq, range.steps - 1, dq_head, dq_m_block);
     }
 
     // dq_bulk: the reduces complete (their shared memory is read) before the CTA exits;
