@@ -304,9 +304,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // GEMM is issued unconditionally (under a branch: C7518): step 0 issues a dQ GEMM on the
     // idle sdS buffer whose result is dropped (1 / (5 steps) of the CTA's tensor work), and
     // the last step's dQ follows the loop. Registers while dQ is staged: dK, dV, dQ and the
-    // in-flight S^T (d128 192 f32, d64 160). Not with kBias (its tile copies and, at d64,
-    // one sdS buffer follow the old order).
-    constexpr bool kRotate = !kBias;
+    // in-flight S^T (192 f32). d128 only (nineteenth session, interleaved A/B against the old
+    // order, bf16 512-16k: d128 backward +1.0 % geomean, -1.8 % to +6.4 %, the gains from 2k
+    // on; d64, whose steps are twice as long, -1.0 %, -4 % to +2.6 %, and a spilled value),
+    // and not with kBias (its tile copies follow the old order).
+    constexpr bool kRotate = !kBias && !kDvAfterDs;
     float acc_dq[32];
     int dq_head = 0, dq_m_block = 0;  // step t - 1's (kRotate)
 
