@@ -36,13 +36,17 @@
 //            dQ[64 c..+64, :] = dS[64 c..+64, :] K: no dQ element from two warpgroups
 //            wait all; release stage s; dQ into dq_accum (dq_bulk: staged, one bulk
 //            reduce-add per warp; else red.add.v4; bwd_dq.cuh)
+//          d128 (kRotate, not kBias): the dQ GEMM and its adds move to the top of step t + 1:
+//          wait all and release stage s after the barrier; then issue the dQ GEMM, step
+//          t + 1's S^T, wait for the dQ and add it while S^T runs.
 //          d64 issues dV in the dS^T pass (P^T packed there; kMods: its logits too, after
 //          dP^T), so that S^T, dP^T (64 f32 each at n128) and in-flight P^T fragments are not
 //          live together with dK / dV (kDvAfterDs: registers): dV and dK of the first 64
 //          queries once their fragments are packed (they run during the second half of the
 //          pass; not with varlen + mods: registers), the rest after it.
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
-//          passing step t + 1's barrier, i.e. after the other one finished step t's dQ.
+//          passing step t + 1's barrier, i.e. after the other one finished step t's dQ (with
+//          kRotate too: it waits for that dQ GEMM before its S^T of step t + 1 is used).
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
 //          order of common/dq_order.cuh (descending: key blocks launched last first; the
 //          rotated walk; or ascending), each key block n into dQ chain n % dq_chains (its
