@@ -46,7 +46,8 @@
 //          pass; not with varlen + mods: registers), the rest after it.
 //          sdS is double-buffered: a warpgroup writes sdS[s] of step t + 2 only after
 //          passing step t + 1's barrier, i.e. after the other one finished step t's dQ (with
-//          kRotate too: it waits for that dQ GEMM before its S^T of step t + 1 is used).
+//          kRotate too: step t's dQ GEMM is waited for at the top of step t + 1, before its
+//          barrier).
 //   determ deterministic=True (dq_bulk builds): the dQ reduces of a query tile in the fixed
 //          order of common/dq_order.cuh (descending: key blocks launched last first; the
 //          rotated walk; or ascending), each key block n into dQ chain n % dq_chains (its
