@@ -338,6 +338,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mbar_wait(st.do_full(s), phase);
       gemm_t(acc_dp, sV, sdO + s * Traits::kQBytes);
       mbar_wait(st.lse_full(s), phase);
+      // The P pass's and the dS pass's first LSE / dsum loads go before the waits for S^T
+      // and dP^T, the others a tile ahead inside the passes, so that no 8-byte load's latency
+      // is waited for in the step (the loads are volatile: they stay where they are written).
+      [[maybe_unused]] float2 lse_next;
+      if constexpr (!kMods) lse_next = ld_shared_float2(st.lse(s) + 4 * (2 * q));
       wgmma_wait<1>();
       fence_regs(acc_s);
 
@@ -421,7 +426,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // P^T in place (LSE of the lane's two query columns per n8 tile: one 8-byte load).
 #pragma unroll
         for (int nt = 0; nt < kBlockM / 8; ++nt) {
-          const float2 lse = ld_shared_float2(st.lse(s) + 4 * (8 * nt + 2 * q));
+          const float2 lse = lse_next;
+          if (nt + 1 < kBlockM / 8) lse_next = ld_shared_float2(st.lse(s) + 4 * (8 * (nt + 1) + 2 * q));
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             acc_s[4 * nt + e] = ptx::exp2_approx(
@@ -445,6 +451,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // instead, the next visitor waited for it there in step: 1.84x the default time at
       // 16k.)
       if (p.deterministic && !dq_warp && t > 0 && lane == 0) dq_release(sDqCounter);
+      float2 dsum_next = ld_shared_float2(st.dsum(s) + 4 * (2 * q));
       wgmma_wait<kDvAfterDs ? 0 : 1>();  // dP^T (d128: the dV GEMM may still run)
       fence_regs(acc_dp);
 
@@ -462,7 +469,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
 #pragma unroll
       for (int nt = 0; nt < kBlockM / 8; ++nt) {
-        const float2 dsum = ld_shared_float2(st.dsum(s) + 4 * (8 * nt + 2 * q));
+        const float2 dsum = dsum_next;
+        if (nt + 1 < kBlockM / 8) dsum_next = ld_shared_float2(st.dsum(s) + 4 * (8 * (nt + 1) + 2 * q));
         if constexpr (kDvAfterDs) {
           float ps[4];  // P^T (o dl with kMods)
           if constexpr (kMods) {
