@@ -212,7 +212,8 @@ def _check_qkv_shapes(q, k, v):
 
 def _check_dtypes(q, k, v):
     """q's dtype, after the dtype checks of q, k and v (float32: built, and a head dim its
-    kernels take); shared by the dense and the varlen functions."""
+    kernels take once padded to a multiple of 8, as every dtype's is); shared by the dense and
+    the varlen functions."""
     dtype = q.dtype
     if dtype is _FP32:
         _check_fp32_built()
@@ -223,9 +224,9 @@ def _check_dtypes(q, k, v):
     if v.dtype is not dtype:
         raise ValueError(f"query and value must have the same dtype; got q {dtype}, v {v.dtype}")
     headdim = q.shape[-1]
-    if dtype is _FP32 and (headdim % 8 or not 0 < headdim <= _FP32_MAX_HEADDIM):
-        raise ValueError(f"flashattn2: float32 supports head dims that are multiples of 8 up to "
-                         f"{_FP32_MAX_HEADDIM}; got {headdim}")
+    if dtype is _FP32 and not 0 < headdim <= _FP32_MAX_HEADDIM:
+        raise ValueError(f"flashattn2: float32 supports head dims up to {_FP32_MAX_HEADDIM}; "
+                         f"got {headdim}")
     return dtype
 
 

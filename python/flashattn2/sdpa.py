@@ -21,9 +21,8 @@ place. How torch's semantics map onto the kernels':
   to a multiple of 8, and the output sliced back (zeros change neither q.k nor the output);
 - float16 and bfloat16 inputs, and float32 where the float32 kernels (3xTF32, ``cpp/fp32``,
   build item ``fp32``) serve the call as they serve ``flash_attn_func``: head dims up to 128,
-  every mapping above (their causal, windows and GQA), deterministic backward. Their head
-  dim must be a multiple of 8, so float32 q, k and v with another ``E`` (or ``Ev``) are
-  zero-padded as for ``E != Ev``. float32 with dropout or an ``attn_mask`` raises
+  every mapping above (their causal, windows and GQA), deterministic backward. float32 with
+  dropout or an ``attn_mask`` raises
   NotImplementedError (the float32 kernels have neither, as in ``flash_attn_func``), and
   float64 always does;
 - ``dropout_p`` as in torch (applied to the attention weights, kept weights scaled by
@@ -55,8 +54,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             float16, bfloat16 or float32 CUDA tensors of one dtype and device, at least 2-D,
             leading dims broadcastable as in torch, ``E, Ev <= 256`` (float32: ``<= 128``).
             float32 runs the float32 kernels (3xTF32, as ``flash_attn_func``; build item
-            ``fp32``, the default), with q, k and v zero-padded to a head dim that is a
-            multiple of 8 where ``E`` or ``Ev`` is not one.
+            ``fp32``, the default).
         attn_mask: None, or broadcastable to ``(..., Hq, L, S)``: bool (True = attend) or
             float16 / bfloat16 / float32 (added to the scaled scores), as torch; not with
             ``is_causal``, nor with float32 inputs. A float mask that requires grad gets its
@@ -119,13 +117,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = (_to_bshd(t, batch_shape) for t in (query, key, value))
     if q.shape[2] == 1 < heads:  # query heads broadcast against key/value heads
         q = q.expand(-1, -1, heads, -1)
-    padded = max(headdim, headdim_v)
-    padded += -padded % 8
-    # One head dim for q, k and v. float32 is padded to a multiple of 8 here, as the float32
-    # checks take no other (float16 / bfloat16 are padded later, by _launch._kernel_ready).
-    if headdim != headdim_v or (q.dtype is _FP32 and headdim != padded):
-        q, k, v = (t if t.shape[3] == padded else F.pad(t, (0, padded - t.shape[3]))
-                   for t in (q, k, v))  # fmt: skip
     window_right = -1
     if is_causal:
         if seqlen_q <= seqlen_k:
@@ -133,6 +124,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             window_right = 0
         else:
             window_right = seqlen_q - seqlen_k
+    if headdim != headdim_v:
+        # One head dim for q, k and v, padded to a multiple of 8 at once, so that the kernels'
+        # padding (_launch._kernel_ready, for any other head dim) copies nothing more.
+        padded = max(headdim, headdim_v)
+        padded += -padded % 8
+        q, k, v = (t if t.shape[3] == padded else F.pad(t, (0, padded - t.shape[3]))
+                   for t in (q, k, v))  # fmt: skip
     _checks._check_qkv_shapes(q, k, v)  # the build has a kernel for this head dim
     softmax_scale = headdim**-0.5 if scale is None else scale
     deterministic = torch.are_deterministic_algorithms_enabled()
