@@ -27,6 +27,26 @@ if [ -n "${SMI_MS:-}" ]; then
     trap 'kill $SMI_PID 2> /dev/null' EXIT
 fi
 
+# base: the same build of a base commit's cpp/ and python/ (`.base`, made here by
+# `rm -rf .base && mkdir .base && git archive REV cpp python | tar -x -C .base`, carried to the
+# device: `.base` is git-ignored), for A/B runs against it in one job (fwdab, bwdab); its head
+# dims BASE_HEAD_DIMS (default HEAD_DIMS or 64;128;256). It starts before the main build, so
+# that the two overlap.
+if want base && [ -d .base/cpp ]; then
+    stamp "base build (.base/cpp), in the background"
+    rm -rf /tmp/base_src && mkdir -p /tmp/base_src
+    tar --exclude=./build --exclude=./.git --exclude=./.base -cf - . | tar -x -C /tmp/base_src
+    for d in cpp python; do
+        [ -d ".base/$d" ] && rm -rf "/tmp/base_src/$d" && cp -r ".base/$d" "/tmp/base_src/$d"
+    done
+    ( cd /tmp/base_src && python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/base_whl . \
+        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real \
+        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${BASE_HEAD_DIMS:-${HEAD_DIMS:-64;128;256}}" -C build-dir=/tmp/build-base \
+        ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"} \
+      && rm -rf /tmp/base && python3 -m zipfile -e /tmp/base_whl/*.whl /tmp/base ) \
+        > "$O/base_build.txt" 2>&1 &
+    BASE_PID=$!
+fi
 if want check; then
     stamp build
     OUT=$O/build HEAD_DIMS=${HEAD_DIMS:-} SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE=1 bash scripts/gpu_check.sh
@@ -54,25 +74,6 @@ ab_bench() {
             2> /dev/null | tail -n 16
     done
 }
-# base: the same build of a base commit's cpp/ and python/ (`.base`, made here by
-# `rm -rf .base && mkdir .base && git archive REV cpp python | tar -x -C .base`, carried to the
-# device: `.base` is git-ignored), for A/B runs against it in one job (fwdab, bwdab); its head
-# dims BASE_HEAD_DIMS (default HEAD_DIMS or 64;128;256).
-if want base && [ -d .base/cpp ]; then
-    stamp "base build (.base/cpp), in the background"
-    rm -rf /tmp/base_src && mkdir -p /tmp/base_src
-    tar --exclude=./build --exclude=./.git --exclude=./.base -cf - . | tar -x -C /tmp/base_src
-    for d in cpp python; do
-        [ -d ".base/$d" ] && rm -rf "/tmp/base_src/$d" && cp -r ".base/$d" "/tmp/base_src/$d"
-    done
-    ( cd /tmp/base_src && python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/base_whl . \
-        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real \
-        -C "cmake.define.FLASHATTN2_HEAD_DIMS=${BASE_HEAD_DIMS:-${HEAD_DIMS:-64;128;256}}" -C build-dir=/tmp/build-base \
-        ${SM90_BWD_EXPERIMENTAL:+-C "cmake.define.FLASHATTN2_SM90_BWD_EXPERIMENTAL=$SM90_BWD_EXPERIMENTAL"} \
-      && rm -rf /tmp/base && python3 -m zipfile -e /tmp/base_whl/*.whl /tmp/base ) \
-        > "$O/base_build.txt" 2>&1 &
-    BASE_PID=$!
-fi
 # probe: its side build (step probe below) starts now, in the background (PROBE_HEAD_DIMS:
 # its head dims, default HEAD_DIMS or 64;128;256).
 if want probe && [ -n "${PROBE_FLAGS:-}" ]; then
