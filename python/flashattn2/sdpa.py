@@ -22,9 +22,8 @@ place. How torch's semantics map onto the kernels':
 - float16 and bfloat16 inputs, and float32 where the float32 kernels (3xTF32, ``cpp/fp32``,
   build item ``fp32``) serve the call as they serve ``flash_attn_func``: head dims up to 128,
   every mapping above (their causal, windows and GQA), deterministic backward. float32 with
-  dropout or an ``attn_mask`` raises
-  NotImplementedError (the float32 kernels have neither, as in ``flash_attn_func``), and
-  float64 always does;
+  dropout or an ``attn_mask`` raises NotImplementedError (the float32 kernels have neither,
+  as in ``flash_attn_func``), and float64 always does;
 - ``dropout_p`` as in torch (applied to the attention weights, kept weights scaled by
   ``1 / (1 - dropout_p)``), drawn from torch's CUDA generator;
 - deterministic backward when ``torch.are_deterministic_algorithms_enabled()``;
