@@ -12,10 +12,11 @@ its executed instructions and its top three stall reasons.
 """
 import argparse
 import collections
-import csv
 import os
 import re
 import subprocess
+
+from sass_stalls import rows
 
 
 def line_table(cubin, name_part):
@@ -47,33 +48,25 @@ def main():
     ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args()
     table = line_table(args.cubin, args.name_part)
-    rows = list(csv.reader(open(args.csv)))
-    header = rows[1]
-    data = [r for r in rows[2:] if len(r) == len(header)]
-    col = {name: header.index(name) for name in (
-        "Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed")}
-    reasons = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
-    base = int(data[0][col["Address"]], 16)
     samples, executed = collections.Counter(), collections.Counter()
     by_reason = collections.defaultdict(collections.Counter)
-    mismatches = 0
-    for r in data:
-        where, ins = table.get(int(r[col["Address"]], 16) - base, (None, ""))
-        words = r[col["Source"]].split()
-        op = words[1] if words and words[0].startswith("@") and len(words) > 1 else (
-            words[0] if words else "")
-        mismatches += op.split(".")[0] not in ins
-        samples[where] += int(r[col["Warp Stall Sampling (All Samples)"]] or 0)
-        executed[where] += int(r[col["Instructions Executed"]] or 0)
-        for i in reasons:
-            by_reason[where][header[i][len("stall_"):]] += int(r[i] or 0)
+    mismatches = base = 0
+    for n, (row, op, ex, stalls, reasons) in enumerate(rows(args.csv)):
+        address = int(row["Address"], 16)
+        base = address if n == 0 else base
+        where, ins = table.get(address - base, (None, ""))
+        mismatches += op not in ins
+        samples[where] += stalls
+        executed[where] += ex
+        by_reason[where].update(reasons)
     total = sum(samples.values()) or 1
-    print(f"{len(data)} SASS rows, {len(table)} disassembled, opcode mismatches {mismatches}, "
+    print(f"{n + 1} SASS rows, {len(table)} disassembled, opcode mismatches {mismatches}, "
           f"{total} stall samples")
-    for where, n in samples.most_common(args.top):
-        top = " ".join(f"{k}:{100 * v / n:.0f}" for k, v in by_reason[where].most_common(3) if n)
+    for where, count in samples.most_common(args.top):
+        top = " ".join(f"{k}:{100 * v / count:.0f}" for k, v in by_reason[where].most_common(3)
+                       if count)
         label = f"{where[0]}:{where[1]}" if where else "?"
-        print(f"{100 * n / total:5.1f}%  {label:32s} executed {executed[where]:>11}  {top}")
+        print(f"{100 * count / total:5.1f}%  {label:32s} executed {executed[where]:>11}  {top}")
 
 
 if __name__ == "__main__":

@@ -10,23 +10,31 @@ import collections
 import csv
 
 
-def load(path):
-    rows = list(csv.reader(open(path)))
-    header, data = rows[1], [r for r in rows[2:] if len(r) == len(rows[1])]
+def rows(path):
+    """Each SASS row of an ncu source-page CSV as (row, opcode, executed instructions, stall
+    samples, {reason: samples}); also read by ncu_lines.py."""
+    table = list(csv.reader(open(path)))
+    header, data = table[1], [r for r in table[2:] if len(r) == len(table[1])]
     src = header.index("Source")
     executed = header.index("Instructions Executed")
     samples = header.index("Warp Stall Sampling (All Samples)")
     reasons = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
-    by_op, samples_by_op, by_reason = (collections.Counter() for _ in range(3))
     for r in data:
         words = r[src].split()
-        if not words:
+        op = (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")[0] \
+            if words else ""
+        yield (dict(zip(header, r)), op, int(r[executed] or 0), int(r[samples] or 0),
+               {header[i][len("stall_"):]: int(r[i] or 0) for i in reasons})
+
+
+def load(path):
+    by_op, samples_by_op, by_reason = (collections.Counter() for _ in range(3))
+    for _, op, executed, samples, reasons in rows(path):
+        if not op:
             continue
-        op = (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")[0]
-        by_op[op] += int(r[executed] or 0)
-        samples_by_op[op] += int(r[samples] or 0)
-        for i in reasons:
-            by_reason[header[i][len("stall_"):]] += int(r[i] or 0)
+        by_op[op] += executed
+        samples_by_op[op] += samples
+        by_reason.update(reasons)
     return by_op, samples_by_op, by_reason
 
 
