@@ -154,9 +154,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int head_k = blockIdx.y, batch = blockIdx.z;
   const int group = p.nheads / p.nheads_k;
   const BwdSeq<kVarlen> seq(p, batch);
-  // Deterministic mode: the dQ order (common/dq_order.cuh); otherwise the plain walk.
+  // The walk (common/dq_order.cuh): full attention rotates in both modes (K/V tile n starts
+  // at query tile n), so that a head's CTAs, which run in step, visit different query tiles
+  // at each step. Walking in step from tile 0 (the non-deterministic walk until now), each
+  // step's dQ went to one query tile from all of them: with the first store (kFirstStore)
+  // all but one waited for that store to complete before their reduces (ncu, d128 2k full:
+  // half of warp 2's stall samples in the ticket / flag handshake, 11 % of all at the
+  // consumers' kBarDqEmpty wait). Interleaved A/B (bf16 bwd): d128 full +2.6 % geomean
+  // (512-1k +4-5 %, 2k +0.5 %), d64 full +1.0 %.
   const DqOrder<kBlockM, kBlockN> order(p, seq.seqlen_q(), seq.seqlen_k(),
-                                        (seq.seqlen_q() + kBlockM - 1) / kBlockM, p.deterministic);
+                                        (seq.seqlen_q() + kBlockM - 1) / kBlockM, true);
   const int n_block = order.n_block();
   // kDqWarp: warp 2 runs the dQ order (below), the consumers only stage.
   static_assert(!kDqWarp || (Traits::kDqWarpBuilt && !kMods), "dq_warp instance");
