@@ -116,6 +116,9 @@ def parse_args(argv=None):
                         "backward also computes dbias")
     p.add_argument("--warmup", type=float, help="warm-up per measurement, ms (default 25)")
     p.add_argument("--rep", type=float, help="measuring time per measurement, ms (default 100)")
+    p.add_argument("--timer", choices=["do_bench", "events"], default="do_bench",
+                   help="do_bench: triton's (the L2 flushed before each call; the default); "
+                        "events: back-to-back calls, CUDA events around each, no flush")
     p.add_argument("--quick", action="store_true", help="a few configs, short timings")
     p.add_argument("--out", help="output dir (default benchmarks/out/<gpu>-<date>)")
     p.add_argument("--summary", action=argparse.BooleanOptionalAction, default=True,
@@ -408,7 +411,9 @@ def event_bench(fn, warmup_ms, rep_ms):
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
-def make_timer(warmup, rep):
+def make_timer(warmup, rep, kind="do_bench"):
+    if kind == "events":
+        return lambda fn: event_bench(fn, warmup, rep), "cuda-event loop median (no L2 flush)"
     try:
         from triton.testing import do_bench
         return (lambda fn: do_bench(fn, warmup=warmup, rep=rep, return_mode="median"),
@@ -543,7 +548,7 @@ def run_sweep(args):
     if not torch.cuda.is_available():
         sys.exit("bench.py: no CUDA device (use --plot-only to render saved results)")
     gpu = torch.cuda.get_device_name()
-    timer, timer_name = make_timer(args.warmup, args.rep)
+    timer, timer_name = make_timer(args.warmup, args.rep, args.timer)
     meta = build_meta(args, gpu, timer_name)
     impls = list(args.impls)
     if meta["flashattn2"] is None and {"flashattn2", "flashattn2_det"} & set(impls):

@@ -26,6 +26,14 @@ def test_grid_flag_sets_issue_21s_grid_and_explicit_options_win():
         bench.parse_args(["--impls", "nope"])
 
 
+def test_timer_option_picks_the_timer():
+    assert bench.parse_args([]).timer == "do_bench"
+    timer, name = bench.make_timer(1, 1, bench.parse_args(["--timer", "events"]).timer)
+    assert "no L2 flush" in name and callable(timer)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--timer", "nope"])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2)])
 def test_eager_and_sdpa_rows_compute_attention(causal, heads):
