@@ -68,22 +68,6 @@ constexpr int sm90_bwd_smem_bytes(int head_dim) {
          8 * (2 + 4 * sm90_bwd_tile(head_dim).stages) + 1024;
 }
 
-// The kDqWarp instances (producer warp 2 adds the staged dQ; never with a bias) double-buffer
-// the staging where it fits: d128 226.1 KiB of the 227 (d64 would need 227.1). The consumers'
-// stores of step t then wait for warp 2 to have read step t - 2's staging, not step t - 1's
-// (ncu, d128 2k full: 8-11 % of all stall samples at that wait). Every sm_90 GPU allows
-// 227 KiB per block, so the host's check of sm90_bwd_smem_bytes covers these instances too.
-// FLASHATTN2_SM90_BWD_DQ_DOUBLE=0 (a compile flag, for A/B builds): one buffer everywhere.
-#ifndef FLASHATTN2_SM90_BWD_DQ_DOUBLE
-#define FLASHATTN2_SM90_BWD_DQ_DOUBLE 1
-#endif
-constexpr int sm90_bwd_dq_warp_buffers(int head_dim) {
-  return FLASHATTN2_SM90_BWD_DQ_DOUBLE && sm90_bwd_dq_stage_bytes(head_dim) > 0 &&
-                 sm90_bwd_smem_bytes(head_dim) + sm90_bwd_dq_stage_bytes(head_dim) <= 227 * 1024
-             ? 2
-             : 1;
-}
-
 // kBias: each consumer warpgroup stages the bias of its 64 keys x the step's block_m queries
 // (2-byte, 128-byte rows) after the barriers, + 128 bytes to align it. d128 fits (210 KiB);
 // d64 with both dS^T buffers would need 227.2 KiB of the 227, so its bias instance keeps one

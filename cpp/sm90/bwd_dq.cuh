@@ -98,14 +98,10 @@ __device__ __forceinline__ void dq_accumulate(const BwdParams& p, const BwdSeq<k
   if constexpr (Traits::kDqBulk) {
     // Stage the 4 KiB in shared memory (each store: the warp's 512 contiguous bytes) and
     // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
-    // the previous step's reduce has read the staging buffer. kDqWarp: warp 2 adds them,
-    // from buffer b = t % kBuffers; the stores wait for its reads of step t - kBuffers'.
-    constexpr int kBuffers = Traits::dq_buffers(kDqWarp);
-    const int b = int(unsigned(t) % kBuffers);
-    const uint32_t sdq =
-        sDq + b * Traits::kDqStageBytes + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
+    // the previous step's reduce has read the staging buffer.
+    const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
     if (kDqWarp) {
-      if (t >= kBuffers) named_sync(kBarDqEmpty + b, 256 + 32);
+      if (t > 0) named_sync(kBarDqEmpty, 256 + 32);  // warp 2's reduces read step t - 1's
     } else {
       if (lane == 0) tma_store_wait_read();
       __syncwarp();
@@ -129,7 +125,7 @@ __device__ __forceinline__ void dq_accumulate(const BwdParams& p, const BwdSeq<k
         tma_store_commit();
       }
     }
-    if (kDqWarp) named_arrive(kBarDqFull + b, 256 + 32);  // staged (and fenced) for warp 2
+    if (kDqWarp) named_arrive(kBarDqFull, 256 + 32);  // staged (and fenced) for warp 2
   } else if (dq_row < seq.seqlen_q()) {
     float* const dq = p.dq_accum + (seq.ws_row0(head) + dq_row) * p.headdim +
                       16 * 64 * dq_chunk + 4 * lane;

@@ -133,17 +133,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // sdS buffers: 2, indexed by the stage; 1 in d64's kBias instance (smem), whose reuse then
   // waits for the other warpgroup's dQ GEMM of the step before (kBarDsFree).
   constexpr int kDsBuffers = Traits::ds_buffers(kBias);
-  // dQ staging buffers: 2 in d128's kDqWarp instances (sm90_bwd_dq_warp_buffers), step t's
-  // at sDq + (t % 2) kDqStageBytes.
-  constexpr int kDqBuffers = Traits::dq_buffers(kDqWarp);
   const BwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
   // The stages (sm90/bwd_producer.cuh); this kernel's own between sdO and the LSE rows: sdS,
-  // then dq_bulk's staging (warp w's at sDq + w kDqWarpBytes; kDqBuffers of them).
-  const BwdStages<Traits> st(smem, kDsBuffers * Traits::kDSBytes +
-                                       kDqBuffers * Traits::kDqStageBytes);
+  // then dq_bulk's staging (warp w's at sDq + w kDqWarpBytes).
+  const BwdStages<Traits> st(smem, kDsBuffers * Traits::kDSBytes + Traits::kDqStageBytes);
   const uint32_t sK = st.k, sV = st.v;
   const uint32_t sQ = st.q, sdO = st.dout;  // stage s: + s kQBytes
   const uint32_t sdS = st.own;              // buffer b: + b kDSBytes
@@ -200,12 +196,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::griddep_wait();  // PDL: before its first counter load and reduce (zeroed by the
                             // preprocess)
       // The consumer warps' staged dQ, one bulk reduce each (bwd_dq.cuh).
-      auto issue = [&](float* dq_tile, int rows, int t, bool store = false) {
-        dq_reduce_staged<Traits, kFirstStore>(
-            p, sDq + unsigned(t) % kDqBuffers * Traits::kDqStageBytes, dq_tile, rows, store);
+      auto issue = [&](float* dq_tile, int rows, int, bool store = false) {
+        dq_reduce_staged<Traits, kFirstStore>(p, sDq, dq_tile, rows, store);
       };
-      dq_order_warp<kBlockM, kBlockN, kVarlen, kFirstStore, kDqBuffers>(
-          p, seq, head_k * group, n_block, range, lane, issue, [](int) {});
+      dq_order_warp<kBlockM, kBlockN, kVarlen, kFirstStore>(p, seq, head_k * group, n_block,
+                                                            range, lane, issue, [](int) {});
     }
   } else {
     // ---- consumers ----

@@ -28,7 +28,7 @@ template <typename Traits, typename Element, bool kVarlen, bool kMods, bool kBia
 void launch_bwd(const BwdArgs& args, cudaStream_t stream) {
   constexpr auto kernel =
       bwd_kernel<Traits, Element, kVarlen, kMods, kBias, kDqWarp, kFirstStore, kDbias>;
-  constexpr int kSmem = Traits::smem_bytes(kBias, kDqWarp);
+  constexpr int kSmem = Traits::smem_bytes(kBias);
   raise_smem_limit<kernel>(kSmem, "cudaFuncSetAttribute(sm90 bwd_kernel, smem)");
   // Causal: the first key blocks see the most query blocks and launch first.
   const BwdParams& p = args.p;

@@ -152,8 +152,7 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
 // of the chain), then for the consumers' staged dQ (kBarDqFull), issues their bulk reduces
 // (issue(dq_tile, rows, t): dq_tile the accumulator's first row of the tile in the step's
 // head and chain, rows the tile's rows in the sequence), hands the staging back once it is
-// read (read(t), then kBarDqEmpty; kDqBuffers staging buffers, step t's the t % kDqBuffers-th,
-// with a pair of barriers each) and (deterministic) releases the tile once the reduces are
+// read (read(t), then kBarDqEmpty) and (deterministic) releases the tile once the reduces are
 // complete: the global round trips overlap the consumers' next step. Without deterministic
 // mode only the reduces and the hand-back remain (measured: the deterministic d64 backward on
 // this path ran at 0.88-0.99x the default one with the reduces on the consumers, H100
@@ -172,8 +171,8 @@ static __device__ __noinline__ void dq_release(uint32_t slot) {
 // adding. No deadlock: a visitor waits only for one that took its ticket earlier, which is
 // resident and itself waits only for earlier tickets. The convert reads a tile only where
 // its counter is non-zero (a visitor came).
-template <int kBlockM, int kBlockN, bool kVarlen, bool kFirstStore = false, int kDqBuffers = 1,
-          typename Issue, typename Read>
+template <int kBlockM, int kBlockN, bool kVarlen, bool kFirstStore = false, typename Issue,
+          typename Read>
 __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<kVarlen>& seq,
                                               int head0, int n_block, const BwdRange& range,
                                               int lane, Issue&& issue, Read&& read) {
@@ -196,7 +195,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
         while (ptx::ld_acquire(counter + m_block) < kStored) __nanosleep(32);
     }
     __syncwarp();
-    named_sync(kBarDqFull + int(unsigned(t) % kDqBuffers), 256 + 32);  // (buffer t % kDqBuffers)
+    named_sync(kBarDqFull, 256 + 32);
     if (lane == 0) {
       // after the turn's (or the stored flag's) acquire
       if (p.deterministic || kFirstStore) fence_proxy_async_global();
@@ -210,8 +209,7 @@ __device__ __forceinline__ void dq_order_warp(const BwdParams& p, const BwdSeq<k
       read(t);
     }
     __syncwarp();
-    if (t + kDqBuffers < range.steps)
-      named_arrive(kBarDqEmpty + int(unsigned(t) % kDqBuffers), 256 + 32);
+    if (t + 1 < range.steps) named_arrive(kBarDqEmpty, 256 + 32);
     if (p.deterministic && lane == 0) {
       tma_store_wait();
       fence_proxy_async_global();

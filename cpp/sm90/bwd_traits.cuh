@@ -51,16 +51,10 @@ struct BwdTraits {
   static constexpr int ds_buffers(bool bias) {
     return bias && sm90_bwd_bias_one_ds(kHeadDim) ? 1 : 2;
   }
-  // dQ staging buffers (sm90_bwd_dq_warp_buffers): 2 in d128's kDqWarp instances.
-  static constexpr int dq_buffers(bool dq_warp) {
-    return dq_warp ? sm90_bwd_dq_warp_buffers(kHeadDim) : 1;
-  }
-  static constexpr int smem_bytes(bool bias, bool dq_warp = false) {
-    return kSmemBytes + (bias ? sm90_bwd_bias_bytes(kHeadDim) : 0) +
-           (dq_buffers(dq_warp) - 1) * kDqStageBytes;
+  static constexpr int smem_bytes(bool bias) {
+    return kSmemBytes + (bias ? sm90_bwd_bias_bytes(kHeadDim) : 0);
   }
   static_assert(smem_bytes(true) <= 227 * 1024, "smem budget with the staged bias");
-  static_assert(smem_bytes(false, true) <= 227 * 1024, "smem budget of the kDqWarp instances");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "kernel head dims 64 and 128");
   // dQ = dS K: each consumer warpgroup computes one 64 x 64 tile of it over the block's 128
   // keys (an m64 n64 GEMM, 32 f32 per thread): d128 (64 query rows) the rows x its column
@@ -100,12 +94,11 @@ constexpr int kBarBias = 3;
 // of the step is complete (kBarDsFree + c: c arrives, the other one waits before its dS^T
 // stores of the next step).
 constexpr int kBarDsFree = 5;
-// kDqWarp: of the consumer warpgroups and producer warp 2 (288 threads), the step's dQ
-// staged (kBarDqFull + b: consumers arrive, warp 2 waits) and the staging read by the
-// reduces (kBarDqEmpty + b: warp 2 arrives, consumers wait before their next stores into
-// it), b the step's staging buffer (t % dq_buffers: 0 or 1).
+// kDqWarp, deterministic: of the consumer warpgroups and producer warp 2 (288 threads), the
+// step's dQ staged (kBarDqFull: consumers arrive, warp 2 waits) and the staging read by the
+// reduces (kBarDqEmpty: warp 2 arrives, consumers wait before the next step's stores).
 constexpr int kBarDqFull = 7;
-constexpr int kBarDqEmpty = 9;
+constexpr int kBarDqEmpty = 8;
 
 // The batch entry's sequences, each its own kernel instance (kVarlen). Dense (BwdSeq<false>,
 // what dense calls run): the params' lengths, rows from 0 of batch entry `batch`, read
