@@ -8,7 +8,8 @@
 # (space-separated names of the steps below). Meanwhile a second build (base: a base commit's
 # kernels) serves A/B runs (fwdab, bwdab, decab).
 # HEAD_DIMS limits the main build (default: all); TEST_FILES narrows the suite (pytest
-# arguments, e.g. "tests/test_fwd.py tests/test_sm90.py").
+# arguments, e.g. "tests/test_fwd.py tests/test_sm90.py"); PYTEST_XDIST: pytest-xdist options
+# for the suite and FORCE_SM80 (e.g. "-n 4 --dist loadfile"; pytest-xdist installed first).
 set -u
 O=${JOB_OUT:-gpu_logs}
 SKIP=" ${SKIP:-} "
@@ -101,7 +102,7 @@ fi
 if want check; then
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
-        PYTEST_ARGS=--ignore=tests/test_distributed.py TESTS="${TEST_FILES:-tests}" \
+        PYTEST_ARGS="--ignore=tests/test_distributed.py ${PYTEST_XDIST:-}" TESTS="${TEST_FILES:-tests}" \
         SM80_TESTS=${SM80_TESTS:-} bash scripts/gpu_check.sh
 fi
 if want fwdab && [ -n "${BASE_PID:-}" ]; then
