@@ -190,6 +190,28 @@ def test_ab_compare_takes_each_specs_best_round_and_the_geomean(tmp_path, capsys
     assert f"bf16 128 True: new {(1.1 * 1.045) ** 0.5:.4f}" in out
 
 
+def test_tile_overhead_recovers_a_made_up_fixed_cost(tmp_path, capsys):
+    """scripts/tile_overhead.py on rows made from P n / (n + x) (P 600, x 1.25 key blocks),
+    with a slower second round and causal / other head dim rows it must ignore."""
+    import json
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import tile_overhead
+
+    def row(seqlen, tflops, causal=False, headdim=128):
+        return dict(impl="flashattn2", mode="fwd", dtype="bf16", headdim=headdim, causal=causal,
+                    seqlen_q=seqlen, seqlen_k=seqlen, variant="plain", tflops=tflops)
+
+    lens = [512, 1024, 2048, 4096, 8192]
+    rows = [row(s, 600 * (s / 128) / (s / 128 + 1.25)) for s in lens]
+    rows += [row(s, 100.0) for s in lens] + [row(1024, 999.0, causal=True), row(512, 1.0, headdim=64)]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"rows": rows}))
+    tile_overhead.main([str(path)])
+    out = capsys.readouterr().out
+    assert "flashattn2 bf16 d128: P 600.0 TFLOP/s, fixed cost per tile 1.25 key blocks" in out
+
+
 def test_plot_only_takes_each_impls_best_round():
     """A merged file with two rounds: one row per (config, impl), the faster."""
     def row(impl, tflops, run):
