@@ -12,14 +12,16 @@
 #     stall samples, that two staging buffers did not remove);
 #   - xncu: the d128 forward at 2k full (b8, its one length under cuDNN in every round of the
 #     twenty-first session's run 2) and the d64 forward at 512 full (b32: where the per-tile
-#     fixed cost weighs most, scripts/tile_overhead.py), ours and cuDNN: kernel names, grid,
+#     fixed cost weighs most, scripts/tile_overhead.py), ours and cuDNN, and cuDNN at 4k too
+#     (is its 2k kernel another one? cuDNN runs 2k above its own length fit, forward and
+#     backward, NOTES twenty-first session), ours and cuDNN: kernel names, grid,
 #     duration, tensor pipe, L2 hit rate, and source counters (ours: map them with
 #     scripts/ncu_lines.py on a local compile, as the twentieth session did).
 #   WAIT=585 OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s22run1.sh   (then `wait`)
 set -u
 export SKIP="check fwdab decab chains bwdprof fncu bncu fp32 race fp32probe fwd bwd variants bias decode ncu mem host grid cp envsan envtest ptests probe envab power smoke"
 export BASE_HEAD_DIMS="128" BWDAB_DIMS=128 BWDAB_ARGS="--modes bwd"
-export XNCU="fwd:ours:128:2048:0:8 fwd:cudnn:128:2048:0:8 fwd:ours:64:512:0:32 fwd:cudnn:64:512:0:32"
+export XNCU="fwd:ours:128:2048:0:8 fwd:cudnn:128:2048:0:8 fwd:cudnn:128:4096:0:4 fwd:ours:64:512:0:32 fwd:cudnn:64:512:0:32"
 export XNCU_SOURCE=1
 O=${JOB_OUT:-gpu_logs}; mkdir -p "$O"
 OUT=$O/build HEAD_DIMS="64;128" SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE=1 \
