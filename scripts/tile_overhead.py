@@ -1,14 +1,15 @@
-"""The per-tile fixed cost of a forward, fitted from a length sweep at fixed tokens.
+"""The per-tile fixed cost of a forward (or backward), fitted from a length sweep at fixed tokens.
 
-    python scripts/tile_overhead.py RESULTS.json [RESULTS2.json ...] [--headdim 128]
+    python scripts/tile_overhead.py RESULTS.json [RESULTS2.json ...] [--headdim 128] [--mode bwd]
 
-bench.py's full-attention fwd rows (its default shapes: batch x seqlen = 16k tokens, so every
-length has the same number of 128-row query tiles and only their key blocks change). A tile
-of n = seqlen / 128 key blocks costs n c + o; so TFLOP/s(n) = P n / (n + x), with P the
-speed without fixed costs and x = o / c the fixed cost in key blocks' worth of work
-(prologue, first softmax, epilogue, the last wave's tail). Per implementation and dtype: P
-and x by least squares over the lengths (the best row of each length over all files and
-runs), then each length's measured and fitted speed.
+bench.py's full-attention rows of one mode (its default shapes: batch x seqlen = 16k tokens,
+so every length has the same number of 128-row query tiles, or 128-key blocks in the
+backward, and only their length changes). A tile of n = seqlen / 128 blocks costs n c + o;
+so TFLOP/s(n) = P n / (n + x), with P the speed without fixed costs and x = o / c the fixed
+cost in blocks' worth of work (prologue, first softmax, epilogue; the backward's K / V load
+and dK / dV store). Per implementation and dtype: P and x by least squares over the lengths
+(the best row of each length over all files and runs), then each length's measured and
+fitted speed. A length far above its fit is something that implementation does there.
 """
 import argparse
 import collections
@@ -32,11 +33,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", help="bench.py results.json files (or merged ones)")
     ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--mode", default="fwd", choices=["fwd", "bwd", "fwd_bwd"])
     args = ap.parse_args(argv)
     speed = collections.defaultdict(float)  # (impl, dtype, seqlen) -> best TFLOP/s
     for path in args.results:
         for r in json.load(open(path))["rows"]:
-            if (r["mode"] != "fwd" or r["causal"] or r["headdim"] != args.headdim
+            if (r["mode"] != args.mode or r["causal"] or r["headdim"] != args.headdim
                     or r.get("variant", "plain") != "plain" or r["seqlen_q"] != r["seqlen_k"]):
                 continue
             key = (r["impl"], r["dtype"], r["seqlen_q"])
@@ -47,8 +49,8 @@ def main(argv=None):
             continue
         points = [(s / 128, speed[(impl, dtype, s)]) for s in lens]
         p, x, _ = fit(points)
-        print(f"{impl} {dtype} d{args.headdim}: P {p:.1f} TFLOP/s, fixed cost per tile "
-              f"{x:.2f} key blocks")
+        print(f"{impl} {dtype} d{args.headdim} {args.mode}: P {p:.1f} TFLOP/s, fixed cost per "
+              f"tile {x:.2f} key blocks")
         for n, t in points:
             print(f"  {int(n * 128):6d}  measured {t:6.1f}  fitted {p * n / (n + x):6.1f}")
 

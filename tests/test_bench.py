@@ -209,7 +209,9 @@ def test_tile_overhead_recovers_a_made_up_fixed_cost(tmp_path, capsys):
     path.write_text(json.dumps({"rows": rows}))
     tile_overhead.main([str(path)])
     out = capsys.readouterr().out
-    assert "flashattn2 bf16 d128: P 600.0 TFLOP/s, fixed cost per tile 1.25 key blocks" in out
+    assert "flashattn2 bf16 d128 fwd: P 600.0 TFLOP/s, fixed cost per tile 1.25 key blocks" in out
+    tile_overhead.main([str(path), "--mode", "bwd"])  # (no bwd rows: nothing to fit)
+    assert "P " not in capsys.readouterr().out
 
 
 def test_plot_only_takes_each_impls_best_round():
