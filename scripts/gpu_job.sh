@@ -93,13 +93,19 @@ if want probe && [ -n "${PROBE2_FLAGS:-}" ]; then
 fi
 # smoke: the test files of what is new (SMOKE_TESTS) first, in their own process with -x, so
 # that a crash there (a CUDA error kills the process's context: every later test errors) is
-# seen at once and does not hide the rest of the suite's results.
+# seen at once and does not hide the rest of the suite's results. SMOKE_STOP=1: a failure (or
+# its timeout: a hang) ends the job there, before the suite spends its device time.
 if want smoke && [ -n "${SMOKE_TESTS:-}" ]; then
     stamp "smoke: $SMOKE_TESTS"
     # shellcheck disable=SC2086
     timeout "${SMOKE_TIMEOUT:-600}" python3 -m pytest $SMOKE_TESTS -q -x -p no:cacheprovider 2>&1 | tail -n 15
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" != 0 ] && [ -n "${SMOKE_STOP:-}" ]; then
+        stamp "smoke failed (exit $rc): stop (SMOKE_STOP)"
+        exit 1
+    fi
 fi
-if want check; then
+if want check && want suite; then  # (suite: the tests alone, after check's build)
     stamp tests
     OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=${TEST_TIMEOUT:-900} \
         PYTEST_ARGS="--ignore=tests/test_distributed.py ${PYTEST_XDIST:-}" TESTS="${TEST_FILES:-tests}" \
