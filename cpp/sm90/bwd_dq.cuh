@@ -22,26 +22,43 @@
 namespace flashattn2 {
 namespace sm90 {
 
+// The staging slot (4 KiB, from sDq) of consumer warp (c, w)'s 16 x 64 block of the step's dQ:
+// the block's place in the tile's rows of dq_accum (ws_dq_index, a row stride of the kernel's
+// head dim): d128 row block w, column chunk c at (2 w + c) 4 KiB; d64 rows 64 c + 16 w at
+// (4 c + w) 4 KiB. So a whole tile of a head dim without padding is one bulk op.
+template <typename Traits>
+__device__ __forceinline__ int dq_slot(int c, int w) {
+  return Traits::kDqSplitsRows ? 4 * c + w : 2 * w + c;
+}
+
 // kDqWarp, producer warp 2 (lane 0): the dQ reduces of a query tile (dq_tile: the tile's first
 // row in the accumulator of the step's head and chain; rows: the tile's rows in the sequence).
-// The consumer warps' staged 16 x 64 blocks, one bulk reduce each (kFirstStore and `store`:
-// a bulk store, the tile's first visitor). Warp i = 4 c + w stages at sDq + i kDqWarpBytes.
+// The consumer warps' staged 16 x 64 blocks (dq_slot), one bulk reduce for the whole tile
+// where all its rows exist and the head dim is the kernel's (the accumulator's rows then as
+// contiguous as the staging), else one per block (kFirstStore and `store`: bulk stores, the
+// tile's first visitor).
 template <typename Traits, bool kFirstStore>
 __device__ __forceinline__ void dq_reduce_staged(const BwdParams& p, uint32_t sDq, float* dq_tile,
                                                  int rows, bool store) {
+  auto bulk = [&](float* dst, uint32_t src, int bytes) {
+    if (kFirstStore && store)
+      bulk_store_f32(dst, src, bytes);
+    else
+      bulk_reduce_add_f32(dst, src, bytes);
+  };
+  if (rows >= Traits::kBlockM && p.headdim == Traits::kHeadDim) {
+    bulk(dq_tile, sDq, Traits::kDqStageBytes);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < 4 * Traits::kConsumers; ++i) {  // consumer warp i: 4 c + w
     const int c = i / 4, w = i % 4;
     const int dq_chunk = Traits::kDqSplitsRows ? 0 : c;
     const int row = (Traits::kDqSplitsRows ? 64 * c : 0) + 16 * w;
     const int tiles = min(8, (p.headdim - 64 * dq_chunk) / 8);
-    if (row < rows && tiles > 0) {
-      float* const dst = dq_tile + row * p.headdim + 16 * 64 * dq_chunk;
-      if (kFirstStore && store)
-        bulk_store_f32(dst, sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
-      else
-        bulk_reduce_add_f32(dst, sDq + i * Traits::kDqWarpBytes, tiles * 128 * 4);
-    }
+    if (row < rows && tiles > 0)
+      bulk(dq_tile + row * p.headdim + 16 * 64 * dq_chunk,
+           sDq + dq_slot<Traits>(c, w) * Traits::kDqWarpBytes, tiles * 128 * 4);
   }
 }
 
@@ -99,7 +116,7 @@ __device__ __forceinline__ void dq_accumulate(const BwdParams& p, const BwdSeq<k
     // Stage the 4 KiB in shared memory (each store: the warp's 512 contiguous bytes) and
     // add them with one bulk reduce from lane 0; before the stores, lane 0 waits until
     // the previous step's reduce has read the staging buffer.
-    const uint32_t sdq = sDq + (4 * consumer + warp_in_wg) * Traits::kDqWarpBytes;
+    const uint32_t sdq = sDq + dq_slot<Traits>(consumer, warp_in_wg) * Traits::kDqWarpBytes;
     if (kDqWarp) {
       if (t > 0) named_sync(kBarDqEmpty, 256 + 32);  // warp 2's reduces read step t - 1's
     } else {

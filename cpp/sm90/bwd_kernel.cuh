@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
   // The stages (sm90/bwd_producer.cuh); this kernel's own between sdO and the LSE rows: sdS,
-  // then dq_bulk's staging (warp w's at sDq + w kDqWarpBytes).
+  // then dq_bulk's staging (each consumer warp's 4 KiB slot: bwd_dq.cuh dq_slot).
   const BwdStages<Traits> st(smem, kDsBuffers * Traits::kDSBytes + Traits::kDqStageBytes);
   const uint32_t sK = st.k, sV = st.v;
   const uint32_t sQ = st.q, sdO = st.dout;  // stage s: + s kQBytes
