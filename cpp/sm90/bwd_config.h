@@ -52,7 +52,8 @@ constexpr int sm90_bwd_d256_smem_bytes() {
 }
 
 // dq_bulk (FLASHATTN2_SM90_BWD_EXPERIMENTAL, on by default): each consumer warp stages its
-// 16 x 64 f32 block of dQ per step (4 KiB) for one bulk reduce-add.
+// 16 x 64 f32 block of dQ per step (4 KiB) for a bulk reduce-add (its own, or in the kDqWarp
+// instances warp 2's, one per tile where it can: bwd_dq.cuh dq_reduce_staged).
 constexpr int sm90_bwd_dq_stage_bytes(int head_dim) {
   return FLASHATTN2_SM90_BWD_DQ_BULK ? (sm90_bwd_tile(head_dim).block_n / 64) * 4 * 16 * 64 * 4
                                      : 0;

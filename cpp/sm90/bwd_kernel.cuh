@@ -34,8 +34,9 @@
 //            dQ tile of warpgroup c (m64 n64 over the block's 128 keys; SS, A = sdS read
 //            M-major, K MN-major): d128 dQ[:, 64 c..+64] = dS K[:, 64 c..+64]; d64
 //            dQ[64 c..+64, :] = dS[64 c..+64, :] K: no dQ element from two warpgroups
-//            wait all; release stage s; dQ into dq_accum (dq_bulk: staged, one bulk
-//            reduce-add per warp; else red.add.v4; bwd_dq.cuh)
+//            wait all; release stage s; dQ into dq_accum (dq_bulk: staged, bulk reduce-adds
+//            by each warp or, kDqWarp, by warp 2, one per tile where it can; else
+//            red.add.v4; bwd_dq.cuh)
 //          d128 (kRotate, not kBias): the dQ GEMM and its adds move to the top of step t + 1:
 //          wait all and release stage s after the barrier; then issue the dQ GEMM, step
 //          t + 1's S^T, wait for the dQ and add it while S^T runs.
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     } else if (warp == 2 && dq_warp) {
       ptx::griddep_wait();  // PDL: before its first counter load and reduce (zeroed by the
                             // preprocess)
-      // The consumer warps' staged dQ, one bulk reduce each (bwd_dq.cuh).
+      // The consumer warps' staged dQ, one bulk reduce per tile or per block (bwd_dq.cuh).
       auto issue = [&](float* dq_tile, int rows, int, bool store = false) {
         dq_reduce_staged<Traits, kFirstStore>(p, sDq, dq_tile, rows, store);
       };
