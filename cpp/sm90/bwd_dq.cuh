@@ -3,8 +3,9 @@
 // and sK), thread 128's wait for the query tile's turn in deterministic mode (dq_wait_turn),
 // the warps' dQ into dq_accum (dq_accumulate: dq_bulk's staging and one bulk reduce-add per
 // warp, or red.add.v4) and, in the kDqWarp instances, producer warp 2's reduces of that
-// staging, one per tile where it can (dq_reduce_staged, dq_order_warp's `issue`). The dQ order itself (the releases,
-// warp 2's waits): bwd_producer.cuh, common/dq_order.cuh. All inlined into the kernel.
+// staging, one per tile where it can (dq_reduce_staged, dq_order_warp's `issue`). The dQ
+// order itself (the releases, warp 2's waits): bwd_producer.cuh, common/dq_order.cuh. All
+// inlined into the kernel.
 #pragma once
 #include <cuda.h>
 
