@@ -12,7 +12,6 @@
 #     processes), FORCE_SM80 test_kvcache + test_bwd, compute-sanitizer.
 #   WAIT=585 OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s22run4.sh   (then `wait`)
 set -u
-O=${JOB_OUT:-gpu_logs}
 python3 -m pip install --no-deps --no-index -q .xdist/*.whl ||
     python3 -m pip install --no-deps --no-index -q --break-system-packages .xdist/*.whl
 export SKIP="suite fwdab decab chains bwdprof fncu bncu xncu fp32 race fp32probe fwd bwd variants bias decode ncu mem host grid cp envsan envtest ptests envab power probe"
@@ -20,17 +19,4 @@ export BASE_HEAD_DIMS="128" BWDAB_DIMS=128
 export SMOKE_TESTS="tests/test_sm90_bwd.py::test_sm90_backward_cta_pairs tests/test_bwd_convert.py::test_dq_first_store_right"
 export SMOKE_STOP=1 SMOKE_TIMEOUT=240
 bash scripts/gpu_job.sh || exit 1
-(cd "$O" && ln -sfn base_bbase envab9_base_1 && ln -sfn base_bbase2 envab9_base_2 &&
-    ln -sfn base_bnew envab9_new_1 && ln -sfn base_bnew2 envab9_new_2)
-python3 scripts/ab_compare.py "$O" --group 9 --specs base,new | tail -n 4 | tee "$O/ab.txt"
-g=$(awk '/bf16 128 False: new/ {print $NF}' "$O/ab.txt")
-if python3 -c "import sys; sys.exit(0 if float('${g:-0}') >= 1.005 else 1)"; then
-    echo "=== $(date -Is) pairs win ($g): the suite"
-    PYTEST_XDIST="-n 4 --dist loadfile"
-    python3 -c "import xdist" || PYTEST_XDIST=""
-    OUT=$O/check SKIP_BUILD=1 SKIP_BENCH=1 SKIP_DECODE=1 TEST_TIMEOUT=500 \
-        PYTEST_ARGS="--ignore=tests/test_distributed.py $PYTEST_XDIST" TESTS=tests \
-        SM80_TESTS="tests/test_kvcache.py tests/test_bwd.py" bash scripts/gpu_check.sh
-else
-    echo "=== $(date -Is) pairs do not win ($g): no suite"
-fi
+WIN_GROUPS="bf16 128 False" WIN_GEOMEAN=1.005 bash scripts/suite_if_win.sh
