@@ -152,13 +152,20 @@ __global__ void __launch_bounds__(BwdTraitsD256::kThreads, 1)
     } else if (kStaged && warp == 2) {
       // The consumers' staged 16 x 64 blocks (warp 4 c + w, slice j: column chunk 2 c + j of
       // rows 16 w..+16, staged at 4096 j of its 8 KiB, chunk 2 c + w % 2 of sQ[s] (w < 2) or
-      // sdO[s]); columns past a padded head dim skipped; then stage s goes back.
+      // sdO[s]); a warp's two slices are adjacent in dq_accum too, so one 8 KiB op adds both
+      // where the head dim has no padding (else columns past it are skipped); then stage s
+      // goes back.
       auto issue = [&](float* dq_tile, int rows, int t) {
         const uint32_t stage = (t % kStages) * Traits::kQBytes;
 #pragma unroll
         for (int i = 0; i < 4 * Traits::kConsumers; ++i) {
           const int c = i / 4, w = i % 4;
           const uint32_t src = (w < 2 ? sQ : sdO) + stage + (2 * c + w % 2) * Traits::kQChunkBytes;
+          if (p.headdim == Traits::kHeadDim) {  // both slices, adjacent in both: one op
+            if (16 * w < rows)
+              bulk_reduce_add_f32(dq_tile + 16 * w * p.headdim + 16 * 64 * 2 * c, src, 8192);
+            continue;
+          }
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int tiles = min(8, (p.headdim - 64 * (2 * c + j)) / 8);

@@ -36,21 +36,34 @@ __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, 
       "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
-// cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32: adds `bytes` (a multiple of 16;
-// both addresses 16-byte aligned) of f32 at shared address src element-wise into global
-// memory at dst, each element a reduction in L2 as red.add's; completes in a bulk async-group
-// like tma_store (commit, then wait_read before src is overwritten).
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                   dst),
-               "r"(src), "r"(bytes)
-               : "memory");
+// An L2 policy that keeps the lines it touches past the streamed ones (createpolicy, evict
+// last, all of them): the backward's bulk writes of dq_accum carry it, because every K/V
+// block of a head adds into the same query tiles again, while Q, dO, K and V stream through
+// (twenty-third session: +1.7 % at d128 full attention, +0.5-0.7 % elsewhere; NOTES).
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
 }
-// cp.async.bulk.global.shared::cta.bulk_group: stores `bytes` (as bulk_reduce_add_f32's) of
-// shared address src at global dst; completes in the same bulk async-groups.
+// cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32: adds `bytes` (a
+// multiple of 16; both addresses 16-byte aligned) of f32 at shared address src element-wise
+// into global memory at dst, each element a reduction in L2 as red.add's, with the
+// l2_evict_last policy; completes in a bulk async-group like tma_store (commit, then
+// wait_read before src is overwritten).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, "
+      "%3;\n" ::"l"(dst),
+      "r"(src), "r"(bytes), "l"(l2_evict_last())
+      : "memory");
+}
+// cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint: stores `bytes` (as
+// bulk_reduce_add_f32's, the same policy) of shared address src at global dst; completes in
+// the same bulk async-groups.
 __device__ __forceinline__ void bulk_store_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(src), "r"(bytes)
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(
+                   dst),
+               "r"(src), "r"(bytes), "l"(l2_evict_last())
                : "memory");
 }
 // cp.async.bulk.commit_group / wait_group 0: close this thread's bulk stores into a group;
