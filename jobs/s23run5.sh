@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Twenty-third session, run 5: issue 20's host target (an eager flash_attn_with_kvcache call at
+# most SDPA's host time; the nineteenth session's sweep: ours 73.0 us, SDPA-flash 56.8,
+# cuDNN 126.4 on a fresh machine; the eighteenth's 37.8 vs 42.8). Build d128 only, then
+# scripts/host_profile.py (per-call times and a cProfile of ours) and bench_decode.py's host
+# part, twice each.
+#   WAIT=585 OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s23run5.sh   (then `wait`)
+set -u
+O=${JOB_OUT:-gpu_logs}; mkdir -p "$O"
+OUT=$O/build HEAD_DIMS="128" SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE=1 \
+    bash scripts/gpu_check.sh | tail -n 3
+cd /tmp && python3 -c "import flashattn2._C" || { echo "no module: stop"; exit 1; }
+cd - > /dev/null
+for r in 1 2; do
+    python3 scripts/host_profile.py --calls 500 --top 40 > "$O/host_profile_$r.txt" 2>&1
+    head -n 4 "$O/host_profile_$r.txt"
+    python3 benchmarks/bench_decode.py --parts host --impls flashattn2,sdpa_flash,sdpa_cudnn \
+        --no-summary --out "$O/host_$r" 2>&1 | tail -n 4
+done
