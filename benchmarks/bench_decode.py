@@ -110,6 +110,9 @@ def parse_args(argv=None):
     p.add_argument("--page-sizes", type=csv_list(int), default=[256],
                    help="paged-cache page sizes, e.g. 16,64,256 ('' for none; default 256); "
                         "skipped for a cache length they do not divide")
+    p.add_argument("--page-order", choices=("shuffled", "sequential"), default="shuffled",
+                   help="the block table's pages: a random permutation of the cache (default), "
+                        "or in order (the contiguous cache's addresses, read through the table)")
     p.add_argument("--bhsd", action="store_true",
                    help="also time flashattn2 on a (b, h_k, s, d) cache (layout bhsd): the "
                         "read pattern of SDPA and the read floor, in the same kernel")
@@ -469,7 +472,9 @@ def decode_flashattn2(run, base, qs, k_cache, v_cache, impl="flashattn2"):
     gen = torch.Generator().manual_seed(run.args.seed)
     for page in (p for p in run.args.page_sizes if s % p == 0):
         pages = b * s // page
-        table = torch.randperm(pages, generator=gen).view(b, s // page)
+        order = (torch.randperm(pages, generator=gen) if run.args.page_order == "shuffled"
+                 else torch.arange(pages))
+        table = order.view(b, s // page)
         layouts.append(("paged", page, k_cache.view(pages, page, h_k, d),
                         v_cache.view(pages, page, h_k, d), table.to("cuda", torch.int32)))
     rows = []
