@@ -6,13 +6,16 @@
 # candidate worth submitting. A win: the geomean of the counted groups' new / base ratios at
 # least WIN_GEOMEAN (default 1.003) and each at least WIN_MIN (default 0); WIN_GROUPS, a
 # regular expression on ab_compare's "dtype head-dim causal" group names, picks the counted
-# groups (default all).
+# groups (default all). AB_GROUP=g: an envab group g with specs base and new (e.g. a decode
+# A/B, base=PYTHONPATH:/tmp/base) instead of bwdab's runs.
 #   (in a job, after `bash scripts/gpu_job.sh`) WIN_GROUPS="bf16 128 False" bash scripts/suite_if_win.sh
 set -u
 O=${JOB_OUT:-gpu_logs}
-(cd "$O" && ln -sfn base_bbase envab9_base_1 && ln -sfn base_bbase2 envab9_base_2 &&
-    ln -sfn base_bnew envab9_new_1 && ln -sfn base_bnew2 envab9_new_2)
-python3 scripts/ab_compare.py "$O" --group 9 --specs base,new > "$O/ab.txt" 2>&1
+if [ -z "${AB_GROUP:-}" ]; then
+    (cd "$O" && ln -sfn base_bbase envab9_base_1 && ln -sfn base_bbase2 envab9_base_2 &&
+        ln -sfn base_bnew envab9_new_1 && ln -sfn base_bnew2 envab9_new_2)
+fi
+python3 scripts/ab_compare.py "$O" --group "${AB_GROUP:-9}" --specs base,new > "$O/ab.txt" 2>&1
 sed -n '/^geomean/,$p' "$O/ab.txt"
 if WIN_GROUPS=${WIN_GROUPS:-.} WIN_GEOMEAN=${WIN_GEOMEAN:-1.003} WIN_MIN=${WIN_MIN:-0} \
     python3 - "$O/ab.txt" <<'PY'
