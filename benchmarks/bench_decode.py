@@ -455,6 +455,16 @@ def flashattn2_call(impl):
     return attend
 
 
+def block_table(batch, seqlen, page, order, gen):
+    """The (batch, seqlen / page) block table (CPU, int64) over the cache's memory as pages:
+    a permutation drawn from ``gen`` (order "shuffled") or the pages in order ("sequential":
+    entry b, i is page b * seqlen / page + i, the contiguous cache's own addresses)."""
+    import torch
+    pages = batch * seqlen // page
+    order = torch.randperm(pages, generator=gen) if order == "shuffled" else torch.arange(pages)
+    return order.view(batch, seqlen // page)
+
+
 def decode_flashattn2(run, base, qs, k_cache, v_cache, impl="flashattn2"):
     """flash_attn_with_kvcache on the contiguous cache and on its memory as shuffled pages
     (an AB_VARIANTS impl: with its switch off, also while a graph is captured, so the graph
@@ -472,9 +482,7 @@ def decode_flashattn2(run, base, qs, k_cache, v_cache, impl="flashattn2"):
     gen = torch.Generator().manual_seed(run.args.seed)
     for page in (p for p in run.args.page_sizes if s % p == 0):
         pages = b * s // page
-        order = (torch.randperm(pages, generator=gen) if run.args.page_order == "shuffled"
-                 else torch.arange(pages))
-        table = order.view(b, s // page)
+        table = block_table(b, s, page, run.args.page_order, gen)
         layouts.append(("paged", page, k_cache.view(pages, page, h_k, d),
                         v_cache.view(pages, page, h_k, d), table.to("cuda", torch.int32)))
     rows = []

@@ -254,3 +254,18 @@ def test_bench_power_reads_nvidia_smi_lines_and_takes_the_steady_half():
     for bad in (["--modes", "fwdd"], ["--seconds", "0"], ["--rounds", "0"]):
         with pytest.raises(SystemExit):
             bp.parse_args(bad)
+
+
+def test_decode_block_table_orders():
+    """--page-order: sequential reads the contiguous cache's own pages in order, shuffled a
+    seeded permutation of all of them (each page once)."""
+    import torch
+
+    import bench_decode as bd
+    seq = bd.block_table(2, 64, 16, "sequential", torch.Generator().manual_seed(0))
+    assert seq.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    shuf = bd.block_table(2, 64, 16, "shuffled", torch.Generator().manual_seed(0))
+    assert shuf.shape == (2, 4) and sorted(shuf.flatten().tolist()) == list(range(8))
+    assert shuf.tolist() != seq.tolist()
+    assert bd.parse_args(["--page-order", "sequential"]).page_order == "sequential"
+    assert bd.parse_args([]).page_order == "shuffled"
