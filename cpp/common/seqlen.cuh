@@ -100,9 +100,13 @@ struct KvRows<true> {
                                                  int64_t batch_stride, int64_t row_stride) const {
     return pages ? head_base : KvRows<false>::base_dense(head_base, seq, batch_stride, row_stride);
   }
-  // page[s] = the page of key row n0 + TileRows::row(s, tid) (visible-key numbering) for the
-  // rows below seqlen_k; the others are left alone (their rows are never read). Dense: no-op
-  // (page stays 0).
+  // page[s] = the block-table entry of key row n0 + TileRows::row(s, tid) (visible-key
+  // numbering) for the rows below seqlen_k; the others are left alone (their rows are never
+  // read). Dense: no-op (page stays 0). The entry is clamped where it is used (operator()),
+  // not here: a consumer right after the load would wait for it, and the kernels fetch a
+  // tile's pages a step before its copies so that the load's latency is spent in that step
+  // (the decode kernel's 16-key pages cost b16 +10 % while the clamp stood here: NOTES,
+  // twenty-third session).
   template <typename TileRows, typename Params>
   __device__ __forceinline__ void fetch_pages(const Params& p, int n0, int seqlen_k, int tid,
                                               int (&page)[TileRows::kSlots]) const {
@@ -110,17 +114,19 @@ struct KvRows<true> {
 #pragma unroll
     for (int s = 0; s < TileRows::kSlots; ++s) {
       const int row = n0 + TileRows::row(s, tid);
-      if (row < seqlen_k) page[s] = clamp_page(pages[(row0 + row) >> p.page_size_log2], p.num_pages);
+      if (row < seqlen_k) page[s] = pages[(row0 + row) >> p.page_size_log2];
     }
   }
-  // Branch-free (dense: page 0, no wrap), so the tile copy needs no branch per chunk.
+  // Branch-free (dense: page 0, no wrap), so the tile copy needs no branch per chunk. The
+  // entry is clamped to [0, num_pages) here (dense: num_pages 0, page 0 stays 0).
   template <typename Params, typename Element>
   __device__ __forceinline__ const Element* operator()(const Params& p, const Element* base,
                                                        int64_t batch_stride, int64_t row_stride,
                                                        int row, int page) const {
     const int r = row0 + row;
     const int in_page = r & (pages ? (1 << p.page_size_log2) - 1 : -1);
-    return base + page * batch_stride + in_page * row_stride;
+    const int pg = min(max(page, 0), max(p.num_pages - 1, 0));
+    return base + pg * batch_stride + in_page * row_stride;
   }
 };
 
