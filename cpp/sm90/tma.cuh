@@ -39,7 +39,7 @@ __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, 
 // An L2 policy that keeps the lines it touches past the streamed ones (createpolicy, evict
 // last, all of them): the backward's bulk writes of dq_accum carry it, because every K/V
 // block of a head adds into the same query tiles again, while Q, dO, K and V stream through
-// (twenty-third session: +1.7 % at d128 full attention, +0.5-0.7 % elsewhere; NOTES).
+// (twenty-third session: +0.1-0.8 % per head dim and mask, d64-d256; NOTES).
 __device__ __forceinline__ uint64_t l2_evict_last() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
@@ -61,10 +61,10 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
 // bulk_reduce_add_f32's, the same policy) of shared address src at global dst; completes in
 // the same bulk async-groups.
 __device__ __forceinline__ void bulk_store_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(
-                   dst),
-               "r"(src), "r"(bytes), "l"(l2_evict_last())
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(dst),
+      "r"(src), "r"(bytes), "l"(l2_evict_last())
+      : "memory");
 }
 // cp.async.bulk.commit_group / wait_group 0: close this thread's bulk stores into a group;
 // wait until they are complete (their global writes performed).
