@@ -269,3 +269,29 @@ def test_decode_block_table_orders():
     assert shuf.tolist() != seq.tolist()
     assert bd.parse_args(["--page-order", "sequential"]).page_order == "sequential"
     assert bd.parse_args([]).page_order == "shuffled"
+
+
+def test_sass_load_use_finds_a_load_read_right_away():
+    """scripts/sass_load_use.py on a made-up listing: the entry clamped at once is "near"; the
+    one read only after the loop's back edge is counted through the branch; an overwritten one
+    has no reader."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import sass_load_use as slu
+    listing = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E R4, desc[UR8][R2.64] ;
+        /*0020*/                   VIMNMX R5, RZ, R4, !PT ;
+        /*0030*/                   LDG.E R6, desc[UR8][R2.64+0x4] ;
+        /*0040*/                   IADD3 R7, R8, 0x1, RZ ;
+        /*0050*/                   LDG.E R9, desc[UR8][R2.64+0x8] ;
+        /*0060*/                   MOV R9, RZ ;
+        /*0070*/                   BRA 0x40 ;
+        /*0080*/                   IMAD R10, R6, 0x2, RZ ;
+    """
+    (name, code), = slu.functions(listing).items()
+    rows = {hex(a): (dist, near) for a, _, dist, _, near in slu.report(code, near=2)}
+    assert name == "k"
+    assert rows["0x10"] == (1, True)
+    assert rows["0x30"] == (9, False)  # R6: read at 0x80, after one more pass of the loop
+    assert rows["0x50"] == (None, False)  # overwritten by MOV R9 before any read
