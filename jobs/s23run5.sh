@@ -3,7 +3,8 @@
 # most SDPA's host time; the nineteenth session's sweep: ours 73.0 us, SDPA-flash 56.8,
 # cuDNN 126.4 on a fresh machine; the eighteenth's 37.8 vs 42.8). Build d128 only, then
 # scripts/host_profile.py (per-call times and a cProfile of ours) and bench_decode.py's host
-# part, twice each.
+# part, twice each. (It ran a rewrite of scripts/host_profile.py, 2a5d597's, with --top;
+# the original, with --mock, was restored afterwards with SDPA-flash added to its GPU rows.)
 #   WAIT=585 OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s23run5.sh   (then `wait`)
 set -u
 O=${JOB_OUT:-gpu_logs}; mkdir -p "$O"

@@ -1,12 +1,20 @@
-"""Where one eager ``flash_attn_with_kvcache`` call spends its host time (issue 20's host
-target: at most SDPA's per-call time, b1, cache 1k, sq 1, GQA 32 / 8, d128).
+#!/usr/bin/env python3
+"""Where the host time of one eager flash_attn_with_kvcache call goes (issue 20: b 1, cache
+1k, one query token, GQA 32 / 8, d128, bf16).
 
-    python scripts/host_profile.py [--calls 2000] [--top 25]
+    python3 scripts/host_profile.py [--calls 400]     # GPU
+    python3 scripts/host_profile.py --mock            # CPU only: the Python layer
 
-Prints the per-call wall time of flashattn2 and SDPA (flash, cuDNN) measured as
-bench_decode.py's host part does (the GPU held busy by a sleep kernel, so no call waits for
-it), then a cProfile of flashattn2's calls sorted by own time: which Python steps and which
-torch / extension calls cost what.
+GPU: the calls are issued while the stream waits behind a GPU sleep (as bench_decode.py's host
+part), so the time per call is host work only; prints it for ours (16 splits: the decode
+kernel, then the combine kernel) and SDPA-flash's and SDPA-cuDNN's in the same run, then ours under cProfile
+by own and cumulative time. Keep --calls x 2 launches under the driver's queue of pending
+launches (~1000), or the launches block on the sleeping GPU and _C.fwd looks slow.
+
+--mock: no GPU; _C.fwd / _C.num_splits_heuristic answer at once (16 splits) and CPU tensors
+pass the device check (same queries, no refusal), so the time is that of the Python layer:
+checks, allocations, argument building. Also times _C.fwd's argument conversion on the real
+binding (a call that its first check refuses), by position and by keyword.
 """
 import argparse
 import cProfile
@@ -14,40 +22,124 @@ import pstats
 import time
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn2
+from flashattn2 import _checks, _ext, _launch, kvcache
 
 
-def per_call_us(fn, calls):
-    for _ in range(20):
+def shapes(device):
+    bf16 = dict(device=device, dtype=torch.bfloat16)
+    q = torch.randn(1, 1, 32, 128, **bf16)
+    k_cache, v_cache = (torch.randn(1, 1024, 8, 128, **bf16) for _ in range(2))
+    seqlens = torch.full((1,), 1024, dtype=torch.int32, device=device)
+    return q, k_cache, v_cache, seqlens
+
+
+def cpu_per_call_us(fn, calls=20000, rounds=5):
+    for _ in range(200):
         fn()
-    torch.cuda.synchronize()
     best = float("inf")
-    for _ in range(5):
-        torch.cuda._sleep(200_000_000)
+    for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         best = min(best, (time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
     return best
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=500)
-    ap.add_argument("--top", type=int, default=30)
-    a = ap.parse_args()
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    q = torch.randn(1, 1, 32, 128, **bf16)
-    kc, vc = (torch.randn(1, 1024, 8, 128, **bf16) for _ in range(2))
-    seqlens = torch.full((1,), 1024, dtype=torch.int32, device="cuda")
-    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, kc, vc))
+def mock(args):
+    class FakeC:
+        def __init__(self, real):
+            self.real = real
 
-    def ours():
-        return flashattn2.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+        def fwd(self, *a, **k):
+            return 81
+
+        def num_splits_heuristic(self, *a, **k):
+            return 16
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    real = _launch._C
+    _launch._C = kvcache._C = FakeC(real)
+    _ext.current_stream = lambda device: 0
+
+    def check_devices(*named, tracing=None):  # _checks._check_devices' queries, CPU allowed
+        for _, t in named:
+            t.is_cuda  # noqa: B018
+        device = named[0][1].get_device()
+        for _, t in named:
+            t.get_device() != device  # noqa: B015
+        _checks._tracing() if tracing is None else tracing
+
+    _checks._check_devices = kvcache._check_devices = check_devices
+    q, k_cache, v_cache, seqlens = shapes("cpu")
+    ours = lambda: flashattn2.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    print(f"Python layer of flash_attn_with_kvcache (mocked _C): {cpu_per_call_us(ours):.2f} us")
+    empty = lambda: torch.empty(1, 32, 1, dtype=torch.float32)
+    print(f"  (a CPU torch.empty for scale: {cpu_per_call_us(empty):.2f} us)")
+    strides = (4096, 4096, 128)
+    lead = (16, 16, 16, 16, 16, strides, strides, strides, strides, (32, 1), 1, 1, 1024, 32, 8,
+            128, 0.08, -1, -1, 1, 0, 0)
+    rest = dict(_launch._FWD_LAYOUT, num_splits=0, o_accum=0, lse_accum=0,
+                **_launch._FWD_VARLEN, **_launch._FWD_MODS, q_pack=4, allow_sm90=True,
+                tile_counter=0, **_launch._FWD_BIAS, allow_decode=True,
+                kv_l2_prefetch=True, kv_issue_early=True, sm90_stage_o=False,
+                sm90_narrow_step=True, sm90_fa3_order=False)
+    assert tuple(rest) == _launch._FWD_OPTIONAL
+
+    def refused(call):
+        def run():
+            try:
+                call()
+            except ValueError:  # (num_splits 0: mha_fwd's first check)
+                pass
+        return run
+    by_position = cpu_per_call_us(refused(lambda: real.fwd(*lead, *rest.values())))
+    by_keyword = cpu_per_call_us(refused(lambda: real.fwd(*lead, **rest)))
+    print(f"_C.fwd refused by its first check (argument conversion + a C++ exception): "
+          f"{by_position:.2f} us by position, {by_keyword:.2f} us by keyword")
+    if args.profile:
+        profile(ours, 20000)
+
+
+def gpu_per_call_us(fn, calls):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def profile(fn, calls):
+    prof = cProfile.Profile()
+    if torch.cuda.is_available():
+        torch.cuda._sleep(400_000_000)
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+
+
+def gpu(args):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k_cache, v_cache, seqlens = shapes("cuda")
+    ours = lambda: flashattn2.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k_cache, v_cache))
 
     def sdpa(backend):
         def call():
@@ -57,18 +149,21 @@ def main():
 
     for name, fn in (("flashattn2", ours), ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                      ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))):
-        try:
-            print(f"{name:<11} {per_call_us(fn, a.calls):7.1f} us per call")
-        except RuntimeError as e:
-            print(f"{name:<11} refused: {str(e).splitlines()[0]}")
-    prof = cProfile.Profile()
-    torch.cuda._sleep(400_000_000)
-    prof.enable()
-    for _ in range(a.calls):
-        ours()
-    prof.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
+        print(f"{name}: {gpu_per_call_us(fn, args.calls):.1f} us per eager call "
+              f"({args.calls} calls)")
+    ours()
+    print(f"(flashattn2's last call: kernel {_ext.last_fwd_kernel})")
+    if args.profile:
+        profile(ours, args.calls)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--mock", action="store_true", help="CPU only: the Python layer")
+    ap.add_argument("--no-profile", dest="profile", action="store_false")
+    args = ap.parse_args()
+    (mock if args.mock else gpu)(args)
 
 
 if __name__ == "__main__":
