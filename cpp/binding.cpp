@@ -209,7 +209,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          bool allow_sm90, std::uintptr_t tile_counter, std::uintptr_t attn_bias,
          const Strides& bias_strides, int bias_dtype, bool allow_decode,
          bool kv_l2_prefetch, bool kv_issue_early, bool sm90_stage_o, bool sm90_narrow_step,
-         bool sm90_fa3_order) {
+         bool sm90_fa3_order, bool fp32_tf32) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
   check_strides("k_strides", k_strides, 3, kRowLayout);
@@ -251,6 +251,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.sm90_stage_o = sm90_stage_o;
   params.sm90_narrow_step = sm90_narrow_step;
   params.sm90_fa3_order = sm90_fa3_order;
+  params.fp32_tf32 = fp32_tf32;
   set_bias(params, attn_bias, bias_strides, bias_dtype, dtype, 0, {});
 
   // The launch can block when the GPU's launch queue is full; let other threads run.
@@ -274,7 +275,8 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
          int smem_limit, bool allow_sm90, std::uintptr_t attn_bias, const Strides& bias_strides,
          int bias_dtype, std::uintptr_t dbias, const Strides& dbias_strides, int dbias_dtype,
          bool dbias_add, bool bias_staged, bool dq_warp, bool pdl, bool convert_lean,
-         bool dq_first_store, bool fp32wg_bwd, bool sm90_dbias, bool fp32wg_bwd128) {
+         bool dq_first_store, bool fp32wg_bwd, bool sm90_dbias, bool fp32wg_bwd128,
+         bool fp32_tf32) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("do_strides", do_strides, 3, kRowLayout);
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -338,6 +340,7 @@ int bwd(std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t 
   params.fp32wg_bwd = fp32wg_bwd;
   params.sm90_dbias = sm90_dbias;
   params.fp32wg_bwd128 = fp32wg_bwd128;
+  params.fp32_tf32 = fp32_tf32;
   if (dbias_add && deterministic) {
     throw std::invalid_argument("dbias_add: atomic adds are not bitwise reproducible; "
                                 "deterministic mode needs a stored dbias");
@@ -567,7 +570,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("allow_decode") = true,
         py::arg("kv_l2_prefetch") = false, py::arg("kv_issue_early") = false,
         py::arg("sm90_stage_o") = false, py::arg("sm90_narrow_step") = false,
-        py::arg("sm90_fa3_order") = true,
+        py::arg("sm90_fa3_order") = true, py::arg("fp32_tf32") = false,
         "Attention forward; returns the kernel that ran: 90 (the Hopper "
         "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false), 80 (the "
         "mma.sync kernels), 81 (the decode kernel of builds with "
@@ -576,7 +579,9 @@ PYBIND11_MODULE(_C, m) {
         "kv_l2_prefetch: its K / V copies hint L2 to fetch whole head rows; kv_issue_early: "
         "each step issues the next tile before waiting for the current one) or 91 (the "
         "Hopper float32 kernel of builds with FLASHATTN2_EXPERIMENTAL=fp32wg, for the float32 "
-        "forwards it supports unless allow_sm90 is false; flash_api.h kFwdKernelFp32Wg); "
+        "forwards it supports unless allow_sm90 is false; flash_api.h kFwdKernelFp32Wg) or 93 "
+        "(its single-TF32 instance, when fp32_tf32 is true: one tf32 product per multiply, "
+        "as PyTorch's float32 matmuls with fp32_precision 'tf32'; else 3xTF32); "
         "tile_counter: a zeroed int32 on the device from which its persistent CTAs take "
         "causal / windowed / varlen tiles (0: one CTA per such tile), zeroed again by the "
         "launch's last claim, so one counter serves every launch of a stream (for a dense "
@@ -633,13 +638,15 @@ PYBIND11_MODULE(_C, m) {
         py::arg("pdl") = true, py::arg("convert_lean") = false,
         py::arg("dq_first_store") = false, py::arg("fp32wg_bwd") = false,
         py::arg("sm90_dbias") = false, py::arg("fp32wg_bwd128") = false,
+        py::arg("fp32_tf32") = false,
         "Attention backward: writes dq, dk, dv from dout, q, k, v, out and lse (the forward's); "
         "returns the generation of the backward that ran: 90 (the Hopper backward, on sm_90 "
         "GPUs for what it supports unless allow_sm90 is false) or 80, or 91 (flash_api.h "
         "kBwdKernelFp32Wg: the Hopper float32 backward of builds with "
         "FLASHATTN2_EXPERIMENTAL=fp32wg, for the float32 backwards it supports when "
         "fp32wg_bwd and allow_sm90 are true), or 92 (kBwdKernelFp32Wg128: its kernel head "
-        "dim 128 instance, when fp32wg_bwd128 and allow_sm90 are true). "
+        "dim 128 instance, when fp32wg_bwd128 and allow_sm90 are true), or 93 / 94 (their "
+        "single-TF32 instances, when fp32_tf32 is true as well). "
         "Pointers and strides as in fwd; dk and dv are like k and v (the kernel sums each "
         "GQA group); dq_accum and dsum are float32 "
         "workspaces of bwd_workspace_floats(..., dq_chains) floats (no need to zero them). "

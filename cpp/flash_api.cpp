@@ -252,12 +252,13 @@ int mha_fwd_fp32(const FwdParams& params, int device, void* stream, bool allow_s
   auto s = static_cast<cudaStream_t>(stream);
 #if FLASHATTN2_FP32WG
   if (fp32wg_supports(p, kd, device, allow_sm90)) {
+    const bool single = p.fp32_tf32;
     if (kd == 64) {
-      run_fwd_fp32wg<64>(p, s);
+      single ? run_fwd_fp32wg<64, true>(p, s) : run_fwd_fp32wg<64, false>(p, s);
     } else {
-      run_fwd_fp32wg<128>(p, s);
+      single ? run_fwd_fp32wg<128, true>(p, s) : run_fwd_fp32wg<128, false>(p, s);
     }
-    return kFwdKernelFp32Wg;
+    return single ? kFwdKernelFp32WgTf32 : kFwdKernelFp32Wg;
   }
 #else
   (void)allow_sm90;

@@ -23,8 +23,10 @@ constexpr int kFwdKernelDecode = 81;
 // kFwdKernelFp32Wg = 91: the Hopper float32 forward (cpp/fp32/wg_kernel.cuh), which builds
 // with FLASHATTN2_EXPERIMENTAL=fp32wg run on sm_90 GPUs for the float32 forwards it supports
 // (fp32wg_supports in flash_api.cpp) unless allow_sm90 is false; other float32 forwards run
-// the mma.sync float32 kernels (80).
+// the mma.sync float32 kernels (80). kFwdKernelFp32WgTf32 = 93: the same kernel's
+// single-TF32 instance, run instead when FwdParams::fp32_tf32 is set.
 constexpr int kFwdKernelFp32Wg = 91;
+constexpr int kFwdKernelFp32WgTf32 = 93;
 int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 = true,
             bool allow_decode = true);
 
@@ -41,8 +43,11 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90 =
 // supports when BwdParams::fp32wg_bwd and allow_sm90 are set; other float32 backwards run
 // the mma.sync float32 kernels (80). kBwdKernelFp32Wg128 = 92: the d128 one
 // (cpp/fp32/wg_bwd128_kernel.cuh), when BwdParams::fp32wg_bwd128 and allow_sm90 are set.
+// 93 / 94: their single-TF32 instances, run instead when BwdParams::fp32_tf32 is set.
 constexpr int kBwdKernelFp32Wg = 91;
 constexpr int kBwdKernelFp32Wg128 = 92;
+constexpr int kBwdKernelFp32WgTf32 = 93;
+constexpr int kBwdKernelFp32Wg128Tf32 = 94;
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit = 0,
             bool allow_sm90 = true);
 

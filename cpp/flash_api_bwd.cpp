@@ -59,13 +59,14 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream, bool allow_s
               std::to_string(device) + " allows " + std::to_string(max_smem_per_block(device)));
   auto s = static_cast<cudaStream_t>(stream);
 #if FLASHATTN2_FP32WG
+  const bool single = p.fp32_tf32;
   if (fp32wg_bwd_supports(p, kd, device, allow_sm90)) {
-    run_bwd_fp32wg<64>(p, s);
-    return kBwdKernelFp32Wg;
+    single ? run_bwd_fp32wg<64, true>(p, s) : run_bwd_fp32wg<64, false>(p, s);
+    return single ? kBwdKernelFp32WgTf32 : kBwdKernelFp32Wg;
   }
   if (fp32wg_bwd128_supports(p, kd, device, allow_sm90)) {
-    run_bwd_fp32wg128<128>(p, s);
-    return kBwdKernelFp32Wg128;
+    single ? run_bwd_fp32wg128<128, true>(p, s) : run_bwd_fp32wg128<128, false>(p, s);
+    return single ? kBwdKernelFp32Wg128Tf32 : kBwdKernelFp32Wg128;
   }
 #else
   (void)allow_sm90;

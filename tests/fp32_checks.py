@@ -1,7 +1,8 @@
 """The accuracy rule of the float32 tests (test_fp32*.py): each result of ours, against the same
 attention computed in float64, has max |ours - float64| <= 2 * max |torch float32 - float64|
 + ATOL over the finite float64 entries (which must be ours' finite ones), PyTorch's float32
-attention computed with TF32 off (conftest.py).
+attention computed with TF32 off (conftest.py; the single-TF32 kernels' rule, with TF32 on:
+test_fp32_tf32.py check_tf32).
 
 check_2x(names, ours, ref, inputs, dout) runs ref in float64 and in float32 and applies it
 to out / lse (no dout) or to the gradients of inputs; ref_attention(...) is the usual ref.

@@ -9,6 +9,8 @@ small d128 cases. GPU (sm_90, fp32wg builds): out and lse against float64 with t
 fp32_checks.py into NaN-filled outputs, the kernel that ran asserted (its instance too, by the
 profiler); the calls it does not take fall back.
 """
+import re
+
 import flashattn2
 import pytest
 import torch
@@ -257,10 +259,11 @@ def test_fp32wg_varlen_falls_back(hopper):
 
 
 def _instance(name):
-    """The head dim of an Fp32WgTraits profiler kernel name, demangled or not."""
-    for d in (64, 128):
-        if f"Fp32WgTraits<{d}>" in name or f"Fp32WgTraitsILi{d}EE" in name:
-            return d
+    """The head dim of an Fp32WgTraits profiler kernel name, demangled or not (the traits'
+    second argument, kSingle, follows it: "Fp32WgTraits<128, false>", "...ILi128ELb0EE")."""
+    m = re.search(r"Fp32WgTraits(?:<(\d+)[,>]|ILi(\d+)E)", name)
+    if m and int(m.group(1) or m.group(2)) in (64, 128):
+        return int(m.group(1) or m.group(2))
     raise AssertionError(f"not an fp32wg instance: {name}")
 
 

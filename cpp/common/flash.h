@@ -144,6 +144,11 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // (d256 from 2048 keys); false never does. (Last: the struct's tail padding holds it, so the
   // kernels' parameter offsets stay as they were.)
   bool sm90_fa3_order = false;
+  // Float32: one tf32 product per multiply where the Hopper float32 forward runs (its kSingle
+  // instances: inputs rounded to tf32, float32 accumulation, as PyTorch's matmuls under
+  // fp32_precision "tf32"); false: 3xTF32 (float32-accurate). The other float32 kernels ignore
+  // it. Host only (the instance is chosen at launch).
+  bool fp32_tf32 = false;
 };
 
 // Backward (FA2 Algorithm 2). Same shapes and masking as FwdParams; all strides in elements
@@ -244,6 +249,9 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // sm90/bwd_config.h sm90_bwd_takes_bias allows); false: the mma.sync backward writes it (for
   // A/B comparisons). Host only.
   bool sm90_dbias = false;
+  // Float32: the Hopper float32 backwards' single-TF32 instances (FwdParams::fp32_tf32). Host
+  // only.
+  bool fp32_tf32 = false;
 };
 
 // KV-cache update before attending (flash_attn_with_kvcache): new keys/values are written

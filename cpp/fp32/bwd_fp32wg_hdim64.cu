@@ -1,26 +1,7 @@
-// The Hopper float32 backward for kernel head dim 64 (FLASHATTN2_EXPERIMENTAL=fp32wg builds):
-// preprocess and dQ convert of bwd_prepost.cu around wg_bwd_kernel.cuh's main kernel.
-#include <cuda_runtime.h>
-
-#include "common/launch.h"
-#include "fp32/launch.h"
-#include "fp32/wg_bwd_kernel.cuh"
+// The Hopper float32 backward for kernel head dim 64, its 3xTF32 instance
+// (FLASHATTN2_EXPERIMENTAL=fp32wg builds): fp32/wg_bwd_launch.cuh.
+#include "fp32/wg_bwd_launch.cuh"
 
 namespace flashattn2 {
-
-template <int kHeadDim>
-void run_bwd_fp32wg(const BwdParams& params, cudaStream_t stream) {
-  using Traits = Fp32WgBwdTraits<kHeadDim>;
-  run_bwd_fp32_preprocess(params, stream);
-  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
-                  params.batch);
-  constexpr auto kernel = bwd_fp32wg_kernel<Traits>;
-  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_fp32wg_kernel, smem)");
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
-  check_cuda(cudaGetLastError(), "bwd_fp32wg_kernel launch");
-  run_bwd_fp32_convert(params, stream);
-}
-
-template void run_bwd_fp32wg<64>(const BwdParams&, cudaStream_t);
-
+template void run_bwd_fp32wg<64, false>(const BwdParams&, cudaStream_t);
 }  // namespace flashattn2

@@ -2,5 +2,5 @@
 #include "fp32/wg_launch.cuh"
 
 namespace flashattn2 {
-template void run_fwd_fp32wg<128>(const FwdParams&, cudaStream_t);
+template void run_fwd_fp32wg<128, false>(const FwdParams&, cudaStream_t);
 }  // namespace flashattn2

@@ -14,16 +14,18 @@ template <int kHeadDim>
 void run_bwd_fp32(const BwdParams& params, cudaStream_t stream);
 // wg_launch.cuh (FLASHATTN2_FP32WG builds, sm_90a), instantiated in fwd_fp32wg_hdim<D>.cu for
 // kernel head dims 64 and 128 (wg_config.h).
-template <int kHeadDim>
+// kSingle: the single-TF32 instance (FwdParams::fp32_tf32), in fwd_fp32wg_tf32_hdim<D>.cu.
+template <int kHeadDim, bool kSingle>
 void run_fwd_fp32wg(const FwdParams& params, cudaStream_t stream);
 // bwd_fp32wg_hdim64.cu (FLASHATTN2_FP32WG builds, sm_90a): the Hopper float32 backward
 // (wg_bwd_kernel.cuh) for the kernel head dims of wg_bwd_config.h, preprocess and convert
 // included.
-template <int kHeadDim>
+// kSingle: the single-TF32 instances (BwdParams::fp32_tf32), in bwd_fp32wg_tf32_hdim<D>.cu.
+template <int kHeadDim, bool kSingle>
 void run_bwd_fp32wg(const BwdParams& params, cudaStream_t stream);
 // bwd_fp32wg_hdim128.cu (FLASHATTN2_FP32WG builds, sm_90a): the d128 one
 // (wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128), preprocess and convert included.
-template <int kHeadDim>
+template <int kHeadDim, bool kSingle>
 void run_bwd_fp32wg128(const BwdParams& params, cudaStream_t stream);
 // bwd_prepost.cu: dsum and a zeroed dq_accum; dq from dq_accum (every head dim).
 void run_bwd_fp32_preprocess(const BwdParams& params, cudaStream_t stream);

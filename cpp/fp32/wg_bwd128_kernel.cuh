@@ -36,6 +36,8 @@
 //   limits d multiple of 8, 65..128 (kernel head dim 128); 16-byte aligned pointers, strides
 //          multiples of 4 elements; dense, full or a right window (causal); GQA. The host sends
 //          varlen, left windows, softcap, ALiBi and deterministic runs to bwd_kernel.cuh.
+//   kSingle  (BwdParams::fp32_tf32) one tf32 product per multiply, as wg_bwd_kernel.cuh's: no
+//          K lo / V lo / K^T lo, no lo tiles per step, dQ^T one chain over the 64 keys.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -55,9 +57,10 @@
 
 namespace flashattn2 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, bool kSingle_ = false>
 struct Fp32WgBwd128Traits {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSingle = kSingle_;  // one tf32 product (the file comment)
   static constexpr int kBlockN = kFp32WgBwd128BlockN;  // keys per CTA
   static constexpr int kBlockM = kFp32WgBwd128BlockM;  // queries per step
   static constexpr int kConsumers = 2;
@@ -91,6 +94,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
   constexpr int kQSteps = kBlockM / 8;   // k8 steps over the queries = n8 tiles of S^T
   constexpr int kNSteps = kBlockN / 8;   // k8 steps over the keys (dQ^T)
   constexpr int kS = kBlockM / 2;        // S^T accumulator registers [64 x kBlockM]
+  constexpr bool kSingle = Traits::kSingle;
   constexpr int kBarPtFull = 1, kBarPtEmpty = 2, kBarDsFull = 3, kBarDsEmpty = 4, kBarDsOwn = 5;
 
   extern __shared__ unsigned char smem_raw[];
@@ -118,7 +122,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
   if (tid == 0) fp32wg::bwd_init_bars(bars, Traits::kConsumers);
   // K lo and K^T lo (threads 0-127), V lo (128-255): a thread per key row and half of d, its
   // float4s split; the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks.
-  if (tid < 256) {
+  if (!kSingle && tid < 256) {
     const bool is_k = tid < 128;
     const int key = tid % kBlockN, c0 = (tid % 128) / kBlockN * (kHeadDim / 2);
     const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
@@ -161,11 +165,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       auto at = [&](uint32_t addr) { return base + (addr - smem); };
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
-      fp32wg::bwd_store_natural<kBlockM, kHeadDim>(
+      fp32wg::bwd_store_natural<kBlockM, kHeadDim, kSingle>(
           p, tid, batch, head, m0, seqlen_q - m0, t, q_row, q_col, at(sQhi), at(sQlo), at(sdOhi),
           at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat);
       // Transposed tiles, from this thread's own natural stores.
-      fp32wg::bwd_transpose_natural<kBlockM, kHeadDim>(
+      fp32wg::bwd_transpose_natural<kBlockM, kHeadDim, kSingle>(
           t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},
           {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)}, bar_empty_tr);
       fence_proxy_async();
@@ -208,9 +212,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
     uint32_t step_base = smem;
     const fp32wg::KDesc kdesc{step_base};
     // (fp32wg::gemm_d: S^T / dP^T, two fresh accumulators alternating)
-    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, 2>;
+    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, 2, kSingle>;
     // (fp32wg::gemm_q, each FADD pinned: sY^T [d x 16], padded rows)
-    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, true>;
+    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, true, kSingle>;
 
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
@@ -289,7 +293,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
             const tf32::Split sp = tf32::split(x);
             const uint32_t off = swz<kBlockM>(8 * nt + 2 * q + (e & 1), lane_key + 8 * (e >> 1));
             st_shared(at(sdShi) + off, sp.hi);
-            st_shared(at(sdSlo) + off, sp.lo);
+            if constexpr (!kSingle) st_shared(at(sdSlo) + off, sp.lo);
           }
         }
         fence_proxy_async();  // (the sdS stores, then the dQ^T wgmma of the async proxy)
@@ -327,6 +331,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
           const uint32_t ka = ch * (kHeadDim * 128) + consumer * (64 * 128) + kk * 32;
           const uint32_t sb = ch * (kBlockM * 128) + kk * 32;
           const uint64_t b_hi = kdesc(at(sdShi) + sb);
+          if constexpr (kSingle) {
+            WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], b_hi, kk > 0 ? 1 : 0);
+            continue;
+          }
           WgmmaTf32<kBlockM>::ss(t_q, kdesc(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
           WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], kdesc(at(sdSlo) + sb), 1);
           WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], b_hi, 1);

@@ -3,7 +3,9 @@
 // transpose, descriptors, the consumers' GEMMs, A fragments, dQ reds and hand-offs. Layouts
 // and roles: wg_bwd_kernel.cuh's comment. Everything is forceinline and each kernel compiles
 // to the SASS of its former own copy (cuobjdump, both units); the folds that changed it stay
-// in the kernels (the masked exp2 of P^T, the dS^T split stores, the epilogues).
+// in the kernels (the masked exp2 of P^T, the dS^T split stores, the epilogues). kSingle (the
+// kernels' single-TF32 instances, BwdParams::fp32_tf32): no lo parts stored or multiplied, and
+// each GEMM one wgmma chain into its accumulator.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -78,7 +80,7 @@ __device__ __forceinline__ void bwd_init_bars(uint32_t bars, int consumers) {
 // kColStep i; rows = seqlen_q - m0, passed so that the kernels compile as with their own
 // copies): Q's loads issued before the wait on empty_nat, dO's after Q's stores (16 data
 // registers live, not 32), split, stored (hi, lo); lse / dsum rows to smem; full_nat arrived.
-template <int kBlockM, int kHeadDim>
+template <int kBlockM, int kHeadDim, bool kSingle>
 __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, int batch, int head,
                                                   int m0, int rows, int t, int q_row, int q_col,
                                                   uint32_t sQhi, uint32_t sQlo, uint32_t sdOhi,
@@ -110,7 +112,9 @@ __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, i
       const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
       const Split4 a = split4(x[i]);
       st_shared_v4((src ? sdOhi : sQhi) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
-      st_shared_v4((src ? sdOlo : sQlo) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+      if constexpr (!kSingle) {
+        st_shared_v4((src ? sdOlo : sQlo) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+      }
     }
   }
   if (tid < kBlockM) {
@@ -128,8 +132,8 @@ __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, i
 
 // The producer's transposed tiles (Q^T, dO^T hi / lo, queries at q_pos) from this thread's own
 // natural stores (only this thread rewrites them, at the next step), after the wait on
-// empty_tr. src: Q hi, Q lo, dO hi, dO lo natural; dst: their transposes.
-template <int kBlockM, int kHeadDim>
+// empty_tr. src: Q hi, Q lo, dO hi, dO lo natural; dst: their transposes (kSingle: hi only).
+template <int kBlockM, int kHeadDim, bool kSingle>
 __device__ __forceinline__ void bwd_transpose_natural(int t, int q_row, int q_col, int q_pos,
                                                       const uint32_t (&src_n)[4],
                                                       const uint32_t (&dst_t)[4],
@@ -143,6 +147,7 @@ __device__ __forceinline__ void bwd_transpose_natural(int t, int q_row, int q_co
     const uint32_t off_n = swz<kBlockM>(q_row, q_col + kColStep * i);
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
+      if (kSingle && (a & 1)) continue;  // (the lo tiles)
       const float4 v = ld_shared_float4(src_n[a] + off_n);
       const float w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -169,42 +174,55 @@ struct KDesc {
 // acc[64 keys x kBlockM] = X Y^T over d (X: the 64 rows from x_row0 of sXlo's kBlockN), two-
 // level: per k8 step the three products (Xlo Yhi, Xhi Ylo, Xhi Yhi) into a fresh accumulator t,
 // FADD into acc. kBufs 2: two t alternate, the FADD of one step under the next step's wgmma;
-// 1: the FADD waits for the step's wgmma (16 registers fewer).
-template <int kBlockM, int kBlockN, int kKSteps, int kBufs>
+// 1: the FADD waits for the step's wgmma (16 registers fewer). kSingle: Xhi Yhi only, one
+// chain over d into acc (sXlo, sYlo unread).
+template <int kBlockM, int kBlockN, int kKSteps, int kBufs, bool kSingle>
 __device__ __forceinline__ void gemm_d(float (&acc)[kBlockM / 2],
                                        const uint32_t (&x_hi)[kKSteps][4], const KDesc& kdesc,
                                        int x_row0, uint32_t sXlo, uint32_t sYhi, uint32_t sYlo) {
   using namespace sm90;
   constexpr int kS = kBlockM / 2;
-  float t[kBufs][kS];
-  auto step = [&](float (&tt)[kS], int kk) {
-    const uint32_t xa = (kk / 4) * (kBlockN * 128) + x_row0 * 128 + (kk % 4) * 32;
-    const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-    const uint64_t b_hi = kdesc(sYhi + yb);
+  if constexpr (kSingle) {
     wgmma_fence();
-    WgmmaTf32<kBlockM>::ss(tt, kdesc(sXlo + xa), b_hi, 0);
-    WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], kdesc(sYlo + yb), 1);
-    WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], b_hi, 1);
-    wgmma_commit();
-  };
-  if constexpr (kBufs == 2) step(t[0], 0);
 #pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-    if constexpr (kBufs == 2) {
-      if (kk + 1 < kKSteps) {
-        step(t[(kk + 1) % 2], kk + 1);
-        wgmma_wait<1>();
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      WgmmaTf32<kBlockM>::rs(acc, x_hi[kk], kdesc(sYhi + yb), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+  } else {
+    float t[kBufs][kS];
+    auto step = [&](float (&tt)[kS], int kk) {
+      const uint32_t xa = (kk / 4) * (kBlockN * 128) + x_row0 * 128 + (kk % 4) * 32;
+      const uint32_t yb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      const uint64_t b_hi = kdesc(sYhi + yb);
+      wgmma_fence();
+      WgmmaTf32<kBlockM>::ss(tt, kdesc(sXlo + xa), b_hi, 0);
+      WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], kdesc(sYlo + yb), 1);
+      WgmmaTf32<kBlockM>::rs(tt, x_hi[kk], b_hi, 1);
+      wgmma_commit();
+    };
+    if constexpr (kBufs == 2) step(t[0], 0);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      if constexpr (kBufs == 2) {
+        if (kk + 1 < kKSteps) {
+          step(t[(kk + 1) % 2], kk + 1);
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
       } else {
+        step(t[0], kk);
         wgmma_wait<0>();
       }
-    } else {
-      step(t[0], kk);
-      wgmma_wait<0>();
-    }
-    float(&tk)[kS] = t[kk % kBufs];
-    fence_regs(tk);
+      float(&tk)[kS] = t[kk % kBufs];
+      fence_regs(tk);
 #pragma unroll
-    for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? tk[i] : acc[i] + tk[i];
+      for (int i = 0; i < kS; ++i) acc[i] = kk == 0 ? tk[i] : acc[i] + tk[i];
+    }
   }
 }
 
@@ -212,33 +230,45 @@ __device__ __forceinline__ void gemm_d(float (&acc)[kBlockM / 2],
 // sY^T ([d x queries], queries permuted): per kDkvN columns, the kQSteps x 3 products into a
 // fresh accumulator, FADD into acc_d (never a tensor-core accumulator across steps).
 // kPinFadd: each FADD pinned there by an empty asm, not sunk under the next columns' wgmma
-// (d128: ptxas kept up to three fresh accumulators live and spilled dK / dV).
-template <int kHeadDim, int kQSteps, int kDkvN, bool kPinFadd>
+// (d128: ptxas kept up to three fresh accumulators live and spilled dK / dV). kSingle: X^T hi
+// sY^T hi only, one chain into acc_d (N = d: sY^T's rows of d are consecutive 128-byte rows).
+template <int kHeadDim, int kQSteps, int kDkvN, bool kPinFadd, bool kSingle>
 __device__ __forceinline__ void gemm_q(float (&acc_d)[kHeadDim / 2],
                                        const uint32_t (&a_hi)[kQSteps][4],
                                        const uint32_t (&a_lo)[kQSteps][4], const KDesc& kdesc,
                                        uint32_t sYThi, uint32_t sYTlo) {
   using namespace sm90;
-#pragma unroll
-  for (int h = 0; h < kHeadDim / kDkvN; ++h) {
-    float t[kDkvN / 2];
+  if constexpr (kSingle) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kQSteps; ++kk) {
-      const uint32_t yb = h * kDkvN * 128 + kk * 32;
-      const uint64_t b_hi = kdesc(sYThi + yb);
-      WgmmaTf32<kDkvN>::rs(t, a_lo[kk], b_hi, kk > 0 ? 1 : 0);
-      WgmmaTf32<kDkvN>::rs(t, a_hi[kk], kdesc(sYTlo + yb), 1);
-      WgmmaTf32<kDkvN>::rs(t, a_hi[kk], b_hi, 1);
+      WgmmaTf32<kHeadDim>::rs(acc_d, a_hi[kk], kdesc(sYThi + kk * 32), 1);
     }
     wgmma_commit();
     wgmma_wait<0>();
-    fence_regs(t);
+    fence_regs(acc_d);
+  } else {
 #pragma unroll
-    for (int i = 0; i < kDkvN / 2; ++i) {
-      float& a = acc_d[h * (kDkvN / 2) + i];
-      a += t[i];
-      if constexpr (kPinFadd) asm volatile("" : "+f"(a)::"memory");
+    for (int h = 0; h < kHeadDim / kDkvN; ++h) {
+      float t[kDkvN / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+        const uint32_t yb = h * kDkvN * 128 + kk * 32;
+        const uint64_t b_hi = kdesc(sYThi + yb);
+        WgmmaTf32<kDkvN>::rs(t, a_lo[kk], b_hi, kk > 0 ? 1 : 0);
+        WgmmaTf32<kDkvN>::rs(t, a_hi[kk], kdesc(sYTlo + yb), 1);
+        WgmmaTf32<kDkvN>::rs(t, a_hi[kk], b_hi, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(t);
+#pragma unroll
+      for (int i = 0; i < kDkvN / 2; ++i) {
+        float& a = acc_d[h * (kDkvN / 2) + i];
+        a += t[i];
+        if constexpr (kPinFadd) asm volatile("" : "+f"(a)::"memory");
+      }
     }
   }
 }

@@ -49,6 +49,9 @@
 //   limits d multiple of 8, <= 64; 16-byte aligned pointers, strides multiples of 4 elements
 //          (host API); ragged tails zero-filled and masked; window_left < 0, no varlen,
 //          softcap, ALiBi or deterministic order (the host sends those to bwd_kernel.cuh).
+//   kSingle  (BwdParams::fp32_tf32: PyTorch allows TF32 for float32 matmuls) one tf32 product
+//          per multiply: no lo tile stored or read, each GEMM one wgmma chain into its
+//          accumulator (wg_bwd_common.cuh), dQ^T one chain over the warpgroup's 64 keys.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -68,9 +71,10 @@
 
 namespace flashattn2 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, bool kSingle_ = false>
 struct Fp32WgBwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSingle = kSingle_;  // one tf32 product (the file comment)
   static constexpr int kBlockN = kFp32WgBwdBlockN;  // keys per CTA
   static constexpr int kBlockM = kFp32WgBwdBlockM;  // queries per step
   static constexpr int kConsumers = kBlockN / 64;
@@ -104,6 +108,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   constexpr int kQSteps = kBlockM / 8;   // k8 steps over the queries = n8 tiles of S^T
   constexpr int kS = kBlockM / 2;        // S^T accumulator registers [64 x kBlockM]
   constexpr int kGemmDBufs = Traits::kGemmDBufs;
+  constexpr bool kSingle = Traits::kSingle;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
@@ -145,15 +150,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       for (int u = 0; u < kDepth; ++u) {
         const int c = 4 * (b + u);
         const fp32wg::Split4 sp = fp32wg::split4(x[u]);
-        st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
-                     sp.lo.w);
+        if constexpr (!kSingle) {
+          st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
+                       sp.lo.w);
+        }
         if (is_k) {
           const float hi[4] = {sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w};
           const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             st_shared(sKThi + swz<kHeadDim>(c + e, key), hi[e]);
-            st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
+            if constexpr (!kSingle) st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
           }
         }
       }
@@ -179,11 +186,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
       // Natural tiles (the previous step's S^T and dP^T are done with them), lse, dsum.
-      fp32wg::bwd_store_natural<kBlockM, kHeadDim>(
+      fp32wg::bwd_store_natural<kBlockM, kHeadDim, kSingle>(
           p, tid, batch, head, m0, seqlen_q - m0, t, q_row, q_col, at(sQhi), at(sQlo), at(sdOhi),
           at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat);
       // Transposed tiles (the previous step's dV and dK are done with them).
-      fp32wg::bwd_transpose_natural<kBlockM, kHeadDim>(
+      fp32wg::bwd_transpose_natural<kBlockM, kHeadDim, kSingle>(
           t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},
           {at(sQThi), at(sQTlo), at(sdOThi), at(sdOTlo)}, bar_empty_tr);
       fence_proxy_async();
@@ -217,8 +224,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     uint32_t step_base = smem;
     const fp32wg::KDesc kdesc{step_base};
     // (fp32wg::gemm_d over the warpgroup's 64 keys: kGemmDBufs 2, ptxas 0 spills at 232)
-    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, kGemmDBufs>;
-    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, false>;
+    constexpr auto gemm_d = fp32wg::gemm_d<kBlockM, kBlockN, kKSteps, kGemmDBufs, kSingle>;
+    constexpr auto gemm_q = fp32wg::gemm_q<kHeadDim, kQSteps, kDkvN, false, kSingle>;
 
     constexpr float kLog2e = 1.4426950408889634f;
     const float scale_log2 = p.softmax_scale * kLog2e;
@@ -274,7 +281,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
           const tf32::Split sp = tf32::split(x);
           const uint32_t off = swz<kBlockM>(8 * nt + 2 * q + (e & 1), lane_key + 8 * (e >> 1));
           st_shared(at(sdShi) + off, sp.hi);
-          st_shared(at(sdSlo) + off, sp.lo);
+          if constexpr (!kSingle) st_shared(at(sdSlo) + off, sp.lo);
         }
       }
       // (both GEMMs over Q, dO natural, and lse / dsum, are done) Every thread arrives, not one
@@ -295,7 +302,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       fp32wg::release_elected(bar_empty_tr);
 
       // dQ^T [d x kBlockM] = K^T dS^T over the warpgroup's 64 keys: two 32-key chains of 4 k8
-      // steps x 3 products into fresh accumulators, summed with FADD.
+      // steps x 3 products into fresh accumulators, summed with FADD (kSingle: one chain of 8
+      // k8 steps, hi products only, into t_q[0]).
       named_sync(1 + consumer, 128);  // (every lane's sdS stores of this step)
       float t_q[2][kS];
       wgmma_fence();
@@ -307,17 +315,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
           const uint32_t ka = chunk * (kHeadDim * 128) + kk * 32;
           const uint32_t sb = chunk * (kBlockM * 128) + kk * 32;
           const uint64_t a_hi = kdesc(at(sKThi) + ka), b_hi = kdesc(at(sdShi) + sb);
-          WgmmaTf32<kBlockM>::ss(t_q[ch], kdesc(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
-          WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, kdesc(at(sdSlo) + sb), 1);
-          WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, b_hi, 1);
+          if constexpr (kSingle) {
+            WgmmaTf32<kBlockM>::ss(t_q[0], a_hi, b_hi, ch + kk > 0 ? 1 : 0);
+          } else {
+            WgmmaTf32<kBlockM>::ss(t_q[ch], kdesc(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
+            WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, kdesc(at(sdSlo) + sb), 1);
+            WgmmaTf32<kBlockM>::ss(t_q[ch], a_hi, b_hi, 1);
+          }
         }
-        wgmma_commit();
+        if constexpr (!kSingle) wgmma_commit();
       }
+      if constexpr (kSingle) wgmma_commit();
       wgmma_wait<0>();
       fence_regs(t_q[0]);
-      fence_regs(t_q[1]);
-      fp32wg::red_dq<kS>(p, batch, head, m0, q, lane_d, seqlen_q,
-                         [&](int i) { return t_q[0][i] + t_q[1][i]; });
+      if constexpr (!kSingle) fence_regs(t_q[1]);
+      fp32wg::red_dq<kS>(p, batch, head, m0, q, lane_d, seqlen_q, [&](int i) {
+        if constexpr (kSingle) {
+          return t_q[0][i];
+        } else {
+          return t_q[0][i] + t_q[1][i];
+        }
+      });
     }
 
     // Epilogue: dK (times the softmax scale) and dV of the lane's keys.

@@ -14,16 +14,22 @@ constexpr bool fp32wg_head_dim(int kd) { return kd == 64 || kd == 128; }
 // fresh accumulator of 32 registers, not 64), so that a d128 consumer fits 216 registers
 // next to the 72-register producer.
 constexpr int kFp32WgBlockM = 128;
-constexpr int fp32wg_block_n(int kd) { return kd <= 64 ? 64 : 32; }
+// single (the single-TF32 instances, FwdParams::fp32_tf32): no lo tiles, so d128 takes 64 keys
+// a tile in the same shared memory.
+constexpr int fp32wg_block_n(int kd, bool single = false) { return kd <= 64 || single ? 64 : 32; }
 constexpr bool fp32wg_q_regs(int kd) { return kd <= 64; }  // Q lo (Q hi always)
 constexpr int kFp32WgPVN = 64;  // columns of O per P V wgmma (its N)
 constexpr int kFp32WgStages = 2;
 // Q lo [128 x d] (where in shared memory) + stages x (K hi, K lo [block_n x d], V^T hi, V^T lo
 // [d x block_n]), float32, + the 2 mbarriers per stage, + 1024 bytes to align the swizzled
 // tiles: d64 129.1 KiB, d128 193.1 KiB.
-constexpr int fp32wg_smem_bytes(int kd) {
-  return (fp32wg_q_regs(kd) ? 0 : kFp32WgBlockM * kd * 4) +
-         kFp32WgStages * 4 * fp32wg_block_n(kd) * kd * 4 + 16 * kFp32WgStages + 1024;
+// single: Q hi [128 x d] in shared memory (SS: an A in registers that the loop reads each tile,
+// ptxas gave the d64 instance's P fragments the same registers: wrong results, run 2 of the
+// twenty-fourth session), and stages of K hi and V^T hi only (d64 97 KiB, d128 193 KiB).
+constexpr int fp32wg_smem_bytes(int kd, bool single = false) {
+  return (fp32wg_q_regs(kd) && !single ? 0 : kFp32WgBlockM * kd * 4) +
+         kFp32WgStages * (single ? 2 : 4) * fp32wg_block_n(kd, single) * kd * 4 +
+         16 * kFp32WgStages + 1024;
 }
 
 }  // namespace flashattn2

@@ -13,7 +13,8 @@
 //          B, so V^T rows of keys). Consumer warpgroup c (c = 0, 1) owns query rows
 //          [64 c, 64 c + 64).
 //   smem   kStages x (K hi, K lo [kBlockN x d], V^T hi, V^T lo [d x kBlockN]); !kQRegs (d128):
-//          Q lo [kBlockM x d]. Each tile as 32-column chunks of 128-byte rows in the 128-byte
+//          Q lo [kBlockM x d]; kSingle: kStages x (K hi, V^T hi), 64-key tiles at d128 too
+//          (wg_config.h). Each tile as 32-column chunks of 128-byte rows in the 128-byte
 //          swizzle (16-byte unit u of row r at u ^ (r % 8): swz below), the layout
 //          sm90/wgmma.cuh's K-major descriptors describe (a k8 step of tf32 is a k16 step's 32
 //          bytes). Then per stage the mbarriers full (the producer's 128 threads arrive) and
@@ -31,11 +32,17 @@
 //            64 columns of O (kPVN) the three wgmma per step (Plo VThi, Phi VTlo, Phi VThi)
 //            into a fresh accumulator, then FFMA / FADD into O; release the stage.
 //   Q      hi in registers (RS for Qhi Klo, Qhi Khi); lo in registers at d64 (kQRegs), in
-//          shared memory at d128 (SS for Qlo Khi): wg_config.h.
+//          shared memory at d128 (SS for Qlo Khi): wg_config.h. kSingle: Q hi in shared
+//          memory (SS).
 //   epilogue  O / sum from the accumulators (float2 stores), LSE = max * scale + ln(sum),
 //          +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers, strides multiples of 4
 //          elements (host API); ragged tails zero-filled and masked; window_left < 0.
+//   kSingle  (FwdParams::fp32_tf32: PyTorch allows TF32 for float32 matmuls) one tf32 product
+//          per multiply, as cuBLAS's TF32 GEMMs: no lo parts (none stored, the lo buffers
+//          unused), S one wgmma chain over d into acc_s, O rescaled in its registers and P V
+//          one chain over the tile's keys into it (no fresh accumulators: their second level
+//          is 3xTF32's error model).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -53,22 +60,26 @@
 
 namespace flashattn2 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, bool kSingle_ = false>
 struct Fp32WgTraits {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSingle = kSingle_;  // one tf32 product (the file comment)
   static constexpr int kBlockM = kFp32WgBlockM;
-  static constexpr int kBlockN = fp32wg_block_n(kHeadDim);
+  static constexpr int kBlockN = fp32wg_block_n(kHeadDim, kSingle);
   static constexpr bool kQRegs = fp32wg_q_regs(kHeadDim);  // Q lo (Q hi always)
   static constexpr int kPVN = kFp32WgPVN;                  // O columns per P V
   static constexpr int kStages = kFp32WgStages;
   static constexpr int kConsumers = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kTileBytes = kBlockN * kHeadDim * 4;  // K hi, K lo, V^T hi or V^T lo
-  static constexpr int kQBytes = kQRegs ? 0 : kBlockM * kHeadDim * 4;  // Q lo in shared memory
-  static constexpr int kSmemBytes = fp32wg_smem_bytes(kHeadDim);
+  static constexpr int kStageTiles = kSingle ? 2 : 4;        // (kSingle: K hi, V^T hi)
+  // Q lo (!kQRegs), or kSingle Q hi, in shared memory
+  static constexpr int kQBytes = kQRegs && !kSingle ? 0 : kBlockM * kHeadDim * 4;
+  static constexpr int kSmemBytes = fp32wg_smem_bytes(kHeadDim, kSingle);
   // setmaxnreg. d64: the producer's loads 4 float4 deep (its per-thread smem offsets and
   // addresses, hoisted out of the key loop, spilled at 56-72 registers; the consumers fit 208
-  // without spills). d128: producer 72, consumers 216 (kLean).
+  // without spills). d128: producer 72, consumers 216 (kLean; kSingle too, Q hi in shared
+  // memory: 0 spills).
   static constexpr int kProducerRegs = kHeadDim > 64 ? 72 : 80;
   static constexpr int kConsumerRegs = kHeadDim > 64 ? 216 : 208;
   static constexpr int kLoadDepth = 4;  // the producer loops' unroll
@@ -81,7 +92,7 @@ struct Fp32WgTraits {
   static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0 && kBlockM % 64 == 0, "whole chunks");
   static_assert(128 % kBlockN == 0, "the V^T store: a thread per key, 128 / kBlockN columns");
   static_assert(kHeadDim % kPVN == 0 && kPVN % 8 == 0, "P V in whole n8 tiles");
-  static_assert(kQBytes + kStages * 4 * kTileBytes + 16 * kStages + 1024 <= kSmemBytes,
+  static_assert(kQBytes + kStages * kStageTiles * kTileBytes + 16 * kStages + 1024 <= kSmemBytes,
                 "smem budget");
   static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
 };
@@ -139,6 +150,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
   constexpr int kStages = Traits::kStages;
   constexpr int kTileBytes = Traits::kTileBytes;
   constexpr bool kQRegs = Traits::kQRegs;
+  constexpr bool kSingle = Traits::kSingle;
   constexpr int kPVN = Traits::kPVN;
   constexpr int kLoadDepth = Traits::kLoadDepth;
   constexpr int kKSteps = kHeadDim / 8;  // k8 steps of S = n8 tiles of O
@@ -148,14 +160,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t sQlo = smem;  // (!kQRegs)
+  const uint32_t sQlo = smem;  // (!kQRegs; kSingle: Q hi)
   const uint32_t sStages = smem + Traits::kQBytes;
-  // Stage s: K hi, K lo, V^T hi, V^T lo.
-  auto sKhi = [&](int s) { return sStages + s * 4 * kTileBytes; };
-  auto sKlo = [&](int s) { return sKhi(s) + kTileBytes; };
-  auto sVhi = [&](int s) { return sKhi(s) + 2 * kTileBytes; };
-  auto sVlo = [&](int s) { return sKhi(s) + 3 * kTileBytes; };
-  const uint32_t bars = sStages + kStages * 4 * kTileBytes;
+  // Stage s: K hi, K lo, V^T hi, V^T lo (kSingle: K hi, V^T hi).
+  constexpr int kStageTiles = Traits::kStageTiles;
+  auto sKhi = [&](int s) { return sStages + s * kStageTiles * kTileBytes; };
+  auto sKlo = [&](int s) { return sKhi(s) + kTileBytes; };  // (!kSingle)
+  auto sVhi = [&](int s) { return sKhi(s) + (kSingle ? 1 : 2) * kTileBytes; };
+  auto sVlo = [&](int s) { return sKhi(s) + 3 * kTileBytes; };  // (!kSingle)
+  const uint32_t bars = sStages + kStages * kStageTiles * kTileBytes;
   auto bar_full = [&](int s) { return bars + 8 * s; };
   auto bar_empty = [&](int s) { return bars + 8 * (kStages + s); };
 
@@ -237,7 +250,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
           const int it = b + u;
           const uint32_t off = k_off[it % kKPeriod] + (it / kKPeriod) * kKPeriod * kKRowStep * 128;
           st_shared_v4(sKhi(s) + off, sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w);
-          st_shared_v4(sKlo(s) + off, sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w);
+          if constexpr (!kSingle) st_shared_v4(sKlo(s) + off, sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w);
         }
       }
       // V^T: a thread per key (a warp's 32 keys one 128-byte V^T row: 32 banks), its
@@ -268,7 +281,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
             // (V^T rows 8 apart share the swizzle: 4 offsets, the rest added)
             const uint32_t off = v_off[e] + 4 * kColThreads * (b + u) * 128;
             st_shared(sVhi(s) + off, hi[e]);
-            st_shared(sVlo(s) + off, lo[e]);
+            if constexpr (!kSingle) st_shared(sVlo(s) + off, lo[e]);
           }
         }
       }
@@ -289,11 +302,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
 
     // Q split once: Q hi (and, kQRegs, Q lo) in registers, the lane's A fragments (k8 step
     // kk: (g, q), (g+8, q), (g, q+4), (g+8, q+4) of its warp's 16 rows); !kQRegs: Q lo of the
-    // warpgroup's 64 rows into sQlo.
+    // warpgroup's 64 rows into sQlo. kSingle: Q hi of the warpgroup's rows into sQlo, none in
+    // registers (wg_config.h fp32wg_smem_bytes says why).
     uint32_t q_hi[kKSteps][4];
     [[maybe_unused]] uint32_t q_lo[kQRegs ? kKSteps : 1][4];
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
+    for (int kk = 0; kk < (kSingle ? 0 : kKSteps); ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = lane_row + 8 * (i & 1), col = 8 * kk + q + 4 * (i >> 1);
@@ -302,16 +316,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
                             : 0.f;
         const tf32::Split sp = tf32::split(x);
         q_hi[kk][i] = sp.hi;
-        if constexpr (kQRegs) q_lo[kk][i] = sp.lo;
+        if constexpr (kQRegs && !kSingle) q_lo[kk][i] = sp.lo;
       }
-    if constexpr (!kQRegs) {
+    if constexpr (!kQRegs || kSingle) {
       const float* gQt = gQ + int64_t(row0 + wg_row0) * p.q_row_stride;
       for (int i = tid % 128; i < 64 * kHeadDim / 4; i += 128) {
         const int r = i / (kHeadDim / 4), c = 4 * (i % (kHeadDim / 4));
         const fp32wg::Split4 x = fp32wg::split4(
             fp32wg::load4(gQt, p.q_row_stride, r, seqlen_q - row0 - wg_row0, c, p.headdim));
         const uint32_t off = fp32wg::swz<kBlockM>(wg_row0 + r, c);
-        st_shared_v4(sQlo + off, x.lo.x, x.lo.y, x.lo.z, x.lo.w);
+        if constexpr (kSingle) {
+          st_shared_v4(sQlo + off, x.hi.x, x.hi.y, x.hi.z, x.hi.w);
+        } else {
+          st_shared_v4(sQlo + off, x.lo.x, x.lo.y, x.lo.z, x.lo.w);
+        }
       }
       fence_proxy_async();
       named_sync(1 + consumer, 128);
@@ -343,26 +361,41 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       const int s = j % kStages;
       mbar_wait(bar_full(s), (j / kStages) & 1);
 
-      // S = Q K^T in two levels: fresh accumulators t[kk % 2], FADD into acc_s.
+      // S = Q K^T in two levels: fresh accumulators t[kk % 2], FADD into acc_s (kSingle: one
+      // chain into acc_s).
       float acc_s[kBlockN / 2];
-      float t[2][kBlockN / 2];
-      wgmma_fence();
-      s_step(t[0], 0, s);
-      wgmma_commit();
+      if constexpr (kSingle) {
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        if (kk + 1 < kKSteps) {
-          wgmma_fence();
-          s_step(t[(kk + 1) % 2], kk + 1, s);
-          wgmma_commit();
-          wgmma_wait<1>();
-        } else {
-          wgmma_wait<0>();
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          const uint32_t kb = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+          const uint32_t qa = (kk / 4) * (kBlockM * 128) + wg_row0 * 128 + (kk % 4) * 32;
+          WgmmaTf32<kBlockN>::ss(acc_s, desc_k_major(sQlo + qa), desc_k_major(sKhi(s) + kb),
+                                 kk > 0 ? 1 : 0);
         }
-        fence_regs(t[kk % 2]);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(acc_s);
+      } else {
+        float t[2][kBlockN / 2];
+        wgmma_fence();
+        s_step(t[0], 0, s);
+        wgmma_commit();
 #pragma unroll
-        for (int i = 0; i < kBlockN / 2; ++i)
-          acc_s[i] = kk == 0 ? t[kk % 2][i] : acc_s[i] + t[kk % 2][i];
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          if (kk + 1 < kKSteps) {
+            wgmma_fence();
+            s_step(t[(kk + 1) % 2], kk + 1, s);
+            wgmma_commit();
+            wgmma_wait<1>();
+          } else {
+            wgmma_wait<0>();
+          }
+          fence_regs(t[kk % 2]);
+#pragma unroll
+          for (int i = 0; i < kBlockN / 2; ++i)
+            acc_s[i] = kk == 0 ? t[kk % 2][i] : acc_s[i] + t[kk % 2][i];
+        }
       }
 
       // Mask: keys past seqlen_k, and right of the window (causal: window_right 0).
@@ -413,7 +446,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       }
 
       // P as A fragments (c0, c2, c1, c3 of each n8 tile: V^T's permuted keys), split.
-      uint32_t p_hi[kPSteps][4], p_lo[kPSteps][4];
+      uint32_t p_hi[kPSteps][4];
+      [[maybe_unused]] uint32_t p_lo[kSingle ? 1 : kPSteps][4];
 #pragma unroll
       for (int nt = 0; nt < kPSteps; ++nt) {
         constexpr int kOrder[4] = {0, 2, 1, 3};
@@ -421,34 +455,51 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
         for (int i = 0; i < 4; ++i) {
           const tf32::Split sp = tf32::split(acc_s[4 * nt + kOrder[i]]);
           p_hi[nt][i] = sp.hi;
-          p_lo[nt][i] = sp.lo;
+          if constexpr (!kSingle) p_lo[nt][i] = sp.lo;
         }
       }
 
       // O = O corr + P V, per kPVChain k8 steps into the fresh accumulator t_o, per kPVN
       // columns of O (columns [h kPVN, h kPVN + kPVN): V^T rows from h kPVN, 128 bytes each).
+      // kSingle: O corr in its registers, then one chain over the tile's keys into O (N = d:
+      // V^T's rows are consecutive 128-byte rows, so one descriptor spans all of them).
+      if constexpr (kSingle) {
 #pragma unroll
-      for (int k0 = 0; k0 < kPSteps; k0 += kPVChain) {
+        for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] *= correction[(i % 4) / 2];
+        fence_regs(acc_o);  // (the products before the fence)
+        wgmma_fence();
 #pragma unroll
-        for (int h = 0; h < kHeadDim / kPVN; ++h) {
-          float t_o[kPVN / 2];
-          wgmma_fence();
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          const uint32_t vb = (kk / 4) * (kHeadDim * 128) + (kk % 4) * 32;
+          WgmmaTf32<kHeadDim>::rs(acc_o, p_hi[kk], desc_k_major(sVhi(s) + vb), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(acc_o);
+      } else {
 #pragma unroll
-          for (int i = 0; i < kPVChain; ++i) {
-            const int kk = k0 + i;
-            const uint32_t vb = (kk / 4) * (kHeadDim * 128) + h * kPVN * 128 + (kk % 4) * 32;
-            const uint64_t b_hi = desc_k_major(sVhi(s) + vb), b_lo = desc_k_major(sVlo(s) + vb);
-            WgmmaTf32<kPVN>::rs(t_o, p_lo[kk], b_hi, i > 0 ? 1 : 0);
-            WgmmaTf32<kPVN>::rs(t_o, p_hi[kk], b_lo, 1);
-            WgmmaTf32<kPVN>::rs(t_o, p_hi[kk], b_hi, 1);
-          }
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(t_o);
+        for (int k0 = 0; k0 < kPSteps; k0 += kPVChain) {
 #pragma unroll
-          for (int i = 0; i < kPVN / 2; ++i) {
-            float& o = acc_o[h * (kPVN / 2) + i];
-            o = k0 == 0 ? fmaf(o, correction[(i % 4) / 2], t_o[i]) : o + t_o[i];
+          for (int h = 0; h < kHeadDim / kPVN; ++h) {
+            float t_o[kPVN / 2];
+            wgmma_fence();
+#pragma unroll
+            for (int i = 0; i < kPVChain; ++i) {
+              const int kk = k0 + i;
+              const uint32_t vb = (kk / 4) * (kHeadDim * 128) + h * kPVN * 128 + (kk % 4) * 32;
+              const uint64_t b_hi = desc_k_major(sVhi(s) + vb), b_lo = desc_k_major(sVlo(s) + vb);
+              WgmmaTf32<kPVN>::rs(t_o, p_lo[kk], b_hi, i > 0 ? 1 : 0);
+              WgmmaTf32<kPVN>::rs(t_o, p_hi[kk], b_lo, 1);
+              WgmmaTf32<kPVN>::rs(t_o, p_hi[kk], b_hi, 1);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(t_o);
+#pragma unroll
+            for (int i = 0; i < kPVN / 2; ++i) {
+              float& o = acc_o[h * (kPVN / 2) + i];
+              o = k0 == 0 ? fmaf(o, correction[(i % 4) / 2], t_o[i]) : o + t_o[i];
+            }
           }
         }
       }

@@ -1,5 +1,6 @@
 // Launcher of the Hopper float32 forward (wg_kernel.cuh) for one head dim; instantiated by the
-// units fwd_fp32wg_hdim<D>.cu (sm_90a, FLASHATTN2_EXPERIMENTAL=fp32wg builds).
+// units fwd_fp32wg_hdim<D>.cu (3xTF32) and fwd_fp32wg_tf32_hdim<D>.cu (kSingle: one tf32
+// product, FwdParams::fp32_tf32) (sm_90a, FLASHATTN2_EXPERIMENTAL=fp32wg builds).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -9,9 +10,9 @@
 
 namespace flashattn2 {
 
-template <int kHeadDim>
+template <int kHeadDim, bool kSingle>
 void run_fwd_fp32wg(const FwdParams& params, cudaStream_t stream) {
-  using Traits = Fp32WgTraits<kHeadDim>;
+  using Traits = Fp32WgTraits<kHeadDim, kSingle>;
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
                   params.batch);
   constexpr auto kernel = fwd_fp32wg_kernel<Traits>;

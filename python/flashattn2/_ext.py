@@ -102,8 +102,10 @@ last_fwd_arch = None
 # or "decode" (cpp/sm80/decode_kernel.cuh, whose generation is 80); None before any.
 last_fwd_kernel = None
 # _C.fwd's return code -> (last_fwd_arch, last_fwd_kernel); 81 is flash_api.h kFwdKernelDecode,
-# 91 kFwdKernelFp32Wg (the Hopper float32 forward, "fp32wg").
-FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode"), 91: (90, "fp32wg")}
+# 91 kFwdKernelFp32Wg (the Hopper float32 forward, "fp32wg", 3xTF32), 93 kFwdKernelFp32WgTf32
+# (its single-TF32 instance, "fp32wg_tf32": when fp32_tf32() holds, below).
+FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode"), 91: (90, "fp32wg"),
+               93: (90, "fp32wg_tf32")}
 # Builds with FLASHATTN2_EXPERIMENTAL=decode run forwards of at most 16 packed query rows
 # (decoding) on the decode kernel where it supports them (cpp/sm80/decode_config.h);
 # FLASHATTN2_DECODE_KERNEL=0 at import, or the decode_kernel(False) context manager, sends
@@ -141,6 +143,36 @@ FP32WG_BWD = _env_flag("FLASHATTN2_FP32WG_BWD", "1")
 # FLASHATTN2_FP32WG_BWD128=0 at import, or the fp32wg_bwd128(False) context manager (A/B
 # comparisons); FP32WG / force_sm80() turn it off as well.
 FP32WG_BWD128 = _env_flag("FLASHATTN2_FP32WG_BWD128", "1")
+# torch >= 2.9's TF32 setting (torch.backends.cuda.matmul's __getattr__ raises AttributeError
+# for a name it does not know, so hasattr reads nothing else).
+_HAS_FP32_PRECISION = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+# float32 attention runs 3xTF32 (x = hi + lo, three tf32 products per multiply: float32-accurate)
+# unless PyTorch's own setting lets float32 matmuls run in TF32 (fp32_tf32(), read at each
+# call as PyTorch reads it for its matmuls): then the Hopper float32 kernels above (FP32WG,
+# FP32WG_BWD, FP32WG_BWD128: kernel head dims 64 / 128, dense full / causal, sm_90) run one
+# tf32 product per multiply (inputs rounded to tf32, float32 accumulation), as cuBLAS runs
+# PyTorch's float32 matmuls under that setting: last_fwd_kernel "fp32wg_tf32", last_bwd_kernel
+# "fp32wg_tf32" / "fp32wg128_tf32" (issue 21). Every other float32 call stays 3xTF32 (the
+# mma.sync float32 kernels take no single-TF32 mode).
+def fp32_tf32():
+    """Whether PyTorch's current setting allows TF32 for float32 matmuls on CUDA:
+    ``torch.backends.cuda.matmul.fp32_precision == "tf32"`` (torch >= 2.9; its "none" defers
+    to ``torch.backends.fp32_precision``, and where that is "none" or absent, TF32 is off),
+    else ``torch.backends.cuda.matmul.allow_tf32``. ``torch.set_float32_matmul_precision``
+    ("high" / "medium" on, "highest" off) sets either. Reads only, no warning: the older
+    ``allow_tf32`` (deprecated from torch 2.9) is read only where ``fp32_precision`` does not
+    exist."""
+    matmul = torch.backends.cuda.matmul
+    if not _HAS_FP32_PRECISION:
+        return bool(matmul.allow_tf32)
+    precision = matmul.fp32_precision
+    if precision == "none":
+        precision = getattr(torch.backends, "fp32_precision", "none")
+    return precision == "tf32"
+
+
 # True (the default) lets the backward run the Hopper backward (cpp/sm90/bwd_kernel.cuh) on
 # sm_90 GPUs for what it supports (d 97-128, and 33-64 where built; dense or varlen, any
 # window, softcap / ALiBi, MHA / GQA, fp16 / bf16, deterministic mode, a bias without its
@@ -201,11 +233,14 @@ BWD_DQ_FIRST_STORE = _env_flag("FLASHATTN2_BWD_DQ_FIRST_STORE", "1")
 # The generation of the kernel the last backward launch ran: 90 or 80 (None before any).
 last_bwd_arch = None
 # Which backward kernel the last launch ran: "sm90", "sm80", "fp32wg" (the Hopper float32
-# backward, whose generation is 90) or "fp32wg128" (its d128 one); None before any.
+# backward, whose generation is 90), "fp32wg128" (its d128 one), or "fp32wg_tf32" /
+# "fp32wg128_tf32" (their single-TF32 instances: when fp32_tf32() holds); None before any.
 last_bwd_kernel = None
 # _C.bwd's return code -> (last_bwd_arch, last_bwd_kernel); 91 / 92 are flash_api.h
-# kBwdKernelFp32Wg / kBwdKernelFp32Wg128.
-BWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 91: (90, "fp32wg"), 92: (90, "fp32wg128")}
+# kBwdKernelFp32Wg / kBwdKernelFp32Wg128 (3xTF32), 93 / 94 kBwdKernelFp32WgTf32 /
+# kBwdKernelFp32Wg128Tf32 (single TF32).
+BWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 91: (90, "fp32wg"), 92: (90, "fp32wg128"),
+               93: (90, "fp32wg_tf32"), 94: (90, "fp32wg128_tf32")}
 # The dQ accumulator chains of deterministic backwards (BwdParams::dq_chains,
 # cpp/common/dq_order.cuh): None (the default) takes _C.bwd_dq_chains's choice; 1, 2 or 4
 # force that many, for A/B comparisons and tests (FLASHATTN2_DQ_CHAINS=1|2|4 at import, or

@@ -78,7 +78,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, out=N
 
 # _C.fwd's arguments after its 22 leading ones, in the binding's order (binding.cpp), with
 # their defaults. _launch_fwd passes them all by position: pybind11 matches a keyword by
-# name, one dictionary look-up per parameter, which for these 27 cost ~6 us a call
+# name, one dictionary look-up per parameter, which for 27 of them cost ~6 us a call
 # (scripts/host_profile.py --mock). tests/test_decode_kernel.py checks the order against the
 # binding's signature.
 _FWD_LAYOUT = dict(cu_seqlens_q=0, cu_seqlens_k=0, seqused_k=0, leftpad_k=0, kv_batch_idx=0,
@@ -89,7 +89,7 @@ _FWD_BIAS = dict(attn_bias=0, bias_strides=(), bias_dtype=-1)
 _FWD_OPTIONAL = (tuple(_FWD_LAYOUT) + ("num_splits", "o_accum", "lse_accum") + tuple(_FWD_VARLEN)
                  + tuple(_FWD_MODS) + ("q_pack", "allow_sm90", "tile_counter") + tuple(_FWD_BIAS)
                  + ("allow_decode", "kv_l2_prefetch", "kv_issue_early", "sm90_stage_o",
-                    "sm90_narrow_step", "sm90_fa3_order"))
+                    "sm90_narrow_step", "sm90_fa3_order", "fp32_tf32"))
 _FWD_KEYS = frozenset(_FWD_LAYOUT) | frozenset(_FWD_VARLEN)  # what **layout may hold
 _FWD_MOD_KEYS = frozenset(_FWD_MODS) | frozenset(_FWD_BIAS)  # what mods may hold
 
@@ -180,6 +180,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         _ext.DECODE_KERNEL, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY, _ext.SM90_STAGE_O,
         _ext.SM90_NARROW_STEP,
         _ext.SM90_FA3_ORDER,
+        fp32 and _ext.fp32_tf32(),
     )  # fmt: skip
     _ext.last_fwd_arch, _ext.last_fwd_kernel = _ext.FWD_KERNELS[code]
 
@@ -353,11 +354,13 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
 
 
 def _fp32wg_bwd_arg(dtype):
-    """The fp32wg_bwd / fp32wg_bwd128 arguments of ``_C.bwd`` (float32 only: _ext switches)."""
+    """The fp32wg_bwd / fp32wg_bwd128 / fp32_tf32 arguments of ``_C.bwd`` (float32 only: _ext
+    switches, and PyTorch's TF32 setting for float32 matmuls, ``_ext.fp32_tf32``)."""
     if dtype is not _FP32:
         return {}
     on = _ext.FP32WG and not _ext.FORCE_SM80
-    return {"fp32wg_bwd": _ext.FP32WG_BWD and on, "fp32wg_bwd128": _ext.FP32WG_BWD128 and on}
+    return {"fp32wg_bwd": _ext.FP32WG_BWD and on, "fp32wg_bwd128": _ext.FP32WG_BWD128 and on,
+            "fp32_tf32": _ext.fp32_tf32()}
 
 
 def _allow_sm90_bwd(headdim):

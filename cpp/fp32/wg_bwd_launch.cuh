@@ -1,0 +1,42 @@
+// Launchers of the Hopper float32 backwards: preprocess and dQ convert of bwd_prepost.cu around
+// wg_bwd_kernel.cuh's main kernel (kernel head dim 64) or wg_bwd128_kernel.cuh's (128);
+// instantiated by the units bwd_fp32wg_hdim<D>.cu (3xTF32) and bwd_fp32wg_tf32_hdim<D>.cu
+// (kSingle: one tf32 product, BwdParams::fp32_tf32) (sm_90a, FLASHATTN2_EXPERIMENTAL=fp32wg
+// builds).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "common/launch.h"
+#include "fp32/launch.h"
+#include "fp32/wg_bwd128_kernel.cuh"
+#include "fp32/wg_bwd_kernel.cuh"
+
+namespace flashattn2 {
+
+template <int kHeadDim, bool kSingle>
+void run_bwd_fp32wg(const BwdParams& params, cudaStream_t stream) {
+  using Traits = Fp32WgBwdTraits<kHeadDim, kSingle>;
+  run_bwd_fp32_preprocess(params, stream);
+  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
+                  params.batch);
+  constexpr auto kernel = bwd_fp32wg_kernel<Traits>;
+  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_fp32wg_kernel, smem)");
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
+  check_cuda(cudaGetLastError(), "bwd_fp32wg_kernel launch");
+  run_bwd_fp32_convert(params, stream);
+}
+
+template <int kHeadDim, bool kSingle>
+void run_bwd_fp32wg128(const BwdParams& params, cudaStream_t stream) {
+  using Traits = Fp32WgBwd128Traits<kHeadDim, kSingle>;
+  run_bwd_fp32_preprocess(params, stream);
+  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
+                  params.batch);
+  constexpr auto kernel = bwd_fp32wg128_kernel<Traits>;
+  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_fp32wg128_kernel, smem)");
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
+  check_cuda(cudaGetLastError(), "bwd_fp32wg128_kernel launch");
+  run_bwd_fp32_convert(params, stream);
+}
+
+}  // namespace flashattn2
