@@ -48,6 +48,16 @@ cell empty with a note. The summary gives flashattn2 / sdpa_efficient (target >=
     python benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096,8192 --dtypes bf16 \
         --modes bwd --impls flashattn2,sdpa_efficient,sdpa_cudnn --bias --bias-grad
 
+float32 rows (`--dtypes fp32`) run under PyTorch's TF32 setting for float32 matmuls as the
+process has it, unless `--fp32-precision ieee|tf32` sets torch.backends.cuda.matmul.fp32_precision
+(allow_tf32 on torch < 2.9) for the whole run, before anything is timed: flashattn2's float32
+kernels follow it (tf32: one TF32 product per multiply on the Hopper float32 kernels; ieee:
+3xTF32), and so do torch_eager and SDPA's math backend (cuBLAS); the meta records the
+effective setting (fp32_tf32).
+
+    python benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096 --dtypes fp32 \
+        --modes fwd,bwd --impls flashattn2,sdpa_math,sdpa_efficient --fp32-precision tf32
+
 Writes results.json ({"meta": ..., "rows": [...]}), results.csv and results.png to --out.
 """
 import argparse
@@ -130,6 +140,11 @@ def parse_args(argv=None):
                    help="flashattn2 variants with softcap=X, one per X, e.g. 30")
     p.add_argument("--alibi", action="store_true",
                    help="a flashattn2 variant with ALiBi (standard slopes 2^(-8 i / h))")
+    p.add_argument("--fp32-precision", choices=["ieee", "tf32"],
+                   help="set torch.backends.cuda.matmul.fp32_precision (allow_tf32 on torch "
+                        "< 2.9) for the whole run, before anything is timed, so that float32 "
+                        "rows of flashattn2 and of SDPA / eager run under the same setting "
+                        "(default: leave PyTorch's setting as it is)")
     p.add_argument("--plot-only", metavar="RESULTS_JSON",
                    help="re-render table, summary and plot from a saved results.json")
     a = p.parse_args(argv)
@@ -375,7 +390,8 @@ def plot_only(args):
         data = json.load(f)
     rows, meta = best_rows(data["rows"]), data.get("meta", {})
     print(f"{meta.get('gpu', '?')}  torch {meta.get('torch', '?')}  "
-          f"flashattn2 {meta.get('flashattn2', '?')}  {meta.get('date', '')}")
+          f"flashattn2 {meta.get('flashattn2', '?')}  {meta.get('date', '')}"
+          + (f"  fp32_tf32 {meta['fp32_tf32']}" if "fp32_tf32" in meta else ""))
     print_table(rows)
     if args.summary:
         print_summary(rows)
@@ -526,6 +542,31 @@ def measure(impl, mode, q, k, v, dout, causal, timer, variant="plain", bias=None
         return timer(step)
 
 
+def set_fp32_precision(precision):
+    """PyTorch's float32 matmul precision for the rest of the process: "tf32" or "ieee" in
+    torch.backends.cuda.matmul.fp32_precision (torch >= 2.9; allow_tf32 before), or None:
+    left as it is. flashattn2's float32 kernels read the same setting at each call
+    (flashattn2._ext.fp32_tf32)."""
+    if precision is None:
+        return
+    import torch
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = precision
+    else:
+        matmul.allow_tf32 = precision == "tf32"
+
+
+def fp32_tf32():
+    """Whether float32 matmuls may run in TF32 now, read back as flashattn2 reads it
+    (flashattn2._ext.fp32_tf32); None where flashattn2 does not import."""
+    try:
+        from flashattn2._ext import fp32_tf32 as read
+    except ImportError:
+        return None
+    return read()
+
+
 def build_meta(args, gpu, timer_name):
     import torch
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -533,6 +574,7 @@ def build_meta(args, gpu, timer_name):
             "python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
             "timer": timer_name, "warmup_ms": args.warmup, "rep_ms": args.rep,
+            "fp32_precision": getattr(args, "fp32_precision", None), "fp32_tf32": fp32_tf32(),
             "flashattn2": None, "flashattn2_build": None}
     try:
         import flashattn2
@@ -548,6 +590,7 @@ def run_sweep(args):
     if not torch.cuda.is_available():
         sys.exit("bench.py: no CUDA device (use --plot-only to render saved results)")
     gpu = torch.cuda.get_device_name()
+    set_fp32_precision(args.fp32_precision)  # (before any timing, for every impl)
     timer, timer_name = make_timer(args.warmup, args.rep, args.timer)
     meta = build_meta(args, gpu, timer_name)
     impls = list(args.impls)
@@ -571,7 +614,9 @@ def run_sweep(args):
     except ImportError:
         bar = None
     print(f"{gpu} | torch {meta['torch']} cuda {meta['cuda']} | flashattn2 "
-          f"{meta['flashattn2']} | {timer_name}, warmup {args.warmup} ms rep {args.rep} ms")
+          f"{meta['flashattn2']} | {timer_name}, warmup {args.warmup} ms rep {args.rep} ms"
+          + (f" | float32 matmuls {'TF32' if meta['fp32_tf32'] else 'full precision'}"
+             if "fp32" in args.dtypes else ""))
     print(table_header(impls))
     rows, skipped, done = [], set(), 0
     torch.manual_seed(0)

@@ -34,6 +34,31 @@ def test_timer_option_picks_the_timer():
         bench.parse_args(["--timer", "nope"])
 
 
+def test_fp32_precision_flag_sets_torchs_setting_and_the_meta_records_it():
+    """--fp32-precision ieee|tf32 (default: torch's setting left alone) sets float32 matmuls'
+    precision for the whole run; the meta records the flag and the effective setting."""
+    assert bench.parse_args([]).fp32_precision is None
+    assert bench.parse_args(["--fp32-precision", "tf32"]).fp32_precision == "tf32"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--fp32-precision", "high"])
+    matmul = torch.backends.cuda.matmul
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    saved = getattr(matmul, name)
+    try:
+        bench.set_fp32_precision("tf32")
+        assert bench.fp32_tf32() is True
+        bench.set_fp32_precision(None)  # (left alone)
+        assert bench.fp32_tf32() is True
+        meta = bench.build_meta(bench.parse_args(["--fp32-precision", "tf32"]), "cpu", "timer")
+        assert (meta["fp32_precision"], meta["fp32_tf32"]) == ("tf32", True)
+        bench.set_fp32_precision("ieee")
+        assert bench.fp32_tf32() is False
+        meta = bench.build_meta(bench.parse_args([]), "cpu", "timer")
+        assert (meta["fp32_precision"], meta["fp32_tf32"]) == (None, False)
+    finally:
+        setattr(matmul, name, saved)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2)])
 def test_eager_and_sdpa_rows_compute_attention(causal, heads):
