@@ -39,8 +39,8 @@
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers, strides multiples of 4
 //          elements (host API); ragged tails zero-filled and masked; window_left < 0.
 //   kSingle  (FwdParams::fp32_tf32: PyTorch allows TF32 for float32 matmuls) one tf32 product
-//          per multiply, as cuBLAS's TF32 GEMMs: no lo parts (none stored, the lo buffers
-//          unused), S one wgmma chain over d into acc_s, O rescaled in its registers and P V
+//          per multiply, as cuBLAS's TF32 GEMMs: no lo parts (none stored, no lo buffers:
+//          wg_config.h), S one wgmma chain over d into acc_s, O rescaled in its registers and P V
 //          one chain over the tile's keys into it (no fresh accumulators: their second level
 //          is 3xTF32's error model).
 #pragma once
