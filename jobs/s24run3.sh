@@ -2,7 +2,7 @@
 # Twenty-fourth session, run 3 (prepared; its one device call ran out of budget, no result):
 # the d128 single-TF32 backward at 32 queries a step (the lo
 # tiles' shared memory freed; K^T hi in shared memory): `git apply jobs/s25_fp32_tf32_bwd128_m32.patch`
-# on 7630deb first. Pass WAIT below the call's limit (budget_left_s), or nothing comes back.
+# on 480ee63 first. Pass WAIT below the call's limit (budget_left_s), or nothing comes back.
 #   - build (default), smoke (test_fp32_tf32, test_fp32wg_bwd128; stop on a failure);
 #   - bench.py float32 d128 bwd, full and causal, 1k-8k, --fp32-precision tf32, flashattn2
 #     against SDPA-math and -efficient, two rounds;
