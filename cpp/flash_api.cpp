@@ -233,7 +233,7 @@ bool fp32wg_supports(const FwdParams& p, int kd, int device, bool allow) {
   return FLASHATTN2_FP32WG && allow && fp32wg_head_dim(kd) && !p.cu_seqlens_q &&
          !p.cu_seqlens_k && p.window_left < 0 && p.softcap <= 0.f && !p.alibi_slopes &&
          compute_capability(device) == 90 &&
-         fp32wg_smem_bytes(kd) <= max_smem_per_block(device);
+         fp32wg_smem_bytes(kd, p.fp32_tf32) <= max_smem_per_block(device);
 }
 #endif
 

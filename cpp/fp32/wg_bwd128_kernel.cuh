@@ -37,7 +37,11 @@
 //          multiples of 4 elements; dense, full or a right window (causal); GQA. The host sends
 //          varlen, left windows, softcap, ALiBi and deterministic runs to bwd_kernel.cuh.
 //   kSingle  (BwdParams::fp32_tf32) one tf32 product per multiply, as wg_bwd_kernel.cuh's: no
-//          K lo / V lo / K^T lo, no lo tiles per step, dQ^T one chain over the 64 keys.
+//          K lo / V lo / K^T lo, no lo tiles per step, so 32 queries a step (wgmma N 32) in
+//          113 KiB; dQ^T one chain over the 64 keys with K^T hi from shared memory (SS: 32
+//          registers fewer, and no register A that lives across the loop other than K hi / V
+//          hi); producer 72 / consumers 216 registers (40 / 232 spilled 136 bytes, 56 / 224 12:
+//          the producer's 8 float4 of Q or dO a thread at 32 rows).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -62,19 +66,21 @@ struct Fp32WgBwd128Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSingle = kSingle_;  // one tf32 product (the file comment)
   static constexpr int kBlockN = kFp32WgBwd128BlockN;  // keys per CTA
-  static constexpr int kBlockM = kFp32WgBwd128BlockM;  // queries per step
+  static constexpr int kBlockM = fp32wg_bwd128_block_m(kSingle_);  // queries per step
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kDkvN = 64;  // columns of dK / dV per wgmma (a fresh accumulator of 32)
-  static constexpr int kSmemBytes = fp32wg_bwd128_smem_bytes(kHeadDim);
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kSmemBytes = fp32wg_bwd128_smem_bytes(kHeadDim, kSingle_);
+  static constexpr int kProducerRegs = kSingle_ ? 72 : 40;
+  static constexpr int kConsumerRegs = kSingle_ ? 216 : 232;
   static constexpr int kKBytes = kBlockN * kHeadDim * 4;  // K lo, V lo, K^T lo
   static constexpr int kQBytes = kBlockM * kHeadDim * 4;  // Q / dO hi, lo (natural)
   static constexpr int kQTBytes = 32 * kHeadDim * 4;      // Q^T / dO^T hi, lo (padded rows)
   static constexpr int kSBytes = kBlockM * kBlockN * 4;   // P^T, dS hi, dS lo
-  static_assert(kHeadDim == 128 && kBlockN == 64 && kBlockM == 16, "the d128 cut");
-  static_assert(3 * kKBytes + 4 * kQBytes + 4 * kQTBytes + 3 * kSBytes + 8 * kBlockM + 32 +
+  static constexpr int kLo = kSingle_ ? 0 : 1;             // lo tiles (kSingle: none)
+  static_assert(kHeadDim == 128 && kBlockN == 64 && kBlockM == (kSingle_ ? 32 : 16), "the cut");
+  static_assert((1 + 2 * kLo) * kKBytes + 2 * (1 + kLo) * kQBytes + 2 * (1 + kLo) * kQTBytes +
+                        (2 + kLo) * kSBytes + 8 * kBlockM + 32 +
                         1024 <= kSmemBytes,
                 "smem budget");
   static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
@@ -99,13 +105,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t sKlo = smem, sVlo = sKlo + Traits::kKBytes, sKTlo = sVlo + Traits::kKBytes;
+  // (kSingle: the lo tiles take no room; their addresses, never accessed, alias the next tile)
+  constexpr int kLo = Traits::kLo;
+  // (sKTlo: K^T hi in kSingle)
+  const uint32_t sKlo = smem, sVlo = sKlo + kLo * Traits::kKBytes;
+  const uint32_t sKTlo = sVlo + kLo * Traits::kKBytes;
   const uint32_t sQhi = sKTlo + Traits::kKBytes, sQlo = sQhi + Traits::kQBytes;
-  const uint32_t sdOhi = sQlo + Traits::kQBytes, sdOlo = sdOhi + Traits::kQBytes;
-  const uint32_t sQThi = sdOlo + Traits::kQBytes, sQTlo = sQThi + Traits::kQTBytes;
-  const uint32_t sdOThi = sQTlo + Traits::kQTBytes, sdOTlo = sdOThi + Traits::kQTBytes;
-  const uint32_t sdShi = sdOTlo + Traits::kQTBytes, sdSlo = sdShi + Traits::kSBytes;
-  const uint32_t sPT = sdSlo + Traits::kSBytes;
+  const uint32_t sdOhi = sQlo + kLo * Traits::kQBytes, sdOlo = sdOhi + Traits::kQBytes;
+  const uint32_t sQThi = sdOlo + kLo * Traits::kQBytes, sQTlo = sQThi + Traits::kQTBytes;
+  const uint32_t sdOThi = sQTlo + kLo * Traits::kQTBytes, sdOTlo = sdOThi + Traits::kQTBytes;
+  const uint32_t sdShi = sdOTlo + kLo * Traits::kQTBytes, sdSlo = sdShi + Traits::kSBytes;
+  const uint32_t sPT = sdSlo + kLo * Traits::kSBytes;
   const uint32_t sLse = sPT + Traits::kSBytes, sDsum = sLse + 4 * kBlockM;
   const uint32_t bars = sDsum + 4 * kBlockM;
   const uint32_t bar_full_nat = bars, bar_full_tr = bars + 8;
@@ -122,7 +132,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
   if (tid == 0) fp32wg::bwd_init_bars(bars, Traits::kConsumers);
   // K lo and K^T lo (threads 0-127), V lo (128-255): a thread per key row and half of d, its
   // float4s split; the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks.
-  if (!kSingle && tid < 256) {
+  // (kSingle: K^T hi only, threads 0-127)
+  if (tid < (kSingle ? 128 : 256)) {
     const bool is_k = tid < 128;
     const int key = tid % kBlockN, c0 = (tid % 128) / kBlockN * (kHeadDim / 2);
     const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
@@ -139,12 +150,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       for (int u = 0; u < kDepth; ++u) {
         const int c = c0 + 4 * (b + u);
         const fp32wg::Split4 sp = fp32wg::split4(x[u]);
-        st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
-                     sp.lo.w);
+        if constexpr (!kSingle) {
+          st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
+                       sp.lo.w);
+        }
         if (is_k) {
-          const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
+          const float4 t = kSingle ? sp.hi : sp.lo;
+          const float w[4] = {t.x, t.y, t.z, t.w};
 #pragma unroll
-          for (int e = 0; e < 4; ++e) st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
+          for (int e = 0; e < 4; ++e) st_shared(sKTlo + swz<kHeadDim>(c + e, key), w[e]);
         }
       }
     }
@@ -200,7 +214,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
           x_hi[kk][i] = tf32::split(in ? __ldg(gX + int64_t(key) * x_stride + col) : 0.f).hi;
         }
 #pragma unroll
-      for (int kk = 0; kk < kNSteps; ++kk)
+      for (int kk = 0; kk < (kSingle ? 0 : kNSteps); ++kk)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int d = lane_d0 + 8 * (i & 1), key = 8 * kk + lane % 4 + 4 * (i >> 1);
@@ -315,35 +329,48 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
 
       // dQ^T rows [64 consumer, + 64) of d = K^T dS^T over the 64 keys: two 32-key
       // chains of 4 k8 steps x 3 products (K^T lo from smem, K^T hi from registers) into fresh
-      // accumulators, summed with FADD.
+      // accumulators, summed with FADD (kSingle: one chain of hi products).
       if (consumer == 0) {
         named_sync(kBarDsFull, 256);
       } else {
         named_sync(kBarDsOwn, 128);
       }
-      // (one chain in flight: 8 registers fewer at this phase's peak)
-      float q_sum[kS], t_q[kS];
-#pragma unroll
-      for (int ch = 0; ch < 2; ++ch) {
+      float q_sum[kS];
+      if constexpr (kSingle) {
+        // (kSingle: one chain of the 8 k8 steps' hi products into q_sum, K^T hi from shared
+        // memory)
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint32_t ka = ch * (kHeadDim * 128) + consumer * (64 * 128) + kk * 32;
-          const uint32_t sb = ch * (kBlockM * 128) + kk * 32;
-          const uint64_t b_hi = kdesc(at(sdShi) + sb);
-          if constexpr (kSingle) {
-            WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], b_hi, kk > 0 ? 1 : 0);
-            continue;
-          }
-          WgmmaTf32<kBlockM>::ss(t_q, kdesc(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
-          WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], kdesc(at(sdSlo) + sb), 1);
-          WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], b_hi, 1);
+        for (int kk = 0; kk < kNSteps; ++kk) {
+          const uint32_t ka = (kk / 4) * (kHeadDim * 128) + consumer * (64 * 128) + (kk % 4) * 32;
+          const uint32_t sb = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+          WgmmaTf32<kBlockM>::ss(q_sum, kdesc(at(sKTlo) + ka), kdesc(at(sdShi) + sb),
+                                 kk > 0 ? 1 : 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
-        fence_regs(t_q);
+        fence_regs(q_sum);
+      } else {
+        // (one chain in flight: 8 registers fewer at this phase's peak)
+        float t_q[kS];
 #pragma unroll
-        for (int i = 0; i < kS; ++i) q_sum[i] = ch == 0 ? t_q[i] : q_sum[i] + t_q[i];
+        for (int ch = 0; ch < 2; ++ch) {
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            const uint32_t ka = ch * (kHeadDim * 128) + consumer * (64 * 128) + kk * 32;
+            const uint32_t sb = ch * (kBlockM * 128) + kk * 32;
+            const uint64_t b_hi = kdesc(at(sdShi) + sb);
+            WgmmaTf32<kBlockM>::ss(t_q, kdesc(at(sKTlo) + ka), b_hi, kk > 0 ? 1 : 0);
+            WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], kdesc(at(sdSlo) + sb), 1);
+            WgmmaTf32<kBlockM>::rs(t_q, kt_hi[4 * ch + kk], b_hi, 1);
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(t_q);
+#pragma unroll
+          for (int i = 0; i < kS; ++i) q_sum[i] = ch == 0 ? t_q[i] : q_sum[i] + t_q[i];
+        }
       }
       if (consumer == 0 && t + 1 < n_steps) named_arrive(kBarDsEmpty, 256);
       fp32wg::red_dq<kS>(p, batch, head, m0, q, lane_d, seqlen_q,

@@ -22,14 +22,18 @@ constexpr int fp32wg_bwd_smem_bytes(int kd) {
 // d128 (cpp/fp32/wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128; design count:
 // scripts/fp32wg_bwd128_count.py, /work/helpers/fp32bwd128.md): 64 keys per CTA, two consumer
 // warpgroups split the roles (0: S^T, dV; 1: dP^T, dK; dQ^T by rows of d), 16 queries a step.
+// single (the single-TF32 instance, BwdParams::fp32_tf32): no lo tiles, so 32 queries a step.
 constexpr int kFp32WgBwd128BlockN = 64;
-constexpr int kFp32WgBwd128BlockM = 16;
+constexpr int fp32wg_bwd128_block_m(bool single) { return single ? 32 : 16; }
 // K lo, V lo [N x d], K^T lo [d x N]; Q hi, lo, dO hi, lo [M x d]; Q^T, dO^T hi, lo [d x M]
 // (rows of 16 queries padded to the 128-byte swizzle's 32 columns); P^T exchange [N x M]; dS
-// hi, lo [M x N]; lse, dsum [M]; + 1024 to align + 4 mbarriers: 205.2 KiB at d128.
-constexpr int fp32wg_bwd128_smem_bytes(int kd) {
-  return 4 * (3 * kFp32WgBwd128BlockN * kd + 4 * kFp32WgBwd128BlockM * kd + 4 * 32 * kd +
-              3 * kFp32WgBwd128BlockM * kFp32WgBwd128BlockN + 2 * kFp32WgBwd128BlockM) +
+// hi, lo [M x N]; lse, dsum [M]; + 1024 to align + 4 mbarriers: 205.2 KiB at d128; single:
+// K^T hi (in shared memory: dQ^T's A by SS, no register A that lives across the loop, see
+// wg_config.h) and the hi tiles, P^T and lse / dsum at 32 queries, 113.3 KiB.
+constexpr int fp32wg_bwd128_smem_bytes(int kd, bool single = false) {
+  const int m = fp32wg_bwd128_block_m(single), lo = single ? 0 : 1;
+  return 4 * ((1 + 2 * lo) * kFp32WgBwd128BlockN * kd + 2 * (1 + lo) * m * kd + 2 * (1 + lo) * 32 * kd +
+              (2 + lo) * m * kFp32WgBwd128BlockN + 2 * m) +
          1024 + 32;
 }
 

@@ -13,30 +13,28 @@
 
 namespace flashattn2 {
 
-template <int kHeadDim, bool kSingle>
-void run_bwd_fp32wg(const BwdParams& params, cudaStream_t stream) {
-  using Traits = Fp32WgBwdTraits<kHeadDim, kSingle>;
+// Preprocess, kKernel over (key blocks of Traits::kBlockN, nheads_k, batch), dQ convert.
+template <typename Traits, auto kKernel>
+void run_bwd_fp32wg_main(const BwdParams& params, cudaStream_t stream) {
   run_bwd_fp32_preprocess(params, stream);
   const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
                   params.batch);
-  constexpr auto kernel = bwd_fp32wg_kernel<Traits>;
-  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_fp32wg_kernel, smem)");
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
-  check_cuda(cudaGetLastError(), "bwd_fp32wg_kernel launch");
+  raise_smem_limit<kKernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fp32wg backward, smem)");
+  kKernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
+  check_cuda(cudaGetLastError(), "fp32wg backward launch");
   run_bwd_fp32_convert(params, stream);
+}
+
+template <int kHeadDim, bool kSingle>
+void run_bwd_fp32wg(const BwdParams& params, cudaStream_t stream) {
+  using Traits = Fp32WgBwdTraits<kHeadDim, kSingle>;
+  run_bwd_fp32wg_main<Traits, bwd_fp32wg_kernel<Traits>>(params, stream);
 }
 
 template <int kHeadDim, bool kSingle>
 void run_bwd_fp32wg128(const BwdParams& params, cudaStream_t stream) {
   using Traits = Fp32WgBwd128Traits<kHeadDim, kSingle>;
-  run_bwd_fp32_preprocess(params, stream);
-  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
-                  params.batch);
-  constexpr auto kernel = bwd_fp32wg128_kernel<Traits>;
-  raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(bwd_fp32wg128_kernel, smem)");
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
-  check_cuda(cudaGetLastError(), "bwd_fp32wg128_kernel launch");
-  run_bwd_fp32_convert(params, stream);
+  run_bwd_fp32wg_main<Traits, bwd_fp32wg128_kernel<Traits>>(params, stream);
 }
 
 }  // namespace flashattn2
