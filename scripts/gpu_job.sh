@@ -273,13 +273,17 @@ if want power && [ -n "${POWER_ARGS+x}" ]; then
     # shellcheck disable=SC2086
     python3 benchmarks/bench_power.py --out "$O/power" $POWER_ARGS 2> /dev/null | tail -n 30
 fi
-# xncu: ncu.sh per spec of XNCU ("PASS:IMPL:HEAD_DIM:SEQLEN:CAUSAL:BATCH", e.g.
-# "decode:cudnn:128:8192:0:16" or "fwd:ours:128:512:0:32"): sections, then source counters.
+# xncu: ncu.sh per spec of XNCU ("PASS:IMPL:HEAD_DIM:SEQLEN:CAUSAL:BATCH[:DTYPE[:PRECISION]]",
+# e.g. "decode:cudnn:128:8192:0:16", "fwd:ours:128:512:0:32" or "bwd:ours:128:4096:0:4:fp32:tf32"):
+# sections, then source counters.
 if want xncu && [ -n "${XNCU:-}" ]; then
     for spec in $XNCU; do
-        IFS=: read -r xp xi xd xs xc xb <<< "$spec"
+        IFS=: read -r xp xi xd xs xc xb xt xf <<< "$spec"
+        xt=${xt:-bf16} xf=${xf:-ieee}
         tag="${xp}_${xi}_d${xd}_s${xs}_c${xc}_b${xb}"
+        [ "$xt" = bf16 ] || tag="${tag}_${xt}_$xf"
         stamp "xncu $tag"
+        export DTYPE=$xt FP32_PRECISION=$xf
         PASS=$xp IMPL=$xi HEAD_DIM=$xd SEQLEN=$xs CAUSAL=$xc BATCH=$xb timeout 300 \
             bash scripts/ncu.sh > "$O/xncu_$tag.txt" 2>&1
         grep -E "Duration|Throughput|Issue Slots Busy|Registers Per|Grid Size|Block Size|Shared Memory Config|Dynamic Shared|Achieved Occupancy|stalled|pipe_tensor" \

@@ -4,6 +4,8 @@
 #   PASS=bwd ...   (the backward main kernel)
 #   PASS=decode BATCH=16 SEQLEN=8192 ...  (flash_attn_with_kvcache, sq 1, 32 / 8 heads, the
 #                  decode kernel; SPLITS=n forces a split count, 0 = the heuristic)
+#   DTYPE=fp32 ... (float32 inputs: the Hopper float32 kernels, fwd_fp32wg / bwd_fp32wg*;
+#                  FP32_PRECISION=tf32 their single-TF32 instances, default ieee: 3xTF32)
 #   IMPL=sdpa ...  (the same problem through SDPA's flash backend: FA2's kernel)
 #   IMPL=cudnn ... (PASS=fwd or decode: the same problem through SDPA's cuDNN backend; decode
 #                  with enable_gqa)
@@ -20,6 +22,9 @@
 set -euo pipefail
 PASS=${PASS:-fwd} HEAD_DIM=${HEAD_DIM:-128} SEQLEN=${SEQLEN:-4096} CAUSAL=${CAUSAL:-0}
 IMPL=${IMPL:-ours} SOURCE=${SOURCE:-} BATCH=${BATCH:-16} SPLITS=${SPLITS:-0} TOTALS=${TOTALS:-0}
+DTYPE=${DTYPE:-bf16} FP32_PRECISION=${FP32_PRECISION:-ieee}
+case "$DTYPE" in bf16) tdtype=bfloat16 ;; fp32) tdtype=float32 ;;
+    *) echo "ncu.sh: DTYPE bf16 or fp32" >&2; exit 2 ;; esac
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 script=$(mktemp --suffix=.py)
 cat > "$script" <<PY
@@ -28,7 +33,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 d, s, bwd = $HEAD_DIM, $SEQLEN, "$PASS" == "bwd"
 b, h = 16384 // s, 2048 // d
-q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=bwd)
+dtype = torch.$tdtype
+if dtype == torch.float32:  # (as bench.py --fp32-precision: ours and SDPA alike)
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "$FP32_PRECISION"
+    except (AttributeError, TypeError):
+        torch.backends.cuda.matmul.allow_tf32 = "$FP32_PRECISION" == "tf32"
+q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, requires_grad=bwd)
            for _ in range(3))
 if "$PASS" == "decode":
     b = $BATCH
@@ -94,6 +105,7 @@ metrics=$(echo "$stalls" | tr ',' '\n' | sed 's/^/smsp__average_warp_latency_iss
 # (and the tensor pipe's busy share: HGMMA counts there too)
 metrics=$metrics,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
 kernel="^${PASS}_kernel"
+[ "$DTYPE" = fp32 ] && kernel="^${PASS}_fp32wg"
 [ "$IMPL" = sdpa ] && kernel="flash_${PASS}(_dq_dk_dv|_kernel)"
 if [ "$IMPL" = cudnn ]; then
     [ "$PASS" = bwd ] && { echo "ncu.sh: IMPL=cudnn profiles the forward and decode only" >&2; exit 2; }
