@@ -27,6 +27,13 @@
 //   kBarDsOwn   warpgroup 1's 128 threads: its own sdS stores, before its dQ^T wgmma.
 //
 // Producer: Q, dO natural (hi / lo) from global; Q^T, dO^T from a read-back of its own stores.
+// kSingle stages them (fp32wg::bwd_stage_natural): each thread's chunks of the next step's Q,
+// dO, lse and dsum by cp.async into sRaw (32.3 KiB), issued once it has read this step's, so
+// that their global latency runs under the transposes and the consumers' step, not between
+// empty_nat and full_nat (ncu, twenty-fifth session: the consumers' wait for full_nat and the
+// producer's for its loads were 14 / 15 % of the stall samples). Measured (run 4): single +6-14
+// %; 3xTF32 full +1-8 % but causal -1 to -3 %, so the 3xTF32 instance loads as before.
+
 // (Measured and dropped, eleventh session: Q^T / dO^T from a second, L2, load of Q / dO, 32 KiB
 // a step less shared-memory traffic: 0.89-0.99x, the producer's L2 latency on the path.)
 //
@@ -38,10 +45,10 @@
 //          varlen, left windows, softcap, ALiBi and deterministic runs to bwd_kernel.cuh.
 //   kSingle  (BwdParams::fp32_tf32) one tf32 product per multiply, as wg_bwd_kernel.cuh's: no
 //          K lo / V lo / K^T lo, no lo tiles per step, so 32 queries a step (wgmma N 32) in
-//          113 KiB; dQ^T one chain over the 64 keys with K^T hi from shared memory (SS: 32
-//          registers fewer, and no register A that lives across the loop other than K hi / V
-//          hi); producer 72 / consumers 216 registers (40 / 232 spilled 136 bytes, 56 / 224 12:
-//          the producer's 8 float4 of Q or dO a thread at 32 rows).
+//          113 KiB (+ the staging); dQ^T one chain over the 64 keys with K^T hi from shared
+//          memory (SS: 32 registers fewer, and no register A that lives across the loop other
+//          than K hi / V hi); producer 72 / consumers 216 registers (40 / 232 spilled 136
+//          bytes, 56 / 224 12: the producer's 8 float4 of Q or dO a thread at 32 rows).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -79,8 +86,11 @@ struct Fp32WgBwd128Traits {
   static constexpr int kSBytes = kBlockM * kBlockN * 4;   // P^T, dS hi, dS lo
   static constexpr int kLo = kSingle_ ? 0 : 1;             // lo tiles (kSingle: none)
   static_assert(kHeadDim == 128 && kBlockN == 64 && kBlockM == (kSingle_ ? 32 : 16), "the cut");
+  // The producer's staging (fp32wg::bwd_stage_natural): kSingle only (the file comment)
+  static constexpr bool kStaged = kSingle_;
+  static constexpr int kRawBytes = kStaged ? fp32wg::bwd_raw_bytes<kBlockM, kHeadDim>() : 0;
   static_assert((1 + 2 * kLo) * kKBytes + 2 * (1 + kLo) * kQBytes + 2 * (1 + kLo) * kQTBytes +
-                        (2 + kLo) * kSBytes + 8 * kBlockM + 32 +
+                        (2 + kLo) * kSBytes + 8 * kBlockM + 32 + kRawBytes +
                         1024 <= kSmemBytes,
                 "smem budget");
   static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
@@ -120,6 +130,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
   const uint32_t bars = sDsum + 4 * kBlockM;
   const uint32_t bar_full_nat = bars, bar_full_tr = bars + 8;
   const uint32_t bar_empty_nat = bars + 16, bar_empty_tr = bars + 24;
+  const uint32_t sRaw = bars + 32;  // the producer's staging (bwd_stage_natural)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN>(p);
@@ -172,6 +183,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
     regs_decrease<Traits::kProducerRegs>();
     const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
     const int q_pos0 = fp32wg::key_pos(q_row0);
+    // Step t's Q, dO, lse, dsum staged by cp.async during step t - 1 (step 0's here).
+    auto stage = [&](int t, int q_row, int q_col, uint32_t raw) {
+      const int head = head_k * group + t / n_m;
+      const int m0 = (m_block_min + t % n_m) * kBlockM;
+      fp32wg::bwd_stage_natural<kBlockM, kHeadDim>(p, tid, batch, head, m0, seqlen_q - m0, q_row,
+                                                   q_col, raw);
+    };
+    if (Traits::kStaged && n_steps > 0) stage(0, q_row0, q_col0, sRaw);
     for (int t = 0; t < n_steps; ++t) {
       uint32_t base = smem;
       int q_row = q_row0, q_col = q_col0, q_pos = q_pos0;
@@ -179,9 +198,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
       auto at = [&](uint32_t addr) { return base + (addr - smem); };
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
-      fp32wg::bwd_store_natural<kBlockM, kHeadDim, kSingle>(
+      fp32wg::bwd_store_natural<kBlockM, kHeadDim, kSingle, Traits::kStaged>(
           p, tid, batch, head, m0, seqlen_q - m0, t, q_row, q_col, at(sQhi), at(sQlo), at(sdOhi),
-          at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat);
+          at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat, at(sRaw));
+      // (this thread's staged chunks are read: the next step's copies land under the
+      // transposes and the consumers' step)
+      if (Traits::kStaged && t + 1 < n_steps) stage(t + 1, q_row, q_col, at(sRaw));
       // Transposed tiles, from this thread's own natural stores.
       fp32wg::bwd_transpose_natural<kBlockM, kHeadDim, kSingle>(
           t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},

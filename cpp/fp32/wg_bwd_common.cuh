@@ -31,6 +31,11 @@ __device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
                : "memory");
   return v;
 }
+__device__ __forceinline__ float ld_shared_float(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
 
 // The CTA's coordinates: keys [n0, n0 + kBlockN) of K / V head head_k (gK, gV: their first
 // rows), batch; the query tiles [m_block_min, + n_m) that see one of its keys (bottom-right
@@ -76,50 +81,116 @@ __device__ __forceinline__ void bwd_init_bars(uint32_t bars, int consumers) {
   sm90::mbar_fence_init();
 }
 
+// The producer's staging of a step's raw rows (kStaged, bwd_store_natural): this thread's
+// 16-byte chunks of Q and dO (as bwd_store_natural reads them: row q_row, columns q_col +
+// kColStep i) and, threads below kBlockM, the lse / dsum of row tid, by cp.async (zero-filled
+// past the rows and the head dim) into sRaw, one group: chunk i of Q at (i * 128 + tid) * 16
+// (a warp's reads back are 512 contiguous bytes), dO's after Q's kBlockM * kHeadDim * 4 bytes,
+// then lse [kBlockM], dsum [kBlockM]. Only this thread reads its chunks back, after its
+// cp.async.wait_group: no barrier.
+template <int kBlockM, int kHeadDim>
+constexpr int bwd_raw_bytes() {
+  return 2 * kBlockM * kHeadDim * 4 + 8 * kBlockM;
+}
+template <int kBlockM, int kHeadDim>
+__device__ __forceinline__ void bwd_stage_natural(const BwdParams& p, int tid, int batch, int head,
+                                                  int m0, int rows, int q_row, int q_col,
+                                                  uint32_t sRaw) {
+  constexpr int kColStep = 4 * (128 / kBlockM);
+  constexpr int kIters = kHeadDim / kColStep;
+  constexpr int kTile = kBlockM * kHeadDim * 4;
+  const bool row_ok = q_row < rows;
+  const int64_t r = m0 + (row_ok ? q_row : 0);  // (a valid address where nothing is read)
+  const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
+                    head * p.q_head_stride + r * p.q_row_stride + q_col;
+  const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
+                     head * p.do_head_stride + r * p.do_row_stride + q_col;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const bool ok = row_ok && q_col + kColStep * i < p.headdim;
+    const int c = ok ? kColStep * i : 0;
+    ptx::cp_async_16(sRaw + (i * 128 + tid) * 16, gQ + c, ok);
+    ptx::cp_async_16(sRaw + kTile + (i * 128 + tid) * 16, gdO + c, ok);
+  }
+  if (tid < kBlockM) {
+    const bool ok = tid < rows;
+    const int row = m0 + (ok ? tid : 0);
+    ptx::cp_async_4(sRaw + 2 * kTile + 4 * tid,
+                    p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row, ok);
+    ptx::cp_async_4(sRaw + 2 * kTile + 4 * (kBlockM + tid),
+                    p.dsum + fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + row, ok);
+  }
+  ptx::cp_async_commit();
+}
+
 // The producer's natural tiles of a step (a thread per query row q_row, columns q_col +
 // kColStep i; rows = seqlen_q - m0, passed so that the kernels compile as with their own
 // copies): Q's loads issued before the wait on empty_nat, dO's after Q's stores (16 data
 // registers live, not 32), split, stored (hi, lo); lse / dsum rows to smem; full_nat arrived.
-template <int kBlockM, int kHeadDim, bool kSingle>
+// kStaged: Q, dO, lse and dsum from this thread's staging in sRaw (bwd_stage_natural, issued a
+// step earlier), not from global memory: the loads' latency off the step's path.
+template <int kBlockM, int kHeadDim, bool kSingle, bool kStaged = false>
 __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, int batch, int head,
                                                   int m0, int rows, int t, int q_row, int q_col,
                                                   uint32_t sQhi, uint32_t sQlo, uint32_t sdOhi,
                                                   uint32_t sdOlo, uint32_t sLse, uint32_t sDsum,
-                                                  uint32_t bar_empty_nat, uint32_t bar_full_nat) {
+                                                  uint32_t bar_empty_nat, uint32_t bar_full_nat,
+                                                  uint32_t sRaw = 0) {
   constexpr int kColStep = 4 * (128 / kBlockM);
   constexpr int kIters = kHeadDim / kColStep;
+  constexpr int kTile = kBlockM * kHeadDim * 4;
   using namespace sm90;
   const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
                     head * p.q_head_stride + int64_t(m0 + q_row) * p.q_row_stride + q_col;
   const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
                      head * p.do_head_stride + int64_t(m0 + q_row) * p.do_row_stride + q_col;
-  float4 x[kIters];
+  if constexpr (kStaged) {
+    // (chunk by chunk from shared memory after the wait: no data registers held across it)
+    ptx::cp_async_wait<0>();  // (this thread's chunks of the step)
+    mbar_wait(bar_empty_nat, (t & 1) ^ 1);
 #pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    x[i] = load4(gQ, 0, q_row, rows, kColStep * i, p.headdim - q_col);
-  }
-  mbar_wait(bar_empty_nat, (t & 1) ^ 1);
-#pragma unroll
-  for (int src = 0; src < 2; ++src) {
-    if (src == 1) {
+    for (int src = 0; src < 2; ++src)
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
-        x[i] = load4(gdO, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+        const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
+        const Split4 a = split4(ld_shared_float4(sRaw + src * kTile + (i * 128 + tid) * 16));
+        st_shared_v4((src ? sdOhi : sQhi) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
+        if constexpr (!kSingle) {
+          st_shared_v4((src ? sdOlo : sQlo) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+        }
       }
-    }
+  } else {
+    float4 x[kIters];
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
-      const Split4 a = split4(x[i]);
-      st_shared_v4((src ? sdOhi : sQhi) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
-      if constexpr (!kSingle) {
-        st_shared_v4((src ? sdOlo : sQlo) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+      x[i] = load4(gQ, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+    }
+    mbar_wait(bar_empty_nat, (t & 1) ^ 1);
+#pragma unroll
+    for (int src = 0; src < 2; ++src) {
+      if (src == 1) {
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          x[i] = load4(gdO, 0, q_row, rows, kColStep * i, p.headdim - q_col);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const uint32_t off = swz<kBlockM>(q_row, q_col + kColStep * i);
+        const Split4 a = split4(x[i]);
+        st_shared_v4((src ? sdOhi : sQhi) + off, a.hi.x, a.hi.y, a.hi.z, a.hi.w);
+        if constexpr (!kSingle) {
+          st_shared_v4((src ? sdOlo : sQlo) + off, a.lo.x, a.lo.y, a.lo.z, a.lo.w);
+        }
       }
     }
   }
   if (tid < kBlockM) {
     float lse = 0.f, dsum = 0.f;
-    if (tid < rows) {
+    if constexpr (kStaged) {
+      lse = ld_shared_float(sRaw + 2 * kTile + 4 * tid);
+      dsum = ld_shared_float(sRaw + 2 * kTile + 4 * (kBlockM + tid));
+    } else if (tid < rows) {
       lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + m0 + tid];
       dsum = p.dsum[fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0 + tid];
     }

@@ -30,11 +30,13 @@ constexpr int fp32wg_bwd128_block_m(bool single) { return single ? 32 : 16; }
 // hi, lo [M x N]; lse, dsum [M]; + 1024 to align + 4 mbarriers: 205.2 KiB at d128; single:
 // K^T hi (in shared memory: dQ^T's A by SS, no register A that lives across the loop, see
 // wg_config.h) and the hi tiles, P^T and lse / dsum at 32 queries, 113.3 KiB.
+// Single, then the producer's staging of the next step's raw Q, dO [M x d], lse, dsum [M]
+// (fp32wg::bwd_stage_natural): 145.5 KiB.
 constexpr int fp32wg_bwd128_smem_bytes(int kd, bool single = false) {
   const int m = fp32wg_bwd128_block_m(single), lo = single ? 0 : 1;
   return 4 * ((1 + 2 * lo) * kFp32WgBwd128BlockN * kd + 2 * (1 + lo) * m * kd + 2 * (1 + lo) * 32 * kd +
               (2 + lo) * m * kFp32WgBwd128BlockN + 2 * m) +
-         1024 + 32;
+         1024 + 32 + (single ? 4 * (2 * m * kd + 2 * m) : 0);
 }
 
 }  // namespace flashattn2
