@@ -33,7 +33,7 @@ bool fp32wg_bwd_supports(const BwdParams& p, int kd, int device, bool allow) {
   return FLASHATTN2_FP32WG && allow && p.fp32wg_bwd && fp32wg_bwd_head_dim(kd) &&
          !p.cu_seqlens_q && !p.cu_seqlens_k && p.window_left < 0 && p.softcap <= 0.f &&
          !p.alibi_slopes && !p.deterministic && compute_capability(device) == 90 &&
-         fp32wg_bwd_smem_bytes(kd) <= max_smem_per_block(device);
+         fp32wg_bwd_smem_bytes(kd, p.fp32_tf32) <= max_smem_per_block(device);
 }
 // The same for the d128 one (fp32/wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128): the same
 // cases at kernel head dim 128.

@@ -12,11 +12,14 @@ constexpr int kFp32WgBwdBlockN = 128;
 constexpr int kFp32WgBwdBlockM = 32;
 // Float32 tiles: K lo, V lo [N x d] and K^T hi, lo [d x N] (once per CTA); Q hi, lo, dO hi,
 // lo [M x d] and Q^T, dO^T hi, lo [d x M] (per step); dS hi, lo [M x N]; lse, dsum [M]; + 1024
-// bytes to align the swizzled tiles + 4 mbarriers. d64: 225.3 KiB (of 227).
-constexpr int fp32wg_bwd_smem_bytes(int kd) {
-  return 4 * (4 * kFp32WgBwdBlockN * kd + 8 * kFp32WgBwdBlockM * kd +
-              2 * kFp32WgBwdBlockM * kFp32WgBwdBlockN + 2 * kFp32WgBwdBlockM) +
-         1024 + 32;
+// bytes to align the swizzled tiles + 4 mbarriers. d64: 225.3 KiB (of 227). single (the
+// single-TF32 instance): the hi tiles, then the producer's staging of the next step's raw Q,
+// dO [M x d], lse, dsum [M] (fp32wg::bwd_stage_natural): 97.6 KiB.
+constexpr int fp32wg_bwd_smem_bytes(int kd, bool single = false) {
+  const int lo = single ? 0 : 1;
+  return 4 * ((1 + 3 * lo) * kFp32WgBwdBlockN * kd + 4 * (1 + lo) * kFp32WgBwdBlockM * kd +
+              (1 + lo) * kFp32WgBwdBlockM * kFp32WgBwdBlockN + 2 * kFp32WgBwdBlockM) +
+         1024 + 32 + (single ? 4 * (2 * kFp32WgBwdBlockM * kd + 2 * kFp32WgBwdBlockM) : 0);
 }
 
 // d128 (cpp/fp32/wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128; design count:

@@ -51,7 +51,10 @@
 //          softcap, ALiBi or deterministic order (the host sends those to bwd_kernel.cuh).
 //   kSingle  (BwdParams::fp32_tf32: PyTorch allows TF32 for float32 matmuls) one tf32 product
 //          per multiply: no lo tile stored or read, each GEMM one wgmma chain into its
-//          accumulator (wg_bwd_common.cuh), dQ^T one chain over the warpgroup's 64 keys.
+//          accumulator (wg_bwd_common.cuh), dQ^T one chain over the warpgroup's 64 keys; no
+//          room for the lo tiles (97.5 KiB), and the producer stages the next step's Q, dO, lse
+//          and dsum by cp.async (fp32wg::bwd_stage_natural, as the d128 kernel's; 56 / 224
+//          registers: at 40 it spilled 16 bytes).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -80,9 +83,10 @@ struct Fp32WgBwdTraits {
   static constexpr int kConsumers = kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kDkvN = 32;  // columns of dK / dV per wgmma (a fresh accumulator of 16)
-  static constexpr int kSmemBytes = fp32wg_bwd_smem_bytes(kHeadDim);
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kSmemBytes = fp32wg_bwd_smem_bytes(kHeadDim, kSingle_);
+  // (kSingle: the producer's staging needs 16 more; its consumers fit 224)
+  static constexpr int kProducerRegs = kSingle_ ? 56 : 40;
+  static constexpr int kConsumerRegs = kSingle_ ? 224 : 232;
   static constexpr int kGemmDBufs = 2;  // fresh S^T / dP^T accumulators (gemm_d below)
   // Tile bytes.
   static constexpr int kKBytes = kBlockN * kHeadDim * 4;  // K lo, V lo, K^T hi, K^T lo
@@ -90,7 +94,12 @@ struct Fp32WgBwdTraits {
   static constexpr int kSBytes = kBlockM * kBlockN * 4;   // dS hi, dS lo
   static_assert(kHeadDim % 32 == 0 && kBlockM == 32 && kBlockN % 32 == 0, "whole chunks");
   static_assert(kHeadDim % kDkvN == 0, "dK / dV in whole halves");
-  static_assert(4 * kKBytes + 8 * kQBytes + 2 * kSBytes + 8 * kBlockM + 32 + 1024 <= kSmemBytes,
+  static constexpr int kLo = kSingle_ ? 0 : 1;  // lo tiles (kSingle: none)
+  // The producer's staging (fp32wg::bwd_stage_natural): kSingle only, as the d128 kernel's
+  static constexpr bool kStaged = kSingle_;
+  static constexpr int kRawBytes = kStaged ? fp32wg::bwd_raw_bytes<kBlockM, kHeadDim>() : 0;
+  static_assert((1 + 3 * kLo) * kKBytes + 4 * (1 + kLo) * kQBytes + (1 + kLo) * kSBytes +
+                        8 * kBlockM + 32 + kRawBytes + 1024 <= kSmemBytes,
                 "smem budget");
   static_assert(sm90::setmaxnreg_fits(kConsumers, kProducerRegs, kConsumerRegs), "registers");
 };
@@ -112,17 +121,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t sKlo = smem, sVlo = sKlo + Traits::kKBytes;
-  const uint32_t sKThi = sVlo + Traits::kKBytes, sKTlo = sKThi + Traits::kKBytes;
-  const uint32_t sQhi = sKTlo + Traits::kKBytes, sQlo = sQhi + Traits::kQBytes;
-  const uint32_t sdOhi = sQlo + Traits::kQBytes, sdOlo = sdOhi + Traits::kQBytes;
-  const uint32_t sQThi = sdOlo + Traits::kQBytes, sQTlo = sQThi + Traits::kQBytes;
-  const uint32_t sdOThi = sQTlo + Traits::kQBytes, sdOTlo = sdOThi + Traits::kQBytes;
-  const uint32_t sdShi = sdOTlo + Traits::kQBytes, sdSlo = sdShi + Traits::kSBytes;
-  const uint32_t sLse = sdSlo + Traits::kSBytes, sDsum = sLse + 4 * kBlockM;
+  // (kSingle: the lo tiles take no room; their addresses, never accessed, alias the next tile)
+  constexpr int kLo = Traits::kLo;
+  const uint32_t sKlo = smem, sVlo = sKlo + kLo * Traits::kKBytes;
+  const uint32_t sKThi = sVlo + kLo * Traits::kKBytes, sKTlo = sKThi + Traits::kKBytes;
+  const uint32_t sQhi = sKTlo + kLo * Traits::kKBytes, sQlo = sQhi + Traits::kQBytes;
+  const uint32_t sdOhi = sQlo + kLo * Traits::kQBytes, sdOlo = sdOhi + Traits::kQBytes;
+  const uint32_t sQThi = sdOlo + kLo * Traits::kQBytes, sQTlo = sQThi + Traits::kQBytes;
+  const uint32_t sdOThi = sQTlo + kLo * Traits::kQBytes, sdOTlo = sdOThi + Traits::kQBytes;
+  const uint32_t sdShi = sdOTlo + kLo * Traits::kQBytes, sdSlo = sdShi + Traits::kSBytes;
+  const uint32_t sLse = sdSlo + kLo * Traits::kSBytes, sDsum = sLse + 4 * kBlockM;
   const uint32_t bars = sDsum + 4 * kBlockM;
   const uint32_t bar_full_nat = bars, bar_full_tr = bars + 8;
   const uint32_t bar_empty_nat = bars + 16, bar_empty_tr = bars + 24;
+  const uint32_t sRaw = bars + 32;  // the producer's staging (kStaged)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN>(p);
@@ -177,6 +189,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     // quarter warp 8 rows of one unit: conflict-free)
     const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
     const int q_pos0 = fp32wg::key_pos(q_row0);
+    // kStaged: step t's Q, dO, lse, dsum staged by cp.async during step t - 1 (step 0's here).
+    auto stage = [&](int t, int q_row, int q_col, uint32_t raw) {
+      const int head = head_k * group + t / n_m;
+      const int m0 = (m_block_min + t % n_m) * kBlockM;
+      fp32wg::bwd_stage_natural<kBlockM, kHeadDim>(p, tid, batch, head, m0, seqlen_q - m0, q_row,
+                                                   q_col, raw);
+    };
+    if (Traits::kStaged && n_steps > 0) stage(0, q_row0, q_col0, sRaw);
     for (int t = 0; t < n_steps; ++t) {
       // (addresses and lane offsets recomputed per step, not kept live: 40 registers)
       uint32_t base = smem;
@@ -186,9 +206,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
       // Natural tiles (the previous step's S^T and dP^T are done with them), lse, dsum.
-      fp32wg::bwd_store_natural<kBlockM, kHeadDim, kSingle>(
+      fp32wg::bwd_store_natural<kBlockM, kHeadDim, kSingle, Traits::kStaged>(
           p, tid, batch, head, m0, seqlen_q - m0, t, q_row, q_col, at(sQhi), at(sQlo), at(sdOhi),
-          at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat);
+          at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat, at(sRaw));
+      if (Traits::kStaged && t + 1 < n_steps) stage(t + 1, q_row, q_col, at(sRaw));
       // Transposed tiles (the previous step's dV and dK are done with them).
       fp32wg::bwd_transpose_natural<kBlockM, kHeadDim, kSingle>(
           t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},
