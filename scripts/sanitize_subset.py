@@ -19,7 +19,8 @@ single-token sequences) forward + backward, and KV-cache calls (contiguous and p
 kernel); in builds with the
 attention bias (FLASHATTN2_EXPERIMENTAL=bias), forward + backward with a broadcast bias
 read through strides and its gradient written (ragged tails: reads and writes at the
-bias's edges). Inputs are made on the CPU
+bias's edges); float32 forward + backward under full precision and TF32 (the Hopper float32
+kernels' 3xTF32 and single-TF32 instances). Inputs are made on the CPU
 and copied over, and the float32 reference runs on the CPU, so the kernels the
 sanitizer instruments are (almost) only ours. Exits 1 on any mismatch or error.
 
@@ -199,6 +200,54 @@ def backward_cases(gen):
     return results
 
 
+def _set_tf32(on):
+    """PyTorch's float32-matmul setting, which flashattn2 follows (_ext.fp32_tf32)."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = "tf32" if on else "ieee"
+    else:
+        matmul.allow_tf32 = on
+
+
+def float32_cases(gen):
+    """(name, ok, detail) for float32 forward + backward (where built) against float32 autograd
+    on the CPU, under PyTorch's full precision (3xTF32) and under TF32 (the single-TF32
+    instances of the Hopper float32 kernels, whose backward producers stage the next step's
+    rows by cp.async, zero-filled past seqlen_q and the head dim): d128 and d64, ragged
+    lengths (a query tail in the producer's steps, a key tail in the CTA), causal with sq < sk,
+    GQA, a head dim padded to the kernel's (d 40 -> 64). Loose bounds (a sanitizer harness;
+    tests/test_fp32*.py hold the accuracy rules)."""
+    if "fp32" not in flashattn2.build_info().get("experimental", ()):
+        return []
+    results = []
+    try:
+        for tf32 in (False, True):
+            _set_tf32(tf32)
+            for b, sq, sk, h, hk, d, causal in ((1, 113, 203, 4, 2, 128, True),
+                                                (2, 77, 77, 2, 2, 128, False),
+                                                (1, 100, 150, 2, 1, 64, True),
+                                                (2, 45, 70, 2, 2, 40, False)):
+                q, k, v = (torch.randn(b, s, n, d, generator=gen)
+                           for s, n in ((sq, h), (sk, hk), (sk, hk)))
+                dout = torch.randn(b, sq, h, d, generator=gen)
+                leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
+                out = flashattn2.flash_attn_func(*leaves, causal=causal)
+                grads = torch.autograd.grad(out, leaves, dout.cuda())
+                torch.cuda.synchronize()
+                kernels = f"{flashattn2._ext.last_fwd_kernel} / {flashattn2._ext.last_bwd_kernel}"
+                ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+                ref_out, _ = reference(*ref_leaves, causal)
+                ref_grads = torch.autograd.grad(ref_out, ref_leaves, dout)
+                err = max((x.cpu() - r).abs().max().item()
+                          for x, r in zip((out, *grads), (ref_out, *ref_grads)))
+                name = (f"float32 {'tf32' if tf32 else 'ieee'} b{b} sq{sq} sk{sk} h{h}/{hk} d{d} "
+                        f"{'causal' if causal else 'full'} ({kernels})")
+                results.append((name, err <= (1e-2 if tf32 else 1e-4), f"max err {err:.2e}"))
+    finally:
+        _set_tf32(False)
+    return results
+
+
 def layout_cases(gen):
     """(name, ok, detail) for the varlen and KV-cache paths, checked against the dense path
     (itself checked above) on the same data."""
@@ -334,7 +383,7 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
     layout = []
     for part, cases in (("dense backward", backward_cases), ("varlen / kvcache", layout_cases),
-                        ("bias", bias_cases)):
+                        ("bias", bias_cases), ("float32", float32_cases)):
         try:
             layout += cases(gen)
         except Exception as e:
