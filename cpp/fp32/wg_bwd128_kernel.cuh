@@ -184,13 +184,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
     const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
     const int q_pos0 = fp32wg::key_pos(q_row0);
     // Step t's Q, dO, lse, dsum staged by cp.async during step t - 1 (step 0's here).
-    auto stage = [&](int t, int q_row, int q_col, uint32_t raw) {
-      const int head = head_k * group + t / n_m;
-      const int m0 = (m_block_min + t % n_m) * kBlockM;
-      fp32wg::bwd_stage_natural<kBlockM, kHeadDim>(p, tid, batch, head, m0, seqlen_q - m0, q_row,
-                                                   q_col, raw);
-    };
-    if (Traits::kStaged && n_steps > 0) stage(0, q_row0, q_col0, sRaw);
+    constexpr auto stage = fp32wg::bwd_stage_step<kBlockM, kHeadDim>;
+    if (Traits::kStaged && n_steps > 0) stage(p, cta, tid, 0, q_row0, q_col0, sRaw);
     for (int t = 0; t < n_steps; ++t) {
       uint32_t base = smem;
       int q_row = q_row0, q_col = q_col0, q_pos = q_pos0;
@@ -203,7 +198,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
           at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat, at(sRaw));
       // (this thread's staged chunks are read: the next step's copies land under the
       // transposes and the consumers' step)
-      if (Traits::kStaged && t + 1 < n_steps) stage(t + 1, q_row, q_col, at(sRaw));
+      if (Traits::kStaged && t + 1 < n_steps) stage(p, cta, tid, t + 1, q_row, q_col, at(sRaw));
       // Transposed tiles, from this thread's own natural stores.
       fp32wg::bwd_transpose_natural<kBlockM, kHeadDim, kSingle>(
           t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},

@@ -123,6 +123,16 @@ __device__ __forceinline__ void bwd_stage_natural(const BwdParams& p, int tid, i
   ptx::cp_async_commit();
 }
 
+// bwd_stage_natural of walk step t (its head and first query row from the CTA's walk).
+template <int kBlockM, int kHeadDim>
+__device__ __forceinline__ void bwd_stage_step(const BwdParams& p, const BwdCta& cta, int tid, int t,
+                                               int q_row, int q_col, uint32_t sRaw) {
+  const int head = cta.head_k * cta.group + t / cta.n_m;
+  const int m0 = (cta.m_block_min + t % cta.n_m) * kBlockM;
+  bwd_stage_natural<kBlockM, kHeadDim>(p, tid, cta.batch, head, m0, cta.seqlen_q - m0, q_row,
+                                       q_col, sRaw);
+}
+
 // The producer's natural tiles of a step (a thread per query row q_row, columns q_col +
 // kColStep i; rows = seqlen_q - m0, passed so that the kernels compile as with their own
 // copies): Q's loads issued before the wait on empty_nat, dO's after Q's stores (16 data

@@ -190,13 +190,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
     const int q_pos0 = fp32wg::key_pos(q_row0);
     // kStaged: step t's Q, dO, lse, dsum staged by cp.async during step t - 1 (step 0's here).
-    auto stage = [&](int t, int q_row, int q_col, uint32_t raw) {
-      const int head = head_k * group + t / n_m;
-      const int m0 = (m_block_min + t % n_m) * kBlockM;
-      fp32wg::bwd_stage_natural<kBlockM, kHeadDim>(p, tid, batch, head, m0, seqlen_q - m0, q_row,
-                                                   q_col, raw);
-    };
-    if (Traits::kStaged && n_steps > 0) stage(0, q_row0, q_col0, sRaw);
+    constexpr auto stage = fp32wg::bwd_stage_step<kBlockM, kHeadDim>;
+    if (Traits::kStaged && n_steps > 0) stage(p, cta, tid, 0, q_row0, q_col0, sRaw);
     for (int t = 0; t < n_steps; ++t) {
       // (addresses and lane offsets recomputed per step, not kept live: 40 registers)
       uint32_t base = smem;
@@ -209,7 +204,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       fp32wg::bwd_store_natural<kBlockM, kHeadDim, kSingle, Traits::kStaged>(
           p, tid, batch, head, m0, seqlen_q - m0, t, q_row, q_col, at(sQhi), at(sQlo), at(sdOhi),
           at(sdOlo), at(sLse), at(sDsum), bar_empty_nat, bar_full_nat, at(sRaw));
-      if (Traits::kStaged && t + 1 < n_steps) stage(t + 1, q_row, q_col, at(sRaw));
+      if (Traits::kStaged && t + 1 < n_steps) stage(p, cta, tid, t + 1, q_row, q_col, at(sRaw));
       // Transposed tiles (the previous step's dV and dK are done with them).
       fp32wg::bwd_transpose_natural<kBlockM, kHeadDim, kSingle>(
           t, q_row, q_col, q_pos, {at(sQhi), at(sQlo), at(sdOhi), at(sdOlo)},
