@@ -33,7 +33,6 @@
 // empty_nat and full_nat (ncu, twenty-fifth session: the consumers' wait for full_nat and the
 // producer's for its loads were 14 / 15 % of the stall samples). Measured (run 4): single +6-14
 // %; 3xTF32 full +1-8 % but causal -1 to -3 %, so the 3xTF32 instance loads as before.
-
 // (Measured and dropped, eleventh session: Q^T / dO^T from a second, L2, load of Q / dO, 32 KiB
 // a step less shared-memory traffic: 0.89-0.99x, the producer's L2 latency on the path.)
 //
