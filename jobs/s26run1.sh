@@ -4,7 +4,7 @@
 # from shared memory by SS, issued with its dP^T), no P^T hand-off from warpgroup 0 (whose
 # named barrier was 11 % of the stall samples, run 6 of the twenty-fifth session); 169.5 KiB,
 # 0 spills, HGMMA 48 -> 64, the 3xTF32 instance's SASS unchanged. First:
-#   git apply jobs/s26_fp32_tf32_bwd128_own_pt.patch   (against 3068fb1)
+#   git apply jobs/s26_fp32_tf32_bwd128_own_pt.patch   (against 3068fb1; applies to later commits too)
 #   rm -rf .base && mkdir .base && git archive 3068fb1 cpp python | tar -x -C .base
 #   WAIT=<below budget_left_s> OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s26run1.sh
 # A/B against 3068fb1, tf32 bwd d128 full and causal 1k-8k (group 8), interleaved base new base
