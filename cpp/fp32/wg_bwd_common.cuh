@@ -150,10 +150,6 @@ __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, i
   constexpr int kIters = kHeadDim / kColStep;
   constexpr int kTile = kBlockM * kHeadDim * 4;
   using namespace sm90;
-  const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
-                    head * p.q_head_stride + int64_t(m0 + q_row) * p.q_row_stride + q_col;
-  const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
-                     head * p.do_head_stride + int64_t(m0 + q_row) * p.do_row_stride + q_col;
   if constexpr (kStaged) {
     // (chunk by chunk from shared memory after the wait: no data registers held across it)
     ptx::cp_async_wait<0>();  // (this thread's chunks of the step)
@@ -170,6 +166,10 @@ __device__ __forceinline__ void bwd_store_natural(const BwdParams& p, int tid, i
         }
       }
   } else {
+    const float* gQ = static_cast<const float*>(p.q) + batch * p.q_batch_stride +
+                      head * p.q_head_stride + int64_t(m0 + q_row) * p.q_row_stride + q_col;
+    const float* gdO = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
+                       head * p.do_head_stride + int64_t(m0 + q_row) * p.do_row_stride + q_col;
     float4 x[kIters];
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
