@@ -22,15 +22,7 @@
 namespace flashattn2 {
 namespace fp32wg {
 
-// (a 16-byte shared load; asm volatile: ordered with the producer's other shared accesses)
-__device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
+// (a 4-byte shared load; asm volatile: ordered with the producer's other shared accesses)
 __device__ __forceinline__ float ld_shared_float(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
