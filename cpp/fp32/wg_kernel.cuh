@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       }
     if constexpr (!kQRegs || kSingle) {
       const float* gQt = gQ + int64_t(row0 + wg_row0) * p.q_row_stride;
-      if constexpr (kSingle) {
+      if constexpr (kSingle && kHeadDim > 64) {
         const int q_rows = seqlen_q - row0 - wg_row0;
         constexpr int kQIters = 64 * kHeadDim / 4 / 128;
         auto q_at = [&](int it, int& r, int& c) {  // (the thread's float4 it: its place)
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
         // place their split values go, one wait, then each thread rounds its own float4s in
         // place: one global latency, where a load-split-store loop (the asm keeps each load
         // behind the previous store) waited on it once per float4, 16 times at d128. TF32
-        // forward +1-12 %, most at 1k (run 3 of the twenty-sixth session).
+        // forward d128 +1-12 %, most at 1k (runs 3-4 of the twenty-sixth session).
 #pragma unroll 1
         for (int it = 0; it < kQIters; ++it) {
           int r, c;
@@ -361,14 +361,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
           st_shared_v4(dst, sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w);
         }
       } else {
-        // (3xTF32 d128, Q lo: the cp.async prologue measured neutral here, run 3, and moved
-        // ptxas to spill 24 bytes in this instance's producer; so the loop as it was.)
+        // (The other instances keep the loop: the same prologue measured neutral in the
+        // 3xTF32 d128 one (run 3; and ptxas then spilled 24 bytes in its producer), and the
+        // single d64 one lost 5-11 % at every length (run 4: ptxas scheduled its key loop
+        // differently; with an unrolled split it had gained 1-7 % in run 3 but spilled 8 bytes).)
         for (int i = tid % 128; i < 64 * kHeadDim / 4; i += 128) {
           const int r = i / (kHeadDim / 4), c = 4 * (i % (kHeadDim / 4));
           const fp32wg::Split4 x = fp32wg::split4(
               fp32wg::load4(gQt, p.q_row_stride, r, seqlen_q - row0 - wg_row0, c, p.headdim));
           const uint32_t off = fp32wg::swz<kBlockM>(wg_row0 + r, c);
-          st_shared_v4(sQlo + off, x.lo.x, x.lo.y, x.lo.z, x.lo.w);
+          if constexpr (kSingle) {
+            st_shared_v4(sQlo + off, x.hi.x, x.hi.y, x.hi.z, x.hi.w);
+          } else {
+            st_shared_v4(sQlo + off, x.lo.x, x.lo.y, x.lo.z, x.lo.w);
+          }
         }
       }
       fence_proxy_async();
