@@ -6,7 +6,8 @@
 #   probe:  -DFLASHATTN2_PROBE_FP32WG_SDEPTH=3 (S's k8 steps three groups deep, was two)
 #   probe2: + -DFLASHATTN2_PROBE_FP32WG_PVQ=1 (P V as four 32-column chains, two in flight,
 #           instead of two 64-column chains each drained before its FFMAs)
-# Both 0 spills (ptxas), HGMMA 72 / 96. Correctness of both side builds by test_fp32wg.py, then
+# Both 0 spills (ptxas), HGMMA 72 / 96. (Rejected: the probe switches were removed again; NOTES,
+# twenty-sixth session, run 2, describes them.) Correctness of both side builds by test_fp32wg.py, then
 # an interleaved A/B (2 rounds), fwd d128 full + causal 1k-8k, ieee, SDPA efficient / math.
 #   WAIT=<below budget_left_s> OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s26run2.sh
 set -u
