@@ -33,7 +33,7 @@
 //            into a fresh accumulator, then FFMA / FADD into O; release the stage.
 //   Q      hi in registers (RS for Qhi Klo, Qhi Khi); lo in registers at d64 (kQRegs), in
 //          shared memory at d128 (SS for Qlo Khi): wg_config.h. kSingle: Q hi in shared
-//          memory (SS).
+//          memory (SS; at d128 its rows come by cp.async and are rounded in place).
 //   epilogue  O / sum from the accumulators (float2 stores), LSE = max * scale + ln(sum),
 //          +inf for a row that sees no key.
 //   limits d multiple of 8, <= kHeadDim; 16-byte aligned pointers, strides multiples of 4
@@ -363,8 +363,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       } else {
         // (The other instances keep the loop: the same prologue measured neutral in the
         // 3xTF32 d128 one (run 3; and ptxas then spilled 24 bytes in its producer), and the
-        // single d64 one lost 5-11 % at every length (run 4: ptxas scheduled its key loop
-        // differently; with an unrolled split it had gained 1-7 % in run 3 but spilled 8 bytes).)
+        // single d64 one lost 5-11 % at every length in run 4, 8k too, though its key loops'
+        // SASS is near-identical to this loop's build (with the split unrolled by 4 it had
+        // gained 1-7 % in run 3, but spilled 8 bytes): benchmarks/NOTES.md.)
         for (int i = tid % 128; i < 64 * kHeadDim / 4; i += 128) {
           const int r = i / (kHeadDim / 4), c = 4 * (i % (kHeadDim / 4));
           const fp32wg::Split4 x = fp32wg::split4(
