@@ -87,7 +87,7 @@ struct Fp32WgBwd128Traits {
   static_assert(kHeadDim == 128 && kBlockN == 64 && kBlockM == (kSingle_ ? 32 : 16), "the cut");
   // The producer's staging (fp32wg::bwd_stage_natural): kSingle only (the file comment)
   static constexpr bool kStaged = kSingle_;
-  static constexpr int kRawBytes = kStaged ? fp32wg::bwd_raw_bytes<kBlockM, kHeadDim>() : 0;
+  static constexpr int kRawBytes = kStaged ? fp32wg_bwd_raw_bytes(kBlockM, kHeadDim) : 0;
   static_assert((1 + 2 * kLo) * kKBytes + 2 * (1 + kLo) * kQBytes + 2 * (1 + kLo) * kQTBytes +
                         (2 + kLo) * kSBytes + 8 * kBlockM + 32 + kRawBytes +
                         1024 <= kSmemBytes,

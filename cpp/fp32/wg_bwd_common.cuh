@@ -79,11 +79,7 @@ __device__ __forceinline__ void bwd_init_bars(uint32_t bars, int consumers) {
 // past the rows and the head dim) into sRaw, one group: chunk i of Q at (i * 128 + tid) * 16
 // (a warp's reads back are 512 contiguous bytes), dO's after Q's kBlockM * kHeadDim * 4 bytes,
 // then lse [kBlockM], dsum [kBlockM]. Only this thread reads its chunks back, after its
-// cp.async.wait_group: no barrier.
-template <int kBlockM, int kHeadDim>
-constexpr int bwd_raw_bytes() {
-  return 2 * kBlockM * kHeadDim * 4 + 8 * kBlockM;
-}
+// cp.async.wait_group: no barrier. Its size: fp32wg_bwd_raw_bytes (wg_bwd_config.h).
 template <int kBlockM, int kHeadDim>
 __device__ __forceinline__ void bwd_stage_natural(const BwdParams& p, int tid, int batch, int head,
                                                   int m0, int rows, int q_row, int q_col,
@@ -117,8 +113,8 @@ __device__ __forceinline__ void bwd_stage_natural(const BwdParams& p, int tid, i
 
 // bwd_stage_natural of walk step t (its head and first query row from the CTA's walk).
 template <int kBlockM, int kHeadDim>
-__device__ __forceinline__ void bwd_stage_step(const BwdParams& p, const BwdCta& cta, int tid, int t,
-                                               int q_row, int q_col, uint32_t sRaw) {
+__device__ __forceinline__ void bwd_stage_step(const BwdParams& p, const BwdCta& cta, int tid,
+                                               int t, int q_row, int q_col, uint32_t sRaw) {
   const int head = cta.head_k * cta.group + t / cta.n_m;
   const int m0 = (cta.m_block_min + t % cta.n_m) * kBlockM;
   bwd_stage_natural<kBlockM, kHeadDim>(p, tid, cta.batch, head, m0, cta.seqlen_q - m0, q_row,

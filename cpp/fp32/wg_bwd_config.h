@@ -15,11 +15,13 @@ constexpr int kFp32WgBwdBlockM = 32;
 // bytes to align the swizzled tiles + 4 mbarriers. d64: 225.3 KiB (of 227). single (the
 // single-TF32 instance): the hi tiles, then the producer's staging of the next step's raw Q,
 // dO [M x d], lse, dsum [M] (fp32wg::bwd_stage_natural): 97.6 KiB.
+// The producer's staging of a step (fp32wg::bwd_stage_natural): raw Q, dO [m x kd], lse, dsum [m].
+constexpr int fp32wg_bwd_raw_bytes(int m, int kd) { return 4 * (2 * m * kd + 2 * m); }
 constexpr int fp32wg_bwd_smem_bytes(int kd, bool single = false) {
   const int lo = single ? 0 : 1;
   return 4 * ((1 + 3 * lo) * kFp32WgBwdBlockN * kd + 4 * (1 + lo) * kFp32WgBwdBlockM * kd +
               (1 + lo) * kFp32WgBwdBlockM * kFp32WgBwdBlockN + 2 * kFp32WgBwdBlockM) +
-         1024 + 32 + (single ? 4 * (2 * kFp32WgBwdBlockM * kd + 2 * kFp32WgBwdBlockM) : 0);
+         1024 + 32 + (single ? fp32wg_bwd_raw_bytes(kFp32WgBwdBlockM, kd) : 0);
 }
 
 // d128 (cpp/fp32/wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128; design count:
@@ -37,9 +39,9 @@ constexpr int fp32wg_bwd128_block_m(bool single) { return single ? 32 : 16; }
 // (fp32wg::bwd_stage_natural): 145.5 KiB.
 constexpr int fp32wg_bwd128_smem_bytes(int kd, bool single = false) {
   const int m = fp32wg_bwd128_block_m(single), lo = single ? 0 : 1;
-  return 4 * ((1 + 2 * lo) * kFp32WgBwd128BlockN * kd + 2 * (1 + lo) * m * kd + 2 * (1 + lo) * 32 * kd +
-              (2 + lo) * m * kFp32WgBwd128BlockN + 2 * m) +
-         1024 + 32 + (single ? 4 * (2 * m * kd + 2 * m) : 0);
+  return 4 * ((1 + 2 * lo) * kFp32WgBwd128BlockN * kd + 2 * (1 + lo) * m * kd +
+              2 * (1 + lo) * 32 * kd + (2 + lo) * m * kFp32WgBwd128BlockN + 2 * m) +
+         1024 + 32 + (single ? fp32wg_bwd_raw_bytes(m, kd) : 0);
 }
 
 }  // namespace flashattn2

@@ -97,7 +97,7 @@ struct Fp32WgBwdTraits {
   static constexpr int kLo = kSingle_ ? 0 : 1;  // lo tiles (kSingle: none)
   // The producer's staging (fp32wg::bwd_stage_natural): kSingle only, as the d128 kernel's
   static constexpr bool kStaged = kSingle_;
-  static constexpr int kRawBytes = kStaged ? fp32wg::bwd_raw_bytes<kBlockM, kHeadDim>() : 0;
+  static constexpr int kRawBytes = kStaged ? fp32wg_bwd_raw_bytes(kBlockM, kHeadDim) : 0;
   static_assert((1 + 3 * kLo) * kKBytes + 4 * (1 + kLo) * kQBytes + (1 + kLo) * kSBytes +
                         8 * kBlockM + 32 + kRawBytes + 1024 <= kSmemBytes,
                 "smem budget");
