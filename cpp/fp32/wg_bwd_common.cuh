@@ -210,6 +210,13 @@ __device__ __forceinline__ void bwd_transpose_natural(int t, int q_row, int q_co
   constexpr int kColStep = 4 * (128 / kBlockM);
   constexpr int kIters = kHeadDim / kColStep;
   using namespace sm90;
+  // Row q_col + kColStep i + e of a transposed tile has row q_col + e's swizzle phase
+  // (kColStep % 8 == 0), so its offset is that row's plus kColStep i rows of 128 bytes: four
+  // offsets a call, each store's row an immediate (was the swizzle math per store).
+  static_assert(kColStep % 8 == 0, "one swizzle phase per e");
+  uint32_t off_t[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) off_t[e] = swz<kHeadDim>(q_col + e, q_pos);
   mbar_wait(bar_empty_tr, (t & 1) ^ 1);
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
@@ -220,9 +227,7 @@ __device__ __forceinline__ void bwd_transpose_natural(int t, int q_row, int q_co
       const float4 v = ld_shared_float4(src_n[a] + off_n);
       const float w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        st_shared(dst_t[a] + swz<kHeadDim>(q_col + kColStep * i + e, q_pos), w[e]);
-      }
+      for (int e = 0; e < 4; ++e) st_shared(dst_t[a] + off_t[e] + kColStep * i * 128, w[e]);
     }
   }
 }
