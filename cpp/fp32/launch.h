@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "common/flash.h"
+#include "fp32/wg_config.h"
 
 namespace flashattn2 {
 
@@ -12,6 +13,13 @@ template <int kHeadDim>
 void run_fwd_fp32(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim>
 void run_bwd_fp32(const BwdParams& params, cudaStream_t stream);
+// The grid of a float32 wgmma kernel (wg_config.h's fp32wg_tile_major; the kernels read it
+// back with fp32wg::grid_tile).
+inline dim3 fp32wg_grid(int window_right, int heads, int tiles, int batch) {
+  return fp32wg_tile_major(window_right, heads, tiles) ? dim3(heads, tiles, batch)
+                                                        : dim3(tiles, heads, batch);
+}
+
 // wg_launch.cuh (FLASHATTN2_FP32WG builds, sm_90a), instantiated in fwd_fp32wg_hdim<D>.cu for
 // kernel head dims 64 and 128 (wg_config.h).
 // kSingle: the single-TF32 instance (FwdParams::fp32_tf32), in fwd_fp32wg_tf32_hdim<D>.cu.

@@ -41,12 +41,15 @@ struct BwdCta {
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p) {
   BwdCta c;
-  c.head_k = blockIdx.y;
-  c.batch = blockIdx.z;
+  // (key block 0 sees the most queries: the first of a tile-major grid)
+  const GridTile t = grid_tile(
+      fp32wg_tile_major(p.window_right, p.nheads_k, (p.seqlen_k + kBlockN - 1) / kBlockN));
+  c.head_k = t.head;
+  c.batch = t.batch;
   c.group = p.nheads / p.nheads_k;
   c.seqlen_q = p.seqlen_q;
   c.seqlen_k = p.seqlen_k;
-  c.n0 = blockIdx.x * kBlockN;
+  c.n0 = t.tile * kBlockN;
   c.offset = c.seqlen_k - c.seqlen_q;
   const int m_block_max = (c.seqlen_q + kBlockM - 1) / kBlockM;
   c.m_block_min = 0;

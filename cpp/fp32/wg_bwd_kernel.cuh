@@ -20,14 +20,17 @@
 // Tiling
 //   grid   (ceil(seqlen_k / 128), nheads_k, batch); the CTA walks the query tiles (32 rows)
 //          that see its keys, for every query head of its GQA group (dK / dV summed in
-//          registers), ascending.
-//   block  384 threads. Before the roles split, threads 0-127 store K lo and K^T hi / lo,
-//          128-255 V lo (a thread per key); each consumer thread loads its K hi / V hi A
-//          fragments itself. Warpgroup 0, the producer (setmaxnreg 40): per step Q and dO
-//          loaded (a thread per query row, 4 float4 each), split, stored natural (hi, lo),
-//          then transposed (hi, lo: read back from its own natural stores, so that no data
-//          register lives across the second wait), lse / dsum to smem. Consumer warpgroup c
-//          (232 registers) owns keys [64 c, 64 c + 64): dK, dV [64 x d] in registers.
+//          registers), ascending; causal with up to 32 KV heads: (nheads_k, key blocks,
+//          batch), tile-major (fp32wg_tile_major, wg_config.h: key block 0, the longest walk,
+//          first).
+//   block  384 threads. The consumers first store K lo and K^T hi / lo (their threads
+//          0-127), V lo (128-255; a thread per key), and load their own K hi / V hi A
+//          fragments, while the producer builds step 0. Warpgroup 0, the producer (setmaxnreg
+//          40): per step Q and dO loaded (a thread per query row, 4 float4 each), split,
+//          stored natural (hi, lo), then transposed (hi, lo: read back from its own natural
+//          stores, so that no data register lives across the second wait), lse / dsum to
+//          smem. Consumer warpgroup c (232 registers) owns keys [64 c, 64 c + 64): dK, dV
+//          [64 x d] in registers.
 //   registers  one buffer set makes every smem address loop-invariant: nvcc hoisted the
 //          ~112 wgmma descriptors and the lanes' store / red offsets out of the loop and
 //          spilled (804 bytes); the smem base and lane indices pass an empty asm volatile
@@ -118,6 +121,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   constexpr int kS = kBlockM / 2;        // S^T accumulator registers [64 x kBlockM]
   constexpr int kGemmDBufs = Traits::kGemmDBufs;
   constexpr bool kSingle = Traits::kSingle;
+  // Named barriers: 1 + c, consumer warpgroup c's sdS stores; kBarKv, the consumers' K / V tiles.
+  constexpr int kBarKv = 3;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;
@@ -145,41 +150,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   const float* gV = cta.gV;
 
   if (tid == 0) fp32wg::bwd_init_bars(bars, Traits::kConsumers);
-  // K lo and K^T hi / lo (threads 0-127), V lo (128-255): a thread per key row, its float4s
-  // split; the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks.
-  if (tid < 2 * kBlockN) {
-    const bool is_k = tid < kBlockN;
-    const int key = tid % kBlockN;
-    const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
-    const int rows = seqlen_k - n0;
-    constexpr int kDepth = 4;
-#pragma unroll
-    for (int b = 0; b < kHeadDim / 4; b += kDepth) {
-      float4 x[kDepth];
-#pragma unroll
-      for (int u = 0; u < kDepth; ++u) x[u] = fp32wg::load4(g, 0, key, rows, 4 * (b + u), p.headdim);
-#pragma unroll
-      for (int u = 0; u < kDepth; ++u) {
-        const int c = 4 * (b + u);
-        const fp32wg::Split4 sp = fp32wg::split4(x[u]);
-        if constexpr (!kSingle) {
-          st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
-                       sp.lo.w);
-        }
-        if (is_k) {
-          const float hi[4] = {sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w};
-          const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            st_shared(sKThi + swz<kHeadDim>(c + e, key), hi[e]);
-            if constexpr (!kSingle) st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
-          }
-        }
-      }
-    }
-    fence_proxy_async();
-  }
-  __syncthreads();
+  __syncthreads();  // (the mbarriers' init; the K / V tiles are the consumers' own, below)
 
   if (warp < 4) {
     // ---- producer: Q, dO (natural and transposed, split), lse, dsum of each step ----
@@ -236,6 +207,44 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
         k_hi[kk][i] = tf32::split(xk).hi;
         v_hi[kk][i] = tf32::split(xv).hi;
       }
+
+    // K lo and K^T hi / lo (consumer threads 0-127), V lo (128-255), while the producer
+    // already builds step 0's tiles: a thread per key row, its float4s all loaded at once (one
+    // memory latency, not kHeadDim / 16), split; the K^T stores of a warp (32 keys, one d) hit
+    // one 128-byte row: 32 banks. Then the consumers' barrier (the producer is not in it).
+    {
+      static_assert(2 * kBlockN == 128 * Traits::kConsumers, "a consumer thread per K / V row");
+      const int ct = tid - 128;
+      const bool is_k = ct < kBlockN;
+      const int key = ct % kBlockN;
+      const float* g =
+          is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
+      const int rows = seqlen_k - n0;
+      constexpr int kDepth = kHeadDim / 4;
+      float4 x[kDepth];
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) x[u] = fp32wg::load4(g, 0, key, rows, 4 * u, p.headdim);
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const int c = 4 * u;
+        const fp32wg::Split4 sp = fp32wg::split4(x[u]);
+        if constexpr (!kSingle) {
+          st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
+                       sp.lo.w);
+        }
+        if (is_k) {
+          const float hi[4] = {sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w};
+          const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            st_shared(sKThi + swz<kHeadDim>(c + e, key), hi[e]);
+            if constexpr (!kSingle) st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
+          }
+        }
+      }
+      fence_proxy_async();
+      named_sync(kBarKv, 128 * Traits::kConsumers);
+    }
 
     uint32_t step_base = smem;
     const fp32wg::KDesc kdesc{step_base};

@@ -13,12 +13,14 @@
 
 namespace flashattn2 {
 
-// Preprocess, kKernel over (key blocks of Traits::kBlockN, nheads_k, batch), dQ convert.
+// Preprocess, kKernel over key blocks of Traits::kBlockN, nheads_k, batch (fp32wg_grid), dQ
+// convert.
 template <typename Traits, auto kKernel>
 void run_bwd_fp32wg_main(const BwdParams& params, cudaStream_t stream) {
   run_bwd_fp32_preprocess(params, stream);
-  const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.nheads_k,
-                  params.batch);
+  const dim3 grid = fp32wg_grid(params.window_right, params.nheads_k,
+                                (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN,
+                                params.batch);
   raise_smem_limit<kKernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fp32wg backward, smem)");
   kKernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
   check_cuda(cudaGetLastError(), "fp32wg backward launch");

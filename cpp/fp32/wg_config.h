@@ -32,4 +32,19 @@ constexpr int fp32wg_smem_bytes(int kd, bool single = false) {
          16 * kFp32WgStages + 1024;
 }
 
+// The float32 wgmma kernels' grids (fp32wg_grid, launch.h): (tiles, heads, batch), or
+// tile-major (heads, tiles, batch) where the tiles do different work (a right window bound:
+// causal) and there are at most 32 heads. CTAs start in linear-index order, so a batch entry's
+// heads start their longest tiles first and the grid ends on short ones: list scheduling of
+// the causal grids on 132 SMs (scripts/grid_order_sim.py) puts the head-major order's tail at
+// 2-6 % of the time. At most 32 heads: about as many heads' K / V (forward) or Q / dO
+// (backward) in flight as head-major (132 CTAs of 8-16 tiles a head at 1k-2k); and the tiles
+// within gridDim.y's limit.
+constexpr bool fp32wg_tile_major(int window_right, int heads, int tiles) {
+#ifdef FLASHATTN2_PROBE_HEAD_MAJOR
+  return false;
+#endif
+  return window_right >= 0 && heads <= 32 && tiles <= 65535;
+}
+
 }  // namespace flashattn2

@@ -5,7 +5,8 @@
 //
 // Tiling
 //   grid   (ceil(seqlen_q / kBlockM), nheads, batch), m blocks in reverse order (the longest
-//          causal rows first), as fp32/fwd_kernel.cuh.
+//          causal rows first), as fp32/fwd_kernel.cuh; causal with up to 32 heads:
+//          (nheads, m blocks, batch), tile-major (fp32wg_tile_major, wg_config.h).
 //   block  384 threads (128 query rows). Warpgroup 0, the producer, loads each K / V tile
 //          from global memory (16-byte loads), splits every value into tf32 hi / lo and
 //          stores them in the wgmma layouts: K as it is (K-major: S = Q K^T reduces over d,
@@ -128,6 +129,22 @@ __device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
   return v;
 }
 
+// The CTA's tile, head and batch from its grid (fp32wg_grid, fp32/launch.h): tiles along x,
+// or, tile-major, along y with the heads along x. Only blockIdx, no arithmetic: the values stay
+// in uniform registers (computed ones took vector registers, and the 3xTF32 d128 forward and
+// d64 backward spilled).
+struct GridTile {
+  int tile, head, batch;
+};
+// kReread: the block indices read again (not the values of an earlier call, which the compiler
+// would otherwise keep live across the kernel's loop).
+template <bool kReread = false>
+__device__ __forceinline__ GridTile grid_tile(bool tile_major) {
+  int x = blockIdx.x, y = blockIdx.y;
+  if constexpr (kReread) asm volatile("" : "+r"(x), "+r"(y));
+  return tile_major ? GridTile{y, x, int(blockIdx.z)} : GridTile{x, y, int(blockIdx.z)};
+}
+
 // The position of key k within V^T's 8-key group (the file comment): key 2q -> q, 2q+1 -> q+4.
 __device__ __forceinline__ int key_pos(int k) {
   return (k & ~7) | ((k & 7) >> 1) | ((k & 1) << 2);
@@ -185,9 +202,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const fp32wg::GridTile cta =
+      fp32wg::grid_tile(fp32wg_tile_major(p.window_right, p.nheads, m_blocks));
+  const int m_block = m_blocks - 1 - cta.tile;  // (the longest causal rows first)
+  const int head = cta.head;
+  const int batch = cta.batch;
   const int head_k = head / (p.nheads / p.nheads_k);
   const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
   const int row0 = m_block * kBlockM;
@@ -559,9 +579,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
       if (elected) mbar_arrive(bar_empty(s));
     }
 
-    // Epilogue: O and LSE from the accumulators.
-    float* gO = static_cast<float*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-    float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+    // Epilogue: O and LSE from the accumulators. (The head from the grid again: kept live across
+    // the key loop, the 3xTF32 d128 consumer spilled it.)
+    const int head_o =
+        fp32wg::grid_tile<true>(fp32wg_tile_major(p.window_right, p.nheads, m_blocks)).head;
+    float* gO = static_cast<float*>(p.o) + batch * p.o_batch_stride + head_o * p.o_head_stride;
+    float* gLse = p.lse + batch * p.lse_batch_stride + head_o * p.lse_head_stride;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float sum = row_sum[r];
