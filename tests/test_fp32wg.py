@@ -132,7 +132,8 @@ def hopper():
 # causal with seqlen_q > seqlen_k (rows that see no key: lse +inf, out 0) and < seqlen_k,
 # 1k-4k (the two-level accumulation over many key tiles, and the LSE drift of
 # scripts/fp32wg_lse.py); a right window without a left one (the kernel's mask takes any
-# window_right; window_left >= 0 falls back).
+# window_right; window_left >= 0 falls back); causal grids tile-major (d128, batch 2, 32 heads
+# of GQA 4) and head-major past 32 heads (fp32wg_tile_major).
 SHAPES = [
     (1, 113, 203, 4, 2, 64, False, (-1, -1)),
     (1, 113, 203, 4, 2, 64, True, (-1, -1)),
@@ -156,6 +157,8 @@ SHAPES = [
     (1, 2048, 4096, 2, 1, 128, False, (-1, -1)),
     (1, 4096, 4096, 2, 1, 128, True, (-1, -1)),
     (1, 1, 4096, 4, 2, 128, False, (-1, -1)),
+    (2, 300, 257, 32, 8, 128, True, (-1, -1)),
+    (2, 257, 300, 34, 34, 128, True, (-1, -1)),
 ]
 
 

@@ -127,7 +127,8 @@ def single_step_backward(q, k, v, dout, scale):
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window): lengths that are not
 # multiples of the 32-query / 128-key tiles (1, 33, 127, 257, 1000), causal with seqlen_q <
 # seqlen_k and seqlen_q > seqlen_k (query rows that see no key, key blocks no query sees), a
-# right window, GQA / MQA, d40 (kernel d64), 1k-4k (dK / dV summed over many query tiles).
+# right window, GQA / MQA, d40 (kernel d64), 1k-4k (dK / dV summed over many query tiles);
+# causal grids tile-major (batch 2, GQA) and head-major past 32 KV heads (fp32wg_tile_major).
 SHAPES = [
     (1, 1, 1, 1, 1, 64, False, (-1, -1)),
     (1, 33, 33, 2, 2, 64, True, (-1, -1)),
@@ -139,6 +140,8 @@ SHAPES = [
     (2, 1, 129, 4, 4, 64, False, (-1, -1)),
     (1, 1024, 1024, 4, 2, 64, False, (-1, -1)),
     (1, 4096, 4096, 2, 1, 64, True, (-1, -1)),
+    (2, 257, 300, 6, 3, 64, True, (-1, -1)),
+    (1, 150, 150, 34, 34, 64, True, (-1, -1)),
 ]
 
 

@@ -13,11 +13,10 @@ template <int kHeadDim>
 void run_fwd_fp32(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim>
 void run_bwd_fp32(const BwdParams& params, cudaStream_t stream);
-// The grid of a float32 wgmma kernel (wg_config.h's fp32wg_tile_major; the kernels read it
-// back with fp32wg::grid_tile).
-inline dim3 fp32wg_grid(int window_right, int heads, int tiles, int batch) {
-  return fp32wg_tile_major(window_right, heads, tiles) ? dim3(heads, tiles, batch)
-                                                        : dim3(tiles, heads, batch);
+// The grid of a float32 wgmma kernel (tile_major: wg_config.h's fp32wg_tile_major; the kernels
+// read it back with fp32wg::grid_tile).
+inline dim3 fp32wg_grid(bool tile_major, int heads, int tiles, int batch) {
+  return tile_major ? dim3(heads, tiles, batch) : dim3(tiles, heads, batch);
 }
 
 // wg_launch.cuh (FLASHATTN2_FP32WG builds, sm_90a), instantiated in fwd_fp32wg_hdim<D>.cu for

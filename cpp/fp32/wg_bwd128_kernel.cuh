@@ -76,6 +76,7 @@ struct Fp32WgBwd128Traits {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kDkvN = 64;  // columns of dK / dV per wgmma (a fresh accumulator of 32)
+  static constexpr bool kTileMajor = false;  // causal grids head-major (fp32wg_tile_major)
   static constexpr int kSmemBytes = fp32wg_bwd128_smem_bytes(kHeadDim, kSingle_);
   static constexpr int kProducerRegs = kSingle_ ? 72 : 40;
   static constexpr int kConsumerRegs = kSingle_ ? 216 : 232;
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
   const uint32_t sRaw = bars + 32;  // the producer's staging (bwd_stage_natural)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN>(p);
+  const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN, Traits::kTileMajor>(p);
   const int head_k = cta.head_k, batch = cta.batch, group = cta.group, n0 = cta.n0;
   const int seqlen_q = cta.seqlen_q, seqlen_k = cta.seqlen_k, offset = cta.offset;
   const int m_block_min = cta.m_block_min, n_m = cta.n_m, n_steps = cta.n_steps;

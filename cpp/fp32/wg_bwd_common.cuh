@@ -38,12 +38,12 @@ struct BwdCta {
   const float* gK;
   const float* gV;
 };
-template <int kBlockM, int kBlockN>
+template <int kBlockM, int kBlockN, bool kTileMajor>
 __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p) {
   BwdCta c;
   // (key block 0 sees the most queries: the first of a tile-major grid)
-  const GridTile t = grid_tile(
-      fp32wg_tile_major(p.window_right, p.nheads_k, (p.seqlen_k + kBlockN - 1) / kBlockN));
+  const GridTile t = grid_tile(fp32wg_tile_major(kTileMajor, p.window_right, p.nheads_k,
+                                                  (p.seqlen_k + kBlockN - 1) / kBlockN));
   c.head_k = t.head;
   c.batch = t.batch;
   c.group = p.nheads / p.nheads_k;

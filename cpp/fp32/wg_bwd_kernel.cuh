@@ -86,6 +86,7 @@ struct Fp32WgBwdTraits {
   static constexpr int kConsumers = kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kDkvN = 32;  // columns of dK / dV per wgmma (a fresh accumulator of 16)
+  static constexpr bool kTileMajor = true;  // causal grids (fp32wg_tile_major)
   static constexpr int kSmemBytes = fp32wg_bwd_smem_bytes(kHeadDim, kSingle_);
   // (kSingle: the producer's staging needs 16 more; its consumers fit 224)
   static constexpr int kProducerRegs = kSingle_ ? 56 : 40;
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   const uint32_t sRaw = bars + 32;  // the producer's staging (kStaged)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN>(p);
+  const fp32wg::BwdCta cta = fp32wg::bwd_cta<kBlockM, kBlockN, Traits::kTileMajor>(p);
   const int head_k = cta.head_k, batch = cta.batch, group = cta.group, n0 = cta.n0;
   const int seqlen_q = cta.seqlen_q, seqlen_k = cta.seqlen_k, offset = cta.offset;
   const int m_block_min = cta.m_block_min, n_m = cta.n_m, n_steps = cta.n_steps;

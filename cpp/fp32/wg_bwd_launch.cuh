@@ -18,9 +18,10 @@ namespace flashattn2 {
 template <typename Traits, auto kKernel>
 void run_bwd_fp32wg_main(const BwdParams& params, cudaStream_t stream) {
   run_bwd_fp32_preprocess(params, stream);
-  const dim3 grid = fp32wg_grid(params.window_right, params.nheads_k,
-                                (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN,
-                                params.batch);
+  const int n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  const dim3 grid = fp32wg_grid(
+      fp32wg_tile_major(Traits::kTileMajor, params.window_right, params.nheads_k, n_blocks),
+      params.nheads_k, n_blocks, params.batch);
   raise_smem_limit<kKernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fp32wg backward, smem)");
   kKernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
   check_cuda(cudaGetLastError(), "fp32wg backward launch");

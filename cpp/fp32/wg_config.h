@@ -39,12 +39,13 @@ constexpr int fp32wg_smem_bytes(int kd, bool single = false) {
 // the causal grids on 132 SMs (scripts/grid_order_sim.py) puts the head-major order's tail at
 // 2-6 % of the time. At most 32 heads: about as many heads' K / V (forward) or Q / dO
 // (backward) in flight as head-major (132 CTAs of 8-16 tiles a head at 1k-2k); and the tiles
-// within gridDim.y's limit.
-constexpr bool fp32wg_tile_major(int window_right, int heads, int tiles) {
-#ifdef FLASHATTN2_PROBE_HEAD_MAJOR
-  return false;
-#endif
-  return window_right >= 0 && heads <= 32 && tiles <= 65535;
+// within gridDim.y's limit. kernel: the kernel's own switch (its traits' kTileMajor): measured
+// (twenty-seventh session, run 3, causal 1k-4k against head-major) the forward d128 gains
+// 0.5-4.8 % (3xTF32) and 1.7-3.7 % (TF32), the backward d64 1-3 %; the forward d64 lost (TF32:
+// 8-20 %, two CTAs an SM; 3xTF32 2.7 % at 4k), and the 3xTF32 d128 backward 2.5 % at 4k: they
+// stay head-major.
+constexpr bool fp32wg_tile_major(bool kernel, int window_right, int heads, int tiles) {
+  return kernel && window_right >= 0 && heads <= 32 && tiles <= 65535;
 }
 
 }  // namespace flashattn2

@@ -5,7 +5,7 @@
 //
 // Tiling
 //   grid   (ceil(seqlen_q / kBlockM), nheads, batch), m blocks in reverse order (the longest
-//          causal rows first), as fp32/fwd_kernel.cuh; causal with up to 32 heads:
+//          causal rows first), as fp32/fwd_kernel.cuh; d128 causal with up to 32 heads:
 //          (nheads, m blocks, batch), tile-major (fp32wg_tile_major, wg_config.h).
 //   block  384 threads (128 query rows). Warpgroup 0, the producer, loads each K / V tile
 //          from global memory (16-byte loads), splits every value into tf32 hi / lo and
@@ -68,6 +68,7 @@ struct Fp32WgTraits {
   static constexpr int kBlockM = kFp32WgBlockM;
   static constexpr int kBlockN = fp32wg_block_n(kHeadDim, kSingle);
   static constexpr bool kQRegs = fp32wg_q_regs(kHeadDim);  // Q lo (Q hi always)
+  static constexpr bool kTileMajor = kHeadDim == 128;  // causal grids (fp32wg_tile_major)
   static constexpr int kPVN = kFp32WgPVN;                  // O columns per P V
   static constexpr int kStages = kFp32WgStages;
   static constexpr int kConsumers = kBlockM / 64;
@@ -202,9 +203,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const fp32wg::GridTile cta =
-      fp32wg::grid_tile(fp32wg_tile_major(p.window_right, p.nheads, m_blocks));
+  // (head-major kernels: the count from the grid, as before; their SASS unchanged)
+  const int m_blocks = Traits::kTileMajor ? (p.seqlen_q + kBlockM - 1) / kBlockM : int(gridDim.x);
+  const bool tile_major =
+      fp32wg_tile_major(Traits::kTileMajor, p.window_right, p.nheads, m_blocks);
+  const fp32wg::GridTile cta = fp32wg::grid_tile(tile_major);
   const int m_block = m_blocks - 1 - cta.tile;  // (the longest causal rows first)
   const int head = cta.head;
   const int batch = cta.batch;
@@ -581,8 +584,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_fp32wg_kernel(const F
 
     // Epilogue: O and LSE from the accumulators. (The head from the grid again: kept live across
     // the key loop, the 3xTF32 d128 consumer spilled it.)
-    const int head_o =
-        fp32wg::grid_tile<true>(fp32wg_tile_major(p.window_right, p.nheads, m_blocks)).head;
+    const int head_o = !Traits::kTileMajor ? head
+                                            : fp32wg::grid_tile<true>(fp32wg_tile_major(
+                                                  true, p.window_right, p.nheads, m_blocks)).head;
     float* gO = static_cast<float*>(p.o) + batch * p.o_batch_stride + head_o * p.o_head_stride;
     float* gLse = p.lse + batch * p.lse_batch_stride + head_o * p.lse_head_stride;
 #pragma unroll

@@ -13,9 +13,10 @@ namespace flashattn2 {
 template <int kHeadDim, bool kSingle>
 void run_fwd_fp32wg(const FwdParams& params, cudaStream_t stream) {
   using Traits = Fp32WgTraits<kHeadDim, kSingle>;
-  const dim3 grid = fp32wg_grid(params.window_right, params.nheads,
-                                (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM,
-                                params.batch);
+  const int m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const dim3 grid = fp32wg_grid(
+      fp32wg_tile_major(Traits::kTileMajor, params.window_right, params.nheads, m_blocks),
+      params.nheads, m_blocks, params.batch);
   constexpr auto kernel = fwd_fp32wg_kernel<Traits>;
   raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(fwd_fp32wg_kernel, smem)");
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
