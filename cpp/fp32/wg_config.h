@@ -37,7 +37,7 @@ constexpr int fp32wg_smem_bytes(int kd, bool single = false) {
 // causal) and there are at most 32 heads. CTAs start in linear-index order, so a batch entry's
 // heads start their longest tiles first and the grid ends on short ones: list scheduling of
 // the causal grids on 132 SMs (scripts/grid_order_sim.py) puts the head-major order's tail at
-// 2-6 % of the time. At most 32 heads: about as many heads' K / V (forward) or Q / dO
+// 3-7 % of the time. At most 32 heads: about as many heads' K / V (forward) or Q / dO
 // (backward) in flight as head-major (132 CTAs of 8-16 tiles a head at 1k-2k); and the tiles
 // within gridDim.y's limit. kernel: the kernel's own switch (its traits' kTileMajor): measured
 // (twenty-seventh session, run 3, causal 1k-4k against head-major) the forward d128 gains
