@@ -201,12 +201,16 @@ def backward_cases(gen):
 
 
 def _set_tf32(on):
-    """PyTorch's float32-matmul setting, which flashattn2 follows (_ext.fp32_tf32)."""
+    """Sets PyTorch's float32-matmul setting, which flashattn2 follows (_ext.fp32_tf32), and
+    returns a function that puts the previous one back."""
     matmul = torch.backends.cuda.matmul
     if hasattr(matmul, "fp32_precision"):
+        before = matmul.fp32_precision
         matmul.fp32_precision = "tf32" if on else "ieee"
-    else:
-        matmul.allow_tf32 = on
+        return lambda: setattr(matmul, "fp32_precision", before)
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = on
+    return lambda: setattr(matmul, "allow_tf32", before)
 
 
 def float32_cases(gen):
@@ -220,6 +224,7 @@ def float32_cases(gen):
     if "fp32" not in flashattn2.build_info().get("experimental", ()):
         return []
     results = []
+    restore = _set_tf32(False)
     try:
         for tf32 in (False, True):
             _set_tf32(tf32)
@@ -244,7 +249,7 @@ def float32_cases(gen):
                         f"{'causal' if causal else 'full'} ({kernels})")
                 results.append((name, err <= (1e-2 if tf32 else 1e-4), f"max err {err:.2e}"))
     finally:
-        _set_tf32(False)
+        restore()
     return results
 
 
