@@ -208,40 +208,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
     }
 
     // K lo and K^T lo (consumer threads 0-127), V lo (128-255), while the producer already
-    // builds step 0's tiles: a thread per key row and half of d, its float4s all loaded at once
-    // (one memory latency, not kHeadDim / 32), split; the K^T stores of a warp (32 keys, one d)
-    // hit one 128-byte row: 32 banks. (kSingle: K^T hi only, consumer threads 0-127.) Then the
-    // consumers' barrier (the producer is not in it).
+    // builds step 0's tiles: a thread per key row and half of d (kSingle: K^T hi only, in sKTlo's
+    // place, consumer threads 0-127); then the consumers' barrier (the producer is not in it).
     {
       const int ct = tid - 128;
       if (ct < (kSingle ? 128 : 256)) {
-        const bool is_k = ct < 128;
-        const int key = ct % kBlockN, c0 = (ct % 128) / kBlockN * (kHeadDim / 2);
-        const float* g =
-            is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
-        const int rows = seqlen_k - n0;
-        constexpr int kDepth = kHeadDim / 8;
-        float4 x[kDepth];
-#pragma unroll
-        for (int u = 0; u < kDepth; ++u) {
-          x[u] = fp32wg::load4(g, 0, key, rows, c0 + 4 * u, p.headdim);
-        }
-#pragma unroll
-        for (int u = 0; u < kDepth; ++u) {
-          const int c = c0 + 4 * u;
-          const fp32wg::Split4 sp = fp32wg::split4(x[u]);
-          if constexpr (!kSingle) {
-            st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
-                         sp.lo.w);
-          }
-          if (is_k) {
-            const float4 t = kSingle ? sp.hi : sp.lo;
-            const float w[4] = {t.x, t.y, t.z, t.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st_shared(sKTlo + swz<kHeadDim>(c + e, key), w[e]);
-          }
-        }
-        fence_proxy_async();
+        fp32wg::bwd_store_kv<kBlockN, kHeadDim, !kSingle, kSingle, !kSingle>(
+            p, ct, gK, gV, seqlen_k - n0, sKlo, sVlo, sKTlo, sKTlo);
       }
       named_sync(kBarKv, 256);
     }

@@ -66,6 +66,45 @@ __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p) {
   return c;
 }
 
+// The CTA's K / V tiles, before the walk (the consumers' threads ct = 0 .. 255 while the
+// producer builds step 0): ct < 128 copies a K row, else a V row, key ct % kBlockN, the
+// kHeadDim * kBlockN / 128 columns from c0 = (ct % 128) / kBlockN times that; its float4s all
+// loaded at once (one memory latency), split; then stored: lo natural in sKlo / sVlo (kLo), K's
+// hi and lo transposed in sKThi (kKTHi) and sKTlo (kKTLo). The K^T stores of a warp (32 keys,
+// one d) hit one 128-byte row: 32 banks. The caller's barrier follows.
+template <int kBlockN, int kHeadDim, bool kLo, bool kKTHi, bool kKTLo>
+__device__ __forceinline__ void bwd_store_kv(const BwdParams& p, int ct, const float* gK,
+                                             const float* gV, int rows, uint32_t sKlo,
+                                             uint32_t sVlo, uint32_t sKThi, uint32_t sKTlo) {
+  using namespace sm90;
+  constexpr int kCols = kHeadDim * kBlockN / 128;
+  const bool is_k = ct < 128;
+  const int key = ct % kBlockN, c0 = (ct % 128) / kBlockN * kCols;
+  const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
+  constexpr int kDepth = kCols / 4;
+  float4 x[kDepth];
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) x[u] = load4(g, 0, key, rows, c0 + 4 * u, p.headdim);
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) {
+    const int c = c0 + 4 * u;
+    const Split4 sp = split4(x[u]);
+    if constexpr (kLo) {
+      st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w);
+    }
+    if (is_k) {
+      const float hi[4] = {sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w};
+      const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (kKTHi) st_shared(sKThi + swz<kHeadDim>(c + e, key), hi[e]);
+        if constexpr (kKTLo) st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
+      }
+    }
+  }
+  fence_proxy_async();
+}
+
 // The four mbarriers at bars: full_nat, full_tr (the producer's 128 threads), empty_nat (every
 // consumer thread), empty_tr (a lane per consumer warp).
 __device__ __forceinline__ void bwd_init_bars(uint32_t bars, int consumers) {

@@ -210,40 +210,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
       }
 
     // K lo and K^T hi / lo (consumer threads 0-127), V lo (128-255), while the producer
-    // already builds step 0's tiles: a thread per key row, its float4s all loaded at once (one
-    // memory latency, not kHeadDim / 16), split; the K^T stores of a warp (32 keys, one d) hit
-    // one 128-byte row: 32 banks. Then the consumers' barrier (the producer is not in it).
+    // already builds step 0's tiles; then the consumers' barrier (the producer is not in it).
     {
       static_assert(2 * kBlockN == 128 * Traits::kConsumers, "a consumer thread per K / V row");
-      const int ct = tid - 128;
-      const bool is_k = ct < kBlockN;
-      const int key = ct % kBlockN;
-      const float* g =
-          is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
-      const int rows = seqlen_k - n0;
-      constexpr int kDepth = kHeadDim / 4;
-      float4 x[kDepth];
-#pragma unroll
-      for (int u = 0; u < kDepth; ++u) x[u] = fp32wg::load4(g, 0, key, rows, 4 * u, p.headdim);
-#pragma unroll
-      for (int u = 0; u < kDepth; ++u) {
-        const int c = 4 * u;
-        const fp32wg::Split4 sp = fp32wg::split4(x[u]);
-        if constexpr (!kSingle) {
-          st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z,
-                       sp.lo.w);
-        }
-        if (is_k) {
-          const float hi[4] = {sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w};
-          const float lo[4] = {sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            st_shared(sKThi + swz<kHeadDim>(c + e, key), hi[e]);
-            if constexpr (!kSingle) st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
-          }
-        }
-      }
-      fence_proxy_async();
+      fp32wg::bwd_store_kv<kBlockN, kHeadDim, !kSingle, true, !kSingle>(
+          p, tid - 128, gK, gV, seqlen_k - n0, sKlo, sVlo, sKThi, sKTlo);
       named_sync(kBarKv, 128 * Traits::kConsumers);
     }
 
