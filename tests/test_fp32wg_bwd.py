@@ -219,3 +219,25 @@ def test_fp32wg_bwd_single_step(hopper, piece):
         err = (a.double() - e).abs()[0, :, 0]
         tol = 1e-5 + 1e-5 * e.abs().max().item()
         assert (err <= tol).all(), f"{name}: {_worst(err, tol)}"
+
+
+# dq, dk, dv as views of NaN-filled buffers with 8 spare columns a head: the kernels take the
+# gradients' strides (dQ * scale is added straight into dq, zeroed by the preprocess:
+# BwdParams::fp32_dq_direct), and the spare columns stay NaN (nothing written past headdim,
+# d40 running the d64 kernel). Causal batch 2 GQA (tile-major grids) and full attention.
+@gpu
+@needs_fp32wg
+@pytest.mark.parametrize("d, causal", [(40, True), (64, False), (128, True)])
+def test_fp32wg_bwd_strided_gradients(hopper, d, causal):
+    shape = (2, 200, 200, 4, 2, d, causal, (-1, -1))
+    q, k, v, dout, causal, window, ref = shape_case(shape)
+    out, lse = kernel_forward(q, k, v, causal, window)
+    bufs = [torch.full(t.shape[:-1] + (d + 8,), float("nan"), device="cuda") for t in (q, k, v)]
+    grads = [b[..., :d] for b in bufs]
+    with _ext.fp32wg_bwd(True), _ext.fp32wg_bwd128(True):
+        _launch._flash_attn_backward(dout, q, k, v, out, lse, d**-0.5, -1, 0 if causal else -1,
+                                     dq=grads[0], dk=grads[1], dv=grads[2])
+        assert _ext.last_bwd_kernel == ("fp32wg128" if d == 128 else "fp32wg")
+    check_2x(GRADS, grads, ref, (q, k, v), dout)
+    for name, b in zip(GRADS, bufs):
+        assert b[..., d:].isnan().all(), f"{name}: written past headdim"

@@ -195,6 +195,9 @@ struct BwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // only with at most this many K/V tiles per (batch, head), so that they all fit on the GPU
   // at once (set by mha_bwd: the SM count).
   int dq_rotate_tiles = 0;
+  // The Hopper float32 backwards (fp32/wg_bwd_launch.cuh): dQ * softmax_scale added straight
+  // into dq (zeroed by the preprocess), no dq_accum and no convert kernel.
+  bool fp32_dq_direct = false;
 
   // Score modifiers as in FwdParams; all zero / null = plain attention.
   float softcap;               // > 0: logit = softcap * tanh(softmax_scale * q.k / softcap)

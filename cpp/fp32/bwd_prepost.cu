@@ -11,9 +11,9 @@
 namespace flashattn2 {
 namespace {
 
-// dsum = rowsum(dO o O), a zeroed dq_accum row (fp32/seq.cuh's layout), and with deterministic
-// the dQ order counter of each 64-row group; one warp per (batch, head, row). Varlen: the rows
-// of the sequence (SeqInfo), the grid covering the longest.
+// dsum = rowsum(dO o O), a zeroed dq_accum row (fp32/seq.cuh's layout; fp32_dq_direct: the dq
+// row), and with deterministic the dQ order counter of each 64-row group; one warp per (batch,
+// head, row). Varlen: the rows of the sequence (SeqInfo), the grid covering the longest.
 __global__ void __launch_bounds__(128) bwd_fp32_preprocess_kernel(const BwdParams p) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * 4 + threadIdx.x / 32;
@@ -29,7 +29,10 @@ __global__ void __launch_bounds__(128) bwd_fp32_preprocess_kernel(const BwdParam
                    head * p.o_head_stride + grow * p.o_row_stride;
   const float* dout = static_cast<const float*>(p.dout) + batch * p.do_batch_stride +
                       head * p.do_head_stride + grow * p.do_row_stride;
-  float* dq_accum = p.dq_accum + ws * p.headdim;
+  float* dq_accum = p.fp32_dq_direct
+                        ? static_cast<float*>(p.dq) + batch * p.dq_batch_stride +
+                              head * p.dq_head_stride + grow * p.dq_row_stride
+                        : p.dq_accum + ws * p.headdim;
   float sum = 0.f;
   for (int c = lane; c < p.headdim; c += 32) {
     sum = fmaf(o[c], dout[c], sum);

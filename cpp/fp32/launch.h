@@ -25,16 +25,16 @@ inline dim3 fp32wg_grid(bool tile_major, int heads, int tiles, int batch) {
 template <int kHeadDim, bool kSingle>
 void run_fwd_fp32wg(const FwdParams& params, cudaStream_t stream);
 // bwd_fp32wg_hdim64.cu (FLASHATTN2_FP32WG builds, sm_90a): the Hopper float32 backward
-// (wg_bwd_kernel.cuh) for the kernel head dims of wg_bwd_config.h, preprocess and convert
-// included.
+// (wg_bwd_kernel.cuh) for the kernel head dims of wg_bwd_config.h, preprocess included (dQ
+// added into dq itself: BwdParams::fp32_dq_direct, no convert).
 // kSingle: the single-TF32 instances (BwdParams::fp32_tf32), in bwd_fp32wg_tf32_hdim<D>.cu.
 template <int kHeadDim, bool kSingle>
 void run_bwd_fp32wg(const BwdParams& params, cudaStream_t stream);
 // bwd_fp32wg_hdim128.cu (FLASHATTN2_FP32WG builds, sm_90a): the d128 one
-// (wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128), preprocess and convert included.
+// (wg_bwd128_kernel.cuh, BwdParams::fp32wg_bwd128), preprocess included, no convert.
 template <int kHeadDim, bool kSingle>
 void run_bwd_fp32wg128(const BwdParams& params, cudaStream_t stream);
-// bwd_prepost.cu: dsum and a zeroed dq_accum; dq from dq_accum (every head dim).
+// bwd_prepost.cu: dsum and a zeroed dq_accum (fp32_dq_direct: dq); dq from dq_accum.
 void run_bwd_fp32_preprocess(const BwdParams& params, cudaStream_t stream);
 void run_bwd_fp32_convert(const BwdParams& params, cudaStream_t stream);
 

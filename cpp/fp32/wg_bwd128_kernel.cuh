@@ -14,7 +14,7 @@
 //            dsum) -> sdS [q x keys] hi / lo; dK += dS^T Q (B: Q^T); dQ^T rows [64, 128).
 //   dQ^T [d x queries] = K^T dS^T: M = d split between the warpgroups, A = K^T: hi from
 //            registers (the lane's fragments of its 64 rows of d, 32 registers), lo from
-//            smem (SS), B = sdS; red.global.add (atomicAdd) into dq_accum, each element once.
+//            smem (SS), B = sdS; red.global.add of dQ * scale into dq, each element once.
 // Each warpgroup: 160 registers live (64 + dK or dV 64 + K^T hi 32), 960 tensor clocks a step
 // (S^T or dP^T 384, dV or dK 384, dQ^T 192). 16 queries a step (S^T, dP^T, dQ^T: wgmma N
 // 16), so that the tiles fit one buffer set (fp32/wg_bwd_config.h).

@@ -407,18 +407,19 @@ __device__ __forceinline__ void acc_to_frags(const float (&x)[4 * kQSteps],
 }
 
 // dQ^T [the lane's rows lane_d + 8 r of d x the step's queries]: value(i) of the accumulator
-// register i, red.global.add into dq_accum (fp32/seq.cuh rows), ragged tails skipped.
+// register i times the softmax scale, red.global.add into dq itself (p.fp32_dq_direct: zeroed
+// by the preprocess, no convert kernel), ragged tails skipped.
 template <int kS, typename Value>
 __device__ __forceinline__ void red_dq(const BwdParams& p, int batch, int head, int m0, int q,
                                        int lane_d, int seqlen_q, const Value& value) {
-  float* dq =
-      p.dq_accum + (fp32_ws_row0(p, Fp32Seq<false>(p, batch), batch, head) + m0) * p.headdim;
+  float* dq = static_cast<float*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+              m0 * p.dq_row_stride;
 #pragma unroll
   for (int i = 0; i < kS; ++i) {
     const int row = 8 * (i / 4) + 2 * q + (i & 1);  // the query (N)
     const int d = lane_d + 8 * ((i / 2) & 1);        // M
     if (m0 + row < seqlen_q && d < p.headdim) {
-      atomicAdd(dq + int64_t(row) * p.headdim + d, value(i));
+      atomicAdd(dq + row * p.dq_row_stride + d, value(i) * p.softmax_scale);
     }
   }
 }

@@ -2,7 +2,7 @@
 // BwdParams::fp32wg_bwd asks for it): 3xTF32 on tf32 wgmma (sm_90a) with the error model of
 // fp32/tf32.cuh (x = hi + lo, three products small terms first, two-level accumulation), for
 // dense attention, full or with a right window (causal), GQA, kernel head dim 64. Everything
-// else runs fp32/bwd_kernel.cuh. Preprocess (dsum, zeroed dq_accum) and the dQ convert are
+// else runs fp32/bwd_kernel.cuh. The preprocess (dsum, dq zeroed: fp32_dq_direct, no convert) is
 // fp32/bwd_prepost.cu's; the pieces shared with the d128 kernel, fp32/wg_bwd_common.cuh's.
 //
 // tf32 wgmma reads both shared-memory operands K-major (the reduced dim contiguous) and an A
@@ -47,7 +47,7 @@
 //          key chunks); wait tr; dV += P^T dO, dK += dS^T Q, per 32-column half of d (4 k8
 //          steps x 3 wgmma into a fresh accumulator, FADD); release tr; warpgroup barrier;
 //          dQ^T over its 64 keys (two 32-key chains into fresh accumulators, FADD);
-//          red.global.add into dq_accum (fp32/seq.cuh rows; both warpgroups add).
+//          red.global.add of dQ * scale into dq (both warpgroups add).
 //   epilogue  dK * softmax_scale and dV (float2 stores of the accumulators).
 //   limits d multiple of 8, <= 64; 16-byte aligned pointers, strides multiples of 4 elements
 //          (host API); ragged tails zero-filled and masked; window_left < 0, no varlen,
