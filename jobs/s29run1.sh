@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Twenty-ninth session, run 1 (prepared in the twenty-eighth, no device time left). Two patches:
-# jobs/s29_fp32_preprocess_float4.patch (the float32 preprocess at the read floor: measured in
-# the twenty-eighth session's run 3, +0-0.6 %, the d64 preprocess 166 -> 137 us; to land with
-# this run's suite) and jobs/s29_fp32_bwd_cta_probe.patch (clock stamps a CTA in the d64 float32
-# backward under -DFLASHATTN2_PROBE_TIMES; without it the SASS of all four backward units is
-# byte-identical, cuobjdump here; ptxas 0 spills with it in both d64 units). First:
+# Twenty-ninth session, run 1 (prepared in the twenty-eighth, no device time left). Three
+# patches: jobs/s29_fp32_preprocess_float4.patch (the float32 preprocess at the read floor:
+# measured in the twenty-eighth session's run 3, +0-0.6 %, the d64 preprocess 166 -> 137 us),
+# jobs/s29_fp32_bwd_lazy_dq_accum.patch (float32 backwards call _C.bwd without the dQ
+# accumulator first; the mma.sync float32 kernels answer -1, kBwdNeedsDqAccum, and run on the
+# second call with it; the Hopper ones add into dq and never need it: the backward's peak
+# memory less dq's bytes; CPU tests pass with a fake _C; C++ compiled here with g++
+# -fsyntax-only, not run) -- both to land with this run's suite -- and
+# jobs/s29_fp32_bwd_cta_probe.patch (clock stamps a CTA in the d64 float32 backward under
+# -DFLASHATTN2_PROBE_TIMES; without it the SASS of all four backward units is byte-identical,
+# cuobjdump here; ptxas 0 spills with it in both d64 units; not to land). First:
 #   rm -rf .base && mkdir .base && git archive HEAD cpp python | tar -x -C .base
-#   git apply jobs/s29_fp32_preprocess_float4.patch jobs/s29_fp32_bwd_cta_probe.patch
+#   git apply jobs/s29_fp32_preprocess_float4.patch jobs/s29_fp32_bwd_lazy_dq_accum.patch \
+#       jobs/s29_fp32_bwd_cta_probe.patch
 #   WAIT=<below budget_left_s> OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s29run1.sh
 # Build (the preprocess patch; the probe inert), smoke, the probe side build's CTA stamps
 # (scripts/bwd_cta_times.py: the fixed cost a CTA of the short backwards, split into prologue,
 # fill, walk + epilogue, gaps between CTAs, the tail), an A/B of the backwards against HEAD,
-# then the suite if it holds. Land the preprocess only (drop the probe lines).
+# then the suite if it holds. Land the preprocess and the lazy dQ accumulator (not the probe).
 set -u
 O=${JOB_OUT:-gpu_logs}
 python3 -m pip install --no-deps --no-index -q .xdist/*.whl ||

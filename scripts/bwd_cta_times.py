@@ -1,10 +1,11 @@
 """Where a float32 Hopper backward CTA's time goes (d64, fp32/wg_bwd_kernel.cuh), from a probe
 build: jobs/s29_fp32_bwd_cta_probe.patch applied and -DFLASHATTN2_PROBE_TIMES (each CTA writes
-clock64 / %globaltimer stamps into the unused dq_accum workspace: fp32wg::bwd_probe). Per CTA
-the prologue (entry to K / V in shared memory), the first step's fill (entry to the producer's
-step 0 ready), the walk and epilogue (step 0 ready to exit), with a least-squares fit of the
-CTA's cycles against its steps (the intercept: the fixed cost a CTA, in steps); per SM the gaps
-between one CTA's exit and the next one's entry and the idle tail before the kernel's last exit.
+clock64 / %globaltimer stamps, fp32wg::bwd_probe, through bwd's dq_accum argument: a buffer of
+this script's). Per CTA the prologue (entry to K / V in shared memory), the first step's fill
+(entry to the producer's step 0 ready), the walk and epilogue (step 0 ready to exit), with a
+least-squares fit of the CTA's cycles against its steps (the intercept: the fixed cost a CTA,
+in steps); per SM the gaps between one CTA's exit and the next one's entry and the idle tail
+before the kernel's last exit.
 
     PYTHONPATH=/tmp/probe python3 scripts/bwd_cta_times.py [--seqlens 1024,8192] [--causal 1]
         [--fp32-precision ieee|tf32]
@@ -20,27 +21,36 @@ import flashattn2  # noqa: F401 (loads the extension)
 from flashattn2 import _ext, _launch
 
 
-def capture_backward(q, k, v, dout, causal):
-    """The forward, then one backward with torch.empty spied on: its dq_accum workspace
-    (the largest float32 1-D tensor _launch_bwd allocates), kept alive and returned."""
+class _StampsInto:
+    """_C with bwd's dq_accum argument (positional 9; unused by the Hopper float32 backwards
+    outside probe builds, 0 where the host does not allocate it) replaced by ws."""
+
+    def __init__(self, c, ws):
+        self._c, self._ws = c, ws
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def bwd(self, *args, **kwargs):
+        args = list(args)
+        args[9] = self._ws.data_ptr()
+        return self._c.bwd(*args, **kwargs)
+
+
+def stamped_backward(q, k, v, dout, causal, n_ctas):
+    """The forward, then one backward whose CTAs stamp into a fresh zeroed buffer (returned)."""
     out, lse = _launch._flash_attn_forward(q, k, v, q.shape[-1]**-0.5, -1, 0 if causal else -1)
-    seen, real_empty = [], torch.empty
-
-    def spy(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        seen.append(t)
-        return t
-
-    torch.empty = spy
+    ws = torch.zeros(16 * n_ctas, dtype=torch.float32, device=q.device)
+    real = _launch._C
+    _launch._C = _StampsInto(real, ws)
     try:
         _launch._flash_attn_backward(dout, q, k, v, out, lse, q.shape[-1]**-0.5, -1,
                                      0 if causal else -1)
     finally:
-        torch.empty = real_empty
+        _launch._C = real
     torch.cuda.synchronize()
-    assert _ext.last_bwd_kernel == "fp32wg", _ext.last_bwd_kernel
-    flat = [t for t in seen if t.dim() == 1 and t.dtype == torch.float32]
-    return max(flat, key=lambda t: t.numel())
+    assert _ext.last_bwd_kernel in ("fp32wg", "fp32wg_tf32"), _ext.last_bwd_kernel
+    return ws
 
 
 def report(ws, n_ctas, label):
@@ -103,11 +113,10 @@ def main():
         for causal in (c == "1" for c in args.causal.split(",")):
             b = max(1, 16384 // s)
             q, k, v, dout = (torch.randn(b, s, h, d, device="cuda") for _ in range(4))
-            with _ext.fp32wg_bwd(True):
-                capture_backward(q, k, v, dout, causal)  # (warm-up)
-                ws = capture_backward(q, k, v, dout, causal)
             n_ctas = b * h * ((s + 127) // 128)  # (kBlockN 128 at d64)
-            assert ws.numel() >= 16 * n_ctas
+            with _ext.fp32wg_bwd(True):
+                stamped_backward(q, k, v, dout, causal, n_ctas)  # (warm-up)
+                ws = stamped_backward(q, k, v, dout, causal, n_ctas)
             report(ws, n_ctas, f"d{d} s{s} b{b} h{h} causal={int(causal)} {args.fp32_precision}")
 
 
