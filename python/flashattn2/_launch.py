@@ -263,7 +263,8 @@ def _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, window_left, wi
     q, k, v, out and lse as ``_flash_attn_forward`` takes / returns them (kernel-ready; lse
     16-byte aligned with a unit last stride); ``dout`` like out, copied to a contiguous
     tensor if the kernel cannot read it. ``dq``/``dk``/``dv`` (like q/k/v, kernel-ready) are
-    allocated contiguous when not given; with GQA the kernel sums dk/dv over each group.
+    allocated contiguous when not given, and must not overlap the inputs (float32 dq is zeroed
+    before the main kernel reads dout, q, k, v); with GQA the kernel sums dk/dv over each group.
     Empty problems never reach the kernel and give zero gradients. ``deterministic`` makes dq
     bitwise reproducible (the kernel orders its accumulation). Score modifiers as the
     forward took them (the same ``rng_state`` regenerates its dropout mask), ``attn_bias``
