@@ -179,7 +179,8 @@ if want envsan && [ -n "${ENVSAN:-}" ]; then
         done
     done
 fi
-# ptests: PROBE_TESTS (pytest files) on each probe build, once it is built.
+# ptests: PROBE_TESTS (pytest files) on each probe build, once it is built (PTESTS_TIMEOUT s
+# each, default 600: a probe kernel that hangs costs no more).
 if want ptests && [ -n "${PROBE_TESTS:-}" ]; then
     for b in probe probe2; do
         pid_var=${b^^}_PID
@@ -188,7 +189,7 @@ if want ptests && [ -n "${PROBE_TESTS:-}" ]; then
         tail -n 1 "$O/${b}_build.txt"
         stamp "ptests on /tmp/$b: $PROBE_TESTS"
         # shellcheck disable=SC2086
-        PYTHONPATH=/tmp/$b timeout 600 python3 -m pytest $PROBE_TESTS -q -p no:cacheprovider \
+        PYTHONPATH=/tmp/$b timeout "${PTESTS_TIMEOUT:-600}" python3 -m pytest $PROBE_TESTS -q -p no:cacheprovider \
             2>&1 | tail -n 6
     done
 fi
