@@ -25,13 +25,12 @@
 #   git apply jobs/s29_fp32_preprocess_float4.patch jobs/s29_fp32_bwd_lazy_dq_accum.patch \
 #       jobs/s29_fp32_bwd_walks.patch jobs/s29_fp32_bwd_cta_probe.patch
 #   WAIT=<below budget_left_s> OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s29run1.sh
+#   (carry .base and .xdist: gpu_job.sh installs the pytest-xdist wheels)
 # (~830 s of device time: start 70, builds ~120, smoke 30, ptests 40, A/B ~240, stamps 30,
 # suite ~300.) Land: the preprocess, the lazy dq_accum, and the walks patch if p2 wins (then
 # persistent by default, the flag gone) or its new rows hold (else drop it); not the stamps.
 set -u
 O=${JOB_OUT:-gpu_logs}
-python3 -m pip install --no-deps --no-index -q .xdist/*.whl ||
-    python3 -m pip install --no-deps --no-index -q --break-system-packages .xdist/*.whl
 export SKIP="suite fwdab bwdab decab chains bwdprof fncu bncu xncu fp32 race fp32probe fwd bwd variants bias decode ncu mem host grid cp envsan envtest power"
 export SMOKE_TESTS="tests/test_fp32wg_bwd.py tests/test_fp32wg_bwd128.py tests/test_fp32_varlen.py"
 export SMOKE_STOP=1 SMOKE_TIMEOUT=300 BASE_HEAD_DIMS="64;128"

@@ -16,6 +16,12 @@ SKIP=" ${SKIP:-} "
 want() { [[ "$SKIP" != *" $1 "* ]]; }
 stamp() { echo "=== $(date -Is) $*"; }
 mkdir -p "$O"
+# .xdist (carried, git-ignored): the pytest-xdist and execnet wheels, installed offline for the
+# suite's -n (suite_if_win.sh, PYTEST_XDIST), so that job scripts need not each install them.
+if [ -d .xdist ] && ! python3 -c "import xdist" 2> /dev/null; then
+    python3 -m pip install --no-deps --no-index -q .xdist/*.whl ||
+        python3 -m pip install --no-deps --no-index -q --break-system-packages .xdist/*.whl
+fi
 # SMI_MS: nvidia-smi logs the clocks, power, temperatures and clock-event reasons every SMI_MS
 # ms for the whole job into $O/smi.csv (bench.py rows carry the time they finished, to match
 # a slow row to the GPU's state).
