@@ -169,8 +169,10 @@ FwdParams checked(const FwdParams& p) {
                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride});
 }
 BwdParams checked(const BwdParams& p) {
+  // (float32 may pass a null dq_accum: mha_bwd_fp32 asks for it where a kernel needs it)
+  const void* dq_accum = p.dtype == DType::kFloat32 && !p.dq_accum ? p.dsum : p.dq_accum;
   return checked(p,
-                 {p.q, p.k, p.v, p.o, p.dout, p.lse, p.dq, p.dk, p.dv, p.dq_accum, p.dsum},
+                 {p.q, p.k, p.v, p.o, p.dout, p.lse, p.dq, p.dk, p.dv, dq_accum, p.dsum},
                  {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride,

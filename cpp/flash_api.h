@@ -48,6 +48,10 @@ constexpr int kBwdKernelFp32Wg = 91;
 constexpr int kBwdKernelFp32Wg128 = 92;
 constexpr int kBwdKernelFp32WgTf32 = 93;
 constexpr int kBwdKernelFp32Wg128Tf32 = 94;
+// float32 only: BwdParams::dq_accum may be null (0), as the Hopper float32 backwards add dQ
+// into dq itself (fp32_dq_direct); where the kernel that takes the call needs the workspace,
+// nothing runs and mha_bwd returns kBwdNeedsDqAccum: call again with it.
+constexpr int kBwdNeedsDqAccum = -1;
 int mha_bwd(const BwdParams& params, int device, void* stream, int smem_limit = 0,
             bool allow_sm90 = true);
 

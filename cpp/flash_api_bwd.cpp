@@ -71,6 +71,7 @@ int mha_bwd_fp32(const BwdParams& params, int device, void* stream, bool allow_s
 #else
   (void)allow_sm90;
 #endif
+  if (!p.dq_accum) return kBwdNeedsDqAccum;  // (nothing ran)
 #if FLASHATTN2_FP32
   switch (kd) {  // (workspaces: seqlen.cuh's layouts, as bwd_workspace_floats sizes them)
     case 32: run_bwd_fp32<32>(p, s); break;

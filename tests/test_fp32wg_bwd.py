@@ -67,6 +67,36 @@ def test_bwd_kernel_codes(monkeypatch, code, expected):
     assert (_ext.last_bwd_arch, _ext.last_bwd_kernel) == expected
 
 
+class _NeedsDqAccumC(_FakeC):
+    """A _C whose bwd answers -1 (flash_api.h kBwdNeedsDqAccum) for a kernel that needs the
+    dQ accumulator (code 80: the mma.sync ones) while dq_accum is 0, else `code`."""
+
+    def bwd(self, *args, **kwargs):
+        super().bwd(*args, **kwargs)
+        return -1 if self.code == 80 and self.calls[-1]["dq_accum"] == 0 else self.code
+
+
+# float32 backwards call _C.bwd without the dQ accumulator first (the Hopper float32 kernels
+# add into dq itself) and allocate it only when the kernel asks (-1: nothing ran); 16-bit
+# calls pass it at once.
+@pytest.mark.parametrize("dtype, code, dq_accums", [(torch.float32, 91, [0]),
+                                                    (torch.float32, 80, [0, "ptr"]),
+                                                    (torch.float16, 80, ["ptr"])])
+def test_bwd_dq_accum_only_where_needed(monkeypatch, dtype, code, dq_accums):
+    fake = _NeedsDqAccumC(_launch._C, code)
+    monkeypatch.setattr(_launch, "_C", fake)
+    monkeypatch.setattr(_ext, "current_stream", lambda device: 0)
+    monkeypatch.setattr(_ext, "FP32_BWD", True)
+    monkeypatch.setattr(_ext, "DQ_CHAINS", 1)
+    q, k, v = _qkv(1, 70, 90, 4, 2, 64, dtype=dtype)
+    _launch._flash_attn_backward(torch.ones_like(q), q, k, v, torch.zeros_like(q),
+                                 torch.zeros(1, 4, 70), 0.125, -1, 0,
+                                 deterministic=dtype is not torch.float32)
+    seen = [call["dq_accum"] for call in fake.calls]
+    assert [0 if p == 0 else "ptr" for p in seen] == dq_accums
+    assert _ext.last_bwd_kernel == _ext.BWD_KERNELS[code][1]
+
+
 # The host model of the kernel's index arithmetic (scripts/fp32wg_bwd_model.py: every word of
 # each shared-memory tile written once, every wgmma operand element checked against the split
 # it should hold, dq / dk / dv against float64), on small cases: causal with sq > sk (tiles of
@@ -241,3 +271,26 @@ def test_fp32wg_bwd_strided_gradients(hopper, d, causal):
     check_2x(GRADS, grads, ref, (q, k, v), dout)
     for name, b in zip(GRADS, bufs):
         assert b[..., d:].isnan().all(), f"{name}: written past headdim"
+
+
+# The Hopper float32 backward allocates no dQ accumulator (it adds into dq itself): the
+# backward's peak memory beyond its inputs and gradients stays below a quarter of dq's bytes
+# (dsum alone: a float a row); the mma.sync one allocates it (dq's bytes at least).
+@gpu
+@needs_fp32wg
+def test_fp32wg_bwd_allocates_no_dq_accum(hopper):
+    q, k, v, dout, causal, window, _ = shape_case((2, 512, 512, 4, 2, 64, True, (-1, -1)))
+    out, lse = kernel_forward(q, k, v, causal, window)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    peaks = {}
+    for on in (True, False):
+        with _ext.fp32wg_bwd(on):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            _launch._flash_attn_backward(dout, q, k, v, out, lse, 64**-0.5, -1, 0,
+                                         dq=grads[0], dk=grads[1], dv=grads[2])
+            peaks[_ext.last_bwd_kernel] = torch.cuda.max_memory_allocated() - before
+    dq_bytes = q.numel() * 4
+    assert peaks["fp32wg"] < dq_bytes // 4, peaks
+    assert peaks["sm80"] >= dq_bytes, peaks

@@ -304,6 +304,9 @@ def _dbias_args(dbias, dbias_add):
                 dbias_dtype=_dtype_code(dbias.dtype), dbias_add=dbias_add)
 
 
+_BWD_NEEDS_DQ_ACCUM = -1  # (flash_api.h kBwdNeedsDqAccum)
+
+
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_q, seqlen_k,
                 nheads, nheads_k, headdim, softmax_scale, window_left, window_right,
                 deterministic, mods=None, cu_seqlens_q=None, cu_seqlens_k=None, dbias=None,
@@ -330,16 +333,15 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
                                      window_right, num_sms)
     dq_accum_floats, dsum_floats = _C.bwd_workspace_floats(batch, nheads, seqlen_q, headdim,
                                                            total_q, dq_chains)
-    dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
     dsum = torch.empty(dsum_floats, dtype=_FP32, device=q.device)
     bias_args = {} if dbias is None else dict(_dbias_args(dbias, dbias_add),
                                               sm90_dbias=_ext.SM90_DBIAS)
     if mods and "attn_bias" in mods:
         bias_args["bias_staged"] = _ext.BWD_BIAS_STAGED
-    code = _C.bwd(
+    bwd = lambda dq_accum: _C.bwd(
         dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-        dq_accum.data_ptr(), dsum.data_ptr(), *strides, lse_strides,
+        dq_accum, dsum.data_ptr(), *strides, lse_strides,
         batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim,
         softmax_scale, window_left, window_right,
         _dtype_code(q.dtype),
@@ -351,6 +353,12 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, lse_strides, batch, seqlen_
         convert_lean=_ext.BWD_CONVERT_LEAN, dq_first_store=_ext.BWD_DQ_FIRST_STORE,
         **_fp32wg_bwd_arg(q.dtype),
     )  # fmt: skip
+    # float32: first without the dQ accumulator (the Hopper float32 backwards add into dq
+    # itself); the kernels that need it run nothing and say so (flash_api.h kBwdNeedsDqAccum).
+    code = bwd(0) if q.dtype is _FP32 else _BWD_NEEDS_DQ_ACCUM
+    if code == _BWD_NEEDS_DQ_ACCUM:
+        dq_accum = torch.empty(dq_accum_floats, dtype=_FP32, device=q.device)
+        code = bwd(dq_accum.data_ptr())
     _ext.last_bwd_arch, _ext.last_bwd_kernel = _ext.BWD_KERNELS[code]
 
 
