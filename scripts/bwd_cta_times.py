@@ -1,11 +1,12 @@
 """Where a float32 Hopper backward CTA's time goes (d64, fp32/wg_bwd_kernel.cuh), from a probe
-build: jobs/s29_fp32_bwd_cta_probe.patch applied and -DFLASHATTN2_PROBE_TIMES (each CTA writes
-clock64 / %globaltimer stamps, fp32wg::bwd_probe, through bwd's dq_accum argument: a buffer of
-this script's). Per CTA the prologue (entry to K / V in shared memory), the first step's fill
-(entry to the producer's step 0 ready), the walk and epilogue (step 0 ready to exit), with a
-least-squares fit of the CTA's cycles against its steps (the intercept: the fixed cost a CTA,
-in steps); per SM the gaps between one CTA's exit and the next one's entry and the idle tail
-before the kernel's last exit.
+build: jobs/s29_fp32_bwd_cta_probe.patch applied and -DFLASHATTN2_PROBE_TIMES in
+CMAKE_CUDA_FLAGS (each CTA writes clock64 / %globaltimer stamps, fp32wg::bwd_probe, through
+bwd's dq_accum argument: a buffer of this script's). Per CTA the prologue (entry to K / V in
+shared memory; where a probe stamps slot 3, entry to the consumers' K / V fragments in
+registers), the first step's fill (entry to the producer's step 0 ready), the walk and
+epilogue (step 0 ready to exit), with a least-squares fit of the CTA's cycles against its steps
+(the intercept: the fixed cost a CTA, in steps); per SM the gaps between one CTA's exit and the
+next one's entry and the idle tail before the kernel's last exit.
 
     PYTHONPATH=/tmp/probe python3 scripts/bwd_cta_times.py [--seqlens 1024,8192] [--causal 1]
         [--fp32-precision ieee|tf32]
@@ -55,7 +56,7 @@ def stamped_backward(q, k, v, dout, causal, n_ctas):
 
 def report(ws, n_ctas, label):
     s = ws[: 16 * n_ctas].view(torch.int64).view(n_ctas, 8).cpu()
-    start, kv, fill, end = s[:, 0], s[:, 1], s[:, 2], s[:, 4]
+    start, kv, fill, frag, end = s[:, 0], s[:, 1], s[:, 2], s[:, 3], s[:, 4]
     sm, steps = s[:, 5] & 0xFFFFFFFF, s[:, 5] >> 32
     g0, g1 = s[:, 6], s[:, 7]
     ok = (end > start).all() and (g1 >= g0).all() and (sm < 1024).all() and (steps < 1 << 20).all()
@@ -74,6 +75,8 @@ def report(ws, n_ctas, label):
           f"SM clock {ghz:.2f} GHz, steps a CTA {x.min():.0f}-{x.max():.0f} (mean {x.mean():.1f})")
     med = lambda t: t.double().median().item()
     print(f"  per CTA (median): prologue (entry -> K / V in smem) {us(med(kv - start)):.2f} us, "
+          + (f"K / V fragments in registers {us(med(frag - start)):.2f} us, "
+             if (frag > 0).all() else "") +
           f"fill (entry -> step 0 ready) {us(med(fill - start)):.2f} us, "
           f"whole CTA {us(med(end - start)):.2f} us")
     print(f"  fit cycles = a + b steps: a {us(a):.2f} us = {a / b:.2f} steps, "
