@@ -19,10 +19,11 @@
 #   (carry .base and .xdist; call `gpu_detach.sh wait` at once when the first call returns:
 #   the machine goes back 30 s after a call)
 # Steps: builds (main, base = HEAD with d64 / d128, probe = stamps, probe2 = rows8 + stamps,
-# d64); smoke; A/B base / new / p2, 3xTF32 and TF32, d64, 1k-4k; stamps of both probes; the suite on this tree if it wins (the two 3xTF32
-# groups' geomean >= 1.003, TF32's >= 0.995), else none (~500 s of device time: start 70, builds
-# ~150, smoke 50, A/B 90, stamps 20, suite ~300 with xdist). If p2 beats new: rows8 becomes the
-# default (remove the option, update the model's default) and needs its own suite.
+# d64); smoke; A/B base / new / p2, 3xTF32 and TF32, d64, 1k-4k; stamps of both probes; the
+# suite on this tree if it wins (the two 3xTF32 groups' geomean >= 1.003, TF32's >= 0.995),
+# else none (~530 s of device time: start 70, builds ~150, smoke 50, A/B 90, stamps 20, suite
+# ~300 with xdist). If p2 beats new: rows8 becomes the default (remove the option, update the
+# model's default) and needs its own suite.
 set -u
 O=${JOB_OUT:-gpu_logs}
 export SKIP="suite fwdab bwdab decab chains bwdprof fncu bncu xncu fp32 race fp32probe fwd bwd variants bias decode ncu mem host grid cp envsan envtest power"
