@@ -4,7 +4,8 @@
 # prologue -3 us a CTA, 3xTF32 +0.4 % (1k causal +2 %), TF32 -2 % (its V hi scratch needed 32 KiB
 # more shared memory). jobs/s30_fp32_bwd_kv_fragments_3xtf32.patch keeps that for 3xTF32 only
 # (the scratch in sdS hi + lo, no more shared memory) and TF32's global fragment loads as they
-# are (its unit's SASS differs from HEAD's by register allocation only), and carries the CTA
+# are (its unit's SASS still differs from HEAD's: 3976 lines against 4080, the producer's q_pos
+# recomputed a step, as the 3xTF32 unit needs to stay at 0 spills), and carries the CTA
 # stamps (-DFLASHATTN2_PROBE_TIMES; slot 3: the fragments in registers) and the host model's
 # mirror (scripts/fp32wg_bwd_model.py reads the fragments back from its smem image: passes).
 # CPU: 3xTF32 unit 0 spills, LDG 90 -> 26; TF32 0 spills. The patch also has a probe option,
