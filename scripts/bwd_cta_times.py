@@ -61,7 +61,8 @@ def report(ws, n_ctas, label):
     g0, g1 = s[:, 6], s[:, 7]
     ok = (end > start).all() and (g1 >= g0).all() and (sm < 1024).all() and (steps < 1 << 20).all()
     if not ok:
-        raise SystemExit(f"{label}: the stamps are not times (not a -DFLASHATTN2_PROBE_TIMES build?)")
+        raise SystemExit(f"{label}: the stamps are not times "
+                         "(not a -DFLASHATTN2_PROBE_TIMES build?)")
     cycles = (end - start).double()
     ns = (g1 - g0).double()
     ghz = (cycles.sum() / ns.sum()).item()  # (SM clock, from the two timers)
@@ -95,7 +96,8 @@ def report(ws, n_ctas, label):
     gaps = torch.cat(gaps) if gaps else torch.zeros(1)
     sms = sm.unique().numel()
     print(f"  per SM: gap exit -> next entry median {gaps.median().item() / 1e3:.2f} us "
-          f"(p90 {gaps.quantile(0.9).item() / 1e3:.2f}), total gaps {gaps.sum().item() / 1e3 / sms:.1f} "
+          f"(p90 {gaps.quantile(0.9).item() / 1e3:.2f}), "
+          f"total gaps {gaps.sum().item() / 1e3 / sms:.1f} "
           f"us an SM; idle tail mean {sum(tails) / len(tails) / 1e3:.1f} us; CTAs busy "
           f"{100 * busy / (sms * span * 1e3):.1f} % of SMs x span")
 

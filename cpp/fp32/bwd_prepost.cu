@@ -13,10 +13,11 @@ namespace {
 
 // dsum = rowsum(dO o O), a zeroed dq_accum row (fp32/seq.cuh's layout; fp32_dq_direct: the dq
 // row), and with deterministic the dQ order counter of each 64-row group. A row's float4s are
-// read by kPreLanes(headdim) consecutive lanes (a power of two, up to 32: d64 16, d128 32, one
+// read by pre_lanes(headdim) consecutive lanes (a power of two, up to 32: d64 16, d128 32, one
 // float4 each up to d128), 128 / lanes rows a pass, kPrePasses passes a CTA, every pass's loads
 // issued before the reductions and the zeroes (a warp a row left half the lanes idle at d64 and
-// one row's loads in flight per warp). Varlen: the rows of the sequence (SeqInfo), the grid covering the longest.
+// one row's loads in flight per warp). Varlen: the rows of the sequence (SeqInfo), the grid
+// covering the longest.
 constexpr int kPrePasses = 4;
 __host__ __device__ constexpr int pre_lanes(int headdim) {
   int lanes = 1;
