@@ -7,8 +7,8 @@ descriptor start address, bounds-checked global loads): per CTA (128 keys) the s
 V lo / K^T stores (a thread per key), per step the producer's natural and transposed Q / dO
 tiles (a thread per query row; the transposed ones read back from its natural stores) and lse
 / dsum, then per consumer warpgroup the five GEMMs as the wgmma read their operands (register
-A fragments: K hi / V hi loaded per lane, P^T / dS^T from the accumulator layout in the order
-(c0, c2, c1, c3)), the mask, dS^T's stores into sdS, the dQ^T reds into dq_accum (flat
+A fragments: K hi / V hi read back per lane from K^T hi and the setup's V hi scratch in sdS,
+P^T / dS^T from the accumulator layout in the order (c0, c2, c1, c3)), the mask, dS^T's stores into sdS, the dQ^T reds into dq_accum (flat
 indices, bounds-checked), the dK / dV epilogue. Products in float64: the model checks the
 addressing (an index slip gives O(1) errors or NaN), not the tf32 rounding.
 
@@ -27,6 +27,16 @@ from fp32wg_model import Gmem, Smem, key_pos, split, swz
 D, BN, BM = 64, 128, 32  # Fp32WgBwdTraits<64>: kHeadDim, kBlockN, kBlockM
 KB, QB, SB = BN * D * 4, BM * D * 4, BM * BN * 4  # kKBytes, kQBytes, kSBytes
 THREADS = [(w, l) for w in range(4) for l in range(32)]  # a warpgroup's (warp, lane)
+
+
+def kv_float4s(tid):
+    """fp32wg::bwd_store_kv's (key, column) of each of consumer thread tid's float4s (kRows8:
+    warp w's float4 u is unit w + 4 u of 8 keys x 16 columns, lane l at key + l % 8, column +
+    4 (l / 8))."""
+    t, depth = tid % 128, D * BN // 512
+    units = [t // 32 + 4 * u for u in range(depth)]
+    return [(8 * (x % (BN // 8)) + t % 8, 16 * (x // (BN // 8)) + 4 * (t % 32 // 8))
+            for x in units]
 
 hi_of = np.vectorize(lambda x: split(x)[0], otypes=[np.float32])
 lo_of = np.vectorize(lambda x: split(x)[1], otypes=[np.float32])
@@ -113,38 +123,46 @@ def run_cta(q, k, v, o_, do, lse, dsum, dq_flat, batch, head_k, n_block, wr, sca
     kbase = batch * gk.batch_stride + head_k * gk.head_stride + n0 * gk.row_stride
     vbase = batch * gv.batch_stride + head_k * gv.head_stride + n0 * gv.row_stride
 
-    # ---- setup: K lo, K^T hi / lo (threads 0-127), V lo (128-255) ----
+    # ---- setup: K lo, K^T hi / lo (threads 0-127), V lo and V hi into the dS scratch (128-255) ----
     before = smem.writes.copy()
     for tid in range(2 * BN):
-        is_k, key = tid < BN, tid % BN
+        is_k = tid < 128
         g = Gmem(k) if is_k else Gmem(v)
-        base = (kbase if is_k else vbase) + key * g.row_stride
-        for bb in range(D // 4):
-            c = 4 * bb
+        for key, c in kv_float4s(tid):
+            base = (kbase if is_k else vbase) + key * g.row_stride
             x = g.load4(base, 0, key, sk - n0, c, hd, True)
             hs, ls = zip(*(split(e) for e in x))
             smem.st(off["Klo" if is_k else "Vlo"] + swz(BN, key, c), ls)
+            if not is_k:
+                smem.st(off["dShi"] + swz(BN, key, c), hs)
             if is_k:
                 for e in range(4):
                     smem.st(off["KThi"] + swz(D, c + e, key), [hs[e]])
                     smem.st(off["KTlo"] + swz(D, c + e, key), [ls[e]])
     diff = smem.writes - before
-    assert diff.max() == 1 and diff.sum() == 4 * KB // 4, "setup words written once"
+    assert diff.max() == 1 and diff.sum() == 5 * KB // 4, "setup words written once"
     kt = np.zeros((BN, D), np.float32)
     vt = np.zeros((BN, D), np.float32)
     nk = max(0, min(BN, sk - n0))
     kt[:nk, :hd] = k[batch, n0:n0 + nk, head_k]
     vt[:nk, :hd] = v[batch, n0:n0 + nk, head_k]
 
-    # consumer registers: K hi / V hi fragments per warpgroup
+    # consumer registers: K hi / V hi fragments per warpgroup, read back from K^T hi and the
+    # V hi scratch (sdS hi and lo), each checked against the split of the element it means
     def hi_frags(c, src):
         fr = {}
         for (w, l) in THREADS:
             g_, q_ = l // 4, l % 4
             key0 = 64 * c + 16 * w + g_
-            fr[(w, l)] = [[split(src[batch, n0 + key0 + 8 * (i & 1), head_k, 8 * kk + q_ + 4 * (i >> 1)]
-                                 if n0 + key0 + 8 * (i & 1) < sk and 8 * kk + q_ + 4 * (i >> 1) < hd
-                                 else 0.0)[0] for i in range(4)] for kk in range(D // 8)]
+            fr[(w, l)] = [[0.0] * 4 for _ in range(D // 8)]
+            for kk in range(D // 8):
+                for i in range(4):
+                    key, col = key0 + 8 * (i & 1), 8 * kk + q_ + 4 * (i >> 1)
+                    a = off["KThi"] + swz(D, col, key) if src is k else off["dShi"] + swz(BN, key, col)
+                    want = split(src[batch, n0 + key, head_k, col] if n0 + key < sk and col < hd
+                                 else 0.0)[0]
+                    assert smem.w[a // 4] == want, "K hi / V hi fragment"
+                    fr[(w, l)][kk][i] = smem.w[a // 4]
         return fr
 
     wgs = [dict(k_hi=hi_frags(c, k), v_hi=hi_frags(c, v), dk={t: np.zeros(D // 2) for t in THREADS},

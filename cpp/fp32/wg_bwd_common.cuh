@@ -22,6 +22,42 @@
 namespace flashattn2 {
 namespace fp32wg {
 
+// Probe builds only (-DFLASHATTN2_PROBE_TIMES: kProbeTimes; scripts/bwd_cta_times.py reads
+// them): the CTA's 8 words at p.dq_accum (a buffer of the script's: these kernels add into dq
+// itself, fp32_dq_direct): slots 0-4 clock64 at points of consumer thread 128 (entry, K / V
+// in smem, step 0's tiles in, the K / V fragments in registers, exit); bwd_probe_end
+// adds %smid | n_steps << 32 (slot 5) and %globaltimer at the start (6) and the end (7). Each
+// written at once: nothing is held live across the walk.
+#ifdef FLASHATTN2_PROBE_TIMES
+constexpr bool kProbeTimes = true;
+#else
+constexpr bool kProbeTimes = false;
+#endif
+__device__ __forceinline__ uint64_t* bwd_probe_slots(const BwdParams& p) {
+  const uint64_t cta =
+      blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
+  return reinterpret_cast<uint64_t*>(p.dq_accum) + 8 * cta;
+}
+__device__ __forceinline__ uint64_t probe_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void bwd_probe(const BwdParams& p, int slot) {
+  bwd_probe_slots(p)[slot] = uint64_t(clock64());
+}
+__device__ __forceinline__ void bwd_probe_start(const BwdParams& p) {
+  bwd_probe(p, 0);
+  bwd_probe_slots(p)[6] = probe_globaltimer();
+}
+__device__ __forceinline__ void bwd_probe_end(const BwdParams& p, int n_steps) {
+  bwd_probe(p, 4);
+  uint32_t smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  bwd_probe_slots(p)[5] = smid | uint64_t(n_steps) << 32;
+  bwd_probe_slots(p)[7] = probe_globaltimer();
+}
+
 // (a 4-byte shared load; asm volatile: ordered with the producer's other shared accesses)
 __device__ __forceinline__ float ld_shared_float(uint32_t addr) {
   float v;
@@ -67,30 +103,39 @@ __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p) {
 }
 
 // The CTA's K / V tiles, before the walk (the consumers' threads ct = 0 .. 255 while the
-// producer builds step 0): ct < 128 copies a K row, else a V row, key ct % kBlockN, the
-// kHeadDim * kBlockN / 128 columns from c0 = (ct % 128) / kBlockN times that; its float4s all
-// loaded at once (one memory latency), split; then stored: lo natural in sKlo / sVlo (kLo), K's
-// hi and lo transposed in sKThi (kKTHi) and sKTlo (kKTLo). The K^T stores of a warp (32 keys,
-// one d) hit one 128-byte row: 32 banks. The caller's barrier follows.
-template <int kBlockN, int kHeadDim, bool kLo, bool kKTHi, bool kKTLo>
+// producer builds step 0): ct < 128 copies K, else V, kDepth float4s each; all loaded at once
+// (one memory latency), split; then stored: lo natural in sKlo / sVlo (kLo), K's hi and lo
+// transposed in sKThi (kKTHi) and sKTlo (kKTLo), V's hi natural in sVhi (kVHi: where the caller
+// then reads its register fragments from). The caller's barrier follows. Which float4s:
+// - default (the d128 kernel's): a thread a row, key ct % kBlockN, the kHeadDim * kBlockN / 128
+//   columns from (ct % 128) / kBlockN times that (a warp instruction: 32 rows, 32 L1 lines);
+//   the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks;
+// - kRows8 (the d64 kernel's: its prologue 1.1-1.4 us shorter, the backward 1.4-1.6 % faster
+//   in 3xTF32, NOTES' thirtieth session; the d128 units spill with it): a warp instruction 8
+//   rows x 64 bytes (8 lines): warp w's float4 u is unit w + 4 u of the tile's (kBlockN / 8) x
+//   (kHeadDim / 16) units of 8 keys x 16 columns (row-block minor), lane l at key + l % 8,
+//   column + 4 (l / 8); the K^T stores 2-way (the lanes 8 columns apart share a bank).
+template <int kBlockN, int kHeadDim, bool kLo, bool kKTHi, bool kKTLo, bool kVHi = false,
+          bool kRows8 = false>
 __device__ __forceinline__ void bwd_store_kv(const BwdParams& p, int ct, const float* gK,
                                              const float* gV, int rows, uint32_t sKlo,
-                                             uint32_t sVlo, uint32_t sKThi, uint32_t sKTlo) {
+                                             uint32_t sVlo, uint32_t sKThi, uint32_t sKTlo,
+                                             uint32_t sVhi = 0) {
   using namespace sm90;
   constexpr int kCols = kHeadDim * kBlockN / 128;
-  const bool is_k = ct < 128;
-  const int key = ct % kBlockN, c0 = (ct % 128) / kBlockN * kCols;
-  const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
   constexpr int kDepth = kCols / 4;
-  float4 x[kDepth];
-#pragma unroll
-  for (int u = 0; u < kDepth; ++u) x[u] = load4(g, 0, key, rows, c0 + 4 * u, p.headdim);
-#pragma unroll
-  for (int u = 0; u < kDepth; ++u) {
-    const int c = c0 + 4 * u;
-    const Split4 sp = split4(x[u]);
+  static_assert(!kRows8 || (kBlockN % 8 == 0 && kHeadDim % 16 == 0 &&
+                              4 * kDepth == kBlockN / 8 * (kHeadDim / 16)),
+                "whole units of 8 keys x 16 columns, kDepth a warp");
+  const bool is_k = ct < 128;
+  // (one float4's stores)
+  auto put = [&](int key, int c, float4 x) {
+    const Split4 sp = split4(x);
     if constexpr (kLo) {
       st_shared_v4((is_k ? sKlo : sVlo) + swz<kBlockN>(key, c), sp.lo.x, sp.lo.y, sp.lo.z, sp.lo.w);
+    }
+    if constexpr (kVHi) {
+      if (!is_k) st_shared_v4(sVhi + swz<kBlockN>(key, c), sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w);
     }
     if (is_k) {
       const float hi[4] = {sp.hi.x, sp.hi.y, sp.hi.z, sp.hi.w};
@@ -101,6 +146,25 @@ __device__ __forceinline__ void bwd_store_kv(const BwdParams& p, int ct, const f
         if constexpr (kKTLo) st_shared(sKTlo + swz<kHeadDim>(c + e, key), lo[e]);
       }
     }
+  };
+  float4 x[kDepth];
+  if constexpr (kRows8) {
+    const int t = ct % 128;
+    auto key_of = [&](int u) { return 8 * ((t / 32 + 4 * u) % (kBlockN / 8)) + t % 8; };
+    auto col_of = [&](int u) { return 16 * ((t / 32 + 4 * u) / (kBlockN / 8)) + 4 * (t % 32 / 8); };
+    const float* g = is_k ? gK : gV;
+    const int64_t stride = is_k ? p.k_row_stride : p.v_row_stride;
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) x[u] = load4(g, stride, key_of(u), rows, col_of(u), p.headdim);
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) put(key_of(u), col_of(u), x[u]);
+  } else {
+    const int key = ct % kBlockN, c0 = (ct % 128) / kBlockN * kCols;
+    const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) x[u] = load4(g, 0, key, rows, c0 + 4 * u, p.headdim);
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) put(key, c0 + 4 * u, x[u]);
   }
   fence_proxy_async();
 }

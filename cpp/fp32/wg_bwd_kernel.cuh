@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
   const float* gK = cta.gK;
   const float* gV = cta.gV;
 
+  if (fp32wg::kProbeTimes && tid == 128) fp32wg::bwd_probe_start(p);
   if (tid == 0) fp32wg::bwd_init_bars(bars, Traits::kConsumers);
   __syncthreads();  // (the mbarriers' init; the K / V tiles are the consumers' own, below)
 
@@ -160,15 +161,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     // column: the transposed stores hit one 128-byte row, the natural 16-byte stores of a
     // quarter warp 8 rows of one unit: conflict-free)
     const int q_row0 = tid % kBlockM, q_col0 = 4 * (tid / kBlockM);
-    const int q_pos0 = fp32wg::key_pos(q_row0);
     // kStaged: step t's Q, dO, lse, dsum staged by cp.async during step t - 1 (step 0's here).
     constexpr auto stage = fp32wg::bwd_stage_step<kBlockM, kHeadDim>;
     if (Traits::kStaged && n_steps > 0) stage(p, cta, tid, 0, q_row0, q_col0, sRaw);
     for (int t = 0; t < n_steps; ++t) {
       // (addresses and lane offsets recomputed per step, not kept live: 40 registers)
       uint32_t base = smem;
-      int q_row = q_row0, q_col = q_col0, q_pos = q_pos0;
-      asm volatile("" : "+r"(base), "+r"(q_row), "+r"(q_col), "+r"(q_pos));
+      int q_row = q_row0, q_col = q_col0;
+      asm volatile("" : "+r"(base), "+r"(q_row), "+r"(q_col));
+      const int q_pos = fp32wg::key_pos(q_row);
       auto at = [&](uint32_t addr) { return base + (addr - smem); };
       const int head = head_k * group + t / n_m;
       const int m0 = (m_block_min + t % n_m) * kBlockM;
@@ -195,27 +196,44 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
     const int lane_d0 = 16 * warp_in_wg + g;              // + 8 r: dQ^T rows (d)
 
     // K hi, V hi: the lane's A fragments ((g, q), (g+8, q), (g, q+4), (g+8, q+4) of k8 step
-    // kk), split as the K lo / V lo in smem were.
+    // kk). kSingle: split from 64 scalar global loads a thread (before the shared tiles);
+    // else read back from K^T hi and a V hi scratch in sdS (after them: the tiles come from
+    // global memory once; the scratch would cost kSingle 32 KiB more shared memory, and that
+    // measured -2 %, twenty-ninth session).
     uint32_t k_hi[kKSteps][4], v_hi[kKSteps][4];
+    auto fragments = [&](auto&& at) {
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
+      for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = lane_key0 + 8 * (i & 1), col = 8 * kk + lane % 4 + 4 * (i >> 1);
+        for (int i = 0; i < 4; ++i) {
+          const int key = lane_key0 + 8 * (i & 1), col = 8 * kk + lane % 4 + 4 * (i >> 1);
+          at(k_hi[kk][i], v_hi[kk][i], key, col);
+        }
+    };
+    if constexpr (kSingle) {
+      fragments([&](uint32_t& kh, uint32_t& vh, int key, int col) {
         const bool in = n0 + key < seqlen_k && col < p.headdim;
-        const float xk = in ? __ldg(gK + int64_t(key) * p.k_row_stride + col) : 0.f;
-        const float xv = in ? __ldg(gV + int64_t(key) * p.v_row_stride + col) : 0.f;
-        k_hi[kk][i] = tf32::split(xk).hi;
-        v_hi[kk][i] = tf32::split(xv).hi;
-      }
-
-    // K lo and K^T hi / lo (consumer threads 0-127), V lo (128-255), while the producer
-    // already builds step 0's tiles; then the consumers' barrier (the producer is not in it).
-    {
-      static_assert(2 * kBlockN == 128 * Traits::kConsumers, "a consumer thread per K / V row");
-      fp32wg::bwd_store_kv<kBlockN, kHeadDim, !kSingle, true, !kSingle>(
-          p, tid - 128, gK, gV, seqlen_k - n0, sKlo, sVlo, sKThi, sKTlo);
-      named_sync(kBarKv, 128 * Traits::kConsumers);
+        kh = tf32::split(in ? __ldg(gK + int64_t(key) * p.k_row_stride + col) : 0.f).hi;
+        vh = tf32::split(in ? __ldg(gV + int64_t(key) * p.v_row_stride + col) : 0.f).hi;
+      });
+    }
+    // K lo and K^T hi / lo (consumer threads 0-127), V lo and (!kSingle) V hi (128-255), while
+    // the producer already builds step 0's tiles; the consumers' barrier (the producer is not
+    // in it).
+    static_assert(2 * kBlockN == 128 * Traits::kConsumers, "a consumer thread per K / V row");
+    static_assert(kSingle || 2 * Traits::kSBytes >= Traits::kKBytes, "V hi fits sdS hi and lo");
+    const uint32_t sVhi = sdShi;
+    fp32wg::bwd_store_kv<kBlockN, kHeadDim, !kSingle, true, !kSingle, !kSingle, true>(
+        p, tid - 128, gK, gV, seqlen_k - n0, sKlo, sVlo, sKThi, sKTlo, sVhi);
+    named_sync(kBarKv, 128 * Traits::kConsumers);
+    if (fp32wg::kProbeTimes && tid == 128) fp32wg::bwd_probe(p, 1);
+    if constexpr (!kSingle) {
+      fragments([&](uint32_t& kh, uint32_t& vh, int key, int col) {
+        kh = __float_as_uint(fp32wg::ld_shared_float(sKThi + swz<kHeadDim>(col, key)));
+        vh = __float_as_uint(fp32wg::ld_shared_float(sVhi + swz<kBlockN>(key, col)));
+      });
+      named_sync(kBarKv, 128 * Traits::kConsumers);  // (the scratch is sdS: step 0 writes it)
+      if (fp32wg::kProbeTimes && tid == 128) fp32wg::bwd_probe(p, 3);
     }
 
     uint32_t step_base = smem;
@@ -230,6 +248,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
+    if (fp32wg::kProbeTimes && n_steps > 0) {  // (step 0's tiles in: the loop waits again)
+      mbar_wait(bar_full_nat, 0);
+      if (tid == 128) fp32wg::bwd_probe(p, 2);
+    }
     for (int t = 0; t < n_steps; ++t) {
       // The tiles' addresses from a base the compiler cannot see through, so that the wgmma
       // descriptors (constant over the loop: one buffer set) are rebuilt in each step rather
@@ -355,6 +377,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg_kernel(const B
         }
       }
     }
+    if (fp32wg::kProbeTimes && tid == 128) fp32wg::bwd_probe_end(p, n_steps);
   }
 #endif
 }
