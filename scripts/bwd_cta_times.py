@@ -1,12 +1,12 @@
 """Where a float32 Hopper backward CTA's time goes (d64, fp32/wg_bwd_kernel.cuh), from a probe
-build: jobs/s29_fp32_bwd_cta_probe.patch applied and -DFLASHATTN2_PROBE_TIMES in
-CMAKE_CUDA_FLAGS (each CTA writes clock64 / %globaltimer stamps, fp32wg::bwd_probe, through
-bwd's dq_accum argument: a buffer of this script's). Per CTA the prologue (entry to K / V in
-shared memory; where a probe stamps slot 3, entry to the consumers' K / V fragments in
-registers), the first step's fill (entry to the producer's step 0 ready), the walk and
-epilogue (step 0 ready to exit), with a least-squares fit of the CTA's cycles against its steps
-(the intercept: the fixed cost a CTA, in steps); per SM the gaps between one CTA's exit and the
-next one's entry and the idle tail before the kernel's last exit.
+build: -DFLASHATTN2_PROBE_TIMES in CMAKE_CUDA_FLAGS (each CTA writes clock64 / %globaltimer
+stamps, fp32wg::bwd_probe, through bwd's dq_accum argument: a buffer of this script's; such a
+build fails anywhere else, e.g. in bench.py, where no dq_accum is passed). Per CTA the prologue
+(entry to K / V in shared memory; where a probe stamps slot 3, entry to the consumers' K / V
+fragments in registers), the first step's fill (entry to the producer's step 0 ready), the walk
+and epilogue (step 0 ready to exit), with a least-squares fit of the CTA's cycles against its
+steps (the intercept: the fixed cost a CTA, in steps); per SM the gaps between one CTA's exit
+and the next one's entry and the idle tail before the kernel's last exit.
 
     PYTHONPATH=/tmp/probe python3 scripts/bwd_cta_times.py [--seqlens 1024,8192] [--causal 1]
         [--fp32-precision ieee|tf32]
