@@ -1,15 +1,15 @@
 """Host model of one CTA of the Hopper float32 forward (cpp/fp32/wg_kernel.cuh), no GPU.
 
-Runs the kernel's own index arithmetic (copied by hand from wg_kernel.cuh: keep in step) on
-numpy arrays: the producer's global loads (flat element indices, bounds-checked against the
-tensor) and its hi / lo stores into a byte-addressed shared-memory image (NaN-filled, so a
-read of an unwritten word shows), the wgmma operands as the hardware reads them (descriptor
-start address + 8-row groups SBO apart + 128-byte rows, then the 128-byte swizzle on the
-address bits: bits [4:6] ^= bits [7:9]), the register fragments of the A operand (RS) and of
-the accumulators (PTX ISA / CuTe: A (g, q) (g+8, q) (g, q+4) (g+8, q+4); D[j] row g + 8
-((j >> 1) & 1), col 8 (j >> 2) + 2 q + (j & 1)), the mask, softmax, P reorder, P V and the
-epilogue. Prints max |model - float64 attention| per CTA; a layout slip gives O(1) errors
-or NaN, a right model ~1e-6.
+Runs the kernel's own index arithmetic (copied by hand from wg_kernel.cuh and wg_common.cuh:
+keep in step) on numpy arrays: the producer's global loads (flat element indices,
+bounds-checked against the tensor) and its hi / lo stores into a byte-addressed shared-memory
+image (NaN-filled, so a read of an unwritten word shows), the wgmma operands as the hardware
+reads them (descriptor start address + 8-row groups SBO apart + 128-byte rows, then the
+128-byte swizzle on the address bits: bits [4:6] ^= bits [7:9]), the register fragments of the
+A operand (RS) and of the accumulators (PTX ISA / CuTe: A (g, q) (g+8, q) (g, q+4) (g+8, q+4);
+D[j] row g + 8 ((j >> 1) & 1), col 8 (j >> 2) + 2 q + (j & 1)), the mask, softmax, P reorder, P
+V and the epilogue. Prints max |model - float64 attention| per CTA; a layout slip gives O(1)
+errors or NaN, a right model ~1e-6.
 
   python3 scripts/fp32wg_model.py            # d64 and d128 configs, several shapes
 

@@ -36,7 +36,7 @@
 // (Measured and dropped, eleventh session: Q^T / dO^T from a second, L2, load of Q / dO, 32 KiB
 // a step less shared-memory traffic: 0.89-0.99x, the producer's L2 latency on the path.)
 //
-// Layouts: fp32/wg_kernel.cuh's 128-byte swizzled 32-column chunks (fp32wg::swz); Q^T, dO^T
+// Layouts: fp32/wg_common.cuh's 128-byte swizzled 32-column chunks (fp32wg::swz); Q^T, dO^T
 // [d x 16 queries] each use the first 64 bytes of a chunk's 128-byte rows (the descriptors'
 // k8 steps 0 and 1), queries permuted in 8-groups as d64's (the accumulators as A).
 //   limits d multiple of 8, 65..128 (kernel head dim 128); 16-byte aligned pointers, strides
@@ -59,7 +59,8 @@
 #include "fp32/tf32.cuh"
 #include "fp32/wg_bwd_common.cuh"
 #include "fp32/wg_bwd_config.h"
-#include "fp32/wg_kernel.cuh"
+#include "fp32/wg_common.cuh"
+#include "fp32/wg_config.h"
 #include "sm90/mbarrier.cuh"
 #include "sm90/warpgroup.cuh"
 #include "sm90/wgmma.cuh"

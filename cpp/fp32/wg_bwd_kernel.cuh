@@ -14,7 +14,7 @@
 //   dQ^T = K^T dS^T  A: K^T [d x keys] (smem)                    B: dS [q x keys] (smem)
 // The accumulators as A fragments: S^T's C fragment gives lane (g, q) the queries 2q, 2q + 1
 // of each 8-query group, A wants k = q, q + 4; so Q^T and dO^T store their 8-query groups
-// permuted (position q holds query 2q, q + 4 query 2q + 1: wg_kernel.cuh's key_pos) and the
+// permuted (position q holds query 2q, q + 4 query 2q + 1: wg_common.cuh's key_pos) and the
 // A fragment is (c0, c2, c1, c3) of the n8 tile (the forward's P V).
 //
 // Tiling
@@ -69,7 +69,8 @@
 #include "fp32/tf32.cuh"
 #include "fp32/wg_bwd_common.cuh"
 #include "fp32/wg_bwd_config.h"
-#include "fp32/wg_kernel.cuh"
+#include "fp32/wg_common.cuh"
+#include "fp32/wg_config.h"
 #include "sm90/mbarrier.cuh"
 #include "sm90/warpgroup.cuh"
 #include "sm90/wgmma.cuh"
