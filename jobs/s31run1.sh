@@ -17,7 +17,7 @@
 # prologues 360-590 lines shorter (ptxas's choice; the fragment offsets' signed divisions gone),
 # the forward ones ~110 longer. With -DFLASHATTN2_FP32WG_PREFETCH_WAVES=0 the SASS is HEAD's,
 # byte for byte (checked: backward d64 3xTF32, forward d128 3xTF32).
-#   rm -rf .base && mkdir .base && git archive HEAD cpp python | tar -x -C .base
+#   rm -rf .base && mkdir .base && git archive HEAD cpp python | tar -x -C .base   (HEAD: e11dd80 or later)
 #   git apply jobs/s31_fp32wg_l2_prefetch.patch
 #   WAIT=575 OUT=$OUT bash scripts/gpu_detach.sh start bash jobs/s31run1.sh   (carry .base, .xdist)
 #   then at once: WAIT=... OUT=$OUT bash scripts/gpu_detach.sh wait
