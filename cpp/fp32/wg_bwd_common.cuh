@@ -59,13 +59,6 @@ __device__ __forceinline__ void bwd_probe_end(const BwdParams& p, int n_steps) {
   bwd_probe_slots(p)[7] = probe_globaltimer();
 }
 
-// (a 4-byte shared load; asm volatile: ordered with the producer's other shared accesses)
-__device__ __forceinline__ float ld_shared_float(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
-
 // The CTA's coordinates: keys [n0, n0 + kBlockN) of K / V head head_k (gK, gV: their first
 // rows), batch; the query tiles [m_block_min, + n_m) that see one of its keys (bottom-right
 // aligned right window; no left one), for each query head of the GQA group: n_steps steps.

@@ -31,7 +31,12 @@ __device__ __forceinline__ Split4 split4(float4 x) {
           make_float4(f(a.lo), f(b.lo), f(c.lo), f(d.lo))};
 }
 
-// (a 16-byte shared load; asm volatile: ordered with the thread's other shared accesses)
+// (4- and 16-byte shared loads; asm volatile: ordered with the thread's other shared accesses)
+__device__ __forceinline__ float ld_shared_float(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
 __device__ __forceinline__ float4 ld_shared_float4(uint32_t addr) {
   float4 v;
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
