@@ -31,6 +31,18 @@ constexpr int decode_smem_bytes(int head_dim) {
   return 2 * head_dim * (kDecodeRows + kDecodeWarps * decode_stages(head_dim) * 2 * kDecodeBlockN);
 }
 
+// The copy's lane layout (decode_kernel.cuh, DecodeCopyRows): whole rows per warp instruction
+// (d128: 2 rows x 256 bytes, 16 lanes a row) where a CTA streams many keys, the default 8 rows x
+// 64 bytes (4 lanes a row) where it reads few. On an H200 (thirty-first session, d128, GQA
+// 32 / 8): whole rows read at 97-100 % of the read floor from 1k keys a CTA (b16 8k 125.2 us
+// against 148.9, cuDNN 123.2) but cost b1 1k / 8k and b4 1k 7-10 % (16-256 keys a CTA: 8 row
+// addresses a lane, not 2, in a CTA that is mostly prologue). d64 is not measured: it keeps the
+// default.
+constexpr int kDecodeFullRowsMinKeys = 512;
+constexpr bool decode_full_rows(int head_dim, int seqlen_k, int num_splits) {
+  return head_dim == 128 && seqlen_k >= kDecodeFullRowsMinKeys * (num_splits > 1 ? num_splits : 1);
+}
+
 // CTAs per SM from shared memory on sm_90 (228 KiB per SM, 1 KiB reserved per CTA): 2 at
 // d128, 3 at d64; the kernel's __launch_bounds__ minimum. (The split heuristic takes the
 // GPU's own shared memory: an A100's 164 KiB hold 1 / 2.)

@@ -19,12 +19,15 @@
 //          8 warps x 2 tiles x 8 KiB = 128 KiB of K/V in flight per SM), d64 66 KiB
 //          (3 CTAs, 144 KiB in flight).
 //   regs   per thread: rQ [d/16][4] b32 (Q fragments, loaded once), acc_o [d/8][4] f32,
-//          acc_s [2][4] f32; one page-table entry per row slot (2). ptxas (sm_90a): d128
-//          187-192, d64 119-124 registers, no spills (bound by shared memory, not registers).
-//   copy   lane l copies rows l / 4 and l / 4 + 8 of a K or V tile (16-byte chunks l % 4 + 4 m),
-//          with one row address per row (copy_rows; the layout of load_tile_rows<16, d, 32>);
-//          with p.kv_l2_prefetch each cp.async hints L2 to fetch the row's whole 2d-byte
-//          segment (LDGSTS ... LTC256B at d128).
+//          acc_s [2][4] f32; one page-table entry per row slot (2; 8 with kFullRows). ptxas
+//          (sm_90a): d128 187-192 (kFullRows 218-222), d64 119-124 registers, no spills (bound
+//          by shared memory, not registers).
+//   copy   DecodeCopyRows: by default lane l copies rows l / 4 and l / 4 + 8 of a K or V tile
+//          (16-byte chunks l % 4 + 4 m; the layout of load_tile_rows<16, d, 32>); kFullRows
+//          (d128 where a CTA reads >= 512 keys, decode_full_rows): 16 lanes a 256-byte row,
+//          rows l / 16 + 2 s for slots s < 8, so that a warp instruction reads whole rows. One
+//          row address per row and lane (copy_rows); with p.kv_l2_prefetch each cp.async
+//          hints L2 to fetch the row's whole 2d-byte segment (LDGSTS ... LTC256B at d128).
 //   step   (per warp, no CTA barrier in the loop)
 //            cp.async.wait_group (tile j landed for this lane) ; __syncwarp (for all lanes)
 //            issue the cp.async of tile j + kStages - 1 into the stage tile j - 1 used
@@ -58,6 +61,26 @@
 
 namespace flashattn2 {
 
+// The lanes of a warp's K / V tile copy: kLanesPerRow lanes a row (16-byte chunks lane %
+// kLanesPerRow + kLanesPerRow m), so a warp instruction covers kRowsPerOp rows, and each lane
+// has kSlots rows (slot s: row lane / kLanesPerRow + kRowsPerOp s; one block-table entry each:
+// TileThreadRows' interface, for KvRows::fetch_pages). Default 4 lanes a row (8 rows x 64
+// bytes an instruction, 2 slots); kFullRows: a whole row a lane group (d128: 2 rows x 256
+// bytes, 8 slots), which streams faster but costs more address math (decode_full_rows).
+template <int kRows, int kHeadDim, bool kFullRows>
+struct DecodeCopyRows {
+  static constexpr int kLanesPerRow = kFullRows ? kHeadDim / 8 : 4;
+  static constexpr int kRowsPerOp = 32 / kLanesPerRow;
+  static constexpr int kSlots = kRows / kRowsPerOp;
+  static constexpr int kChunks = kHeadDim / 8 / kLanesPerRow;  // per lane and row
+  static_assert(kLanesPerRow % 4 == 0 && 32 % kLanesPerRow == 0 && kRows % kRowsPerOp == 0,
+                "copy layout");
+  __device__ __forceinline__ static int row(int slot, int lane) {
+    return lane / kLanesPerRow + kRowsPerOp * slot;
+  }
+  __device__ __forceinline__ static int chunk(int lane) { return lane % kLanesPerRow; }
+};
+
 template <int kHeadDim_>
 struct DecodeTraits {
   static constexpr int kHeadDim = kHeadDim_;
@@ -75,8 +98,8 @@ struct DecodeTraits {
                 "the epilogue's sO, sM, sL must fit the K/V rings");
 };
 
-// kMods: kModNone or kModLogits (softcap / ALiBi).
-template <typename Traits, typename Element, int kMods>
+// kMods: kModNone or kModLogits (softcap / ALiBi); kFullRows: DecodeCopyRows' layout.
+template <typename Traits, typename Element, int kMods, bool kFullRows>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     decode_kernel(const FwdParams p) {
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -132,16 +155,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   const Element* gV = kv_rows.base(static_cast<const Element*>(p.v) + head_k * p.v_head_stride,
                                    seq, p.v_batch_stride, p.v_row_stride);
 
-  // The warp's K/V copies: 16 rows x d per tile, lane l copying rows l / 4 and l / 4 + 8
-  // (TileThreadRows<16, 32>: two row slots, hence two block-table entries per tile).
-  using WarpRows = TileThreadRows<kBlockN, 32>;
+  // The warp's K/V copies: 16 rows x d per tile in DecodeCopyRows' lane layout (default: lane l
+  // copies rows l / 4 and l / 4 + 8, two row slots, hence two block-table entries per tile).
+  using WarpRows = DecodeCopyRows<kBlockN, kHeadDim, kFullRows>;
   Element* const sRing = sKV + warp * kStages * 2 * kTile;
   auto fetch_pages = [&](int j, int (&page)[WarpRows::kSlots]) {
     if (j < n_mine) kv_rows.template fetch_pages<WarpRows>(p, tile_of(j) * kBlockN, seqlen_k, lane, page);
   };
-  // Rows n0 .. n0 + 15 of K or V into sX, in load_tile_rows<16, d, 32>'s layout (lane l: the
-  // rows of its two slots, 16-byte chunks l % 4 + 4 m; zero fill past the keys and the head
-  // dim), but with one row address per slot (the paged / strided 64-bit address math then
+  // Rows n0 .. n0 + 15 of K or V into sX, in the swizzled layout (lane l: the rows of its
+  // slots, 16-byte chunks l % kL + kL m; zero fill past the keys and the head dim), with one
+  // row address per slot (the paged / strided 64-bit address math then
   // runs twice per tile and tensor, not once per chunk). With p.kv_l2_prefetch each copy
   // hints L2 to fetch the row's whole d x 2-byte segment (one DRAM access per head row rather
   // than one per 64 bytes; a uniform branch).
@@ -154,15 +177,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       const int r = WarpRows::row(slot, lane);
       const bool row_ok = r < seqlen_k - n0;
       const Element* src = kv_rows(p, gX, batch_stride, row_stride, n0 + (row_ok ? r : 0), page[slot]);
-      const uint32_t dst = ptx::smem_addr(sX + swizzle<kBlockN>(r, lane % 4));
+      const uint32_t dst = ptx::smem_addr(sX + swizzle<kBlockN>(r, WarpRows::chunk(lane)));
+      constexpr int kL = WarpRows::kLanesPerRow;
 #pragma unroll
-      for (int m = 0; m < kHeadDim / 32; ++m) {  // chunk 4 m + lane % 4 is segment m's
-        const int col = 8 * (4 * m + lane % 4);
+      for (int m = 0; m < WarpRows::kChunks; ++m) {  // chunk kL m + lane % kL: segment kL m / 4
+        const int col = 8 * (kL * m + WarpRows::chunk(lane));
         if (kv_prefetch) {
-          ptx::cp_async_16_prefetch<kPrefetch>(dst + m * kBlockN * 64, src + col,
+          ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + col,
                                                row_ok && col < p.headdim);
         } else {
-          ptx::cp_async_16(dst + m * kBlockN * 64, src + col, row_ok && col < p.headdim);
+          ptx::cp_async_16(dst + m * (kL / 4) * kBlockN * 64, src + col,
+                           row_ok && col < p.headdim);
         }
       }
     }

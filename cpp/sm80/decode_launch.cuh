@@ -11,22 +11,32 @@
 
 namespace flashattn2 {
 
-// The decode kernel, then for num_splits > 1 the split-KV combine kernel, which merges the
+// The decode kernel (whole-row copies where decode_full_rows says so), then for num_splits > 1 the split-KV combine kernel, which merges the
 // partial results (the KV kernel's o_accum / lse_accum layout). The caller checked
 // decode_supports().
 template <typename Element, int kHeadDim>
 void run_decode(const FwdParams& params, cudaStream_t stream) {
   using Traits = DecodeTraits<kHeadDim>;
   const dim3 grid(params.num_splits, params.nheads / params.q_pack, params.batch);
-  auto launch = [&](auto mods) {
-    constexpr auto kernel = decode_kernel<Traits, Element, decltype(mods)::value>;
+  auto launch = [&](auto mods, auto full_rows) {
+    constexpr auto kernel =
+        decode_kernel<Traits, Element, decltype(mods)::value, decltype(full_rows)::value>;
     raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(decode_kernel, smem)");
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   };
+  auto launch_rows = [&](auto mods) {
+    if constexpr (decode_full_rows(kHeadDim, kDecodeFullRowsMinKeys, 1)) {
+      if (decode_full_rows(kHeadDim, params.seqlen_k, params.num_splits)) {
+        launch(mods, std::true_type{});
+        return;
+      }
+    }
+    launch(mods, std::false_type{});
+  };
   if (has_score_mods(params)) {  // softcap / ALiBi (decode_supports excludes dropout, bias)
-    launch(std::integral_constant<int, kModLogits>{});
+    launch_rows(std::integral_constant<int, kModLogits>{});
   } else {
-    launch(std::integral_constant<int, kModNone>{});
+    launch_rows(std::integral_constant<int, kModNone>{});
   }
   check_cuda(cudaGetLastError(), "decode_kernel launch");
   if (params.num_splits > 1) launch_combine<Element>(params, stream);
