@@ -49,6 +49,9 @@ for g in 2 3 4 5; do
     python3 scripts/ab_compare.py "$O" --group $g --specs base,new > "$O/ab$g.txt" 2>&1
     echo "group $g"; sed -n '/^geomean/,$p' "$O/ab$g.txt"
 done
+echo "=== $(date -Is) decode sweep (H200 baseline, the default sweep)"
+timeout 400 python3 benchmarks/bench_decode.py --out "$O/decode" > "$O/decode_log.txt" 2>&1
+tail -n 60 "$O/decode_log.txt"
 if python3 - "$O"/ab[2-5].txt <<'PY'
 import math, re, sys
 r = [float(x) for f in sys.argv[1:]
