@@ -11,9 +11,9 @@
 
 namespace flashattn2 {
 
-// The decode kernel (whole-row copies where decode_full_rows says so), then for num_splits > 1 the split-KV combine kernel, which merges the
-// partial results (the KV kernel's o_accum / lse_accum layout). The caller checked
-// decode_supports().
+// The decode kernel (whole-row copies where decode_full_rows says so), then for num_splits > 1
+// the split-KV combine kernel, which merges the partial results (the KV kernel's o_accum /
+// lse_accum layout). The caller checked decode_supports().
 template <typename Element, int kHeadDim>
 void run_decode(const FwdParams& params, cudaStream_t stream) {
   using Traits = DecodeTraits<kHeadDim>;
