@@ -39,8 +39,10 @@ constexpr int decode_smem_bytes(int head_dim) {
 // addresses a lane, not 2, in a CTA that is mostly prologue). d64 is not measured: it keeps the
 // default.
 constexpr int kDecodeFullRowsMinKeys = 512;
+constexpr bool decode_full_rows_head_dim(int head_dim) { return head_dim == 128; }
 constexpr bool decode_full_rows(int head_dim, int seqlen_k, int num_splits) {
-  return head_dim == 128 && seqlen_k >= kDecodeFullRowsMinKeys * (num_splits > 1 ? num_splits : 1);
+  return decode_full_rows_head_dim(head_dim) &&
+         seqlen_k >= kDecodeFullRowsMinKeys * (num_splits > 1 ? num_splits : 1);
 }
 
 // CTAs per SM from shared memory on sm_90 (228 KiB per SM, 1 KiB reserved per CTA): 2 at

@@ -25,7 +25,7 @@ void run_decode(const FwdParams& params, cudaStream_t stream) {
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   };
   auto launch_rows = [&](auto mods) {
-    if constexpr (decode_full_rows(kHeadDim, kDecodeFullRowsMinKeys, 1)) {
+    if constexpr (decode_full_rows_head_dim(kHeadDim)) {  // (else no whole-row instance)
       if (decode_full_rows(kHeadDim, params.seqlen_k, params.num_splits)) {
         launch(mods, std::true_type{});
         return;
