@@ -55,16 +55,12 @@ import sys
 COLUMNS = ["gpu", "bench", "impl", "layout", "page_size", "num_splits", "batch", "seqlen_q",
            "seqlen_k", "tokens", "nheads", "nheads_k", "headdim", "causal", "us", "gbps",
            "frac_copy", "tflops", "gqa", "timer", "error"]
-IMPLS = ("flashattn2", "flashattn2_oldkv", "flashattn2_noprefetch", "flashattn2_lateissue",
-         "sdpa_flash", "sdpa_cudnn", "read_floor")
+IMPLS = ("flashattn2", "flashattn2_oldkv", "sdpa_flash", "sdpa_cudnn", "read_floor")
 # A/B variants of flashattn2, each an impl of its own (not a baseline): the _ext switch it
-# turns off, and the summary's line. flashattn2_noprefetch: the decode kernel's K / V copies
-# without the L2 prefetch hint (decode_l2_prefetch(False), FLASHATTN2_DECODE_L2_PREFETCH=0);
-# flashattn2_lateissue: its loop waiting for a tile before issuing the next
-# (decode_issue_early(False), FLASHATTN2_DECODE_ISSUE_EARLY=0).
-AB_VARIANTS = {"flashattn2_oldkv": ("decode_kernel", "decode kernel vs KV kernel"),
-               "flashattn2_noprefetch": ("decode_l2_prefetch", "L2 prefetch hint vs none"),
-               "flashattn2_lateissue": ("decode_issue_early", "early tile issue vs late")}
+# turns off, and the summary's line. (The decode kernel's L2-prefetch and early-issue switches,
+# flashattn2_noprefetch / flashattn2_lateissue, are gone: both on at compile time, the loop
+# copies each chunk once instead of under both values; NOTES, thirty-first session.)
+AB_VARIANTS = {"flashattn2_oldkv": ("decode_kernel", "decode kernel vs KV kernel")}
 # flashattn2_oldkv: flashattn2 with the decode kernel switched off (flashattn2._ext.decode_kernel
 # (False), as FLASHATTN2_DECODE_KERNEL=0): the KV kernel, for an A/B of builds with
 # FLASHATTN2_EXPERIMENTAL=decode in one run (identical to flashattn2 in builds without it).

@@ -208,7 +208,7 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
          int64_t alibi_batch_stride, std::uintptr_t rng_state, double dropout_p, int q_pack,
          bool allow_sm90, std::uintptr_t tile_counter, std::uintptr_t attn_bias,
          const Strides& bias_strides, int bias_dtype, bool allow_decode,
-         bool kv_l2_prefetch, bool kv_issue_early, bool sm90_stage_o, bool sm90_narrow_step,
+         bool sm90_stage_o, bool sm90_narrow_step,
          bool sm90_fa3_order, bool fp32_tf32) {
   constexpr const char* kRowLayout = "(batch, row, head)";
   check_strides("q_strides", q_strides, 3, kRowLayout);
@@ -246,8 +246,6 @@ int fwd(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
   params.lse_accum = reinterpret_cast<float*>(lse_accum);
   set_mods(params, softcap, alibi_slopes, alibi_batch_stride, rng_state, dropout_p);
   params.tile_counter = reinterpret_cast<int*>(tile_counter);
-  params.kv_l2_prefetch = kv_l2_prefetch;
-  params.kv_issue_early = kv_issue_early;
   params.sm90_stage_o = sm90_stage_o;
   params.sm90_narrow_step = sm90_narrow_step;
   params.sm90_fa3_order = sm90_fa3_order;
@@ -568,16 +566,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("allow_sm90") = true, py::arg("tile_counter") = 0, py::arg("attn_bias") = 0,
         py::arg("bias_strides") = Strides{}, py::arg("bias_dtype") = -1,
         py::arg("allow_decode") = true,
-        py::arg("kv_l2_prefetch") = false, py::arg("kv_issue_early") = false,
         py::arg("sm90_stage_o") = false, py::arg("sm90_narrow_step") = false,
         py::arg("sm90_fa3_order") = true, py::arg("fp32_tf32") = false,
         "Attention forward; returns the kernel that ran: 90 (the Hopper "
         "kernels, on sm_90 GPUs for what they support unless allow_sm90 is false), 80 (the "
         "mma.sync kernels), 81 (the decode kernel of builds with "
         "FLASHATTN2_EXPERIMENTAL=decode, for the forwards of at most 16 packed query rows it "
-        "supports unless allow_decode is false; flash_api.h kFwdKernelDecode; "
-        "kv_l2_prefetch: its K / V copies hint L2 to fetch whole head rows; kv_issue_early: "
-        "each step issues the next tile before waiting for the current one) or 91 (the "
+        "supports unless allow_decode is false; flash_api.h kFwdKernelDecode) or 91 (the "
         "Hopper float32 kernel of builds with FLASHATTN2_EXPERIMENTAL=fp32wg, for the float32 "
         "forwards it supports unless allow_sm90 is false; flash_api.h kFwdKernelFp32Wg) or 93 "
         "(its single-TF32 instance, when fp32_tf32 is true: one tf32 product per multiply, "

@@ -85,8 +85,7 @@ def mock(args):
     rest = dict(_launch._FWD_LAYOUT, num_splits=0, o_accum=0, lse_accum=0,
                 **_launch._FWD_VARLEN, **_launch._FWD_MODS, q_pack=4, allow_sm90=True,
                 tile_counter=0, **_launch._FWD_BIAS, allow_decode=True,
-                kv_l2_prefetch=True, kv_issue_early=True, sm90_stage_o=False,
-                sm90_narrow_step=True, sm90_fa3_order=False, fp32_tf32=False)
+                sm90_stage_o=False, sm90_narrow_step=True, sm90_fa3_order=False, fp32_tf32=False)
     assert tuple(rest) == _launch._FWD_OPTIONAL
 
     def refused(call):

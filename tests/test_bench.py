@@ -175,13 +175,9 @@ def test_decode_ab_of_the_decode_kernel(capsys):
     bd.print_summary(rows, {"timer": "t", "skipped": []})
     out = capsys.readouterr().out
     assert "decode kernel vs KV kernel" in out and "worst 1.25x (b1 sq4 8k), best 1.50x" in out
-    assert "L2 prefetch hint" not in out
-    assert "flashattn2_noprefetch" not in bd.parse_args([]).impls
-    bd.print_summary(rows[:1] + [row("flashattn2_noprefetch", 18.0, 1)],
-                     {"timer": "t", "skipped": []})
-    out = capsys.readouterr().out
-    assert "L2 prefetch hint vs none (flashattn2_noprefetch time / flashattn2 time): " \
-           "worst 1.12x (b1 sq1 8k)" in out
+    assert "flashattn2_oldkv" not in bd.parse_args([]).impls
+    impls = ["flashattn2", "flashattn2_oldkv"]
+    assert bd.parse_args(["--impls", ",".join(impls)]).impls == impls
     bhsd = dict(row("flashattn2", 12.0, 1), layout="bhsd")
     assert bd.parse_args(["--bhsd"]).bhsd and not bd.parse_args([]).bhsd
     bd.print_summary(rows[:1] + [bhsd], {"timer": "t", "skipped": []})

@@ -8,8 +8,8 @@ and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and A
 flash_attn_func with few rows and the backward on its out / LSE; that the decode kernel ran
 there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with the runtime
 switch off; split counts up to kMaxSplits (ragged lengths, splits without keys) merged by the
-combine kernel; the copy variants; the split heuristic's unsplit full grid. CPU: the runtime
-switches and their plumbing into _C (every argument by position, in the binding's order), the
+combine kernel; the two copy layouts; the split heuristic's unsplit full grid. CPU: the runtime
+switch and its plumbing into _C (every argument by position, in the binding's order), the
 split workspace as one buffer.
 """
 import re
@@ -218,33 +218,40 @@ def test_split_counts_against_the_reference(headdim, seqlen_q, num_splits):
 
 @gpu
 @needs_decode
-@pytest.mark.parametrize("variant", ["prefetch", "issue_early", "both"])
-@pytest.mark.parametrize("case", ["contig", "page16_leftpad", "d112_window"])
-def test_copy_variants_change_nothing(case, variant):
-    """The K / V copies with the L2 prefetch hint and / or issued before the wait give
-    bitwise the out and lse of the plain loop (a hint moves no data; the order of the copies
-    changes no value), on rows that straddle pages (left padding), a head dim below the
-    kernel's (its rows shorter than the prefetched block), ragged lengths (31 keys: one warp
-    with 2 tiles, the others fewer)."""
-    headdim = 112 if case == "d112_window" else 128  # (112: kernel head dim 128 in every build)
+@pytest.mark.parametrize("case", ["contig", "page16_leftpad", "d112_window", "d64"])
+def test_copy_layouts_agree(case):
+    """The two K / V copy layouts (decode_config.h decode_full_rows: whole 256-byte rows per
+    warp instruction at d128 where seqlen_k >= 512 x num_splits, else 8 rows x 64 bytes) give
+    bitwise the same out and lse: the same keys through the cache's first 512 rows (or 32
+    pages of 16), then through a view of its first 496 (31 pages), num_splits 1. On rows that
+    straddle pages (left padding), a head dim below the kernel's (its rows shorter than the
+    copied row), ragged lengths (31 keys: one warp with 2 tiles, the others fewer). (d64 takes
+    the default layout both times unless built with FLASHATTN2_PROBE_DECODE_ROWS_D64.)"""
+    # (112: kernel head dim 128 in every build)
+    headdim = {"d112_window": 112, "d64": 64}.get(case, 128)
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(3, 2, 16, headdim, device="cuda", dtype=torch.float16)
-    k_cache = torch.randn(3, 1024, 4, headdim, device="cuda", dtype=torch.float16)
+    k_cache = torch.randn(3, 512, 4, headdim, device="cuda", dtype=torch.float16)
     v_cache = torch.randn_like(k_cache)
-    kwargs = dict(cache_seqlens=torch.tensor([1024, 500, 31], dtype=torch.int32, device="cuda"),
-                  causal=True, return_softmax_lse=True)
+    kwargs = dict(cache_seqlens=torch.tensor([480, 300, 31], dtype=torch.int32, device="cuda"),
+                  causal=True, return_softmax_lse=True, num_splits=1)
     if case == "page16_leftpad":
-        k_cache, v_cache, kwargs["block_table"] = paged_kv(k_cache, v_cache, 16, gen)
+        k_cache, v_cache, table = paged_kv(k_cache, v_cache, 16, gen)
+        assert table.shape[1] == 32
         kwargs["cache_leftpad"] = torch.tensor([5, 0, 17], dtype=torch.int32, device="cuda")
+        full, short = dict(block_table=table), dict(block_table=table[:, :31])
+        k_short, v_short = k_cache, v_cache
+    else:
+        full, short = {}, {}
+        k_short, v_short = k_cache[:, :496], v_cache[:, :496]
     if case == "d112_window":
         kwargs["window_size"] = (100, 0)
-    with _ext.decode_l2_prefetch(variant != "issue_early"), \
-            _ext.decode_issue_early(variant != "prefetch"):
-        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs, **full)
     assert_kernel("decode")
-    with _ext.decode_l2_prefetch(False), _ext.decode_issue_early(False):
-        out_plain, lse_plain = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
-    assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
+    out_short, lse_short = flash_attn_with_kvcache(q, k_short, v_short, **kwargs, **short)
+    assert_kernel("decode")
+    assert not out.isnan().any()
+    assert torch.equal(out, out_short) and torch.equal(lse, lse_short)
 
 
 @gpu
@@ -360,16 +367,6 @@ def test_split_workspace_is_one_buffer(monkeypatch):
     assert fwd["o_accum"] % 16 == 0 and fwd["lse_accum"] % 16 == 0
     (_, fwd), = fake_launch(monkeypatch, num_splits=1)
     assert fwd["o_accum"] == fwd["lse_accum"] == 0
-
-
-def test_decode_switches_reach_the_binding(monkeypatch):
-    """decode_l2_prefetch / decode_issue_early: the loop's variants on (the default) or off."""
-    with _ext.decode_l2_prefetch(True), _ext.decode_issue_early(True):
-        (_, fwd), = fake_launch(monkeypatch, num_splits=5)
-    assert fwd["kv_l2_prefetch"] is True and fwd["kv_issue_early"] is True
-    with _ext.decode_l2_prefetch(False), _ext.decode_issue_early(False):
-        (_, fwd), = fake_launch(monkeypatch, num_splits=5)
-    assert fwd["kv_l2_prefetch"] is False and fwd["kv_issue_early"] is False
 
 
 def test_launch_rejects_unknown_arguments(monkeypatch):

@@ -124,12 +124,6 @@ struct FwdParams : SeqLayout FLASHATTN2_BIAS_BASE {
   // stream-K workspace (o_accum, num_splits 1), kSm90FwdCounterInts of them: the stream-K
   // flags follow the counter, also left zeroed.
   int* tile_counter = nullptr;
-  // Decode kernel: its K / V copies ask L2 to fetch each head's whole row segment (128 or
-  // 256 bytes) at once (ptx.cuh cp_async_16_prefetch); false: plain 16-byte copies.
-  bool kv_l2_prefetch = false;
-  // Decode kernel: each step issues its next tile's copies before waiting for the current
-  // tile (one more tile in flight through the wait); false: after.
-  bool kv_issue_early = false;
   // Hopper forward, d192 / d256 (one Q buffer): the plain instance stages each warpgroup's O
   // in the K or V buffer of the tile's last stage, so that the Q buffer is free after the
   // tile's last S (sm90/fwd_kernel.cuh kStageO). Dense full attention always does; true

@@ -39,7 +39,13 @@ constexpr int decode_smem_bytes(int head_dim) {
 // addresses a lane, not 2, in a CTA that is mostly prologue). d64 is not measured: it keeps the
 // default.
 constexpr int kDecodeFullRowsMinKeys = 512;
-constexpr bool decode_full_rows_head_dim(int head_dim) { return head_dim == 128; }
+constexpr bool decode_full_rows_head_dim(int head_dim) {
+#ifdef FLASHATTN2_PROBE_DECODE_ROWS_D64  // (a probe: whole 128-byte rows at d64 too)
+  return head_dim == 128 || head_dim == 64;
+#else
+  return head_dim == 128;
+#endif
+}
 constexpr bool decode_full_rows(int head_dim, int seqlen_k, int num_splits) {
   return decode_full_rows_head_dim(head_dim) &&
          seqlen_k >= kDecodeFullRowsMinKeys * (num_splits > 1 ? num_splits : 1);

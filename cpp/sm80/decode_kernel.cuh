@@ -26,14 +26,13 @@
 //          (16-byte chunks l % 4 + 4 m; the layout of load_tile_rows<16, d, 32>); kFullRows
 //          (d128 where a CTA reads >= 512 keys, decode_full_rows): 16 lanes a 256-byte row,
 //          rows l / 16 + 2 s for slots s < 8, so that a warp instruction reads whole rows. One
-//          row address per row and lane (copy_rows); with p.kv_l2_prefetch each cp.async
-//          hints L2 to fetch the row's whole 2d-byte segment (LDGSTS ... LTC256B at d128).
+//          row address per row and lane (copy_rows); each cp.async hints L2 to fetch the
+//          row's whole 2d-byte segment (LDGSTS ... LTC256B at d128).
 //   step   (per warp, no CTA barrier in the loop)
-//            cp.async.wait_group (tile j landed for this lane) ; __syncwarp (for all lanes)
-//            issue the cp.async of tile j + kStages - 1 into the stage tile j - 1 used
-//            (its pages read one step ahead, landing during this step's math); with
-//            p.kv_issue_early that issue comes first (after a __syncwarp: the stage is free),
-//            then the wait, so kStages - 1 tiles (not kStages - 2) are in flight during it
+//            __syncwarp (every lane is done with the stage tile j - 1 used) ; issue the
+//            cp.async of tile j + kStages - 1 into it (its pages read one step ahead,
+//            landing during this step's math) ; cp.async.wait_group (tile j landed for this
+//            lane) ; __syncwarp (for all lanes): kStages - 1 tiles in flight through the wait
 //            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
 //            online softmax in base 2 ; acc_o = acc_o * correction + P V_j (d/8 HMMA)
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
@@ -165,11 +164,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // Rows n0 .. n0 + 15 of K or V into sX, in the swizzled layout (lane l: the rows of its
   // slots, 16-byte chunks l % kL + kL m; zero fill past the keys and the head dim), with one
   // row address per slot (the paged / strided 64-bit address math then
-  // runs twice per tile and tensor, not once per chunk). With p.kv_l2_prefetch each copy
-  // hints L2 to fetch the row's whole d x 2-byte segment (one DRAM access per head row rather
-  // than one per 64 bytes; a uniform branch).
+  // runs once per row slot, tile and tensor, not once per chunk). Each copy hints L2 to fetch
+  // the row's whole d x 2-byte segment (one DRAM access per head row rather than one per 64
+  // bytes with the default layout; the H100 lost 1-5 % without it, the H200 5-11 %).
   constexpr int kPrefetch = kHeadDim * 2 >= 256 ? 256 : 128;
-  const bool kv_prefetch = p.kv_l2_prefetch;
   auto copy_rows = [&](Element* sX, const Element* gX, int64_t batch_stride, int64_t row_stride,
                        int n0, const int (&page)[WarpRows::kSlots]) {
 #pragma unroll
@@ -182,13 +180,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
       for (int m = 0; m < WarpRows::kChunks; ++m) {  // chunk kL m + lane % kL: segment kL m / 4
         const int col = 8 * (kL * m + WarpRows::chunk(lane));
-        if (kv_prefetch) {
-          ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + col,
-                                               row_ok && col < p.headdim);
-        } else {
-          ptx::cp_async_16(dst + m * (kL / 4) * kBlockN * 64, src + col,
-                           row_ok && col < p.headdim);
-        }
+        ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + col,
+                                             row_ok && col < p.headdim);
       }
     }
   };
@@ -347,24 +340,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     warp_gemm_areg<Element, true, 1, kHeadDim / 16, 1>(acc_o, pa, v_tile.plus(stage_off));
   };
 
-  const bool issue_early = p.kv_issue_early;
   for (int j = 0, stage = 0; j < n_mine; ++j) {
     const int next_stage = stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
-    if (issue_early) {
-      // Every lane is done with the stage of tile j - 1: fill it with tile j + kStages - 1
-      // before waiting for tile j, so kStages - 1 tiles stay in flight through the wait.
-      __syncwarp();
-      load_kv(j + kStages - 1, next_stage, kv_page);
-      fetch_pages(j + kStages, kv_page);  // lands during this step
-      ptx::cp_async_wait<kStages - 1>();
-      __syncwarp();  // tile j has landed for every lane
-    } else {
-      // Tile j has landed for every lane; every lane is done with the stage of tile j - 1.
-      ptx::cp_async_wait<kStages - 2>();
-      __syncwarp();
-      load_kv(j + kStages - 1, next_stage, kv_page);
-      fetch_pages(j + kStages, kv_page);  // lands during this step
-    }
+    // Every lane is done with the stage of tile j - 1: fill it with tile j + kStages - 1
+    // before waiting for tile j, so kStages - 1 tiles stay in flight through the wait (the
+    // H100 lost 0-2 % waiting first).
+    __syncwarp();
+    load_kv(j + kStages - 1, next_stage, kv_page);
+    fetch_pages(j + kStages, kv_page);  // lands during this step
+    ptx::cp_async_wait<kStages - 1>();
+    __syncwarp();  // tile j has landed for every lane
     const int n_block = tile_of(j);
     const int n0 = n_block * kBlockN;
     const bool need_mask = n0 + kBlockN > seqlen_k ||

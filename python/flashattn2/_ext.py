@@ -112,16 +112,6 @@ FWD_KERNELS = {90: (90, "sm90"), 80: (80, "sm80"), 81: (80, "decode"), 91: (90, 
 # them to the KV kernel as before (for A/B comparisons). Without the build item it does
 # nothing.
 DECODE_KERNEL = _env_flag("FLASHATTN2_DECODE_KERNEL", "1")
-# The decode kernel's K / V copies: True (the default) hints L2 to fetch each head's whole
-# row segment (256 bytes at d128, 128 at d64) from DRAM at once (cp.async ... L2::256B);
-# FLASHATTN2_DECODE_L2_PREFETCH=0 at import, or decode_l2_prefetch(False), copies without the
-# hint (A/B: bench_decode.py impl flashattn2_noprefetch). Results are identical either way.
-DECODE_L2_PREFETCH = _env_flag("FLASHATTN2_DECODE_L2_PREFETCH", "1")
-# The decode kernel's loop: True (the default) issues each step's next K / V tile before
-# waiting for the current one (2 tiles in flight through the wait at d128, not 1);
-# FLASHATTN2_DECODE_ISSUE_EARLY=0 at import, or decode_issue_early(False), waits first (A/B:
-# bench_decode.py impl flashattn2_lateissue). Results are identical either way.
-DECODE_ISSUE_EARLY = _env_flag("FLASHATTN2_DECODE_ISSUE_EARLY", "1")
 # Builds with fp32wg in FLASHATTN2_EXPERIMENTAL (the default) run the float32
 # forwards it supports on sm_90 GPUs (dense, full or causal, kernel head dims 64 / 128) on the
 # tf32 wgmma kernel (cpp/fp32/wg_kernel.cuh; last_fwd_kernel "fp32wg"); FLASHATTN2_FP32WG=0
@@ -275,11 +265,6 @@ decode_kernel = _switch("DECODE_KERNEL", "Inside the block, forwards may run the
                         "(enabled, the default where built) or never do (the KV kernel).")
 sm90_bwd_d64 = _switch("SM90_BWD_D64", "Inside the block, backwards of head dims 33-64 may run "
                        "the Hopper backward (enabled, the default where built) or never do.")
-decode_l2_prefetch = _switch("DECODE_L2_PREFETCH", "Inside the block, the decode kernel's K / V "
-                             "copies carry the L2 prefetch hint (enabled) or not.")
-decode_issue_early = _switch("DECODE_ISSUE_EARLY", "Inside the block, the decode kernel issues "
-                             "each step's next tile before waiting for the current one "
-                             "(enabled) or after.")
 dbias_direct = _switch("DBIAS_DIRECT", "Inside the block, the bias gradient goes straight "
                        "into its target (enabled, the default) or through the float32 "
                        "(b, h, sq, sk) buffer and torch's sum.")

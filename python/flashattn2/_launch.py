@@ -88,8 +88,8 @@ _FWD_MODS = dict(softcap=0.0, alibi_slopes=0, alibi_batch_stride=0, rng_state=0,
 _FWD_BIAS = dict(attn_bias=0, bias_strides=(), bias_dtype=-1)
 _FWD_OPTIONAL = (tuple(_FWD_LAYOUT) + ("num_splits", "o_accum", "lse_accum") + tuple(_FWD_VARLEN)
                  + tuple(_FWD_MODS) + ("q_pack", "allow_sm90", "tile_counter") + tuple(_FWD_BIAS)
-                 + ("allow_decode", "kv_l2_prefetch", "kv_issue_early", "sm90_stage_o",
-                    "sm90_narrow_step", "sm90_fa3_order", "fp32_tf32"))
+                 + ("allow_decode", "sm90_stage_o", "sm90_narrow_step", "sm90_fa3_order",
+                    "fp32_tf32"))
 _FWD_KEYS = frozenset(_FWD_LAYOUT) | frozenset(_FWD_VARLEN)  # what **layout may hold
 _FWD_MOD_KEYS = frozenset(_FWD_MODS) | frozenset(_FWD_BIAS)  # what mods may hold
 
@@ -177,7 +177,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         q_pack, not _ext.FORCE_SM80 and (not fp32 or _ext.FP32WG),
         0 if tile_counter is None else tile_counter.data_ptr(),
         *map(mods.get, _FWD_BIAS, _FWD_BIAS.values()),
-        _ext.DECODE_KERNEL, _ext.DECODE_L2_PREFETCH, _ext.DECODE_ISSUE_EARLY, _ext.SM90_STAGE_O,
+        _ext.DECODE_KERNEL, _ext.SM90_STAGE_O,
         _ext.SM90_NARROW_STEP,
         _ext.SM90_FA3_ORDER,
         fp32 and _ext.fp32_tf32(),
