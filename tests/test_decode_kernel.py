@@ -218,17 +218,16 @@ def test_split_counts_against_the_reference(headdim, seqlen_q, num_splits):
 
 @gpu
 @needs_decode
-@pytest.mark.parametrize("case", ["contig", "page16_leftpad", "d112_window", "d64"])
+@pytest.mark.parametrize("case", ["contig", "page16_leftpad", "d112_window"])
 def test_copy_layouts_agree(case):
     """The two K / V copy layouts (decode_config.h decode_full_rows: whole 256-byte rows per
     warp instruction at d128 where seqlen_k >= 512 x num_splits, else 8 rows x 64 bytes) give
     bitwise the same out and lse: the same keys through the cache's first 512 rows (or 32
     pages of 16), then through a view of its first 496 (31 pages), num_splits 1. On rows that
     straddle pages (left padding), a head dim below the kernel's (its rows shorter than the
-    copied row), ragged lengths (31 keys: one warp with 2 tiles, the others fewer). (d64 takes
-    the default layout both times unless built with FLASHATTN2_PROBE_DECODE_ROWS_D64.)"""
+    copied row), ragged lengths (31 keys: one warp with 2 tiles, the others fewer)."""
     # (112: kernel head dim 128 in every build)
-    headdim = {"d112_window": 112, "d64": 64}.get(case, 128)
+    headdim = 112 if case == "d112_window" else 128
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(3, 2, 16, headdim, device="cuda", dtype=torch.float16)
     k_cache = torch.randn(3, 512, 4, headdim, device="cuda", dtype=torch.float16)

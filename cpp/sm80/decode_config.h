@@ -36,16 +36,11 @@ constexpr int decode_smem_bytes(int head_dim) {
 // 64 bytes (4 lanes a row) where it reads few. On an H200 (thirty-first session, d128, GQA
 // 32 / 8): whole rows read at 97-100 % of the read floor from 1k keys a CTA (b16 8k 125.2 us
 // against 148.9, cuDNN 123.2) but cost b1 1k / 8k and b4 1k 7-10 % (16-256 keys a CTA: 8 row
-// addresses a lane, not 2, in a CTA that is mostly prologue). d64 is not measured: it keeps the
-// default.
+// addresses a lane, not 2, in a CTA that is mostly prologue). d64 keeps the default: whole
+// 128-byte rows (8 lanes a row) ran at 0.96-0.99x its speed over b 1 / 16 / 64 x 1k-32k, but
+// 1.02x at b64 8k; geomean 0.97-1.00 per (layout, batch) (thirty-second session, H200).
 constexpr int kDecodeFullRowsMinKeys = 512;
-constexpr bool decode_full_rows_head_dim(int head_dim) {
-#ifdef FLASHATTN2_PROBE_DECODE_ROWS_D64  // (a probe: whole 128-byte rows at d64 too)
-  return head_dim == 128 || head_dim == 64;
-#else
-  return head_dim == 128;
-#endif
-}
+constexpr bool decode_full_rows_head_dim(int head_dim) { return head_dim == 128; }
 constexpr bool decode_full_rows(int head_dim, int seqlen_k, int num_splits) {
   return decode_full_rows_head_dim(head_dim) &&
          seqlen_k >= kDecodeFullRowsMinKeys * (num_splits > 1 ? num_splits : 1);
