@@ -19,9 +19,9 @@
 //          8 warps x 2 tiles x 8 KiB = 128 KiB of K/V in flight per SM), d64 66 KiB
 //          (3 CTAs, 144 KiB in flight).
 //   regs   per thread: rQ [d/16][4] b32 (Q fragments, loaded once), acc_o [d/8][4] f32,
-//          acc_s [2][4] f32; one page-table entry per row slot (2; 8 with kFullRows). ptxas
-//          (sm_90a): d128 187-192 (kFullRows 218-222), d64 119-124 registers, no spills (bound
-//          by shared memory, not registers).
+//          acc_s [2][4] f32; block-table entries of 32 steps' tiles, 2 a lane (and the next
+//          32's). ptxas (sm_90a): d128 187-190 (kFullRows 222-224), d64 124-126 registers, no
+//          spills (bound by shared memory, not registers).
 //   copy   DecodeCopyRows: by default lane l copies rows l / 4 and l / 4 + 8 of a K or V tile
 //          (16-byte chunks l % 4 + 4 m; the layout of load_tile_rows<16, d, 32>); kFullRows
 //          (d128 where a CTA reads >= 512 keys, decode_full_rows): 16 lanes a 256-byte row,
@@ -30,9 +30,10 @@
 //          row's whole 2d-byte segment (LDGSTS ... LTC256B at d128).
 //   step   (per warp, no CTA barrier in the loop)
 //            __syncwarp (every lane is done with the stage tile j - 1 used) ; issue the
-//            cp.async of tile j + kStages - 1 into it (its pages read one step ahead,
-//            landing during this step's math) ; cp.async.wait_group (tile j landed for this
-//            lane) ; __syncwarp (for all lanes): kStages - 1 tiles in flight through the wait
+//            cp.async of tile j + kStages - 1 into it (its block-table entries shuffled from
+//            the lane that read them up to 32 steps before) ; cp.async.wait_group (tile j
+//            landed for this lane) ; __syncwarp (for all lanes): kStages - 1 tiles in flight
+//            through the wait
 //            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
 //            online softmax in base 2 ; acc_o = acc_o * correction + P V_j (d/8 HMMA)
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
@@ -158,8 +159,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // copies rows l / 4 and l / 4 + 8, two row slots, hence two block-table entries per tile).
   using WarpRows = DecodeCopyRows<kBlockN, kHeadDim, kFullRows>;
   Element* const sRing = sKV + warp * kStages * 2 * kTile;
-  auto fetch_pages = [&](int j, int (&page)[WarpRows::kSlots]) {
-    if (j < n_mine) kv_rows.template fetch_pages<WarpRows>(p, tile_of(j) * kBlockN, seqlen_k, lane, page);
+  // A 16-key tile's rows lie on at most 2 pages (page_size >= 16): the block-table entries of
+  // its first and last visible rows (e[0], e[1]; dense: both stay 0); slot_pages then gives
+  // each row slot its entry.
+  auto fetch_pages = [&](int j, int (&e)[2]) {
+    if (j < n_mine && kv_rows.pages) {
+      const int n0 = tile_of(j) * kBlockN;
+      const int last = min(n0 + kBlockN - 1, seqlen_k - 1);
+      e[0] = kv_rows.pages[(kv_rows.row0 + n0) >> p.page_size_log2];
+      e[1] = kv_rows.pages[(kv_rows.row0 + last) >> p.page_size_log2];
+    }
+  };
+  auto slot_pages = [&](int n0, const int (&e)[2], int (&page)[WarpRows::kSlots]) {
+    const int page_rows = 1 << p.page_size_log2;
+    const int first = (kv_rows.row0 + n0) & (page_rows - 1);  // the first row's place in its page
+#pragma unroll
+    for (int s = 0; s < WarpRows::kSlots; ++s)
+      page[s] = first + WarpRows::row(s, lane) >= page_rows ? e[1] : e[0];
   };
   // Rows n0 .. n0 + 15 of K or V into sX, in the swizzled layout (lane l: the rows of its
   // slots, 16-byte chunks l % kL + kL m; zero fill past the keys and the head dim), with one
@@ -187,16 +203,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   };
   // Tile j into `stage`, or nothing past the warp's last tile; load_kv then closes one
   // cp.async group either way (the waits count groups).
-  auto copy_kv = [&](int j, int stage, const int (&page)[WarpRows::kSlots]) {
+  auto copy_kv = [&](int j, int stage, const int (&e)[2]) {
     if (j < n_mine) {
       const int n0 = tile_of(j) * kBlockN;
+      int page[WarpRows::kSlots];
+      slot_pages(n0, e, page);
       Element* const sK = sRing + stage * 2 * kTile;
       copy_rows(sK, gK, p.k_batch_stride, p.k_row_stride, n0, page);
       copy_rows(sK + kTile, gV, p.v_batch_stride, p.v_row_stride, n0, page);
     }
   };
-  auto load_kv = [&](int j, int stage, const int (&page)[WarpRows::kSlots]) {
-    copy_kv(j, stage, page);
+  auto load_kv = [&](int j, int stage, const int (&e)[2]) {
+    copy_kv(j, stage, e);
     ptx::cp_async_commit();
   };
 
@@ -204,7 +222,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   // the copies wait for one block-table round trip, then Q (all threads) in the first tile's
   // group: the K/V bytes, the kernel's critical path, are requested before Q's address math.
   {
-    int pages[kStages - 1][WarpRows::kSlots] = {};
+    int pages[kStages - 1][2] = {};
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) fetch_pages(s, pages[s]);
     copy_kv(0, 0, pages[0]);
@@ -219,9 +237,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
     for (int s = 1; s < kStages - 1; ++s) load_kv(s, s, pages[s]);
   }
-  int kv_page[WarpRows::kSlots] = {};
-  fetch_pages(kStages - 1, kv_page);
-
+  // The entries of the tiles the loop's steps issue, 32 steps at a time: in batch i, lane l
+  // holds those of tile 32 i + l + kStages - 1 (issued at step 32 i + l), and a step takes
+  // them from that lane (two shuffles). Each lane's load is used 32 steps after it is issued
+  // (batch i + 1 is read as batch i starts), so no step waits on the block table, whose lines
+  // come from DRAM under the copies' load (16-key pages: b16 +11 % with the entries read one
+  // step ahead, thirty-second session). pages_cur: batch i, pages_next: batch i + 1.
+  int pages_cur[2] = {}, pages_next[2] = {};
+  fetch_pages(lane + kStages - 1, pages_next);
   // Fragment coordinates: the lane holds rows g and g + 8, columns 2q, 2q + 1 of each n8 tile.
   const int g = lane / 4;
   const int q = lane % 4;
@@ -342,12 +365,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 
   for (int j = 0, stage = 0; j < n_mine; ++j) {
     const int next_stage = stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
+    if (j % 32 == 0) {
+      pages_cur[0] = pages_next[0];
+      pages_cur[1] = pages_next[1];
+      fetch_pages(j + 32 + lane + kStages - 1, pages_next);
+    }
+    const int kv_page[2] = {__shfl_sync(0xffffffff, pages_cur[0], j % 32),
+                            __shfl_sync(0xffffffff, pages_cur[1], j % 32)};
     // Every lane is done with the stage of tile j - 1: fill it with tile j + kStages - 1
     // before waiting for tile j, so kStages - 1 tiles stay in flight through the wait (the
     // H100 lost 0-2 % waiting first).
     __syncwarp();
     load_kv(j + kStages - 1, next_stage, kv_page);
-    fetch_pages(j + kStages, kv_page);  // lands during this step
     ptx::cp_async_wait<kStages - 1>();
     __syncwarp();  // tile j has landed for every lane
     const int n_block = tile_of(j);
