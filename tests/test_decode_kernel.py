@@ -86,6 +86,19 @@ def test_layouts(case, dtype):
 
 @gpu
 @needs_decode
+@pytest.mark.parametrize("leftpad", [False, True], ids=["aligned", "leftpad"])
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_long_paged_cache_in_one_split(headdim, leftpad):
+    """One split over up to 5119 keys in shuffled 16-key pages: each warp steps through up to 80
+    tiles, so its block-table entries come in three batches of 32 steps (decode_kernel.cuh,
+    pages_cur / pages_next, shuffled to the issuing step); with left padding the tiles straddle
+    pages. d128 copies whole rows here, d64 the default layout."""
+    decode_case(headdim=headdim, cache_len=5120, paged=16, leftpad=leftpad, num_splits=1,
+                batch=2, nheads=8, nheads_k=2)
+
+
+@gpu
+@needs_decode
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 0], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_splits(headdim, num_splits):

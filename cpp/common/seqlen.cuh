@@ -86,7 +86,8 @@ __device__ __forceinline__ int clamp_page(int entry, int num_pages) {
 
 // The KV-cache kernel's addressing: paged when the params have a block table, else dense.
 // A thread looks up the pages of its rows of a K/V tile once (fetch_pages: one block-table
-// read per row slot of the tile copy, TileThreadRows), for K and V alike.
+// read per row slot of the tile copy, TileThreadRows), for K and V alike. (The decode kernel
+// reads its tiles' entries itself, 32 steps ahead, and uses `pages`, `row0` and operator().)
 template <>
 struct KvRows<true> {
   const int* pages;  // null: dense

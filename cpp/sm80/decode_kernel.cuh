@@ -63,10 +63,10 @@ namespace flashattn2 {
 
 // The lanes of a warp's K / V tile copy: kLanesPerRow lanes a row (16-byte chunks lane %
 // kLanesPerRow + kLanesPerRow m), so a warp instruction covers kRowsPerOp rows, and each lane
-// has kSlots rows (slot s: row lane / kLanesPerRow + kRowsPerOp s; one block-table entry each:
-// TileThreadRows' interface, for KvRows::fetch_pages). Default 4 lanes a row (8 rows x 64
-// bytes an instruction, 2 slots); kFullRows: a whole row a lane group (d128: 2 rows x 256
-// bytes, 8 slots), which streams faster but costs more address math (decode_full_rows).
+// has kSlots rows (slot s: row lane / kLanesPerRow + kRowsPerOp s; each with its page, picked
+// from the tile's two block-table entries). Default 4 lanes a row (8 rows x 64 bytes an
+// instruction, 2 slots); kFullRows: a whole row a lane group (d128: 2 rows x 256 bytes, 8
+// slots), which streams faster but costs more address math (decode_full_rows).
 template <int kRows, int kHeadDim, bool kFullRows>
 struct DecodeCopyRows {
   static constexpr int kLanesPerRow = kFullRows ? kHeadDim / 8 : 4;
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
                                    seq, p.v_batch_stride, p.v_row_stride);
 
   // The warp's K/V copies: 16 rows x d per tile in DecodeCopyRows' lane layout (default: lane l
-  // copies rows l / 4 and l / 4 + 8, two row slots, hence two block-table entries per tile).
+  // copies rows l / 4 and l / 4 + 8, two row slots).
   using WarpRows = DecodeCopyRows<kBlockN, kHeadDim, kFullRows>;
   Element* const sRing = sKV + warp * kStages * 2 * kTile;
   // A 16-key tile's rows lie on at most 2 pages (page_size >= 16): the block-table entries of
