@@ -59,7 +59,7 @@ IMPLS = ("flashattn2", "flashattn2_oldkv", "sdpa_flash", "sdpa_cudnn", "read_flo
 # A/B variants of flashattn2, each an impl of its own (not a baseline): the _ext switch it
 # turns off, and the summary's line. (The decode kernel's L2-prefetch and early-issue switches,
 # flashattn2_noprefetch / flashattn2_lateissue, are gone: both on at compile time, the loop
-# copies each chunk once instead of under both values; NOTES, thirty-first session.)
+# copies each chunk once instead of under both values; NOTES, thirty-second session.)
 AB_VARIANTS = {"flashattn2_oldkv": ("decode_kernel", "decode kernel vs KV kernel")}
 # flashattn2_oldkv: flashattn2 with the decode kernel switched off (flashattn2._ext.decode_kernel
 # (False), as FLASHATTN2_DECODE_KERNEL=0): the KV kernel, for an A/B of builds with

@@ -177,9 +177,7 @@ def _launch_fwd(q, k, v, out, lse, q_strides, k_strides, v_strides, o_strides, l
         q_pack, not _ext.FORCE_SM80 and (not fp32 or _ext.FP32WG),
         0 if tile_counter is None else tile_counter.data_ptr(),
         *map(mods.get, _FWD_BIAS, _FWD_BIAS.values()),
-        _ext.DECODE_KERNEL, _ext.SM90_STAGE_O,
-        _ext.SM90_NARROW_STEP,
-        _ext.SM90_FA3_ORDER,
+        _ext.DECODE_KERNEL, _ext.SM90_STAGE_O, _ext.SM90_NARROW_STEP, _ext.SM90_FA3_ORDER,
         fp32 and _ext.fp32_tf32(),
     )  # fmt: skip
     _ext.last_fwd_arch, _ext.last_fwd_kernel = _ext.FWD_KERNELS[code]
