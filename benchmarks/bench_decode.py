@@ -25,7 +25,8 @@ Host time (part `host`): what one eager call costs the CPU (checks, allocations,
 flash_attn_with_kvcache at batch 1, cache 1k, sq 1 next to SDPA's flash and cuDNN backends on
 the same shapes: the calls are issued while the stream waits behind a long GPU sleep
 (torch.cuda._sleep), so the CPU never waits for the GPU and the time per call is all host
-work (median of 5 rounds of 200 calls; column `us`, timer "host").
+work (median of 5 rounds of 200 calls, the impls taking turns in each round; column `us`,
+timer "host").
 
 Timing: median CUDA-event time of single calls, each after a read of 4x the L2 size (cold cache,
 as in decoding, where every layer reads another cache; a read leaves no dirty lines to write back
@@ -538,27 +539,24 @@ def run_decode(run, b, s):
     return rows
 
 
-def host_us(fn, calls=200, rounds=5):
-    """Median µs of CPU time per call of fn, issued while the stream waits behind a GPU sleep
-    (so nothing waits for the GPU: the time is the call's host work)."""
+def host_round_us(fn, calls=200):
+    """µs of CPU time per call of fn over `calls` calls, issued while the stream waits behind a
+    GPU sleep (so nothing waits for the GPU: the time is the call's host work)."""
     import time
     import torch
-    for _ in range(20):
+    torch.cuda._sleep(100_000_000)  # ~50 ms of GPU spinning, longer than the calls
+    start = time.perf_counter()
+    for _ in range(calls):
         fn()
+    us = (time.perf_counter() - start) / calls * 1e6
     torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU spinning, longer than the calls
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    return us
 
 
-def run_host(run):
-    """Host-time rows: flash_attn_with_kvcache vs SDPA's backends, b 1, cache 1k, sq 1."""
+def run_host(run, rounds=5):
+    """Host-time rows: flash_attn_with_kvcache vs SDPA's backends, b 1, cache 1k, sq 1; the
+    median of `rounds` rounds, each timing every impl in turn (the host's speed drifts: a
+    single block per impl put 36.8 and 59.3 us on the same code in two sessions)."""
     import torch
     (h, h_k), d, s = run.args.heads, run.args.headdim, 1024
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
@@ -571,19 +569,29 @@ def run_host(run):
              for impl in ("flashattn2",) + tuple(AB_VARIANTS) if impl in run.args.impls]
     calls += [(impl, sdpa_call(impl, qt, kt, vt, enable_gqa=True))
               for impl in run.args.impls if impl.startswith("sdpa")]
-    rows = []
-    for impl, fn in calls:
-        r = dict.fromkeys(COLUMNS)
+    rows, times = {}, {impl: [] for impl, _ in calls}
+    for impl, _ in calls:
+        rows[impl] = r = dict.fromkeys(COLUMNS)
         r.update(gpu=run.gpu, bench="host", impl=impl, layout="contiguous", batch=1,
                  seqlen_q=1, seqlen_k=s, nheads=h, nheads_k=h_k, headdim=d, causal=False,
                  timer="host")
-        try:
-            r["us"] = host_us(fn)
-        except REFUSALS as e:
-            r["error"] = first_line(e)
+    for _ in range(rounds):
+        for impl, fn in calls:
+            if rows[impl]["error"] is not None:
+                continue
+            try:
+                if not times[impl]:
+                    for _ in range(20):  # warm-up
+                        fn()
+                    torch.cuda.synchronize()
+                times[impl].append(host_round_us(fn))
+            except REFUSALS as e:
+                rows[impl]["error"] = first_line(e)
+    for impl, r in rows.items():
+        if times[impl] and r["error"] is None:
+            r["us"] = statistics.median(times[impl])
         print(line(r), flush=True)
-        rows.append(r)
-    return rows
+    return list(rows.values())
 
 
 def random_lengths(total, n, rng):

@@ -33,32 +33,34 @@ int smem_per_sm(int device) {
 }
 
 // Split count of the decode kernel for `groups` CTAs per split (batch x KV-head groups), by
-// the bytes each SM reads: the fewest splits whose CTAs fill the SMs' resident slots (CTAs
-// per SM from this GPU's shared memory, 1 KiB reserved per CTA, at most decode_ctas_per_sm:
-// H100 2 at d128, 3 at d64; A100 1 / 2) in whole waves within 95 % of the best -- each
-// resident CTA keeps 4 warps x (kStages - 1) K/V tiles in flight, so an SM with fewer CTAs
-// reads at a fraction of its bandwidth -- with at least one 16-key tile per warp per split.
-// But no split where the unsplit grid already gives 90 % of the SMs a CTA (b16 x 8 KV heads
-// = 128 CTAs on 132 SMs): one CTA keeps 4 warps x ~2 tiles x 8 KiB = 64 KiB in flight, ~3x
-// what Little's law asks of an SM's share of 3 TB/s at ~0.8 us, and no split means no
-// partials and no merge (b16 1k: 2 splits + merge took 35.2 us, cuDNN 28.8; a prediction,
-// bench_decode.py --splits 1,2 compares).
+// the bytes each SM keeps in flight: each resident CTA keeps 4 warps x (kStages - 1) K/V tiles
+// in flight (d128 64 KiB, d64 48 KiB), and 64 KiB an SM already reads at 96-99 % of the floor
+// (b16 8k-32k d128, one CTA an SM, on an H200). So the fewest splits whose CTAs give the SMs
+// that many bytes (d128: one CTA an SM, d64: two) within 95 % of the best fill, never more
+// CTAs than the SMs hold at once (a second wave starts late), with at least one 16-key tile
+// per warp per split. More splits only add partials and the merge's reads: two CTAs an SM at
+// d128 (the rule until the thirty-third session) took b1 32k 42.5 us against 40.5 with half
+// the splits, b4 32k 130.0 against 127.1 (H200; cuDNN 40.2, 126.1). And no split where the
+// unsplit grid already gives 90 % of the SMs a CTA (b16 x 8 KV heads = 128 CTAs on 132 SMs):
+// no partials and no merge (b16 1k: 2 splits + merge took 35.2 us on an H100, cuDNN 28.8;
+// 27.2 against 23.4 unsplit on an H200).
 int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device) {
-  if (groups * 10 >= int64_t(sm_count(device)) * 9) return 1;
-  const int per_sm = std::max(1, std::min(decode_ctas_per_sm(kd),
-                                          smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
-  const int64_t slots = int64_t(sm_count(device)) * per_sm;
+  const int64_t sms = sm_count(device);
+  if (groups * 10 >= sms * 9) return 1;
+  const int resident = std::max(1, std::min(decode_ctas_per_sm(kd),
+                                            smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
+  constexpr int kFlightBytes = 64 * 1024;
+  const int cta_flight = kDecodeWarps * (decode_stages(kd) - 1) * 2 * kDecodeBlockN * kd * 2;
+  const int64_t want = sms * std::min(resident, (kFlightBytes + cta_flight - 1) / cta_flight);
+  const int64_t slots = sms * resident;
   const int n_tiles = (seqlen_k + kDecodeBlockN - 1) / kDecodeBlockN;
   const int max_splits =
       std::max(1, std::min({kMaxSplits, n_tiles / kDecodeMinTilesPerSplit, 65535 / batch}));
-  auto efficiency = [&](int s) {
-    const double waves = double(groups * s) / double(slots);
-    return waves / std::ceil(waves);
-  };
+  auto fill = [&](int s) { return double(std::min(groups * s, want)) / double(want); };
   double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
-  for (int s = 1; s <= max_splits; ++s) {
-    if (efficiency(s) >= 0.95 * best) return s;
+  for (int s = 1; s <= max_splits && groups * s <= slots; ++s) best = std::max(best, fill(s));
+  for (int s = 1; s <= max_splits && groups * s <= slots; ++s) {
+    if (fill(s) >= 0.95 * best) return s;
   }
   return 1;
 }

@@ -284,6 +284,30 @@ def test_split_heuristic_leaves_a_full_grid_unsplit():
     assert_kernel("decode")
 
 
+@gpu
+@needs_decode
+@pytest.mark.parametrize("headdim, per_sm", [(128, 1), (64, 2)])
+def test_split_heuristic_fills_the_sms_in_one_wave(headdim, per_sm):
+    """decode_num_splits below the unsplit threshold: the fewest splits that give every SM
+    per_sm CTAs (64 KiB of K/V in flight: one d128 CTA, two d64 ones) within 95 %, never more
+    CTAs than the SMs hold at once. Where no split count reaches that fill in one wave (an
+    A100 holds one d128 CTA an SM; one group and at most 128 splits), only the bound is
+    checked."""
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    smem = getattr(props, "shared_memory_per_multiprocessor", 0)
+    stages = 4 if headdim == 64 else 3
+    cta_smem = 2 * headdim * (16 + 4 * stages * 2 * 16) + 1024
+    resident = min(228 * 1024, smem) // cta_smem if smem else per_sm
+    heuristic = _ext._C.num_splits_heuristic
+    want, slots = per_sm * sms, resident * sms
+    for groups in range(1, -(-9 * sms // 10)):
+        s = heuristic(groups, 1, 4, 32768, headdim, 0, False, True)
+        assert 1 <= s and groups * s <= max(groups, slots), (groups, s)
+        if groups * 128 >= want and slots - want >= groups - 1:  # some s fills [want, slots]
+            assert groups * s >= 0.95 * want > groups * (s - 1), (groups, s)
+
+
 # ---- CPU: the runtime switch ---------------------------------------------------------------
 
 
