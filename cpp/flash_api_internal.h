@@ -69,6 +69,9 @@ BwdParams checked(const BwdParams& p);
 void require_supported_device(int device);
 // SMs of `device` (cached).
 int sm_count(int device);
+// The decode kernel's dynamic shared memory for a grid of `ctas` CTAs at kernel head dim kd
+// (its own, or padded so that fewer CTAs share an SM; flash_api_splits.cpp).
+int decode_launch_smem(int64_t ctas, int kd, int device);
 
 template <typename F>
 void dispatch_dtype(DType dtype, F&& f) {

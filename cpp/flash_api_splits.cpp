@@ -32,11 +32,26 @@ int smem_per_sm(int device) {
   return n;
 }
 
+// Decode CTAs an SM holds at once: shared memory (1 KiB reserved per CTA), at most
+// decode_ctas_per_sm (the kernel's __launch_bounds__): H100 / H200 2 at d128, 3 at d64; A100
+// 1 / 2.
+int decode_resident(int kd, int device) {
+  return std::max(1, std::min(decode_ctas_per_sm(kd),
+                              smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
+}
+
+// Decode CTAs an SM needs for 64 KiB of K/V in flight (each keeps 4 warps x (kStages - 1)
+// tiles in flight: d128 64 KiB, d64 48 KiB), which already read at 96-99 % of the floor (b16
+// 8k-32k d128, one CTA an SM, on an H200); at most `resident`.
+int decode_flight_ctas(int kd, int resident) {
+  constexpr int kFlightBytes = 64 * 1024;
+  const int cta_flight = kDecodeWarps * (decode_stages(kd) - 1) * 2 * kDecodeBlockN * kd * 2;
+  return std::min(resident, (kFlightBytes + cta_flight - 1) / cta_flight);
+}
+
 // Split count of the decode kernel for `groups` CTAs per split (batch x KV-head groups), by
-// the bytes each SM keeps in flight: each resident CTA keeps 4 warps x (kStages - 1) K/V tiles
-// in flight (d128 64 KiB, d64 48 KiB), and 64 KiB an SM already reads at 96-99 % of the floor
-// (b16 8k-32k d128, one CTA an SM, on an H200). So the fewest splits whose CTAs give the SMs
-// that many bytes (d128: one CTA an SM, d64: two) within 95 % of the best fill, never more
+// the bytes each SM keeps in flight (decode_flight_ctas): the fewest splits whose CTAs give
+// the SMs 64 KiB each (d128: one CTA an SM, d64: two) within 95 % of the best fill, never more
 // CTAs than the SMs hold at once (a second wave starts late), with at least one 16-key tile
 // per warp per split. More splits only add partials and the merge's reads: two CTAs an SM at
 // d128 (the rule until the thirty-third session) took b1 32k 42.5 us against 40.5 with half
@@ -47,11 +62,8 @@ int smem_per_sm(int device) {
 int decode_num_splits(int64_t groups, int batch, int seqlen_k, int kd, int device) {
   const int64_t sms = sm_count(device);
   if (groups * 10 >= sms * 9) return 1;
-  const int resident = std::max(1, std::min(decode_ctas_per_sm(kd),
-                                            smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
-  constexpr int kFlightBytes = 64 * 1024;
-  const int cta_flight = kDecodeWarps * (decode_stages(kd) - 1) * 2 * kDecodeBlockN * kd * 2;
-  const int64_t want = sms * std::min(resident, (kFlightBytes + cta_flight - 1) / cta_flight);
+  const int resident = decode_resident(kd, device);
+  const int64_t want = sms * decode_flight_ctas(kd, resident);
   const int64_t slots = sms * resident;
   const int n_tiles = (seqlen_k + kDecodeBlockN - 1) / kDecodeBlockN;
   const int max_splits =
@@ -113,6 +125,31 @@ int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int 
     if (usable(s) && efficiency(s) >= 0.85 * best) return s;
   }
   return 1;
+}
+
+// The decode kernel's dynamic shared memory for a grid of `ctas` CTAs: its own where the grid
+// fits the SMs at once; else padded so that an SM holds r CTAs, r the residency whose waves
+// keep the most bytes in flight (decode_flight_ctas' 64 KiB an SM; a wave of fewer CTAs reads
+// at that fraction of the speed), the most CTAs on a tie. d64 b64 (512 CTAs, 3 an SM): 1.29
+// waves, the last 116 CTAs at 48 KiB an SM on 116 SMs, 76-81 % of the floor (thirty-third
+// session, H200); 2 an SM make 1.94 waves. d128 b48: 2 or 1 an SM tie, so its own.
+int decode_launch_smem(int64_t ctas, int kd, int device) {
+  const int64_t sms = sm_count(device);
+  const int own = decode_smem_bytes(kd);
+  const int resident = decode_resident(kd, device);
+  if (ctas <= sms * resident) return own;
+  const double want = double(sms * decode_flight_ctas(kd, resident));
+  int best_r = resident;
+  double best_time = 0.0;
+  for (int r = resident; r >= 1; --r) {  // time in units of the work at full speed
+    const int64_t wave = sms * r;
+    const int64_t last = ctas - (ctas - 1) / wave * wave;  // CTAs of the last wave
+    const double time = double(ctas - last) / std::min(1.0, double(wave) / want) +
+                        double(last) / std::min(1.0, double(last) / want);
+    if (r == resident || time < best_time * 0.99) best_r = r, best_time = time;
+  }
+  if (best_r == resident) return own;
+  return std::min(max_smem_per_block(device), smem_per_sm(device) / best_r - 1024);
 }
 
 }  // namespace flashattn2

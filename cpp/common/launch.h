@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -46,20 +47,25 @@ inline int compute_capability(int device) {
   return cc;
 }
 
-// Raises kKernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB) once per
-// device: the attribute is per device, and setting it on every launch costs a driver call.
-// The current device must be in [0, kMaxDevices) (the host API checks it); a racing second
-// set is harmless.
+// Raises kKernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB) where it is
+// lower on this device: the attribute is per device, and setting it on every launch costs a
+// driver call. (A kernel launched with more than one size, as the decode kernel, raises it
+// again when a size exceeds the largest so far; under a lock, so the limit only grows.) The
+// current device must be in [0, kMaxDevices) (the host API checks it).
 template <auto kKernel>
 void raise_smem_limit(int bytes, const char* name) {
-  static std::atomic<bool> done[kMaxDevices] = {};
+  static std::atomic<int> limit[kMaxDevices] = {};
+  static std::mutex mutex;
   if (bytes <= 48 * 1024) return;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (!done[device].load(std::memory_order_acquire)) {
-    check_cuda(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-               name);
-    done[device].store(true, std::memory_order_release);
+  if (bytes > limit[device].load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (bytes > limit[device].load(std::memory_order_relaxed)) {
+      check_cuda(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                 name);
+      limit[device].store(bytes, std::memory_order_release);
+    }
   }
 }
 
@@ -90,9 +96,10 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
 template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
 // Defined in sm80/decode_launch.cuh, instantiated for the head dims of
-// FLASHATTN2_DECODE_HEAD_DIMS (built_config.h): the decode kernel (+ combine).
+// FLASHATTN2_DECODE_HEAD_DIMS (built_config.h): the decode kernel (+ combine), launched with
+// smem_bytes of dynamic shared memory (flash_api_splits.cpp decode_launch_smem).
 template <typename Element, int kHeadDim>
-void run_decode(const FwdParams& params, cudaStream_t stream);
+void run_decode(const FwdParams& params, int smem_bytes, cudaStream_t stream);
 // Defined in sm90/fwd_launch.cuh (units built for sm_90a only): the Hopper forward, on a
 // persistent grid of at most num_sms CTAs; false if TMA cannot describe the tensors (the
 // caller then runs run_fwd).

@@ -13,16 +13,17 @@ namespace flashattn2 {
 
 // The decode kernel (whole-row copies where decode_full_rows says so), then for num_splits > 1
 // the split-KV combine kernel, which merges the partial results (the KV kernel's o_accum /
-// lse_accum layout). The caller checked decode_supports().
+// lse_accum layout). The caller checked decode_supports(); smem_bytes >= decode_smem_bytes
+// (more limits the CTAs an SM holds: flash_api_splits.cpp decode_launch_smem).
 template <typename Element, int kHeadDim>
-void run_decode(const FwdParams& params, cudaStream_t stream) {
+void run_decode(const FwdParams& params, int smem_bytes, cudaStream_t stream) {
   using Traits = DecodeTraits<kHeadDim>;
   const dim3 grid(params.num_splits, params.nheads / params.q_pack, params.batch);
   auto launch = [&](auto mods, auto full_rows) {
     constexpr auto kernel =
         decode_kernel<Traits, Element, decltype(mods)::value, decltype(full_rows)::value>;
-    raise_smem_limit<kernel>(Traits::kSmemBytes, "cudaFuncSetAttribute(decode_kernel, smem)");
-    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+    raise_smem_limit<kernel>(smem_bytes, "cudaFuncSetAttribute(decode_kernel, smem)");
+    kernel<<<grid, Traits::kNThreads, smem_bytes, stream>>>(params);
   };
   auto launch_rows = [&](auto mods) {
     if constexpr (decode_full_rows_head_dim(kHeadDim)) {  // (else no whole-row instance)
@@ -45,4 +46,5 @@ void run_decode(const FwdParams& params, cudaStream_t stream) {
 }  // namespace flashattn2
 
 #define FLASHATTN2_INSTANTIATE_DECODE(Element, kHeadDim) \
-  template void flashattn2::run_decode<Element, kHeadDim>(const flashattn2::FwdParams&, cudaStream_t);
+  template void flashattn2::run_decode<Element, kHeadDim>(const flashattn2::FwdParams&, int, \
+                                                          cudaStream_t);
