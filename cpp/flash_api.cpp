@@ -330,11 +330,11 @@ int mha_fwd(const FwdParams& params, int device, void* stream, bool allow_sm90,
   require_supported_device(device);
   auto s = static_cast<cudaStream_t>(stream);
   if (decode_applies(p, kd, device, allow_decode)) {
-    const int smem = decode_launch_smem(int64_t(p.num_splits) * (p.nheads / p.q_pack) * p.batch,
-                                        kd, device);
+    const DecodeLaunch how =
+        decode_launch(int64_t(p.num_splits) * (p.nheads / p.q_pack) * p.batch, kd, device);
     DecodeHeadDims::dispatch(kd, [&](auto head_dim) {
       dispatch_dtype(p.dtype, [&](auto element) {
-        run_decode<decltype(element), decltype(head_dim)::value>(p, smem, s);
+        run_decode<decltype(element), decltype(head_dim)::value>(p, how.warps, how.smem_bytes, s);
       });
     });
     return kFwdKernelDecode;

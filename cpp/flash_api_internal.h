@@ -69,9 +69,13 @@ BwdParams checked(const BwdParams& p);
 void require_supported_device(int device);
 // SMs of `device` (cached).
 int sm_count(int device);
-// The decode kernel's dynamic shared memory for a grid of `ctas` CTAs at kernel head dim kd
-// (its own, or padded so that fewer CTAs share an SM; flash_api_splits.cpp).
-int decode_launch_smem(int64_t ctas, int kd, int device);
+// How the decode kernel runs a grid of `ctas` CTAs at kernel head dim kd: warps a CTA and
+// dynamic shared memory (flash_api_splits.cpp).
+struct DecodeLaunch {
+  int warps;
+  int smem_bytes;
+};
+DecodeLaunch decode_launch(int64_t ctas, int kd, int device);
 
 template <typename F>
 void dispatch_dtype(DType dtype, F&& f) {

@@ -32,12 +32,12 @@ int smem_per_sm(int device) {
   return n;
 }
 
-// Decode CTAs an SM holds at once: shared memory (1 KiB reserved per CTA), at most
-// decode_ctas_per_sm (the kernel's __launch_bounds__): H100 / H200 2 at d128, 3 at d64; A100
-// 1 / 2.
-int decode_resident(int kd, int device) {
-  return std::max(1, std::min(decode_ctas_per_sm(kd),
-                              smem_per_sm(device) / (decode_smem_bytes(kd) + 1024)));
+// Decode CTAs of `warps` warps an SM holds at once: shared memory (1 KiB reserved per CTA),
+// at most decode_ctas_per_sm (the kernel's __launch_bounds__): 4 warps H100 / H200 2 at d128,
+// 3 at d64, A100 1 / 2; 2 warps twice as many.
+int decode_resident(int kd, int device, int warps = kDecodeWarps) {
+  return std::max(1, std::min(decode_ctas_per_sm(kd, warps),
+                              smem_per_sm(device) / (decode_smem_bytes(kd, warps) + 1024)));
 }
 
 // Decode CTAs an SM needs for 64 KiB of K/V in flight (each keeps 4 warps x (kStages - 1)
@@ -127,17 +127,22 @@ int num_splits_heuristic(int batch, int nheads, int seqlen_q, int seqlen_k, int 
   return 1;
 }
 
-// The decode kernel's dynamic shared memory for a grid of `ctas` CTAs: its own where the grid
-// fits the SMs at once; else padded so that an SM holds r CTAs, r the residency whose waves
+// How the decode kernel runs a grid of `ctas` CTAs. 4-warp CTAs with their own shared memory
+// where the SMs hold the grid at once. Else 2-warp CTAs where the SMs hold those at once (twice
+// as many an SM, the same bytes in flight: one wave, not a second that starts late). Else
+// 4-warp CTAs with shared memory padded so that an SM holds r of them, r the residency whose waves
 // keep the most bytes in flight (decode_flight_ctas' 64 KiB an SM; a wave of fewer CTAs reads
 // at that fraction of the speed), the most CTAs on a tie. d64 b64 (512 CTAs, 3 an SM): 1.29
 // waves, the last 116 CTAs at 48 KiB an SM on 116 SMs, 76-81 % of the floor (thirty-third
 // session, H200); 2 an SM make 1.94 waves. d128 b48: 2 or 1 an SM tie, so its own.
-int decode_launch_smem(int64_t ctas, int kd, int device) {
+DecodeLaunch decode_launch(int64_t ctas, int kd, int device) {
   const int64_t sms = sm_count(device);
   const int own = decode_smem_bytes(kd);
   const int resident = decode_resident(kd, device);
-  if (ctas <= sms * resident) return own;
+  if (ctas <= sms * resident) return {kDecodeWarps, own};
+  if (ctas <= sms * decode_resident(kd, device, kDecodeSmallWarps)) {
+    return {kDecodeSmallWarps, decode_smem_bytes(kd, kDecodeSmallWarps)};
+  }
   const double want = double(sms * decode_flight_ctas(kd, resident));
   int best_r = resident;
   double best_time = 0.0;
@@ -148,8 +153,8 @@ int decode_launch_smem(int64_t ctas, int kd, int device) {
                         double(last) / std::min(1.0, double(last) / want);
     if (r == resident || time < best_time * 0.99) best_r = r, best_time = time;
   }
-  if (best_r == resident) return own;
-  return std::min(max_smem_per_block(device), smem_per_sm(device) / best_r - 1024);
+  if (best_r == resident) return {kDecodeWarps, own};
+  return {kDecodeWarps, std::min(max_smem_per_block(device), smem_per_sm(device) / best_r - 1024)};
 }
 
 }  // namespace flashattn2

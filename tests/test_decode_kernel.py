@@ -101,9 +101,9 @@ def test_long_paged_cache_in_one_split(headdim, leftpad):
 @needs_decode
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_grid_of_several_waves(headdim):
-    """~3.9 CTAs an SM (b64 x 8 KV heads on 132 SMs): more than the SMs hold at once, where d64
-    launches with padded shared memory so that 2 CTAs share an SM, not 3 (flash_api_splits.cpp
-    decode_launch_smem); every CTA's rows checked."""
+    """~3.9 4-warp CTAs an SM (b64 x 8 KV heads on 132 SMs): more than the SMs hold at once, so
+    the grid runs 2-warp CTAs, which they hold in one wave (flash_api_splits.cpp decode_launch;
+    d128 4 an SM, d64 6); every CTA's rows checked."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     batch = -(-sms * 31 // 8 // 8)  # ceil(3.875 x SMs / 8 KV heads)
     decode_case(headdim=headdim, cache_len=300, batch=batch, nheads=32, nheads_k=8, new=1)

@@ -97,9 +97,10 @@ template <typename Element, int kHeadDim>
 void run_fwd(const FwdParams& params, cudaStream_t stream);
 // Defined in sm80/decode_launch.cuh, instantiated for the head dims of
 // FLASHATTN2_DECODE_HEAD_DIMS (built_config.h): the decode kernel (+ combine), launched with
-// smem_bytes of dynamic shared memory (flash_api_splits.cpp decode_launch_smem).
+// CTAs of `warps` warps and smem_bytes of dynamic shared memory (flash_api_splits.cpp
+// decode_launch).
 template <typename Element, int kHeadDim>
-void run_decode(const FwdParams& params, int smem_bytes, cudaStream_t stream);
+void run_decode(const FwdParams& params, int warps, int smem_bytes, cudaStream_t stream);
 // Defined in sm90/fwd_launch.cuh (units built for sm_90a only): the Hopper forward, on a
 // persistent grid of at most num_sms CTAs; false if TMA cannot describe the tensors (the
 // caller then runs run_fwd).

@@ -10,9 +10,12 @@ namespace flashattn2 {
 
 // One m16 row tile per CTA (the packed query rows of a GQA group: seqlen_q * q_pack <= 16),
 // kDecodeWarps warps that split the keys, each walking its own kDecodeBlockN-key tiles
-// through its own kStages-deep cp.async ring.
+// through its own kStages-deep cp.async ring. A grid that the SMs would hold only in more
+// than one wave of such CTAs, but in one of kDecodeSmallWarps-warp CTAs (twice as many fit an
+// SM, with the same bytes in flight), runs those (flash_api_splits.cpp decode_launch).
 constexpr int kDecodeRows = 16;
 constexpr int kDecodeWarps = 4;
+constexpr int kDecodeSmallWarps = 2;
 constexpr int kDecodeBlockN = 16;
 // A split gets at least one key tile per warp.
 constexpr int kDecodeMinTilesPerSplit = kDecodeWarps;
@@ -25,10 +28,10 @@ constexpr bool decode_head_dim(int kernel_head_dim) {
 // SM; d64 4 stages (4 KiB each), 3 CTAs per SM. Either way 96-144 KiB of K/V per SM in flight.
 constexpr int decode_stages(int head_dim) { return head_dim <= 64 ? 4 : 3; }
 
-// sQ [16 x d] + kDecodeWarps rings of kStages x (K, V) [16 x d], 2-byte elements
-// (d128: 100 KiB, d64: 66 KiB). The epilogue reuses the rings (decode_kernel.cuh).
-constexpr int decode_smem_bytes(int head_dim) {
-  return 2 * head_dim * (kDecodeRows + kDecodeWarps * decode_stages(head_dim) * 2 * kDecodeBlockN);
+// sQ [16 x d] + `warps` rings of kStages x (K, V) [16 x d], 2-byte elements (4 warps: d128
+// 100 KiB, d64 66 KiB; 2 warps: 52 / 34 KiB). The epilogue reuses the rings (decode_kernel.cuh).
+constexpr int decode_smem_bytes(int head_dim, int warps = kDecodeWarps) {
+  return 2 * head_dim * (kDecodeRows + warps * decode_stages(head_dim) * 2 * kDecodeBlockN);
 }
 
 // The copy's lane layout (decode_kernel.cuh, DecodeCopyRows): whole rows per warp instruction
@@ -47,10 +50,10 @@ constexpr bool decode_full_rows(int head_dim, int seqlen_k, int num_splits) {
 }
 
 // CTAs per SM from shared memory on sm_90 (228 KiB per SM, 1 KiB reserved per CTA): 2 at
-// d128, 3 at d64; the kernel's __launch_bounds__ minimum. (The split heuristic takes the
-// GPU's own shared memory: an A100's 164 KiB hold 1 / 2.)
-constexpr int decode_ctas_per_sm(int head_dim) {
-  return (228 * 1024) / (decode_smem_bytes(head_dim) + 1024);
+// d128, 3 at d64 (2-warp CTAs: 4 / 6); the kernel's __launch_bounds__ minimum. (The host
+// heuristics take the GPU's own shared memory: an A100's 164 KiB hold 1 / 2.)
+constexpr int decode_ctas_per_sm(int head_dim, int warps = kDecodeWarps) {
+  return (228 * 1024) / (decode_smem_bytes(head_dim, warps) + 1024);
 }
 
 // The calls the decode kernel computes exactly as the KV kernel would (anything else runs

@@ -9,8 +9,9 @@
 //          >= seqlen_q * pack are zero padding (never stored). Split s takes its share of
 //          the visible 16-key tiles, as the KV kernel's splits do (and writes the same
 //          o_accum / lse_accum rows, so launch_combine merges them unchanged).
-//   block  kDecodeWarps = 4 warps, all on the same 16 query rows; the CTA's key tiles are
-//          dealt round-robin to the warps (warp w: tiles n_max - 1 - w - 4j, j = 0, 1, ..),
+//   block  kNWarps = 4 warps (kDecodeWarps; or 2, kDecodeSmallWarps, for a grid of many CTAs),
+//          all on the same 16 query rows; the CTA's key tiles are dealt round-robin to the
+//          warps (warp w: tiles n_max - 1 - w - kNWarps j, j = 0, 1, ..),
 //          each warp keeping its own online-softmax state (row max, row sum, acc_o [16 x d])
 //          for the lane's rows g, g + 8 (g = lane / 4), merged by LSE in the epilogue.
 //   smem   sQ [16 x d], then per warp a ring of kStages (d128: 3, d64: 4) stages of
@@ -39,7 +40,7 @@
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
 //          barrier, acc_o * exp2(m_w - M) / L to sO [4][16][d + 8] f32 (reusing the rings;
 //          M = max_w m_w, L = sum_w l_w exp2(m_w - M): lse_merge.cuh's math in base 2); the
-//          128 threads then sum the 4 warps' rows 4 columns at a time and store O (or the
+//          threads then sum the kNWarps warps' rows 4 columns at a time and store O (or the
 //          split's float32 partial) and LSE = M ln 2 + ln L (+inf / -inf for a row that saw
 //          no key, as the KV kernel).
 //   mods   kModLogits: softcap and ALiBi (q_pack = 1 with ALiBi) as fwd_kernel.cuh does.
@@ -81,16 +82,16 @@ struct DecodeCopyRows {
   __device__ __forceinline__ static int chunk(int lane) { return lane % kLanesPerRow; }
 };
 
-template <int kHeadDim_>
+template <int kHeadDim_, int kNWarps_ = kDecodeWarps>
 struct DecodeTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = kDecodeRows;
-  static constexpr int kNWarps = kDecodeWarps;
+  static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kBlockN = kDecodeBlockN;
   static constexpr int kStages = decode_stages(kHeadDim);
-  static constexpr int kSmemBytes = decode_smem_bytes(kHeadDim);
-  static constexpr int kMinBlocks = decode_ctas_per_sm(kHeadDim);
+  static constexpr int kSmemBytes = decode_smem_bytes(kHeadDim, kNWarps);
+  static constexpr int kMinBlocks = decode_ctas_per_sm(kHeadDim, kNWarps);
   static constexpr int kORow = kHeadDim + 8;  // sO row stride in floats (2-way conflicts)
   static_assert(kHeadDim % 32 == 0 && kBlockN == 16, "tile shape");
   static_assert(4 * (kNWarps * kRows * kORow + 2 * kNWarps * kRows) <=
@@ -440,7 +441,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   }
   __syncthreads();
 
-  // O: the 4 warps' rows summed, 4 columns per thread and pass; LSE by threads 0 .. 15.
+  // O: the warps' rows summed, 4 columns per thread and pass; LSE by threads 0 .. 15.
   const bool splitkv = p.num_splits > 1;
   const int64_t bh0 = (int64_t(split) * p.batch + batch) * p.nheads + head0;  // split-KV rows
   constexpr int kQuads = kHeadDim / 4;
