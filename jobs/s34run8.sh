@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Thirty-fourth session, run 8 (probe, ~150 s; jobs/s34_decode_epilogue.patch applied to the
+# tree, .base = HEAD): run 7's stamps put a b16 1k CTA's epilogue at ~2.6k of its ~44k cycles
+# (merge 1.2k, store 1.4k), with DRAM idle meanwhile (every CTA ends together). The patch: the
+# warps publish max, sum and their unscaled O rows (query rows only: 4 of 16 at GQA 4) before
+# one barrier, not two, and the O pass weighs them. d128 builds; decode tests on the new one;
+# A/B b1 / 4 / 16 / 64, 1k / 8k, sq 1 / 4, contiguous and paged 256, 2 rounds.
+#   bash jobs/s34run8.sh   (carry .base)
+set -u
+O=${JOB_OUT:-${OUT:-gpu_logs}}
+R=/tmp/r8
+mkdir -p "$O" $R
+export PYTHONUNBUFFERED=1
+rm -rf /tmp/basesrc && mkdir -p /tmp/basesrc && tar --exclude=./.git --exclude=./.base -cf - . | tar -x -C /tmp/basesrc \
+    && rm -rf /tmp/basesrc/cpp /tmp/basesrc/python && cp -r .base/cpp .base/python /tmp/basesrc/
+build() {  # build NAME SRC: a d128 90a wheel, unpacked into /tmp/NAME
+    local name=$1 src=$2
+    ( cd "$src" && python3 -m pip wheel --no-build-isolation --no-deps -w "/tmp/${name}_whl" . \
+        -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real -C "cmake.define.FLASHATTN2_HEAD_DIMS=128" \
+        -C "build-dir=/tmp/build-$name" \
+      && rm -rf "/tmp/$name" && python3 -m zipfile -e "/tmp/${name}_whl"/*.whl "/tmp/$name" ) \
+        > "$R/${name}_build.txt" 2>&1
+    echo "=== $(date -Is) build $name rc $?"
+}
+echo "=== $(date -Is) builds"
+build base /tmp/basesrc & build new . &
+wait
+PYTHONPATH=/tmp/new timeout 150 python3 -m pytest -q tests/test_decode_kernel.py tests/test_kvcache.py \
+    -p no:cacheprovider > "$R/tests_new.txt" 2>&1
+grep -E "FAILED|passed|failed" "$R/tests_new.txt" | tail -n 12
+A="--no-summary --parts decode --headdim 128 --sq 1,4 --page-sizes 256 --batches 1,4,16,64 --cache-lens 1k,8k"
+for round in 1 2; do
+    for name in base new; do
+        impls=flashattn2
+        [ $name = new ] && impls=flashattn2,sdpa_cudnn,read_floor
+        echo "=== $(date -Is) bench $name round $round"
+        PYTHONPATH=/tmp/$name timeout 150 python3 benchmarks/bench_decode.py $A --impls $impls \
+            --out "$R/envab1_${name}_$round" > "$R/dec_${name}_$round.txt" 2>&1 || echo "bench $name failed"
+    done
+done
+python3 scripts/ab_compare.py $R --group 1 --specs base,new > "$O/ab.txt" 2>&1
+sed -n '/^geomean/,$p' "$O/ab.txt"
+tar czf "$O/r8.tar.gz" -C /tmp r8
+echo "=== $(date -Is) done"
