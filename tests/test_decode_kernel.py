@@ -305,6 +305,8 @@ def test_split_heuristic_fills_the_sms_in_one_wave(headdim, per_sm):
     CTAs than the SMs hold at once. Where no split count reaches that fill in one wave (an
     A100 holds one d128 CTA an SM; one group and at most 128 splits), only the bound is
     checked."""
+    if _ext.KERNEL_HEAD_DIM[headdim] != headdim:  # (a build without the d64 kernels)
+        pytest.skip(f"this build runs head dim {headdim} on another kernel")
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     smem = getattr(props, "shared_memory_per_multiprocessor", 0)
