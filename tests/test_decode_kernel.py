@@ -8,9 +8,9 @@ and heuristic splits) and NaN-poisoned out / lse (kvcache_kernel); softcap and A
 flash_attn_func with few rows and the backward on its out / LSE; that the decode kernel ran
 there (_ext.last_fwd_kernel) and the KV kernel for an out-of-scope call and with the runtime
 switch off; split counts up to kMaxSplits (ragged lengths, splits without keys) merged by the
-combine kernel; the two copy layouts; the split heuristic's unsplit full grid. CPU: the runtime
-switch and its plumbing into _C (every argument by position, in the binding's order), the
-split workspace as one buffer.
+combine kernel; NaN / Inf in the cache memory past the lengths; the two copy layouts; the
+split heuristic's unsplit full grid. CPU: the runtime switch and its plumbing into _C (every
+argument by position, in the binding's order), the split workspace as one buffer.
 """
 import re
 
@@ -144,6 +144,46 @@ def test_every_row_written(seqlen_q, mask, paged, num_splits):
                               num_splits)
     assert_kernel("decode")
     check_against_reference(out, lse, q, k_cache, v_cache, seqlens, causal, window_size)
+
+
+@gpu
+@needs_decode
+@pytest.mark.parametrize("num_splits", [1, 3, 0], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("paged", [0, 16, 256], ids=lambda p: f"page{p}" if p else "contig")
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+def test_unused_cache_memory_is_never_used(seqlen_q, headdim, paged, num_splits):
+    """A cache allocated with torch.empty holds anything past cache_seqlens: here NaN and Inf
+    in those rows, paged also in the unused pages, with the block-table entries past an
+    entry's pages pointing anywhere (-1, past the cache). out and lse must be those of the
+    visible keys only (no 0 x NaN from a masked key's V row), wherever the lengths fall in a
+    16-key tile, split or not. (A probe that read a tile's rows before knowing the length
+    relied on this: jobs/s35_decode_early.patch.)"""
+    nheads, nheads_k, cache_len = 16, 4, 512
+    gen = torch.Generator().manual_seed(headdim + seqlen_q)
+    q = torch.randn(6, seqlen_q, nheads, headdim, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(6, cache_len, nheads_k, headdim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([1, 17, 37, 100, 130, 509], dtype=torch.int32)
+    for b, n in enumerate(seqlens.tolist()):
+        k_cache[b, n:] = float("nan")
+        v_cache[b, n:] = float("nan")
+        v_cache[b, n + 1 :: 2] = float("inf")
+    kc, vc, table = k_cache, v_cache, None
+    if paged:
+        kc, vc, table = paged_kv(k_cache, v_cache, paged, gen)
+        used = torch.zeros(kc.shape[0], dtype=torch.bool)
+        for b, n in enumerate(seqlens.tolist()):
+            pages = -(-n // paged)
+            used[table[b, :pages].long().cpu()] = True
+            bad = torch.tensor([-1, kc.shape[0] + 7], dtype=torch.int32, device=table.device)
+            table[b, pages:] = bad.repeat(table.shape[1])[: table.shape[1] - pages]
+        kc[~used.to(kc.device)] = float("nan")
+        vc[~used.to(vc.device)] = float("inf")
+    out, lse = kvcache_kernel(q, kc, vc, seqlens.to("cuda"), table, True, (-1, -1), num_splits)
+    assert_kernel("decode")
+    assert not out.isnan().any() and not lse.isnan().any()
+    check_against_reference(out, lse, q, k_cache, v_cache, seqlens, True, (-1, -1))
 
 
 @gpu
