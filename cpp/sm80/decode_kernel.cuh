@@ -429,6 +429,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = g + 8 * r;
+    if (row >= rows_q) continue;  // (the O pass reads the query rows only)
     float m_all, l_all;
     merged(row, m_all, l_all);
     const float factor = m_own[r] == -INFINITY ? 0.f : exp2f(m_own[r] - m_all) / l_all;
