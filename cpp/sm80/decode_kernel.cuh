@@ -38,7 +38,8 @@
 //            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
 //            online softmax in base 2 ; acc_o = acc_o * correction + P V_j (d/8 HMMA)
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
-//          barrier, acc_o * exp2(m_w - M) / L to sO [4][16][d + 8] f32 (reusing the rings;
+//          barrier, acc_o * exp2(m_w - M) / L of its query rows (< seqlen_q * pack) to
+//          sO [kNWarps][16][d + 8] f32 (reusing the rings;
 //          M = max_w m_w, L = sum_w l_w exp2(m_w - M): lse_merge.cuh's math in base 2); the
 //          threads then sum the kNWarps warps' rows 4 columns at a time and store O (or the
 //          split's float32 partial) and LSE = M ln 2 + ln L (+inf / -inf for a row that saw
