@@ -188,6 +188,61 @@ def test_unused_cache_memory_is_never_used(seqlen_q, headdim, paged, num_splits)
 
 @gpu
 @needs_decode
+@pytest.mark.parametrize("num_splits", [1, 3], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("paged", [0, 16], ids=lambda p: f"page{p}" if p else "contig")
+@pytest.mark.parametrize("ramp", [4.0, 0.25, -1.0], ids=["steep", "gentle", "falling"])
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_scores_rising_along_the_walk(headdim, ramp, paged, num_splits):
+    """The lazy reference max (decode_kernel.cuh, step): a warp walks its tiles from the last
+    key down, and its row max moves only when a tile would give a P above 2^8. Key norms grow
+    by `ramp` every 16 keys toward the cache start, so along the walk the scores rise by far
+    more than that every tile ("steep": a rescale each step, scores in the thousands), by a
+    few units of log2 ("gentle": P between 1 and 2^8 between rescales), or fall ("falling":
+    none after the first tile). Ragged lengths, pages, splits; the 2x rule and LSE."""
+    nheads, nheads_k, cache_len = 16, 4, 1024
+    gen = torch.Generator().manual_seed(headdim)
+    q = torch.randn(3, 1, nheads, headdim, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(3, cache_len, nheads_k, headdim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tiles_from_end = (cache_len - 1 - torch.arange(cache_len, device="cuda")) // 16
+    norm = 1 + ramp * tiles_from_end if ramp > 0 else 1 + torch.arange(cache_len, device="cuda") // 16
+    k_cache *= norm.to(k_cache.dtype)[None, :, None, None]
+    seqlens = torch.tensor([cache_len, 700, 333], dtype=torch.int32)
+    kc, vc, table = k_cache, v_cache, None
+    if paged:
+        kc, vc, table = paged_kv(k_cache, v_cache, paged, gen)
+    out, lse = kvcache_kernel(q, kc, vc, seqlens.to("cuda"), table, False, (-1, -1), num_splits)
+    assert_kernel("decode")
+    check_against_reference(out, lse, q, k_cache, v_cache, seqlens, False, (-1, -1))
+
+
+@gpu
+@needs_decode
+def test_row_strides_past_the_copy_offsets_run_the_kv_kernel():
+    """The decode copies address a tile's rows by 32-bit element offsets (decode_config.h
+    decode_row_offsets_fit): a cache whose row stride is 2^30 elements (K and V interleaved
+    in rows of one 4 GiB buffer, 3 rows) runs the KV kernel, correctly; a stride just inside
+    the bound runs the decode kernel, correctly."""
+    headdim, n = 64, 3
+    free, _ = torch.cuda.mem_get_info()
+    if free < 6 * 2**30:
+        pytest.skip("needs 6 GiB of free GPU memory")
+    for stride, kernel in ((2**30, "sm80"), (2**31 // 17 // 8 * 8, "decode")):
+        buf = torch.empty((n - 1) * stride + 2 * headdim, device="cuda", dtype=torch.bfloat16)
+        k_cache = buf.as_strided((1, n, 1, headdim), (0, stride, headdim, 1))
+        v_cache = buf.as_strided((1, n, 1, headdim), (0, stride, headdim, 1), headdim)
+        k_cache.copy_(torch.randn(1, n, 1, headdim))
+        v_cache.copy_(torch.randn(1, n, 1, headdim))
+        q = torch.randn(1, 1, 4, headdim, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.tensor([n], dtype=torch.int32)
+        out, lse = kvcache_kernel(q, k_cache, v_cache, seqlens.to("cuda"))
+        assert_kernel(kernel)
+        check_against_reference(out, lse, q, k_cache, v_cache, seqlens, False, (-1, -1))
+        del buf, k_cache, v_cache
+
+
+@gpu
+@needs_decode
 @pytest.mark.parametrize("num_splits", [1, 0], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("mods", ["softcap", "alibi", "softcap_alibi"])
 @pytest.mark.parametrize("heads", ["gqa32_8", "mqa16_1"])

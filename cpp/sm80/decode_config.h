@@ -56,6 +56,12 @@ constexpr int decode_ctas_per_sm(int head_dim, int warps = kDecodeWarps) {
   return (228 * 1024) / (decode_smem_bytes(head_dim, warps) + 1024);
 }
 
+// The kernel's copies address a tile's rows by 32-bit element offsets from its row 0 (up to
+// 16 rows of the row stride, plus the row's columns).
+constexpr bool decode_row_offsets_fit(int64_t row_stride) {
+  return row_stride >= 0 && row_stride <= (int64_t(1) << 31) / (kDecodeBlockN + 1);
+}
+
 // The calls the decode kernel computes exactly as the KV kernel would (anything else runs
 // the KV kernel): fp16 / bf16 (checked by mha_fwd), kernel head dim 64 or 128, the packed
 // query rows fit one m16 tile, dense or KV-cache layouts (seqused_k, left padding, cache
@@ -65,7 +71,8 @@ constexpr int decode_ctas_per_sm(int head_dim, int warps = kDecodeWarps) {
 inline bool decode_supports(const FwdParams& p, int kernel_head_dim) {
   return decode_head_dim(kernel_head_dim) &&
          int64_t(p.seqlen_q) * p.q_pack <= kDecodeRows && p.cu_seqlens_q == nullptr &&
-         p.cu_seqlens_k == nullptr && p.dropout_threshold == 0 && !has_bias(p);
+         p.cu_seqlens_k == nullptr && p.dropout_threshold == 0 && !has_bias(p) &&
+         decode_row_offsets_fit(p.k_row_stride) && decode_row_offsets_fit(p.v_row_stride);
 }
 
 }  // namespace flashattn2

@@ -21,22 +21,26 @@
 //          (3 CTAs, 144 KiB in flight).
 //   regs   per thread: rQ [d/16][4] b32 (Q fragments, loaded once), acc_o [d/8][4] f32,
 //          acc_s [2][4] f32; block-table entries of 32 steps' tiles, 2 a lane (and the next
-//          32's). ptxas (sm_90a): d128 187-190 (kFullRows 222-224), d64 124-126 registers, no
+//          32's). ptxas (sm_90a): d128 211-213 (kFullRows 223-225), d64 136-138 registers, no
 //          spills (bound by shared memory, not registers).
 //   copy   DecodeCopyRows: by default lane l copies rows l / 4 and l / 4 + 8 of a K or V tile
 //          (16-byte chunks l % 4 + 4 m; the layout of load_tile_rows<16, d, 32>); kFullRows
 //          (d128 where a CTA reads >= 512 keys, decode_full_rows): 16 lanes a 256-byte row,
 //          rows l / 16 + 2 s for slots s < 8, so that a warp instruction reads whole rows. One
-//          row address per row and lane (copy_rows); each cp.async hints L2 to fetch the
-//          row's whole 2d-byte segment (LDGSTS ... LTC256B at d128).
+//          64-bit tile address per tile and tensor, then a 32-bit step per row slot
+//          (copy_rows; a tile that crosses a page end or the keys' end selects per slot); each
+//          cp.async hints L2 to fetch the row's whole 2d-byte segment (LDGSTS ... LTC256B at
+//          d128).
 //   step   (per warp, no CTA barrier in the loop)
 //            __syncwarp (every lane is done with the stage tile j - 1 used) ; issue the
 //            cp.async of tile j + kStages - 1 into it (its block-table entries shuffled from
 //            the lane that read them up to 32 steps before) ; cp.async.wait_group (tile j
 //            landed for this lane) ; __syncwarp (for all lanes): kStages - 1 tiles in flight
 //            through the wait
-//            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
-//            online softmax in base 2 ; acc_o = acc_o * correction + P V_j (d/8 HMMA)
+//            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA, in 4 chains a column tile) ; mods ;
+//            mask if the tile needs it
+//            online softmax in base 2 against a lazy row max (moved, and acc_o rescaled, only
+//            when a P would pass 2^8) ; acc_o += P V_j (d/8 HMMA)
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
 //          barrier, acc_o * exp2(m_w - M) / L of its query rows (< seqlen_q * pack) to
 //          sO [kNWarps][16][d + 8] f32 (reusing the rings;
@@ -115,6 +119,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   constexpr int kTile = kBlockN * kHeadDim;               // elements of one sK or sV
   constexpr uint32_t kStageBytes = 2 * kTile * 2;         // sK + sV
   constexpr float kLog2e = 1.4426950408889634f;
+#ifdef FLASHATTN2_DECODE_QK_CHAINS
+  constexpr int kQkChains = FLASHATTN2_DECODE_QK_CHAINS;  // (probe)
+#else
+  constexpr int kQkChains = 4;
+#endif
+  constexpr float kRescaleSlack = 8.f;  // log2 of the largest P before row_max moves
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* const sQ = reinterpret_cast<Element*>(smem_raw);
@@ -162,8 +172,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   using WarpRows = DecodeCopyRows<kBlockN, kHeadDim, kFullRows>;
   Element* const sRing = sKV + warp * kStages * 2 * kTile;
   // A 16-key tile's rows lie on at most 2 pages (page_size >= 16): the block-table entries of
-  // its first and last visible rows (e[0], e[1]; dense: both stay 0); slot_pages then gives
-  // each row slot its entry.
+  // its first and last visible rows (e[0], e[1]; dense: both stay 0).
   auto fetch_pages = [&](int j, int (&e)[2]) {
     if (j < n_mine && kv_rows.pages) {
       const int n0 = tile_of(j) * kBlockN;
@@ -172,34 +181,61 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       e[1] = kv_rows.pages[(kv_rows.row0 + last) >> p.page_size_log2];
     }
   };
-  auto slot_pages = [&](int n0, const int (&e)[2], int (&page)[WarpRows::kSlots]) {
-    const int page_rows = 1 << p.page_size_log2;
-    const int first = (kv_rows.row0 + n0) & (page_rows - 1);  // the first row's place in its page
-#pragma unroll
-    for (int s = 0; s < WarpRows::kSlots; ++s)
-      page[s] = first + WarpRows::row(s, lane) >= page_rows ? e[1] : e[0];
-  };
+  // The lane's slot-s row lies kRowsPerOp s rows below its slot-0 row: 32-bit element offsets
+  // from the tile's row 0 (decode_supports keeps 16 rows of either stride below 2^31
+  // elements). lane_off: the lane's slot-0 row and first chunk.
+  const int lane_col = 8 * WarpRows::chunk(lane);
+  const int k_lane_off = WarpRows::row(0, lane) * int(p.k_row_stride) + lane_col;
+  const int v_lane_off = WarpRows::row(0, lane) * int(p.v_row_stride) + lane_col;
+  const int k_slot_step = WarpRows::kRowsPerOp * int(p.k_row_stride);
+  const int v_slot_step = WarpRows::kRowsPerOp * int(p.v_row_stride);
+  const int page_mask = kv_rows.pages ? (1 << p.page_size_log2) - 1 : -1;
+  const int last_page = max(p.num_pages - 1, 0);  // (dense: 0, and the entries stay 0)
   // Rows n0 .. n0 + 15 of K or V into sX, in the swizzled layout (lane l: the rows of its
-  // slots, 16-byte chunks l % kL + kL m; zero fill past the keys and the head dim), with one
-  // row address per slot (the paged / strided 64-bit address math then
-  // runs once per row slot, tile and tensor, not once per chunk). Each copy hints L2 to fetch
-  // the row's whole d x 2-byte segment (one DRAM access per head row rather than one per 64
-  // bytes with the default layout; the H100 lost 1-5 % without it, the H200 5-11 %).
+  // slots, 16-byte chunks l % kL + kL m; zero fill past the keys and the head dim). The 64-bit
+  // math runs once per tile and tensor: a0, the address of the tile's row 0 (on page e[0]).
+  // A whole tile on one page (dense: always; paged: unless it crosses a page end) then costs
+  // one 32-bit step a row slot; the last tile of a range, or one that crosses a page end
+  // (left padding, a cache offset), also takes a1, where row 0 would lie were it on page
+  // e[1], and a select per slot. Each copy hints L2 to fetch the row's whole d x 2-byte
+  // segment (one DRAM access per head row rather than one per 64 bytes with the default
+  // layout; the H100 lost 1-5 % without it, the H200 5-11 %).
   constexpr int kPrefetch = kHeadDim * 2 >= 256 ? 256 : 128;
+  constexpr int kL = WarpRows::kLanesPerRow;
   auto copy_rows = [&](Element* sX, const Element* gX, int64_t batch_stride, int64_t row_stride,
-                       int n0, const int (&page)[WarpRows::kSlots]) {
+                       int lane_off, int slot_step, int n0, const int (&e)[2]) {
+    const int first = (kv_rows.row0 + n0) & page_mask;  // row 0's place in its page
+    const Element* const a0 =
+        gX + min(max(e[0], 0), last_page) * batch_stride + int64_t(first) * row_stride;
+    const int split = page_mask - first + 1;  // rows below it lie on page e[0] (dense: 0)
+    const int rows_left = seqlen_k - n0;
+    const uint32_t sx = ptx::smem_addr(sX);
+    if (rows_left >= kBlockN && (split >= kBlockN || split <= 0)) {  // (warp-uniform)
+      const Element* src = a0 + lane_off;
 #pragma unroll
-    for (int slot = 0; slot < WarpRows::kSlots; ++slot) {
-      const int r = WarpRows::row(slot, lane);
-      const bool row_ok = r < seqlen_k - n0;
-      const Element* src = kv_rows(p, gX, batch_stride, row_stride, n0 + (row_ok ? r : 0), page[slot]);
-      const uint32_t dst = ptx::smem_addr(sX + swizzle<kBlockN>(r, WarpRows::chunk(lane)));
-      constexpr int kL = WarpRows::kLanesPerRow;
+      for (int slot = 0; slot < WarpRows::kSlots; ++slot, src += slot_step) {
+        const uint32_t dst =
+            sx + 2 * swizzle<kBlockN>(WarpRows::row(slot, lane), WarpRows::chunk(lane));
 #pragma unroll
-      for (int m = 0; m < WarpRows::kChunks; ++m) {  // chunk kL m + lane % kL: segment kL m / 4
-        const int col = 8 * (kL * m + WarpRows::chunk(lane));
-        ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + col,
-                                             row_ok && col < p.headdim);
+        for (int m = 0; m < WarpRows::kChunks; ++m)  // chunk kL m + lane % kL: segment kL m / 4
+          ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + 8 * kL * m,
+                                               lane_col + 8 * kL * m < p.headdim);
+      }
+    } else {
+      const Element* const a1 = gX + min(max(e[1], 0), last_page) * batch_stride +
+                                int64_t(first - page_mask - 1) * row_stride;
+#pragma unroll
+      for (int slot = 0; slot < WarpRows::kSlots; ++slot) {
+        const int r = WarpRows::row(slot, lane);
+        const bool row_ok = r < rows_left;
+        // (a row past the keys copies nothing: its address stays inside the cache)
+        const Element* src =
+            row_ok ? (r < split || split <= 0 ? a0 : a1) + (lane_off + slot * slot_step) : a0 + lane_col;
+        const uint32_t dst = sx + 2 * swizzle<kBlockN>(r, WarpRows::chunk(lane));
+#pragma unroll
+        for (int m = 0; m < WarpRows::kChunks; ++m)
+          ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + 8 * kL * m,
+                                               row_ok && lane_col + 8 * kL * m < p.headdim);
       }
     }
   };
@@ -208,11 +244,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto copy_kv = [&](int j, int stage, const int (&e)[2]) {
     if (j < n_mine) {
       const int n0 = tile_of(j) * kBlockN;
-      int page[WarpRows::kSlots];
-      slot_pages(n0, e, page);
       Element* const sK = sRing + stage * 2 * kTile;
-      copy_rows(sK, gK, p.k_batch_stride, p.k_row_stride, n0, page);
-      copy_rows(sK + kTile, gV, p.v_batch_stride, p.v_row_stride, n0, page);
+      copy_rows(sK, gK, p.k_batch_stride, p.k_row_stride, k_lane_off, k_slot_step, n0, e);
+      copy_rows(sK + kTile, gV, p.v_batch_stride, p.v_row_stride, v_lane_off, v_slot_step, n0, e);
     }
   };
   auto load_kv = [&](int j, int stage, const int (&e)[2]) {
@@ -288,12 +322,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto step = [&](auto mask_tag, int n_block, int stage) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t stage_off = stage * kStageBytes;
+    // S = Q K^T over the d / 16 k-steps in kQkChains independent accumulator chains per n8
+    // tile (k-step kk into chain kk % kQkChains), summed after: a single chain is d / 16
+    // dependent HMMAs deep, the step's longest latency with one warp per scheduler.
     float acc_s[1][2][4];
+    {
+      float part[kQkChains][2][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+      for (int c = 0; c < kQkChains; ++c)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = 0.f;
-    warp_gemm_areg<Element, false, 1, 1, kKStepsD>(acc_s, rQ, k_tile.plus(stage_off));
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) part[c][nt][e] = 0.f;
+      const LdsmTile<kBlockN> kt = k_tile.plus(stage_off);
+#pragma unroll
+      for (int kk = 0; kk < kKStepsD; ++kk) {
+        uint32_t bf[4];
+        ptx::ldmatrix_x4(bf, kt(0, kk));
+        ptx::mma_16816<Element>(part[kk % kQkChains][0], rQ[0][kk], bf[0], bf[1]);
+        ptx::mma_16816<Element>(part[kk % kQkChains][1], rQ[0][kk], bf[2], bf[3]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float sum = part[0][nt][e];
+#pragma unroll
+          for (int c = 1; c < kQkChains; ++c) sum += part[c][nt][e];
+          acc_s[0][nt][e] = sum;
+        }
+    }
 
     const int col0 = n_block * kBlockN + 2 * q;  // column of element (nt, e): col0 + 8 nt + (e & 1)
     if constexpr (kMods != kModNone) {
@@ -332,17 +390,40 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
       }
     }
 
-    // Online softmax (base 2) per row: max over the quad, O and the sum rescaled to it.
+    // Online softmax (base 2) per row, with a lazy reference max: the row's max over the quad
+    // (m), but row_max, the max P and the sums are taken against, moves only when some row of
+    // the warp would see a P above 2^kRescaleSlack (and at the first key), so most tiles skip
+    // rescaling acc_o (d/2 FMUL a lane). P <= 2^kRescaleSlack keeps P, the row sums and acc_o
+    // far from overflow, and the epilogue merges by the same row_max, so the result is exact.
+    float m[2];
+    bool grow = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float m = fmaxf(fmaxf(acc_s[0][0][2 * r], acc_s[0][0][2 * r + 1]),
-                      fmaxf(acc_s[0][1][2 * r], acc_s[0][1][2 * r + 1]));
-      m = fmaxf(m, row_max[r]);
-      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-      const float max_scaled = scaled(m);
-      const float correction = ptx::exp2_approx(row_max[r] * scale_log2 - max_scaled);
-      row_max[r] = m;
+      m[r] = fmaxf(fmaxf(acc_s[0][0][2 * r], acc_s[0][0][2 * r + 1]),
+                   fmaxf(acc_s[0][1][2 * r], acc_s[0][1][2 * r + 1]));
+      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffff, m[r], 1));
+      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffff, m[r], 2));
+      // (-inf - -inf is NaN: false, a row that has seen only masked scores stays put; a first
+      // finite max against -inf: +inf, true)
+      grow |= (m[r] - row_max[r]) * scale_log2 > kRescaleSlack;
+    }
+    if (__any_sync(0xffffffff, grow)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], row_max[r]);
+        const float correction = ptx::exp2_approx(row_max[r] * scale_log2 - scaled(m_new));
+        row_max[r] = m_new;
+        row_sum[r] *= correction;
+#pragma unroll
+        for (int dt = 0; dt < kNTilesD; ++dt) {
+          acc_o[0][dt][2 * r] *= correction;
+          acc_o[0][dt][2 * r + 1] *= correction;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float max_scaled = scaled(row_max[r]);
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -351,12 +432,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
           acc_s[0][nt][e] = ptx::exp2_approx(fmaf(acc_s[0][nt][e], scale_log2, -max_scaled));
           sum += acc_s[0][nt][e];
         }
-      row_sum[r] = row_sum[r] * correction + sum;
-#pragma unroll
-      for (int dt = 0; dt < kNTilesD; ++dt) {
-        acc_o[0][dt][2 * r] *= correction;
-        acc_o[0][dt][2 * r + 1] *= correction;
-      }
+      row_sum[r] += sum;
     }
 
     // acc_o += P V: P from the S accumulators (n8 tiles 0, 1 = one k16 step).
