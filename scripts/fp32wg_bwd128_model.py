@@ -2,12 +2,11 @@
 
 scripts/fp32wg_bwd_model.py's method for the d128 cut (index arithmetic copied by hand from
 wg_bwd128_kernel.cuh: keep in step): per CTA (64 keys) the setup's K lo / V lo / K^T lo
-stores (a warp's float4s in units of 8 keys x 16 columns, bwd_store_kv's kRows8), per step
-the producer's tiles (16 query rows; transposed tiles in padded 128-byte rows), then
-warpgroup 0 (S^T, P^T into sPT, dV) and warpgroup 1 (dP^T, P^T from sPT by its own thread
-index, dS^T into sdS, dK), and both warpgroups' dQ^T rows of d (K^T hi from the lanes'
-fragments, K^T lo from smem) into dq_accum; the dK / dV epilogue. Products in float64: the
-model checks the addressing.
+stores (a thread per key and half of d), per step the producer's tiles (16 query rows;
+transposed tiles in padded 128-byte rows), then warpgroup 0 (S^T, P^T into sPT, dV) and
+warpgroup 1 (dP^T, P^T from sPT by its own thread index, dS^T into sdS, dK), and both
+warpgroups' dQ^T rows of d (K^T hi from the lanes' fragments, K^T lo from smem) into
+dq_accum; the dK / dV epilogue. Products in float64: the model checks the addressing.
 
 Checked on the way: every word of each tile region written once per step (setup: once per
 CTA), every element of every wgmma operand the descriptors address, sPT read back where it
@@ -58,18 +57,14 @@ def run_cta(q, k, v, do, lse, dsum, dq_flat, batch, head_k, n_block, wr, scale):
     kbase = batch * gk.batch_stride + head_k * gk.head_stride + n0 * gk.row_stride
     vbase = batch * gv.batch_stride + head_k * gv.head_stride + n0 * gv.row_stride
 
-    # ---- setup: K lo, K^T lo (threads 0-127), V lo (128-255); bwd_store_kv's kRows8: warp
-    # w's float4 u is unit w + 4 u of 8 keys x 16 columns, lane l at key + l % 8, column +
-    # 4 (l / 8) ----
+    # ---- setup: K lo, K^T lo (threads 0-127), V lo (128-255), a thread per key and half ----
     before = smem.writes.copy()
     for tid in range(256):
-        is_k, t = tid < 128, tid % 128
+        is_k, key, c0 = tid < 128, tid % BN, (tid % 128) // BN * (D // 2)
         g = gk if is_k else gv
-        for u in range(D * BN // 512):
-            unit = t // 32 + 4 * u
-            key = 8 * (unit % (BN // 8)) + t % 8
-            c = 16 * (unit // (BN // 8)) + 4 * (t % 32 // 8)
-            base = (kbase if is_k else vbase) + key * g.row_stride
+        base = (kbase if is_k else vbase) + key * g.row_stride
+        for bb in range(D // 8):
+            c = c0 + 4 * bb
             x = g.load4(base, 0, key, sk - n0, c, hd, True)
             _, ls = zip(*(split(e) for e in x))
             smem.st(off["Klo" if is_k else "Vlo"] + swz(BN, key, c), ls)

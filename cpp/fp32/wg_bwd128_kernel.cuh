@@ -209,13 +209,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_fp32wg128_kernel(cons
     }
 
     // K lo and K^T lo (consumer threads 0-127), V lo (128-255), while the producer already
-    // builds step 0's tiles, 8 rows x 64 bytes a warp instruction (bwd_store_kv's kRows8;
-    // kSingle: K^T hi only, in sKTlo's place, consumer threads 0-127); then the consumers'
-    // barrier (the producer is not in it).
+    // builds step 0's tiles: a thread per key row and half of d (kSingle: K^T hi only, in sKTlo's
+    // place, consumer threads 0-127); then the consumers' barrier (the producer is not in it).
     {
       const int ct = tid - 128;
       if (ct < (kSingle ? 128 : 256)) {
-        fp32wg::bwd_store_kv<kBlockN, kHeadDim, !kSingle, kSingle, !kSingle, false, true>(
+        fp32wg::bwd_store_kv<kBlockN, kHeadDim, !kSingle, kSingle, !kSingle>(
             p, ct, gK, gV, seqlen_k - n0, sKlo, sVlo, sKTlo, sKTlo);
       }
       named_sync(kBarKv, 256);

@@ -101,15 +101,14 @@ __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p) {
 // (one memory latency), split; then stored: lo natural in sKlo / sVlo (kLo), K's hi and lo
 // transposed in sKThi (kKTHi) and sKTlo (kKTLo), V's hi natural in sVhi (kVHi: where the caller
 // then reads its register fragments from). The caller's barrier follows. Which float4s:
-// - default: a thread a row, key ct % kBlockN, the kHeadDim * kBlockN / 128 columns from
-//   (ct % 128) / kBlockN times that (a warp instruction: 32 rows, 32 L1 lines); the K^T stores
-//   of a warp (32 keys, one d) hit one 128-byte row: 32 banks;
-// - kRows8 (both kernels': the d64 prologue 1.1-1.4 us shorter, the backward 1.4-1.6 % faster
-//   in 3xTF32, NOTES' thirtieth session; the d128 units take it since the row addresses are
-//   formed once, which removed their spills): a warp instruction 8 rows x 64 bytes (8 lines):
-//   warp w's float4 u is unit w + 4 u of the tile's (kBlockN / 8) x (kHeadDim / 16) units of
-//   8 keys x 16 columns (row-block minor), lane l at key + l % 8, column + 4 (l / 8); the K^T
-//   stores 2-way (the lanes 8 columns apart share a bank).
+// - default (the d128 kernel's): a thread a row, key ct % kBlockN, the kHeadDim * kBlockN / 128
+//   columns from (ct % 128) / kBlockN times that (a warp instruction: 32 rows, 32 L1 lines);
+//   the K^T stores of a warp (32 keys, one d) hit one 128-byte row: 32 banks;
+// - kRows8 (the d64 kernel's: its prologue 1.1-1.4 us shorter, the backward 1.4-1.6 % faster
+//   in 3xTF32, NOTES' thirtieth session; the d128 units spill with it): a warp instruction 8
+//   rows x 64 bytes (8 lines): warp w's float4 u is unit w + 4 u of the tile's (kBlockN / 8) x
+//   (kHeadDim / 16) units of 8 keys x 16 columns (row-block minor), lane l at key + l % 8,
+//   column + 4 (l / 8); the K^T stores 2-way (the lanes 8 columns apart share a bank).
 template <int kBlockN, int kHeadDim, bool kLo, bool kKTHi, bool kKTLo, bool kVHi = false,
           bool kRows8 = false>
 __device__ __forceinline__ void bwd_store_kv(const BwdParams& p, int ct, const float* gK,
@@ -144,30 +143,15 @@ __device__ __forceinline__ void bwd_store_kv(const BwdParams& p, int ct, const f
   };
   float4 x[kDepth];
   if constexpr (kRows8) {
-    // Unit w + 4 u of kR key blocks: key block w + 4 (u % kRowsT), column block u / kRowsT (kR
-    // a multiple of 4, w < 4), so the thread reads kRowsT rows, one address each, at
-    // compile-time column offsets (the d128 units spilled with the row and column recomputed
-    // a unit).
-    constexpr int kR = kBlockN / 8, kRowsT = kR / 4;
-    static_assert(kR % 4 == 0, "key blocks of 8 in groups of the 4 warps");
     const int t = ct % 128;
-    const int c_lane = 4 * (t % 32 / 8);
+    auto key_of = [&](int u) { return 8 * ((t / 32 + 4 * u) % (kBlockN / 8)) + t % 8; };
+    auto col_of = [&](int u) { return 16 * ((t / 32 + 4 * u) / (kBlockN / 8)) + 4 * (t % 32 / 8); };
     const float* g = is_k ? gK : gV;
     const int64_t stride = is_k ? p.k_row_stride : p.v_row_stride;
-    int key[kRowsT];
-    const float* row[kRowsT];
 #pragma unroll
-    for (int i = 0; i < kRowsT; ++i) {
-      key[i] = 8 * (t / 32 + 4 * i) + t % 8;
-      row[i] = g + int64_t(key[i]) * stride;
-    }
+    for (int u = 0; u < kDepth; ++u) x[u] = load4(g, stride, key_of(u), rows, col_of(u), p.headdim);
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) {
-      const int i = u % kRowsT;
-      x[u] = load4(row[i], 0, key[i], rows, 16 * (u / kRowsT) + c_lane, p.headdim);
-    }
-#pragma unroll
-    for (int u = 0; u < kDepth; ++u) put(key[u % kRowsT], 16 * (u / kRowsT) + c_lane, x[u]);
+    for (int u = 0; u < kDepth; ++u) put(key_of(u), col_of(u), x[u]);
   } else {
     const int key = ct % kBlockN, c0 = (ct % 128) / kBlockN * kCols;
     const float* g = is_k ? gK + int64_t(key) * p.k_row_stride : gV + int64_t(key) * p.v_row_stride;
