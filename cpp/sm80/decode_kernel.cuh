@@ -119,11 +119,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   constexpr int kTile = kBlockN * kHeadDim;               // elements of one sK or sV
   constexpr uint32_t kStageBytes = 2 * kTile * 2;         // sK + sV
   constexpr float kLog2e = 1.4426950408889634f;
-#ifdef FLASHATTN2_DECODE_QK_CHAINS
-  constexpr int kQkChains = FLASHATTN2_DECODE_QK_CHAINS;  // (probe)
-#else
-  constexpr int kQkChains = 4;
-#endif
+  constexpr int kQkChains = 4;  // Q K^T accumulator chains a column tile (step)
   constexpr float kRescaleSlack = 8.f;  // log2 of the largest P before row_max moves
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
