@@ -277,8 +277,9 @@ def layout_cases(gen):
     torch.cuda.synchronize()
     results.append(("varlen fwd+bwd", err <= 5e-2, f"max err {err:.2e}"))
 
-    # (the decode kernel, its splits merged by the combine kernel)
-    for page in (0, 16):
+    # (the decode kernel, its splits merged by the combine kernel; with left padding, tiles
+    # that cross a page end take the copy's per-slot path)
+    for page, pads in ((0, None), (16, None), (16, [5, 3])):
         cache = torch.randn(2, 256, 2, 128, generator=gen).to(dtype).to(dev)
         vcache = torch.randn(2, 256, 2, 128, generator=gen).to(dtype).to(dev)
         qd = torch.randn(2, 1, 8, 128, generator=gen).to(dtype).to(dev)
@@ -286,6 +287,8 @@ def layout_cases(gen):
         vn = torch.randn(2, 1, 2, 128, generator=gen).to(dtype).to(dev)
         lens = [37, 255]
         kw = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=dev), num_splits=3)
+        if pads:
+            kw["cache_leftpad"] = torch.tensor(pads, dtype=torch.int32, device=dev)
         kc, vc = cache.clone(), vcache.clone()
         if page:
             table = torch.arange(2 * 256 // page, dtype=torch.int32, device=dev).flip(0).view(2, -1)
@@ -297,12 +300,14 @@ def layout_cases(gen):
         out = flashattn2.flash_attn_with_kvcache(qd, kc, vc, kn, vn, **kw)
         err = 0.0
         for b, n in enumerate(lens):
-            keys = torch.cat([cache[b, :n], kn[b]]).unsqueeze(0)
-            vals = torch.cat([vcache[b, :n], vn[b]]).unsqueeze(0)
+            pad = pads[b] if pads else 0
+            keys = torch.cat([cache[b, pad:n], kn[b]]).unsqueeze(0)
+            vals = torch.cat([vcache[b, pad:n], vn[b]]).unsqueeze(0)
             ref = flashattn2.flash_attn_func(qd[b : b + 1], keys, vals)
             err = max(err, (out[b] - ref[0]).abs().max().item())
         torch.cuda.synchronize()
-        results.append((f"kvcache {'paged 16' if page else 'contiguous'} split 3",
+        results.append((f"kvcache {'paged 16' if page else 'contiguous'}"
+                        f"{' left-padded' if pads else ''} split 3",
                         err <= 5e-2, f"max err {err:.2e}"))
     return results
 
