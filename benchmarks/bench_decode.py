@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """Benchmark flashattn2's decode (KV cache) and varlen prefill paths against PyTorch SDPA.
 
-Decode (defaults): bf16, 32 query / 8 KV heads, d 128, batch 1/4/16/64, cache 1k/8k/32k/128k,
-every cache_seqlens = the full cache, sq 1 and 4. flash_attn_with_kvcache runs on a contiguous
-cache (b, s, h_k, d) and on the same memory as pages in a shuffled block table (--page-sizes),
-num_splits=0 (its heuristic) plus any --splits. Baselines in the same run: SDPA's flash and
-cuDNN backends on (b, h, s, d) copies made before timing, GQA via enable_gqa=True or, where a
-backend refuses it, K/V heads expanded before timing (column `gqa`). And a floor: `read_floor`
-is one Triton kernel that only reads K and V once (no attention), timed the same way, so it is
-the least time any decode kernel can take here (launch included); the summary says what
-speedup over SDPA it would allow. sq = 4 is non-causal for
-every impl: SDPA's is_causal is top-left aligned, flash-attn's bottom-right, and a causal mask
-over 4 new tokens hides 6 of 4*s scores, so the work is the same. A config whose tensors (cache
-plus SDPA copies) exceed --mem-budget-gib is skipped.
-KV bandwidth = 2*b*s*h_k*d*2 bytes (K and V read once) / time, in GB/s and as a fraction of the
-device-copy bandwidth measured at start (a copy_ of --copy-gib; bytes read + written / time).
+Decode (defaults): bf16 (or --dtype fp16), 32 query / 8 KV heads, d 128, batch 1/4/16/64, cache
+1k/8k/32k/128k, every cache_seqlens = the full cache, sq 1 and 4. flash_attn_with_kvcache runs
+on a contiguous cache (b, s, h_k, d) and on the same memory as pages in a shuffled block table
+(--page-sizes), num_splits=0 (its heuristic) plus any --splits. Baselines in the same run:
+SDPA's flash and cuDNN backends on (b, h, s, d) copies made before timing, GQA via
+enable_gqa=True or, where a backend refuses it, K/V heads expanded before timing (column `gqa`).
+And a floor: `read_floor` is one Triton kernel that only reads K and V once (no attention),
+timed the same way, so it is the least time any decode kernel can take here (launch included);
+the summary says what speedup over SDPA it would allow. sq = 4 is non-causal for every impl:
+SDPA's is_causal is top-left aligned, flash-attn's bottom-right, and a causal mask over 4 new
+tokens hides 6 of 4*s scores, so the work is the same. A config whose tensors (cache plus SDPA
+copies) exceed --mem-budget-gib is skipped. KV bandwidth = 2*b*s*h_k*d*2 bytes (K and V read
+once) / time, in GB/s and as a fraction of the device-copy bandwidth measured at start (a copy_
+of --copy-gib; bytes read + written / time).
 
 Varlen prefill: --varlen-tokens causal tokens as n sequences of seeded random lengths
 (flash_attn_varlen_func) vs n equal sequences as a dense batch (flash_attn_func), plus varlen on
@@ -93,6 +93,11 @@ def heads(text):
     return int(h), int(h_k or h)
 
 
+def torch_dtype(name):
+    import torch
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
 def csv_list(kind):
     return lambda s: [kind(x) for x in s.split(",") if x.strip()]
 
@@ -104,6 +109,8 @@ def parse_args(argv=None):
     p.add_argument("--sq", type=csv_list(int), help="new tokens per step (default 1,4)")
     p.add_argument("--heads", type=heads, default=(32, 8), help="decode h:h_k (default 32:8)")
     p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                   help="the query, cache and SDPA copies' dtype (default bf16; meta.dtype)")
     p.add_argument("--page-sizes", type=csv_list(int), default=[256],
                    help="paged-cache page sizes, e.g. 16,64,256 ('' for none; default 256); "
                         "skipped for a cache length they do not divide")
@@ -502,9 +509,9 @@ def run_decode(run, b, s):
     kv = 2 * b * s * h_k * d * 2
     if kv * (2 if sdpa or a.bhsd else 1) > run.budget:
         return None
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    qs = {sq: torch.randn(b, sq, h, d, **bf16) for sq in a.sq}
-    k_cache, v_cache = (torch.randn(b, s, h_k, d, **bf16) for _ in range(2))
+    kind = dict(device="cuda", dtype=torch_dtype(a.dtype))
+    qs = {sq: torch.randn(b, sq, h, d, **kind) for sq in a.sq}
+    k_cache, v_cache = (torch.randn(b, s, h_k, d, **kind) for _ in range(2))
     base = dict(bench="decode", batch=b, seqlen_k=s, nheads=h, nheads_k=h_k, headdim=d,
                 causal=False)
     rows = []
@@ -559,9 +566,9 @@ def run_host(run, rounds=5):
     single block per impl put 36.8 and 59.3 us on the same code in two sessions)."""
     import torch
     (h, h_k), d, s = run.args.heads, run.args.headdim, 1024
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    q = torch.randn(1, 1, h, d, **bf16)
-    k_cache, v_cache = (torch.randn(1, s, h_k, d, **bf16) for _ in range(2))
+    kind = dict(device="cuda", dtype=torch_dtype(run.args.dtype))
+    q = torch.randn(1, 1, h, d, **kind)
+    k_cache, v_cache = (torch.randn(1, s, h_k, d, **kind) for _ in range(2))
     seqlens = torch.full((1,), s, dtype=torch.int32, device="cuda")
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k_cache, v_cache))
     calls = [(impl, functools.partial(flashattn2_call(impl), q, k_cache, v_cache,
@@ -607,9 +614,9 @@ def run_prefill(run, n_seq, h, h_k, meta):
     a = run.args
     d, s = a.headdim, a.varlen_tokens // n_seq
     total = s * n_seq
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    q = torch.randn(n_seq, s, h, d, **bf16)
-    k, v = (torch.randn(n_seq, s, h_k, d, **bf16) for _ in range(2))
+    kind = dict(device="cuda", dtype=torch_dtype(a.dtype))
+    q = torch.randn(n_seq, s, h, d, **kind)
+    k, v = (torch.randn(n_seq, s, h_k, d, **kind) for _ in range(2))
     dense, varlen = flashattn2_api("flash_attn_func"), flashattn2_api("flash_attn_varlen_func")
     base = dict(bench="prefill", impl="flashattn2", batch=n_seq, tokens=total, nheads=h,
                 nheads_k=h_k, headdim=d, causal=True)
@@ -635,6 +642,7 @@ def build_meta(args, run):
             "command": shlex.join([sys.executable] + sys.argv), "gpu": run.gpu,
             "python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "dtype": args.dtype,
             "timer": "median CUDA-event time per call after a 4x-L2 read, "
                      + ("CUDA-graph replay" if args.graphs else "eager"),
             "warmup_ms": args.warmup, "rep_ms": args.rep, "copy_gib": args.copy_gib,
@@ -659,7 +667,7 @@ def run_all(args):
     meta = build_meta(args, run)
     out = args.out or os.path.join("benchmarks", "out", re.sub(r"[^A-Za-z0-9.]+", "-", run.gpu)
                                    + "-decode-" + datetime.datetime.now().strftime("%Y%m%d-%H%M"))
-    print(f"{run.gpu} | torch {meta['torch']} cuda {meta['cuda']} | flashattn2 "
+    print(f"{run.gpu} | {args.dtype} | torch {meta['torch']} cuda {meta['cuda']} | flashattn2 "
           f"{meta['flashattn2']} | copy {run.copy_gbps:.0f} GB/s | L2 flush "
           f"{run.flush_ms * 1e3:.0f} us | budget {run.budget / GiB:.1f} GiB")
     rows = []

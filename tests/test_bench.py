@@ -154,6 +154,7 @@ def test_decode_summary_reports_issue_20s_targets(capsys):
     assert "sq4 within 10% of sq1: worst +14.3% (b1 sq4 8k), 1 cfgs -> MISSED" in out
     assert "flashattn2 9.0 us, sdpa_flash 8.0 us -> MISSED" in out
     assert bd.parse_args([]).parts == ["decode", "varlen", "host"]
+    assert bd.parse_args([]).dtype == "bf16" and bd.parse_args(["--dtype", "fp16"]).dtype == "fp16"
 
 
 def test_decode_ab_of_the_decode_kernel(capsys):

@@ -37,8 +37,7 @@
 //            the lane that read them up to 32 steps before) ; cp.async.wait_group (tile j
 //            landed for this lane) ; __syncwarp (for all lanes): kStages - 1 tiles in flight
 //            through the wait
-//            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA, in 4 chains a column tile) ; mods ;
-//            mask if the tile needs it
+//            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
 //            online softmax in base 2 against a lazy row max (moved, and acc_o rescaled, only
 //            when a P would pass 2^8) ; acc_o += P V_j (d/8 HMMA)
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
@@ -119,7 +118,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   constexpr int kTile = kBlockN * kHeadDim;               // elements of one sK or sV
   constexpr uint32_t kStageBytes = 2 * kTile * 2;         // sK + sV
   constexpr float kLog2e = 1.4426950408889634f;
-  constexpr int kQkChains = 4;  // Q K^T accumulator chains a column tile (step)
   constexpr float kRescaleSlack = 8.f;  // log2 of the largest P before row_max moves
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -206,17 +204,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
     const int split = page_mask - first + 1;  // rows below it lie on page e[0] (dense: 0)
     const int rows_left = seqlen_k - n0;
     const uint32_t sx = ptx::smem_addr(sX);
+    // Slot `slot`'s chunks from src (nothing read, zeros written, where !row_ok).
+    auto issue = [&](int slot, const Element* src, bool row_ok) {
+      const uint32_t dst = sx + 2 * swizzle<kBlockN>(WarpRows::row(slot, lane), WarpRows::chunk(lane));
+#pragma unroll
+      for (int m = 0; m < WarpRows::kChunks; ++m)  // chunk kL m + lane % kL: segment kL m / 4
+        ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + 8 * kL * m,
+                                             row_ok && lane_col + 8 * kL * m < p.headdim);
+    };
     if (rows_left >= kBlockN && (split >= kBlockN || split <= 0)) {  // (warp-uniform)
       const Element* src = a0 + lane_off;
 #pragma unroll
-      for (int slot = 0; slot < WarpRows::kSlots; ++slot, src += slot_step) {
-        const uint32_t dst =
-            sx + 2 * swizzle<kBlockN>(WarpRows::row(slot, lane), WarpRows::chunk(lane));
-#pragma unroll
-        for (int m = 0; m < WarpRows::kChunks; ++m)  // chunk kL m + lane % kL: segment kL m / 4
-          ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + 8 * kL * m,
-                                               lane_col + 8 * kL * m < p.headdim);
-      }
+      for (int slot = 0; slot < WarpRows::kSlots; ++slot, src += slot_step) issue(slot, src, true);
     } else {
       const Element* const a1 = gX + min(max(e[1], 0), last_page) * batch_stride +
                                 int64_t(first - page_mask - 1) * row_stride;
@@ -225,13 +224,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
         const int r = WarpRows::row(slot, lane);
         const bool row_ok = r < rows_left;
         // (a row past the keys copies nothing: its address stays inside the cache)
-        const Element* src =
-            row_ok ? (r < split || split <= 0 ? a0 : a1) + (lane_off + slot * slot_step) : a0 + lane_col;
-        const uint32_t dst = sx + 2 * swizzle<kBlockN>(r, WarpRows::chunk(lane));
-#pragma unroll
-        for (int m = 0; m < WarpRows::kChunks; ++m)
-          ptx::cp_async_16_prefetch<kPrefetch>(dst + m * (kL / 4) * kBlockN * 64, src + 8 * kL * m,
-                                               row_ok && lane_col + 8 * kL * m < p.headdim);
+        issue(slot,
+              row_ok ? (r < split || split <= 0 ? a0 : a1) + (lane_off + slot * slot_step)
+                     : a0 + lane_col,
+              row_ok);
       }
     }
   };
@@ -318,36 +314,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto step = [&](auto mask_tag, int n_block, int stage) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t stage_off = stage * kStageBytes;
-    // S = Q K^T over the d / 16 k-steps in kQkChains independent accumulator chains per n8
-    // tile (k-step kk into chain kk % kQkChains), summed after: a single chain is d / 16
-    // dependent HMMAs deep, the step's longest latency with one warp per scheduler.
     float acc_s[1][2][4];
-    {
-      float part[kQkChains][2][4];
 #pragma unroll
-      for (int c = 0; c < kQkChains; ++c)
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) part[c][nt][e] = 0.f;
-      const LdsmTile<kBlockN> kt = k_tile.plus(stage_off);
-#pragma unroll
-      for (int kk = 0; kk < kKStepsD; ++kk) {
-        uint32_t bf[4];
-        ptx::ldmatrix_x4(bf, kt(0, kk));
-        ptx::mma_16816<Element>(part[kk % kQkChains][0], rQ[0][kk], bf[0], bf[1]);
-        ptx::mma_16816<Element>(part[kk % kQkChains][1], rQ[0][kk], bf[2], bf[3]);
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float sum = part[0][nt][e];
-#pragma unroll
-          for (int c = 1; c < kQkChains; ++c) sum += part[c][nt][e];
-          acc_s[0][nt][e] = sum;
-        }
-    }
+      for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = 0.f;
+    warp_gemm_areg<Element, false, 1, 1, kKStepsD>(acc_s, rQ, k_tile.plus(stage_off));
 
     const int col0 = n_block * kBlockN + 2 * q;  // column of element (nt, e): col0 + 8 nt + (e & 1)
     if constexpr (kMods != kModNone) {
