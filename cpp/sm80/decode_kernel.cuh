@@ -37,7 +37,8 @@
 //            the lane that read them up to 32 steps before) ; cp.async.wait_group (tile j
 //            landed for this lane) ; __syncwarp (for all lanes): kStages - 1 tiles in flight
 //            through the wait
-//            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA) ; mods ; mask if the tile needs it
+//            S = Q K_j^T (16 x 16: d/16 k-steps x 2 HMMA, in 4 chains a column tile) ; mods ;
+//            mask if the tile needs it
 //            online softmax in base 2 against a lazy row max (moved, and acc_o rescaled, only
 //            when a P would pass 2^8) ; acc_o += P V_j (d/8 HMMA)
 //   epilogue  each warp publishes its rows' scaled max m_w and sum l_w (sM, sL) and, after a
@@ -118,6 +119,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   constexpr int kTile = kBlockN * kHeadDim;               // elements of one sK or sV
   constexpr uint32_t kStageBytes = 2 * kTile * 2;         // sK + sV
   constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kQkChains = 4;  // Q K^T accumulator chains a column tile (step)
   constexpr float kRescaleSlack = 8.f;  // log2 of the largest P before row_max moves
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -314,12 +316,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocks)
   auto step = [&](auto mask_tag, int n_block, int stage) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t stage_off = stage * kStageBytes;
+    // S = Q K^T over the d / 16 k-steps in kQkChains independent accumulator chains per n8
+    // tile (k-step kk into chain kk % kQkChains), summed after: a single chain is d / 16
+    // dependent HMMAs deep, the step's longest latency with one warp per scheduler.
     float acc_s[1][2][4];
+    {
+      float part[kQkChains][2][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+      for (int c = 0; c < kQkChains; ++c)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = 0.f;
-    warp_gemm_areg<Element, false, 1, 1, kKStepsD>(acc_s, rQ, k_tile.plus(stage_off));
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) part[c][nt][e] = 0.f;
+      const LdsmTile<kBlockN> kt = k_tile.plus(stage_off);
+#pragma unroll
+      for (int kk = 0; kk < kKStepsD; ++kk) {
+        uint32_t bf[4];
+        ptx::ldmatrix_x4(bf, kt(0, kk));
+        ptx::mma_16816<Element>(part[kk % kQkChains][0], rQ[0][kk], bf[0], bf[1]);
+        ptx::mma_16816<Element>(part[kk % kQkChains][1], rQ[0][kk], bf[2], bf[3]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float sum = part[0][nt][e];
+#pragma unroll
+          for (int c = 1; c < kQkChains; ++c) sum += part[c][nt][e];
+          acc_s[0][nt][e] = sum;
+        }
+    }
 
     const int col0 = n_block * kBlockN + 2 * q;  // column of element (nt, e): col0 + 8 nt + (e & 1)
     if constexpr (kMods != kModNone) {
