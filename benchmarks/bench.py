@@ -58,7 +58,8 @@ effective setting (fp32_tf32).
     python benchmarks/bench.py --headdims 64,128 --seqlens 1024,4096 --dtypes fp32 \
         --modes fwd,bwd --impls flashattn2,sdpa_math,sdpa_efficient --fp32-precision tf32
 
-Writes results.json ({"meta": ..., "rows": [...]}), results.csv and results.png to --out.
+Writes results.json ({"meta": ..., "rows": [...]}), results.csv, results.png (bf16 forward
+TFLOP/s) and latency.png (ms of every dtype and mode: the grid's view) to --out.
 """
 import argparse
 import csv
@@ -315,6 +316,54 @@ def print_bias_summary(rows):
               f"({len(ratios)} cfgs) {met}")
 
 
+def plot_latency(rows, path):
+    """Latency (ms, log-log against seqlen) of every impl, one panel per head dim (rows) and
+    (dtype, mode, causal) (columns): issue 21's grid view (bf16 and fp32, fwd / bwd / fwd_bwd)
+    next to plain PyTorch, which a TFLOP/s plot of the bf16 forward alone cannot show."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    sel = [r for r in rows if r.get("ms") and not r["deterministic"]
+           and r.get("variant", "plain") == "plain" and r["mode"] in MODES]
+    if not sel:
+        return None
+    dims = sorted({r["headdim"] for r in sel})
+    cols = sorted({(r["dtype"], MODES.index(r["mode"]), r["causal"]) for r in sel})
+    fig, axes = plt.subplots(len(dims), len(cols), squeeze=False,
+                             figsize=(4.2 * len(cols), 3.2 * len(dims)))
+    seqs = sorted({r["seqlen_q"] for r in sel})
+    for (i, d), (j, (dtype, m, c)) in ((x, y) for x in enumerate(dims) for y in enumerate(cols)):
+        ax = axes[i][j]
+        for impl in IMPLS:
+            pts = sorted((r["seqlen_q"], r["ms"]) for r in sel if r["impl"] == impl
+                         and r["headdim"] == d and r["dtype"] == dtype
+                         and r["mode"] == MODES[m] and r["causal"] == c)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(seqs, [f"{x // 1024}k" if x >= 1024 else str(x) for x in seqs],
+                      fontsize=7)
+        ax.minorticks_off()
+        ax.set_title(f"d={d} {dtype} {MODES[m]}" + (" causal" if c else ""), fontsize=9)
+        ax.set_ylabel("ms")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(sel[0]["gpu"])
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError:                 # e.g. a read-only folder of fetched results
+        path = os.path.basename(path)
+        fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
 def plot(rows, path):
     try:
         import matplotlib
@@ -371,6 +420,7 @@ def write_results(rows, meta, out):
         w.writerows(rows)
     print(f"\nwrote {out}/results.json, results.csv ({len(rows)} rows)")
     plot(rows, os.path.join(out, "results.png"))
+    plot_latency(rows, os.path.join(out, "latency.png"))
 
 
 def best_rows(rows):
@@ -398,6 +448,7 @@ def plot_only(args):
     out = args.out or os.path.dirname(os.path.abspath(args.plot_only))
     os.makedirs(out, exist_ok=True)
     plot(rows, os.path.join(out, "results.png"))
+    plot_latency(rows, os.path.join(out, "latency.png"))
 
 
 # ----------------------------------------------------------------------------- timing

@@ -248,6 +248,25 @@ def test_plot_only_takes_each_impls_best_round():
     assert best == {"flashattn2": 310, "sdpa_cudnn": 320} and len(bench.best_rows(rows)) == 2
 
 
+def test_latency_plot_has_a_panel_per_head_dim_dtype_and_mode(tmp_path):
+    """latency.png (issue 21's grid view): one panel per head dim x (dtype, mode, causal)."""
+    pytest.importorskip("matplotlib")
+
+    def row(impl, dtype, mode, d, s, ms):
+        return dict(gpu="g", impl=impl, mode=mode, dtype=dtype, headdim=d, causal=True,
+                    seqlen_q=s, deterministic=False, variant="plain", ms=ms, tflops=None)
+
+    rows = [row(impl, dtype, mode, d, s, 0.01 * s / 128 * (2 if impl == "torch_eager" else 1))
+            for impl in ("flashattn2", "torch_eager") for dtype in ("bf16", "fp32")
+            for mode in ("fwd", "bwd") for d in (16, 64) for s in (128, 256, 512)]
+    path = bench.plot_latency(rows, str(tmp_path / "latency.png"))
+    assert path and (tmp_path / "latency.png").stat().st_size > 0
+    import matplotlib.image
+    height, width = matplotlib.image.imread(path).shape[:2]
+    assert width > height  # 2 rows of head dims, 4 columns of (dtype, mode)
+    assert bench.plot_latency([], str(tmp_path / "none.png")) is None
+
+
 def test_bench_power_reads_nvidia_smi_lines_and_takes_the_steady_half():
     """benchmarks/bench_power.py without a GPU: its nvidia-smi parsing and its steady-state
     summary (the last half of a run: throughput from the chunks, median clock / power from the
