@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Where the host time of one eager flash_attn_with_kvcache call goes (issue 20: b 1, cache
-1k, one query token, GQA 32 / 8, d128, bf16).
+1k, one query token, GQA 32 / 8, d128, bf16), or with --attn that of flash_attn_func, forward
+and forward + backward (torch.autograd.grad), at issue 21's grid shapes (b 1, causal, seqlen
+128, 16 heads of d128; --dtype fp32 for the float32 kernels).
 
     python3 scripts/host_profile.py [--calls 400]     # GPU
+    python3 scripts/host_profile.py --attn [--dtype fp32]   # GPU: flash_attn_func
     python3 scripts/host_profile.py --mock            # CPU only: the Python layer
 
 GPU: the calls are issued while the stream waits behind a GPU sleep (as bench_decode.py's host
@@ -156,13 +159,62 @@ def gpu(args):
         profile(ours, args.calls)
 
 
+def attn(args):
+    """flash_attn_func's host time per eager call against SDPA's flash and memory-efficient
+    backends (a backend that refuses the dtype is skipped), forward alone and forward +
+    backward, then ours under cProfile (forward + backward: where the backward's time goes).
+    The thirty-seventh session measured 39-44 us forward and 389-625 us forward + backward
+    against SDPA's 15-31 / 196-278 us (results/h200-host-time-fwd-bwd-2026-11-28-s37.txt)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    q, k, v = (torch.randn(1, 128, 16, 128, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn_like(q)
+    qt, kt, vt, gt = (x.detach().transpose(1, 2).contiguous() for x in (q, k, v, g))
+    for x in (qt, kt, vt):
+        x.requires_grad_()
+
+    def grads(fn, inputs, dout):
+        return lambda: torch.autograd.grad(fn(), inputs, dout)
+
+    fa2 = lambda: flashattn2.flash_attn_func(q, k, v, causal=True)  # noqa: E731
+    calls = [("flashattn2 fwd", lambda: flashattn2.flash_attn_func(
+                 q.detach(), k.detach(), v.detach(), causal=True)),
+             ("flashattn2 fwd+bwd", grads(fa2, (q, k, v), g))]
+    for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                          ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        def sdpa(grad, backend=backend):
+            with sdpa_kernel(backend):
+                if grad:
+                    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+                    return torch.autograd.grad(out, (qt, kt, vt), gt)
+                return F.scaled_dot_product_attention(qt.detach(), kt.detach(), vt.detach(),
+                                                      is_causal=True)
+        try:
+            sdpa(True)
+        except RuntimeError as e:
+            print(f"{name}: refused ({str(e).splitlines()[0][:60]})")
+            continue
+        calls += [(f"{name} fwd", lambda s=sdpa: s(False)),
+                  (f"{name} fwd+bwd", lambda s=sdpa: s(True))]
+    for name, fn in calls:
+        n = args.calls // (4 if "bwd" in name else 1)  # (under the driver's launch queue)
+        print(f"{name}: {gpu_per_call_us(fn, n):.1f} us per eager call ({n} calls)")
+    if args.profile:
+        profile(calls[1][1], args.calls // 4)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--mock", action="store_true", help="CPU only: the Python layer")
+    ap.add_argument("--attn", action="store_true", help="flash_attn_func (GPU)")
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="with --attn")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     args = ap.parse_args()
-    (mock if args.mock else gpu)(args)
+    (mock if args.mock else attn if args.attn else gpu)(args)
 
 
 if __name__ == "__main__":
