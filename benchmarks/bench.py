@@ -316,19 +316,48 @@ def print_bias_summary(rows):
               f"({len(ratios)} cfgs) {met}")
 
 
-def plot_latency(rows, path):
-    """Latency (ms, log-log against seqlen) of every impl, one panel per head dim (rows) and
-    (dtype, mode, causal) (columns): issue 21's grid view (bf16 and fp32, fwd / bwd / fwd_bwd)
-    next to plain PyTorch, which a TFLOP/s plot of the bf16 forward alone cannot show."""
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, or None where matplotlib is not importable."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    return plt
+
+
+def _seqlen_axis(ax, seqs, fontsize=None):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seqs, [f"{x // 1024}k" if x >= 1024 else str(x) for x in seqs],
+                  fontsize=fontsize)
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+
+
+def _save(plt, fig, title, path, dpi):
+    """Title, layout, write (to the working folder where `path`'s is read-only, e.g. fetched
+    results), close; the path written."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=dpi)
+    except OSError:
+        path = os.path.basename(path)
+        fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
+def plot_latency(rows, path):
+    """Latency (ms, log-log against seqlen) of every impl, one panel per head dim (rows) and
+    (dtype, mode, causal) (columns): issue 21's grid view (bf16 and fp32, fwd / bwd / fwd_bwd)
+    next to plain PyTorch, which a TFLOP/s plot of the bf16 forward alone cannot show."""
+    plt = _pyplot()
     sel = [r for r in rows if r.get("ms") and not r["deterministic"]
            and r.get("variant", "plain") == "plain" and r["mode"] in MODES]
-    if not sel:
+    if plt is None or not sel:
         return None
     dims = sorted({r["headdim"] for r in sel})
     cols = sorted({(r["dtype"], MODES.index(r["mode"]), r["causal"]) for r in sel})
@@ -343,33 +372,17 @@ def plot_latency(rows, path):
                          and r["mode"] == MODES[m] and r["causal"] == c)
             if pts:
                 ax.plot(*zip(*pts), marker="o", markersize=3, label=impl)
-        ax.set_xscale("log", base=2)
+        _seqlen_axis(ax, seqs, fontsize=7)
         ax.set_yscale("log")
-        ax.set_xticks(seqs, [f"{x // 1024}k" if x >= 1024 else str(x) for x in seqs],
-                      fontsize=7)
-        ax.minorticks_off()
         ax.set_title(f"d={d} {dtype} {MODES[m]}" + (" causal" if c else ""), fontsize=9)
         ax.set_ylabel("ms")
-        ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    fig.suptitle(sel[0]["gpu"])
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except OSError:                 # e.g. a read-only folder of fetched results
-        path = os.path.basename(path)
-        fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path
+    return _save(plt, fig, sel[0]["gpu"], path, dpi=100)
 
 
 def plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         print("note: matplotlib not importable, skipping the plot")
         return
     sel = [r for r in rows if r["dtype"] == "bf16" and r["mode"] == "fwd"
@@ -381,6 +394,7 @@ def plot(rows, path):
     flags = sorted({r["causal"] for r in sel})
     fig, axes = plt.subplots(len(dims), len(flags), squeeze=False,
                              figsize=(5.5 * len(flags), 3.6 * len(dims)))
+    seqs = sorted({r["seqlen_q"] for r in sel})
     for (i, d), (j, c) in ((x, y) for x in enumerate(dims) for y in enumerate(flags)):
         ax = axes[i][j]
         for impl in IMPLS:
@@ -388,26 +402,14 @@ def plot(rows, path):
                          if r["impl"] == impl and r["headdim"] == d and r["causal"] == c)
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=impl)
-        ax.set_xscale("log", base=2)
-        seqs = sorted({r["seqlen_q"] for r in sel})
-        ax.set_xticks(seqs, [f"{x // 1024}k" if x >= 1024 else str(x) for x in seqs])
-        ax.minorticks_off()
+        _seqlen_axis(ax, seqs)
         ax.tick_params(labelbottom=True)
         ax.set_title(f"d={d}, causal={c}, bf16 fwd")
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOP/s")
         ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(sel[0]["gpu"])
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError:                 # e.g. a read-only folder of fetched results
-        path = os.path.basename(path)
-        fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")
+    _save(plt, fig, sel[0]["gpu"], path, dpi=120)
 
 
 def write_results(rows, meta, out):
