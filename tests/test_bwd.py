@@ -28,6 +28,7 @@ from flashattn2 import (
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
     forward_with_stats,
 )
 from flashattn2._launch import _flash_attn_backward, _flash_attn_forward
@@ -453,6 +454,47 @@ def test_small_smem_tiles(monkeypatch, headdim, causal, deterministic):
     limit[0] = _ext._C.bwd_smem_per_block(headdim) - 16
     with pytest.raises(ValueError, match="shared memory per block"):
         run_backward(q, k, v, dout, causal)
+
+
+class _BlockGrad(torch.autograd.Function):
+    """Identity forward; its backward gives no gradient (None)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+def _paged(q, k, v, cu_q, cu_k, max_q, max_k):
+    """flash_attn_varlen_func on k / v cut into 16-key pages, read in reverse page order."""
+    pages = k.shape[0] // 16
+    table = torch.arange(pages - 1, -1, -1, device="cuda", dtype=torch.int32)[None]
+    paged = lambda x: x.view(pages, 16, *x.shape[1:]).flip(0)  # noqa: E731
+    return flash_attn_varlen_func(q, paged(k), paged(v), cu_q, cu_k, max_q, max_k,
+                                  causal=True, block_table=table)
+
+
+@pytest.mark.parametrize("kind", ["dense", "bias", "varlen", "paged"])
+def test_no_gradient_reaching_out_gives_none(kind):
+    """Where nothing downstream of out passes a gradient back, the autograd node receives
+    None (eager calls do not materialise zero gradients) and gives None for q, k and v: the
+    gradient of q is then exactly that of its other path, and k, v are unused."""
+    q, k, v, _ = make_inputs(1, 64, 64, 2, 2, 64, torch.bfloat16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    if kind in ("dense", "bias"):
+        bias = torch.randn(1, 2, 64, 64, device="cuda") if kind == "bias" else None
+        out = flash_attn_func(q, k, v, causal=True, attn_bias=bias)
+    else:
+        cu = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
+        call = flash_attn_varlen_func if kind == "varlen" else _paged
+        extra = {"causal": True} if kind == "varlen" else {}
+        out = call(q[0], k[0], v[0], cu, cu, 64, 64, **extra)
+    loss = _BlockGrad.apply(out).float().sum() + 3 * q.float().sum()
+    dq, dk, dv = torch.autograd.grad(loss, (q, k, v), allow_unused=True)
+    assert torch.equal(dq, torch.full_like(q, 3)) and dk is None and dv is None
 
 
 # ---- properties of the launch -----------------------------------------------------------------

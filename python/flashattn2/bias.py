@@ -164,6 +164,7 @@ class _FlashAttnBiasFunc(torch.autograd.Function):
                                            softcap=softcap, alibi_slopes=alibi_slopes,
                                            dropout_p=dropout_p, rng_state=rng_state,
                                            attn_bias=view)  # fmt: skip
+            ctx.set_materialize_grads(False)  # (interface._FlashAttnFunc says why)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, view)
         ctx.mark_non_differentiable(lse)
         ctx.args = (softmax_scale, window_left, window_right, deterministic)
@@ -173,6 +174,8 @@ class _FlashAttnBiasFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 12
         q, k, v, out, lse, alibi_slopes, rng_state, view = ctx.saved_tensors
         _check_backward(ctx.headdim, q.device)
         bias_grad = ctx.needs_input_grad[3]

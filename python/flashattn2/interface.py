@@ -47,6 +47,12 @@ class _FlashAttnFunc(torch.autograd.Function):
     to a multiple of 8). Returns the padded out, which the caller slices: returning a view
     would make out a view created in a custom Function, which autograd forbids to modify
     in place. The gradients are sliced back to the input head dim.
+
+    Eager calls do not materialise gradients (``ctx.set_materialize_grads(False)``): else
+    autograd builds a zero tensor for lse's gradient (lse is not differentiable) before every
+    backward, on its device thread (benchmarks/NOTES.md, thirty-eighth session). ``dout`` is
+    then None only where out got no gradient, and so are the input gradients. (Traced calls
+    keep the default: Dynamo does not trace the setter.)
     """
 
     @staticmethod
@@ -66,6 +72,7 @@ class _FlashAttnFunc(torch.autograd.Function):
             out, lse = _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right,
                                            softcap=softcap, alibi_slopes=alibi_slopes,
                                            dropout_p=dropout_p, rng_state=rng_state)  # fmt: skip
+            ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
         ctx.mark_non_differentiable(lse)
         ctx.softmax_scale = softmax_scale
@@ -79,6 +86,8 @@ class _FlashAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 11
         headdim = ctx.headdim
         q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
         if q.dtype is not _FP32:  # (float32: _flash_attn_backward checks its own kernels)

@@ -244,6 +244,7 @@ class _VarlenFunc(torch.autograd.Function):
         else:
             q, k, v = _kernel_ready(q, pad), _kernel_ready(k, pad), _kernel_ready(v, pad)
             out, lse = _varlen_forward(q, k, v, *args)
+            ctx.set_materialize_grads(False)  # (interface._FlashAttnFunc says why)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
                               rng_state)
         ctx.mark_non_differentiable(lse)
@@ -255,6 +256,8 @@ class _VarlenFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 15
         headdim = ctx.headdim
         q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state = ctx.saved_tensors
         if q.dtype is _FP32:
@@ -310,6 +313,7 @@ class _PagedVarlenFunc(torch.autograd.Function):
         else:
             out, lse = _varlen_forward_any(q, k, v, *args)
             out = out.contiguous()  # a copy only when the head dim was padded
+            ctx.set_materialize_grads(False)  # (interface._FlashAttnFunc says why)
         ctx.save_for_backward(q, k, v, out, lse, block_table, cu_seqlens_q, cu_seqlens_k,
                               alibi_slopes)
         ctx.mark_non_differentiable(lse)
@@ -320,6 +324,8 @@ class _PagedVarlenFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 14
         q, k, v, out, lse, block_table, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
         _check_backward(q.shape[2], q.device)
         max_seqlen_k = ctx.args[1]
