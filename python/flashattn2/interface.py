@@ -52,7 +52,7 @@ class _FlashAttnFunc(torch.autograd.Function):
     autograd builds a zero tensor for lse's gradient (lse is not differentiable) before every
     backward, on its device thread (benchmarks/NOTES.md, thirty-eighth session). ``dout`` is
     then None only where out got no gradient, and so are the input gradients. (Traced calls
-    keep the default: Dynamo does not trace the setter.)
+    keep the default: Dynamo's autograd.Function context has no case for the setter.)
     """
 
     @staticmethod
