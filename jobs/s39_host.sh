@@ -11,7 +11,7 @@ O=${JOB_OUT:-${OUT:-gpu_logs}}
 mkdir -p "$O"
 SRC=$PWD
 python3 -m pip install --no-build-isolation --no-deps -q . -C cmake.define.FLASHATTN2_CUDA_ARCHS=90a-real \
-    -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" -C cmake.define.FLASHATTN2_EXPERIMENTAL=fp32 \
+    -C "cmake.define.FLASHATTN2_HEAD_DIMS=64;128" -C "cmake.define.FLASHATTN2_EXPERIMENTAL=fp32;fp32wg" \
     -C build-dir=/tmp/b > "$O/build.txt" 2>&1 || { tail -20 "$O/build.txt"; exit 1; }
 cd /tmp
 timeout 120 python3 "$SRC/jobs/s38_host_timeline.py" > "$O/timeline.txt" 2>&1; echo "timeline rc $?"
