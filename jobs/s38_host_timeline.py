@@ -7,6 +7,7 @@
 # a trivial Python Function (clone / clone) gives the engine's own timeline.
 # bf16, batch 1, causal, seqlen 1024, 32 heads of d64; calls behind a GPU sleep.
 import collections
+import os
 import statistics
 import threading
 import time
@@ -109,6 +110,14 @@ def main():
     for name in ("empty", "empty_like"):
         setattr(torch, name, timed("torch." + name, getattr(torch, name)))
     interface._FlashAttnFunc = Stamped
+    # the forward's layers (main thread), with FORWARD_PARTS=1 (prepared for jobs/s39_host.sh;
+    # run 3 of the thirty-eighth session ran without them)
+    if os.environ.get("FORWARD_PARTS"):
+        for name in ("_check_inputs", "_check_mod_values", "_attention", "_run"):
+            setattr(interface, name, timed(name, getattr(interface, name)))
+        interface._flash_attn_forward = timed("_flash_attn_forward", interface._flash_attn_forward)
+        _launch._launch_fwd = timed("_launch_fwd", _launch._launch_fwd)
+        _launch._tile_counter = timed("_tile_counter", _launch._tile_counter)
 
     q, k, v = (torch.randn(1, 1024, 32, 64, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))

@@ -15,6 +15,7 @@ python3 -m pip install --no-build-isolation --no-deps -q . -C cmake.define.FLASH
     -C build-dir=/tmp/b > "$O/build.txt" 2>&1 || { tail -20 "$O/build.txt"; exit 1; }
 cd /tmp
 timeout 120 python3 "$SRC/jobs/s38_host_timeline.py" > "$O/timeline.txt" 2>&1; echo "timeline rc $?"
+FORWARD_PARTS=1 timeout 120 python3 "$SRC/jobs/s38_host_timeline.py" > "$O/timeline_fwd_parts.txt" 2>&1; echo "timeline (forward parts) rc $?"
 timeout 240 python3 "$SRC/jobs/s38_host_ab.py" > "$O/host_ab.txt" 2>&1; echo "A/B rc $?"
 grep -v Warn "$O/timeline.txt" | head -40
 grep "fwd+bwd\|engine" "$O/host_ab.txt"
