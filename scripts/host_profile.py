@@ -164,7 +164,9 @@ def attn(args):
     backends (a backend that refuses the dtype is skipped), forward alone and forward +
     backward, then ours under cProfile (forward + backward: where the backward's time goes).
     The thirty-seventh session measured 39-44 us forward and 389-625 us forward + backward
-    against SDPA's 15-31 / 196-278 us (results/h200-host-time-fwd-bwd-2026-11-28-s37.txt)."""
+    against SDPA's 15-31 / 196-278 us (results/h200-host-time-fwd-bwd-2026-11-28-s37.txt);
+    without the materialised lse gradient (thirty-eighth), forward + backward 440-470 us
+    against 197-256 (results/h200-host-time-2026-11-28-s38.txt, which has the breakdown)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
